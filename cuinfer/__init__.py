@@ -1,0 +1,21 @@
+"""cuinfer: an attention engine for LLM inference serving.
+
+NVRTC-compiled CUDA kernels launched through CuPy, a pure-NumPy planner, and DLPack so torch, JAX and CuPy arrays
+pass in and out without copies. NumPy inputs run on the float64 CPU reference backend.
+"""
+
+__version__ = "0.1.0"
+
+from cuinfer.errors import CompileError, CuinferError, NoGPUError, ToolchainError  # noqa: E402
+from cuinfer.merge import merge_state, merge_state_in_place, merge_states  # noqa: E402
+
+__all__ = [
+    "CompileError",
+    "CuinferError",
+    "NoGPUError",
+    "ToolchainError",
+    "__version__",
+    "merge_state",
+    "merge_state_in_place",
+    "merge_states",
+]

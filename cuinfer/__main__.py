@@ -1,0 +1,5 @@
+import sys
+
+from cuinfer.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Drop-in compatibility modules."""

@@ -1,0 +1,76 @@
+"""Kernel parameter structs: one field list generates both the C++ struct and the matching aligned NumPy dtype.
+
+Every kernel takes a single struct by value (``const __grid_constant__ Params p``), so adding a field never changes
+the launch signature, and a ``static_assert`` on size and alignment catches any drift between the two sides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# kind -> (C++ type, NumPy dtype)
+_KINDS: dict[str, tuple[str, str]] = {
+    "ptr": ("void*", "<u8"),
+    "i32": ("int", "<i4"),
+    "u32": ("unsigned int", "<u4"),
+    "i64": ("long long", "<i8"),
+    "f32": ("float", "<f4"),
+}
+
+
+@dataclass(frozen=True)
+class ParamStruct:
+    """A by-value kernel parameter struct.
+
+    >>> P = ParamStruct("MergeParams", (("o", "ptr"), ("rows", "i32"), ("scale", "f32")))
+    >>> P.pack(o=0x7F00, rows=3, scale=0.5)["rows"]
+    np.int32(3)
+    """
+
+    name: str
+    fields: tuple[tuple[str, str], ...]
+
+    def __post_init__(self) -> None:
+        seen = set()
+        for field, kind in self.fields:
+            if kind not in _KINDS:
+                raise ValueError(f"{self.name}.{field} has kind {kind!r}; kinds are {', '.join(_KINDS)}")
+            if field in seen:
+                raise ValueError(f"{self.name} declares field {field!r} twice")
+            seen.add(field)
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return np.dtype([(f, _KINDS[k][1]) for f, k in self.fields], align=True)
+
+    def c_decl(self) -> str:
+        """C++ declaration with layout checks against the NumPy dtype.
+
+        NVRTC has no ``offsetof``; fields are emitted in order with natural alignment on both sides, so equal size and
+        alignment leave no room for a field to sit elsewhere.
+        """
+        dt = self.numpy_dtype
+        lines = [f"struct {self.name} {{"]
+        lines += [f"  {_KINDS[k][0]} {f};" for f, k in self.fields]
+        lines.append("};")
+        lines.append(
+            f'static_assert(sizeof({self.name}) == {dt.itemsize}, "{self.name}: size differs from the NumPy dtype");'
+        )
+        lines.append(
+            f'static_assert(alignof({self.name}) == {dt.alignment}, "{self.name}: alignment differs from NumPy");'
+        )
+        return "\n".join(lines) + "\n"
+
+    def pack(self, **values: int | float) -> np.void:
+        """A by-value struct for ``Kernel.launch``; every field must be given (a missing pointer is a bug)."""
+        names = {f for f, _ in self.fields}
+        missing = names - values.keys()
+        extra = values.keys() - names
+        if missing or extra:
+            raise TypeError(f"{self.name}.pack(): missing fields {sorted(missing)}, unknown fields {sorted(extra)}")
+        arr = np.zeros((), dtype=self.numpy_dtype)
+        for f, _ in self.fields:
+            arr[f] = values[f]
+        return arr[()]

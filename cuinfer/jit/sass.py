@@ -1,0 +1,76 @@
+"""SASS inspection with the ``cuobjdump`` of the nvidia-cuda-cuobjdump wheel (no CUDA toolkit needed).
+
+CI uses it to check that each kernel contains what it is meant to (16-byte loads, HMMA, LDGSTS) and no local-memory
+traffic (LDL/STL). Expectations are regular expressions over opcodes; ``sm_90a:HGMMA`` applies to one arch only.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+
+@functools.lru_cache(maxsize=1)
+def find_cuobjdump() -> str | None:
+    exe = shutil.which("cuobjdump")
+    if exe:
+        return exe
+    for root in sys.path:
+        for hit in glob.glob(os.path.join(root, "nvidia", "*", "bin", "cuobjdump")):
+            if os.access(hit, os.X_OK):
+                return hit
+    return None
+
+
+_FUNC = re.compile(r"^\s*Function : (\S+)")
+_INSN = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+
+
+def disassemble(cubin: bytes) -> dict[str, list[str]]:
+    """Opcodes (with modifiers, e.g. ``LDG.E.128``) per kernel symbol."""
+    exe = find_cuobjdump()
+    if exe is None:
+        raise RuntimeError("cuobjdump not found: pip install nvidia-cuda-cuobjdump (the test extra brings it)")
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as fh:
+        fh.write(cubin)
+        path = fh.name
+    try:
+        out = subprocess.run([exe, "-sass", path], capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(path)
+    funcs: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in out.splitlines():
+        if m := _FUNC.match(line):
+            current = funcs.setdefault(m.group(1), [])
+        elif current is not None and (m := _INSN.search(line)):
+            current.append(m.group(1))
+    return funcs
+
+
+def _applies(pattern: str, arch: str) -> tuple[bool, str]:
+    if ":" in pattern:
+        only, pat = pattern.split(":", 1)
+        return only == arch, pat
+    return True, pattern
+
+
+def check_sass(opcodes: list[str], arch: str, expect: tuple[str, ...], forbid: tuple[str, ...]) -> list[str]:
+    """Problems found (empty when the kernel's SASS is as specified)."""
+    problems = []
+    for pattern in expect:
+        ok, pat = _applies(pattern, arch)
+        if ok and not any(re.match(pat, op) for op in opcodes):
+            problems.append(f"expected an instruction matching {pat!r}, found none")
+    for pattern in forbid:
+        ok, pat = _applies(pattern, arch)
+        bad = sorted({op for op in opcodes if re.match(pat, op)}) if ok else []
+        if bad:
+            problems.append(f"forbidden instructions {bad} (pattern {pat!r})")
+    return problems

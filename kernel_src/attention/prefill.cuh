@@ -1,0 +1,563 @@
+// FA2-class batch prefill: one persistent kernel template for ragged and paged KV, on mma.sync tensor cores (sm_80+).
+//
+// Work: the plan (docs/internals.md, "Work plans") gives CTA c the items work_indptr[c]..work_indptr[c+1]; an item is
+// one query tile (TILE_Q packed rows, packed row = token * g + head_in_group) of one request for one KV head, over the
+// KV token range [kv_start, kv_end) already clipped by causal / window limits. Unsplit items (partial < 0) write o and
+// lse straight to the outputs; split items write fp32 partial states for the merge kernel.
+//
+// CTA = WARPS_Q x WARPS_KV warps. Warp (wq, wkv) owns MMA_Q m16 row blocks (rows wq*16*MMA_Q ...) of the query tile
+// and MMA_KV 16-key slices (keys wkv*16*MMA_KV ...) of every KV tile of TILE_KV = 16 * MMA_KV * WARPS_KV keys. With
+// WARPS_KV > 1 (small query tiles) each warp keeps its own softmax state and the states merge in the epilogue.
+//
+// Per KV tile:  S = Q·K^T (ldmatrix Q and K from swizzled smem, mma m16n8k16, fp32)  ->  logits transform and mask
+// (mask only on boundary tiles)  ->  online softmax in base 2 (exp2, running max m, per-thread partial row sum d)  ->
+// O += P·V (P from the S registers, V by ldmatrix.trans). Q stays in smem for the whole item.
+//
+// Pipeline (STAGES >= 2 buffers each for K and V, cp.async groups in issue order Q+K0, V0, K1, V1, ...):
+//   iteration it:  wait K[it]; barrier; issue K[it+STAGES-1] into the buffer of K[it-1]; S = Q K[it]^T; softmax;
+//                  wait V[it]; barrier; issue V[it+STAGES-1] into the buffer of V[it-1]; O += P V[it]
+// The barrier after each wait is also the one that proves every warp is done with the buffer being refilled (it was
+// read in iteration it-1), so there are two barriers per tile and the loads run STAGES-1 tiles ahead.
+//
+// Paged KV: each thread finds the address of its rows of a tile by page-table lookup when it issues the K copy, keeps
+// the 64-bit offsets in a thread-private smem slot, and reuses them for the V copy of the same tile (K and V caches
+// share strides). Any page size works (rows are gathered one by one); NHD / HND / 5-D cache / (k, v) tuple are only
+// different base pointers and strides.
+#pragma once
+#include "common/mma.cuh"
+#include "common/swizzle.cuh"
+#include "common/types.cuh"
+
+namespace cuinfer {
+namespace prefill {
+
+// ---- cp.async (16-byte, zero-fill when the row is out of range) ------------------------------------------------------
+
+__device__ __forceinline__ void cp_async_16(u32 smem, const void* gmem, bool valid) {
+  // src-size 0 writes 16 zero bytes: rows past the range read as 0, never as stale data (0 * NaN would be NaN).
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// n / d for n < 2^31 with a host-computed multiplier (round-up method): q = (umulhi(n, mul) + n) >> shift.
+__device__ __forceinline__ u32 fast_div(u32 n, u32 mul, u32 shift) { return (__umulhi(n, mul) + n) >> shift; }
+
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ int ldg_i32(const int* p) { return __ldg(p); }
+
+// A load the compiler may not merge with an earlier one: the epilogue re-reads the item's fields instead of keeping
+// them in registers across the KV loop (where every register is taken by accumulators).
+__device__ __forceinline__ int reload_i32(const void* p, int i) {
+  int v;
+  asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(v) : "l"(static_cast<const int*>(p) + i));
+  return v;
+}
+
+// 2^x on the MUFU (one instruction; exp2(-inf) = +0). exp2f without fast-math adds a denormal-range fix-up we do not
+// need: probabilities below 2^-126 are flushed to 0, far under the bf16 / fp16 output resolution.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+enum : int { kMaskCausal = 1, kMaskWindow = 2, kMaskCustom = 4 };
+
+}  // namespace prefill
+
+// Compile-time configuration of one specialisation (the Python side picks it: cuinfer/prefill_policy.py).
+template <typename DTypeKV_, typename DTypeO_, int HEAD_DIM_QK_, int HEAD_DIM_VO_, int TILE_Q_, int WARPS_Q_,
+          int WARPS_KV_, int MMA_KV_, int STAGES_, bool PAGED_, int MASK_, bool SOFT_CAP_, bool ALIBI_>
+struct PrefillTraits {
+  using DTypeKV = DTypeKV_;  // q, k and v share it (fp16 or bf16)
+  using DTypeO = DTypeO_;
+  static constexpr int kHeadDimQK = HEAD_DIM_QK_;
+  static constexpr int kHeadDimVO = HEAD_DIM_VO_;
+  static constexpr int kTileQ = TILE_Q_;
+  static constexpr int kWarpsQ = WARPS_Q_;
+  static constexpr int kWarpsKV = WARPS_KV_;
+  static constexpr int kMmaKV = MMA_KV_;
+  static constexpr int kStages = STAGES_;
+  static constexpr bool kPaged = PAGED_;
+  static constexpr bool kCausal = (MASK_ & prefill::kMaskCausal) != 0;
+  static constexpr bool kWindow = (MASK_ & prefill::kMaskWindow) != 0;
+  static constexpr bool kCustomMask = (MASK_ & prefill::kMaskCustom) != 0;
+  static constexpr bool kSoftCap = SOFT_CAP_;
+  static constexpr bool kAlibi = ALIBI_;
+
+  static constexpr int kThreads = 32 * kWarpsQ * kWarpsKV;
+  static constexpr int kMmaQ = kTileQ / (16 * kWarpsQ);
+  static constexpr int kTileKV = 16 * kMmaKV * kWarpsKV;
+  static constexpr int kChunksQK = kHeadDimQK * 2 / 16;  // 16-byte chunks per row of Q / K
+  static constexpr int kChunksVO = kHeadDimVO * 2 / 16;
+  static constexpr int kRowsPerPass = kThreads / 8;  // global -> smem copies: 8 threads per row, a 128-byte line
+  static constexpr int kKVRowsPerThread = kTileKV / kRowsPerPass;
+  static constexpr int kQRowsPerThread = (kTileQ + kRowsPerPass - 1) / kRowsPerPass;
+
+  static constexpr int kQBytes = kTileQ * kHeadDimQK * 2;
+  static constexpr int kKBytes = kTileKV * kHeadDimQK * 2;
+  static constexpr int kVBytes = kTileKV * kHeadDimVO * 2;
+  static constexpr int kKOff = kQBytes;
+  static constexpr int kVOff = kKOff + kStages * kKBytes;
+  static constexpr int kPageOff = kVOff + kStages * kVBytes;
+  static constexpr int kPageBytes = kPaged ? kThreads * kKVRowsPerThread * 8 : 0;
+  static constexpr int kMainBytes = kPageOff + kPageBytes;
+  // Epilogue staging (overlays everything): fp32 o rows padded by 8 floats (conflict-free float2 stores), then (m, d).
+  static constexpr int kEpiPitch = kHeadDimVO + 8;
+  static constexpr int kEpiOBytes = kWarpsKV * kTileQ * kEpiPitch * 4;
+  static constexpr int kEpiBytes = kEpiOBytes + kWarpsKV * kTileQ * 2 * 4;
+  static constexpr int kSmemBytes = kMainBytes > kEpiBytes ? kMainBytes : kEpiBytes;
+
+  static_assert(is_same<DTypeKV, half>::value || is_same<DTypeKV, __nv_bfloat16>::value, "q/k/v are fp16 or bf16");
+  static_assert(kTileQ % (16 * kWarpsQ) == 0 && kMmaQ >= 1, "TILE_Q must be a multiple of 16 * WARPS_Q");
+  static_assert(kHeadDimQK % 64 == 0 && kHeadDimVO % 64 == 0, "head dims are multiples of 64 (swizzle)");
+  static_assert(kTileKV % kRowsPerPass == 0, "TILE_KV must be a multiple of threads / 8");
+  static_assert(kStages >= 2, "the pipeline refills the buffer of the previous tile: at least 2 stages");
+  static_assert(kHeadDimVO % 8 == 0, "epilogue writes 8 elements per thread");
+};
+
+template <class C>
+__global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_constant__ PrefillParams p) {
+  using T = typename C::DTypeKV;
+  using DTypeO = typename C::DTypeO;
+  constexpr int MMA_Q = C::kMmaQ, MMA_KV = C::kMmaKV, DQK = C::kHeadDimQK, DVO = C::kHeadDimVO;
+  constexpr int NT = C::kThreads, TILE_Q = C::kTileQ, TILE_KV = C::kTileKV, STAGES = C::kStages;
+  using SwQK = Swizzle<C::kChunksQK>;
+  using SwVO = Swizzle<C::kChunksVO>;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const u32 smem_base = mma::smem_addr(smem);
+  const u32 q_smem = smem_base;
+  const u32 k_smem = smem_base + C::kKOff;
+  const u32 v_smem = smem_base + C::kVOff;
+  i64* page_off = reinterpret_cast<i64*>(smem + C::kPageOff);
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wq = warp % C::kWarpsQ, wkv = warp / C::kWarpsQ;
+  const int warp_row0 = wq * MMA_Q * 16;    // first tile row of this warp
+  const int warp_col0 = wkv * MMA_KV * 16;  // first key of this warp within a KV tile
+
+  // ldmatrix lane addresses for k-step 0 (item independent): A from Q, B from K (n-major), B from V (k-major, .trans).
+  using LdQK = LdmatrixAddr<C::kChunksQK>;
+  using LdVO = LdmatrixAddr<C::kChunksVO>;
+  const u32 q_lane = LdQK::make(q_smem, warp_row0 + lane % 16, lane / 16);
+  const u32 k_lane = LdQK::make(k_smem, warp_col0 + lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
+  const u32 v_lane = LdVO::make(v_smem, warp_col0 + lane % 16, lane / 16);
+
+  // Copy mapping: thread -> chunk (tid % 8) + 8i of rows (tid / 8) + kRowsPerPass * r.
+  const int cp_row = tid / 8, cp_chunk = tid % 8;
+
+  const int g = p.group_size;
+  const T* q_ptr = static_cast<const T*>(p.q);
+  const T* k_ptr = static_cast<const T*>(p.k);
+  const T* v_ptr = static_cast<const T*>(p.v);
+  const int* qo_indptr = static_cast<const int*>(p.qo_indptr);
+  const int* kv_indptr = static_cast<const int*>(p.kv_indptr);
+  const int* work_indptr = static_cast<const int*>(p.work_indptr);
+
+  const int item_begin = work_indptr[blockIdx.x], item_end = work_indptr[blockIdx.x + 1];
+  for (int item = item_begin; item < item_end; ++item) {
+    const int b = static_cast<const int*>(p.item_req)[item];
+    const int tile = static_cast<const int*>(p.item_qo_tile)[item];
+    const int kvh = static_cast<const int*>(p.item_kv_head)[item];
+    const int kv_start = static_cast<const int*>(p.item_kv_start)[item];
+    const int kv_end = static_cast<const int*>(p.item_kv_end)[item];
+    const int partial = static_cast<const int*>(p.item_partial)[item];
+
+    const int qo_base = qo_indptr[b];
+    const int qo_len = qo_indptr[b + 1] - qo_base;
+    const int kv_base = kv_indptr[b];  // ragged: first kv row; paged: first page-table entry
+    int kv_len;
+    if constexpr (C::kPaged) {
+      const int num_pages = kv_indptr[b + 1] - kv_base;
+      kv_len = num_pages > 0 ? (num_pages - 1) * p.page_size + static_cast<const int*>(p.kv_last_page_len)[b] : 0;
+    } else {
+      kv_len = kv_indptr[b + 1] - kv_base;
+    }
+    const int packed_rows = qo_len * g;
+    const int row0 = tile * TILE_Q;
+    const int valid_rows = min(TILE_Q, packed_rows - row0);
+    const int num_tiles = kv_end > kv_start ? (kv_end - kv_start + TILE_KV - 1) / TILE_KV : 0;
+    const int q_shift = kv_len - qo_len;  // query token i sits at kv position i + q_shift
+
+    // ---- Q tile -> smem (part of the first cp.async group) ----
+#pragma unroll
+    for (int i = 0; i < C::kQRowsPerThread; ++i) {
+      const int r = cp_row + i * C::kRowsPerPass;
+      if (C::kTileQ % C::kRowsPerPass == 0 || r < TILE_Q) {
+        const int pr = row0 + r;
+        const bool valid = r < valid_rows;
+        const int token = static_cast<int>(prefill::fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
+        const int head = kvh * g + (pr - token * g);
+        const T* src = valid ? q_ptr + static_cast<i64>(qo_base + token) * p.q_stride_n + head * p.q_stride_h : q_ptr;
+#pragma unroll
+        for (int c = 0; c < C::kChunksQK / 8; ++c) {
+          const int chunk = c * 8 + cp_chunk;
+          prefill::cp_async_16(q_smem + SwQK::byte_offset(r, chunk), src + chunk * 8, valid);
+        }
+      }
+    }
+
+    // ---- KV tile copies ----
+    const T* k_req = k_ptr;
+    const T* v_req = v_ptr;
+    if constexpr (!C::kPaged) {
+      k_req = k_ptr + static_cast<i64>(kv_base) * p.k_stride_n + static_cast<i64>(kvh) * p.k_stride_h;
+      v_req = v_ptr + static_cast<i64>(kv_base) * p.v_stride_n + static_cast<i64>(kvh) * p.v_stride_h;
+    }
+    const int* page_table = static_cast<const int*>(p.kv_indices) + kv_base;
+
+    // K rows of tile `t` into buffer `stage`; paged: remember each row's offset for the matching V copy.
+    auto load_k = [&](int t, int stage) {
+      const int key0 = kv_start + t * TILE_KV;
+#pragma unroll
+      for (int i = 0; i < C::kKVRowsPerThread; ++i) {
+        const int r = cp_row + i * C::kRowsPerPass;
+        const int key = key0 + r;
+        const bool valid = key < kv_end;
+        i64 off = 0;
+        if constexpr (C::kPaged) {
+          if (valid) {
+            const u32 pg = prefill::fast_div(static_cast<u32>(key), p.page_mul, p.page_shift);
+            const int page = prefill::ldg_i32(page_table + pg);
+            off = static_cast<i64>(page) * p.k_stride_page + static_cast<i64>(key - static_cast<int>(pg) * p.page_size) *
+                  p.k_stride_n + static_cast<i64>(kvh) * p.k_stride_h;
+          }
+          page_off[i * NT + tid] = off;
+        } else {
+          off = valid ? static_cast<i64>(key) * p.k_stride_n : 0;
+        }
+        const T* src = k_req + off;
+        const u32 dst = k_smem + stage * C::kKBytes;
+#pragma unroll
+        for (int c = 0; c < C::kChunksQK / 8; ++c) {
+          const int chunk = c * 8 + cp_chunk;
+          prefill::cp_async_16(dst + SwQK::byte_offset(r, chunk), src + chunk * 8, valid);
+        }
+      }
+    };
+    auto load_v = [&](int t, int stage) {
+      const int key0 = kv_start + t * TILE_KV;
+#pragma unroll
+      for (int i = 0; i < C::kKVRowsPerThread; ++i) {
+        const int r = cp_row + i * C::kRowsPerPass;
+        const int key = key0 + r;
+        const bool valid = key < kv_end;
+        i64 off;
+        if constexpr (C::kPaged) {
+          off = page_off[i * NT + tid];
+        } else {
+          off = valid ? static_cast<i64>(key) * p.v_stride_n : 0;
+        }
+        const T* src = v_req + off;
+        const u32 dst = v_smem + stage * C::kVBytes;
+#pragma unroll
+        for (int c = 0; c < C::kChunksVO / 8; ++c) {
+          const int chunk = c * 8 + cp_chunk;
+          prefill::cp_async_16(dst + SwVO::byte_offset(r, chunk), src + chunk * 8, valid);
+        }
+      }
+    };
+
+    // Prologue: tiles 0 .. STAGES-2 (Q rides in the first group).
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < num_tiles) load_k(s, s);
+      prefill::cp_async_commit();
+      if (s < num_tiles) load_v(s, s);
+      prefill::cp_async_commit();
+    }
+
+    // ---- per-row facts of this thread's rows: mask limits, ALiBi ----
+    // Thread rows: warp_row0 + 16 mq + lane / 4 + 8 h (h = 0, 1), i.e. accumulator elements 2h, 2h+1.
+    int lim_hi[MMA_Q][2];  // keys >= lim_hi are masked (causal limit and kv_end)
+    int lim_lo[MMA_Q][2];  // keys < lim_lo are masked (window)
+    float alibi_slope[MMA_Q][2];
+    int qpos[MMA_Q][2];
+    i64 mask_bit0[MMA_Q][2];
+#pragma unroll
+    for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int pr = row0 + warp_row0 + mq * 16 + lane / 4 + 8 * h;
+        const int token = static_cast<int>(prefill::fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
+        qpos[mq][h] = token + q_shift;
+        lim_hi[mq][h] = C::kCausal ? min(token + q_shift + 1, kv_end) : kv_end;
+        lim_lo[mq][h] = C::kWindow ? token + q_shift - p.window_left : 0;
+        if constexpr (C::kAlibi) {
+          // ALiBi slopes (FlashInfer / the paper's code): m = largest power of two <= num_qo_heads;
+          // head < m: 2^(-8 (head+1) / m), else 2^(-4 (2 (head - m) + 1) / m).
+          const int head = kvh * g + (pr - token * g);
+          const float m = static_cast<float>(p.alibi_pow2);
+          const float e = head < p.alibi_pow2 ? -8.f * (head + 1) / m : -4.f * (2 * (head - p.alibi_pow2) + 1) / m;
+          alibi_slope[mq][h] = exp2f(e);
+        }
+        if constexpr (C::kCustomMask) {
+          const i64 base = static_cast<i64>(static_cast<const int*>(p.mask_indptr)[b]) * 8;
+          mask_bit0[mq][h] = base + static_cast<i64>(token) * kv_len;
+        }
+      }
+    }
+    // Warp-uniform bounds for "does this tile need a mask at all" and "is it fully masked for this warp".
+    const int warp_first = row0 + warp_row0;
+    const bool warp_active = warp_first < packed_rows;
+    const int warp_last = min(warp_first + MMA_Q * 16, packed_rows) - 1;
+    const int tok_first = static_cast<int>(prefill::fast_div(static_cast<u32>(warp_first), p.group_mul, p.group_shift));
+    const int tok_last = static_cast<int>(prefill::fast_div(static_cast<u32>(max(warp_last, 0)), p.group_mul, p.group_shift));
+    const int warp_hi_min = C::kCausal ? min(tok_first + q_shift + 1, kv_end) : kv_end;
+    const int warp_hi_max = C::kCausal ? min(tok_last + q_shift + 1, kv_end) : kv_end;
+    const int warp_lo_max = C::kWindow ? tok_last + q_shift - p.window_left : -2147483647;
+    const int warp_lo_min = C::kWindow ? tok_first + q_shift - p.window_left : -2147483647;
+
+    float o[MMA_Q][DVO / 8][4];
+    float row_max[MMA_Q][2];  // running max of the transformed logits x (base-2 logit = x * x_scale)
+    float row_sum[MMA_Q][2];  // this thread's partial of sum 2^(x * x_scale - m * x_scale)
+#pragma unroll
+    for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+      for (int j = 0; j < DVO / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[mq][j][e] = 0.f;
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        row_max[mq][h] = neg_inf();
+        row_sum[mq][h] = 0.f;
+      }
+    }
+    // x = q.k (scaled at the exp) in the plain case; with ALiBi / soft cap x is the final natural logit.
+    const float x_scale = (C::kSoftCap || C::kAlibi) ? kLog2e : p.sm_scale_log2;
+
+    int stage = 0;
+    for (int it = 0; it < num_tiles; ++it) {
+      const int key0 = kv_start + it * TILE_KV;
+      const int wkey0 = key0 + warp_col0;  // first key of this warp's slice
+      prefill::cp_async_wait<2 * STAGES - 3>();
+      __syncthreads();
+      {
+        const int t = it + STAGES - 1;
+        const int st = stage == 0 ? STAGES - 1 : stage - 1;  // buffer of tile it-1 == buffer of tile it+STAGES-1
+        if (t < num_tiles) load_k(t, st);
+        prefill::cp_async_commit();
+      }
+      // Fully masked for this warp (all keys past every row's limit, or before every row's window): skip the math.
+      const bool skip = !warp_active || wkey0 >= warp_hi_max || (C::kWindow && wkey0 + MMA_KV * 16 <= warp_lo_min);
+      float s[MMA_Q][2 * MMA_KV][4];
+      if (!skip) {
+        // ---- S = Q K^T ----
+#pragma unroll
+        for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+          for (int j = 0; j < 2 * MMA_KV; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mq][j][e] = 0.f;
+          }
+        }
+        const u32 k_stage = k_lane + stage * C::kKBytes;
+#pragma unroll
+        for (int kk = 0; kk < DQK / 16; ++kk) {
+          u32 a[MMA_Q][4];
+#pragma unroll
+          for (int mq = 0; mq < MMA_Q; ++mq) mma::ldmatrix_x4(a[mq], LdQK::at(q_lane, kk, mq * 16));
+#pragma unroll
+          for (int nn = 0; nn < MMA_KV; ++nn) {
+            u32 bk[4];
+            mma::ldmatrix_x4(bk, LdQK::at(k_stage, kk, nn * 16));
+#pragma unroll
+            for (int mq = 0; mq < MMA_Q; ++mq) mma::mma_m16n16k16<T>(s[mq][2 * nn], s[mq][2 * nn + 1], a[mq], bk);
+          }
+        }
+
+        // ---- logits transform (variant) and mask ----
+        const bool need_mask = C::kCustomMask || wkey0 + MMA_KV * 16 > warp_hi_min || (C::kWindow && wkey0 < warp_lo_max);
+#pragma unroll
+        for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+          for (int j = 0; j < 2 * MMA_KV; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int h = e / 2;
+              const int key = wkey0 + j * 8 + 2 * (lane % 4) + (e % 2);
+              float x = s[mq][j][e];
+              if constexpr (C::kAlibi || C::kSoftCap) {
+                x *= p.sm_scale;
+                if constexpr (C::kAlibi) x += alibi_slope[mq][h] * static_cast<float>(key - qpos[mq][h]);
+                if constexpr (C::kSoftCap) x = p.soft_cap * prefill::tanh_approx(x * p.inv_soft_cap);
+              }
+              if (need_mask) {
+                bool keep = key < lim_hi[mq][h];
+                if constexpr (C::kWindow) keep = keep && key >= lim_lo[mq][h];
+                if constexpr (C::kCustomMask) {
+                  if (keep) {
+                    const i64 bit = mask_bit0[mq][h] + key;
+                    const unsigned char byte = __ldg(static_cast<const unsigned char*>(p.mask) + (bit >> 3));
+                    keep = (byte >> (bit & 7)) & 1;
+                  }
+                }
+                x = keep ? x : neg_inf();
+              }
+              s[mq][j][e] = x;
+            }
+          }
+        }
+
+        // ---- online softmax (base 2) ----
+#pragma unroll
+        for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float mx = row_max[mq][h];
+#pragma unroll
+            for (int j = 0; j < 2 * MMA_KV; ++j) mx = fmaxf(mx, fmaxf(s[mq][j][2 * h], s[mq][j][2 * h + 1]));
+            mx = mma::quad_max(mx);
+            // A row with no key yet keeps m = -inf; use 0 as the exponent base so exp2 never sees -inf - -inf.
+            const float base = mx == neg_inf() ? 0.f : mx * x_scale;
+            const float alpha = prefill::ex2(row_max[mq][h] * x_scale - base);
+            row_max[mq][h] = mx;
+            float sum = row_sum[mq][h] * alpha;
+#pragma unroll
+            for (int j = 0; j < 2 * MMA_KV; ++j) {
+#pragma unroll
+              for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                const float pe = prefill::ex2(fmaf(s[mq][j][e], x_scale, -base));
+                s[mq][j][e] = pe;
+                sum += pe;
+              }
+            }
+            row_sum[mq][h] = sum;
+#pragma unroll
+            for (int j = 0; j < DVO / 8; ++j) {
+              o[mq][j][2 * h] *= alpha;
+              o[mq][j][2 * h + 1] *= alpha;
+            }
+          }
+        }
+      }
+
+      prefill::cp_async_wait<2 * STAGES - 3>();
+      __syncthreads();
+      {
+        const int t = it + STAGES - 1;
+        const int st = stage == 0 ? STAGES - 1 : stage - 1;
+        if (t < num_tiles) load_v(t, st);
+        prefill::cp_async_commit();
+      }
+      if (!skip) {
+        // ---- O += P V ----
+        const u32 v_stage = v_lane + stage * C::kVBytes;
+#pragma unroll
+        for (int kk = 0; kk < MMA_KV; ++kk) {
+          u32 a[MMA_Q][4];
+#pragma unroll
+          for (int mq = 0; mq < MMA_Q; ++mq) mma::frag_c_to_a<T>(a[mq], s[mq][2 * kk], s[mq][2 * kk + 1]);
+#pragma unroll
+          for (int dn = 0; dn < DVO / 16; ++dn) {
+            u32 bv[4];
+            mma::ldmatrix_x4_trans(bv, LdVO::at(v_stage, dn, kk * 16));
+#pragma unroll
+            for (int mq = 0; mq < MMA_Q; ++mq) mma::mma_m16n16k16<T>(o[mq][2 * dn], o[mq][2 * dn + 1], a[mq], bv);
+          }
+        }
+      }
+      stage = stage + 1 == STAGES ? 0 : stage + 1;
+    }
+
+    // ---- epilogue: stage (o, m, d) of every warp in smem, merge across WARPS_KV, write 16-byte vectors ----
+    prefill::cp_async_wait<0>();
+    __syncthreads();
+    float* epi_o = reinterpret_cast<float*>(smem);
+    float* epi_md = reinterpret_cast<float*>(smem + C::kEpiOBytes);
+#pragma unroll
+    for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = warp_row0 + mq * 16 + lane / 4 + 8 * h;
+        const int slot = wkv * TILE_Q + r;
+        float* dst = epi_o + slot * C::kEpiPitch + 2 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < DVO / 8; ++j) {
+          *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[mq][j][2 * h], o[mq][j][2 * h + 1]);
+        }
+        const float d = mma::quad_sum(row_sum[mq][h]);
+        if (lane % 4 == 0) {
+          // Store m in base-2 units; an empty row (d = 0) stores -inf so the merge ignores it.
+          epi_md[slot * 2] = d > 0.f ? row_max[mq][h] * x_scale : neg_inf();
+          epi_md[slot * 2 + 1] = d;
+        }
+      }
+    }
+    __syncthreads();
+
+    // Item facts needed only here are re-read rather than kept live across the KV loop.
+    const int e_partial = prefill::reload_i32(p.item_partial, item);
+    const int e_kvh = prefill::reload_i32(p.item_kv_head, item);
+    const int e_row0 = prefill::reload_i32(p.item_qo_tile, item) * TILE_Q;
+    const int e_req = prefill::reload_i32(p.item_req, item);
+    const int e_qo_base = prefill::reload_i32(p.qo_indptr, e_req);
+    const int e_rows = min(TILE_Q, (prefill::reload_i32(p.qo_indptr, e_req + 1) - e_qo_base) * g - e_row0);
+    constexpr int VPR = DVO / 8;  // 8-element vectors per row
+    for (int idx = tid; idx < e_rows * VPR; idx += NT) {
+      const int r = idx / VPR, cv = idx % VPR;
+      float m_all = neg_inf();
+#pragma unroll
+      for (int w = 0; w < C::kWarpsKV; ++w) m_all = fmaxf(m_all, epi_md[(w * TILE_Q + r) * 2]);
+      float acc[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+      float d_all = 0.f;
+      if (m_all != neg_inf()) {
+#pragma unroll
+        for (int w = 0; w < C::kWarpsKV; ++w) {
+          const int slot = w * TILE_Q + r;
+          const float wt = exp2f(epi_md[slot * 2] - m_all);  // -inf (empty warp slice) -> 0
+          d_all += epi_md[slot * 2 + 1] * wt;
+          const float4 lo = *reinterpret_cast<const float4*>(epi_o + slot * C::kEpiPitch + cv * 8);
+          const float4 hi = *reinterpret_cast<const float4*>(epi_o + slot * C::kEpiPitch + cv * 8 + 4);
+          acc[0] += lo.x * wt, acc[1] += lo.y * wt, acc[2] += lo.z * wt, acc[3] += lo.w * wt;
+          acc[4] += hi.x * wt, acc[5] += hi.y * wt, acc[6] += hi.z * wt, acc[7] += hi.w * wt;
+        }
+      }
+      const float inv = d_all > 0.f ? 1.f / d_all : 0.f;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] *= inv;
+      const float lse = d_all > 0.f ? m_all + log2f(d_all) : neg_inf();
+
+      if (e_partial < 0) {
+        const int pr = e_row0 + r;
+        const int token = static_cast<int>(prefill::fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
+        const int head = e_kvh * g + (pr - token * g);
+        const i64 row = e_qo_base + token;
+        DTypeO* dst = static_cast<DTypeO*>(p.o) + row * p.o_stride_n + head * p.o_stride_h + cv * 8;
+        if constexpr (sizeof(DTypeO) == 2) {
+          uint4 packed;
+          packed.x = mma::pack2<DTypeO>(acc[0], acc[1]);
+          packed.y = mma::pack2<DTypeO>(acc[2], acc[3]);
+          packed.z = mma::pack2<DTypeO>(acc[4], acc[5]);
+          packed.w = mma::pack2<DTypeO>(acc[6], acc[7]);
+          *reinterpret_cast<uint4*>(dst) = packed;
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) dst[e] = from_float<DTypeO>(acc[e]);
+        }
+        if (cv == 0 && p.lse != nullptr) {
+          static_cast<float*>(p.lse)[row * p.lse_stride_n + head * p.lse_stride_h] = lse;
+        }
+      } else {
+        float* dst = static_cast<float*>(p.partial_o) + static_cast<i64>(e_partial + r) * DVO + cv * 8;
+        *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        *reinterpret_cast<float4*>(dst + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
+        if (cv == 0) static_cast<float*>(p.partial_lse)[e_partial + r] = lse;
+      }
+    }
+    __syncthreads();  // the next item's copies overwrite the staging area
+  }
+}
+
+}  // namespace cuinfer

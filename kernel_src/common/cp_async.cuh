@@ -1,0 +1,35 @@
+// Asynchronous global -> shared copies (cp.async, sm_80+): the memory pipeline of every streaming kernel.
+//
+// A thread issues 16-byte copies, closes them into a group with cp_async_commit(), and later waits until at most N of
+// its groups are still in flight with cp_async_wait<N>(). Groups complete in order, so a kernel that commits exactly
+// one group per pipeline stage (an empty group when it has nothing to copy) knows which stage has landed from the
+// count alone. The wait only covers the calling thread's own copies: a __syncthreads() after it makes every thread's
+// copies visible to the whole block.
+#pragma once
+#include "common/types.cuh"
+
+namespace cuinfer {
+
+__device__ __forceinline__ u32 cp_async_smem_addr(const void* p) {
+  return static_cast<u32>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes from global `src` to shared `dst`, bypassing L1 (.cg: streamed data is read once). When `valid` is false
+// no byte is read and the 16 destination bytes are zero-filled (src-size 0), so a tile past the end of a range holds
+// zeros, never stale data that could turn into NaN; `src` must still be a mapped address (pass the tensor's base).
+// L2::128B asks the L2 to fetch the whole 128-byte line, which the neighbouring lanes read next.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  const u32 n = valid ? 16u : 0u;
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(cp_async_smem_addr(dst)), "l"(src),
+               "r"(n)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Wait until at most N of this thread's committed groups are still in flight.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+}  // namespace cuinfer

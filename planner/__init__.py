@@ -1,0 +1,1 @@
+"""Pure-NumPy work planner (imports nothing but numpy)."""
