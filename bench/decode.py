@@ -94,10 +94,9 @@ def prepare_fi_decode(inp: inputs.DecodeInputs, use_tensor_cores: bool) -> Prepa
 def prepare_fi_batch_attention(inp: inputs.DecodeInputs) -> Prepared:
     """FlashInfer's persistent kernel on a decode batch: every request is one query token (qo_indptr = arange)."""
     fi = peers.flashinfer()
-    torch = inputs.cuda_torch()
     s, kv = inp.case.shape, inp.kv
     dt = inputs.torch_dtype(s.dtype)
-    qo_indptr = torch.arange(inp.case.lengths.batch + 1, dtype=torch.int32, device="cuda")
+    qo_indptr = kv.kv_indptr_d.new_tensor(list(range(inp.case.lengths.batch + 1)))  # int32, on the cache's device
     w = fi.BatchAttention(kv_layout=s.kv_layout)
 
     def plan():
@@ -135,7 +134,7 @@ def peer_variants(case) -> list[tuple[str, object]]:
 
 
 def run(ctx: Context, cases) -> None:
-    use_fi = ctx.peers and peers.flashinfer_or_reason()[0] is not None
+    use_fi = peers.use_flashinfer(ctx)
     for case in cases:
         ctx.log(f"[decode] {case.id}: {case.describe()}  (target {case.target.text}; PERF.md peer {case.anchor})")
         run_case(ctx, case, use_fi)
@@ -167,7 +166,7 @@ def warm(ctx: Context, cases) -> None:
     """Compile every FlashInfer kernel the selected cases use, on a tiny batch, before anything is timed."""
     from bench.cases import DecodeCase, Lengths
 
-    if not (ctx.peers and peers.flashinfer_or_reason()[0] is not None):
+    if not peers.use_flashinfer(ctx):
         return
     jobs: dict[str, dict] = {}  # kv dtype -> {variant: prepare}
     for c in cases:

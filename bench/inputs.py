@@ -15,7 +15,9 @@ from bench.timing import cuda_torch
 
 
 def torch_dtype(name: str):
-    torch = cuda_torch()
+    """The torch dtype of a dtype name ("bfloat16", "float8_e4m3fn", ...)."""
+    import torch
+
     return getattr(torch, name)
 
 

@@ -44,7 +44,7 @@ def prepare_fi(inp: inputs.MergeInputs) -> Prepared:
 
 
 def run(ctx: Context, cases) -> None:
-    use_fi = ctx.peers and peers.flashinfer_or_reason()[0] is not None
+    use_fi = peers.use_flashinfer(ctx)
     for case in cases:
         ctx.log(f"[merge] {case.id}: {case.describe()}  (target {case.target.text})")
         run_case(ctx, case, use_fi)
@@ -70,7 +70,7 @@ def warm(ctx: Context, cases) -> None:
     """Compile FlashInfer's merge kernel on a tiny input before anything is timed."""
     from dataclasses import replace
 
-    if not (ctx.peers and peers.flashinfer_or_reason()[0] is not None) or not cases:
+    if not peers.use_flashinfer(ctx) or not cases:
         return
     inp = inputs.merge_inputs(replace(cases[0], id="warm", rows=64))
     warm_one(ctx, "flashinfer merge_states", lambda: prepare_fi(inp).run())

@@ -41,6 +41,20 @@ def flashinfer_or_reason() -> tuple[object | None, str]:
     return flashinfer, str(getattr(flashinfer, "__version__", "unknown"))
 
 
+_SAID_ABSENT: list[bool] = []
+
+
+def use_flashinfer(ctx) -> bool:
+    """Whether the FlashInfer rows run: peers asked for and the module imports. Says once why not."""
+    if not ctx.peers:
+        return False
+    mod, why = flashinfer_or_reason()
+    if mod is None and not _SAID_ABSENT:
+        _SAID_ABSENT.append(True)
+        ctx.log(f"FlashInfer is not importable ({why}): its columns show –")
+    return mod is not None
+
+
 def flashinfer():
     """The FlashInfer module; raises ImportError with the reason when it is not importable."""
     mod, why = flashinfer_or_reason()

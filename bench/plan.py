@@ -108,7 +108,7 @@ def fi_plans(case: PlanCase, t: _Tables) -> dict:
 
 
 def run(ctx: Context, cases) -> None:
-    use_fi = ctx.peers and peers.flashinfer_or_reason()[0] is not None
+    use_fi = peers.use_flashinfer(ctx)
     for case in cases:
         ctx.log(f"[plan] {case.id}: {case.describe()}  (target {case.target.text})")
         tables = _Tables(case)

@@ -138,7 +138,7 @@ def prepare_sdpa(inp: inputs.PrefillInputs, backend: str) -> Prepared:
 
 
 def run(ctx: Context, cases) -> None:
-    use_fi = ctx.peers and peers.flashinfer_or_reason()[0] is not None
+    use_fi = peers.use_flashinfer(ctx)
     for case in cases:
         anchor = ", ".join(f"{k} {v}" for k, v in case.anchor.items())
         ctx.log(
@@ -185,7 +185,7 @@ def warm(ctx: Context, cases) -> None:
 
     from bench.cases import Lengths
 
-    if not (ctx.peers and peers.flashinfer_or_reason()[0] is not None):
+    if not peers.use_flashinfer(ctx):
         return
     for layout in sorted({c.layout for c in cases}):
         tiny = replace(next(c for c in cases if c.layout == layout), id="warm", lengths=Lengths("const", 2, 200))

@@ -151,8 +151,12 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
   const u32 k_lane = LdQK::make(k_smem, warp_col0 + lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
   const u32 v_lane = LdVO::make(v_smem, warp_col0 + lane % 16, lane / 16);
 
-  // Copy mapping: thread -> chunk (tid % 8) + 8i of rows (tid / 8) + kRowsPerPass * r.
+  // Copy mapping: thread -> chunks (tid % 8) + 8c of rows (tid / 8) + kRowsPerPass * i. Every row it touches has the
+  // same row % 8, so its swizzled smem offsets are one base plus immediates: cp_qk_dst + i * pass + c * 128.
   const int cp_row = tid / 8, cp_chunk = tid % 8;
+  const u32 cp_qk_dst = cp_row * (C::kChunksQK * 16) + ((cp_chunk ^ (cp_row % 8)) * 16);
+  const u32 cp_vo_dst = cp_row * (C::kChunksVO * 16) + ((cp_chunk ^ (cp_row % 8)) * 16);
+  constexpr u32 kPassQK = C::kRowsPerPass * C::kChunksQK * 16, kPassVO = C::kRowsPerPass * C::kChunksVO * 16;
 
   const int g = p.group_size;
   const T* q_ptr = static_cast<const T*>(p.q);
@@ -199,8 +203,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         const T* src = valid ? q_ptr + static_cast<i64>(qo_base + token) * p.q_stride_n + head * p.q_stride_h : q_ptr;
 #pragma unroll
         for (int c = 0; c < C::kChunksQK / 8; ++c) {
-          const int chunk = c * 8 + cp_chunk;
-          prefill::cp_async_16(q_smem + SwQK::byte_offset(r, chunk), src + chunk * 8, valid);
+          prefill::cp_async_16(q_smem + cp_qk_dst + i * kPassQK + c * 128, src + (c * 8 + cp_chunk) * 8, valid);
         }
       }
     }
@@ -234,13 +237,10 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         } else {
           off = valid ? static_cast<i64>(key) * p.k_stride_n : 0;
         }
-        const T* src = k_req + off;
-        const u32 dst = k_smem + stage * C::kKBytes;
+        const T* src = k_req + off + cp_chunk * 8;
+        const u32 dst = k_smem + stage * C::kKBytes + cp_qk_dst + i * kPassQK;
 #pragma unroll
-        for (int c = 0; c < C::kChunksQK / 8; ++c) {
-          const int chunk = c * 8 + cp_chunk;
-          prefill::cp_async_16(dst + SwQK::byte_offset(r, chunk), src + chunk * 8, valid);
-        }
+        for (int c = 0; c < C::kChunksQK / 8; ++c) prefill::cp_async_16(dst + c * 128, src + c * 64, valid);
       }
     };
     auto load_v = [&](int t, int stage) {
@@ -256,13 +256,10 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         } else {
           off = valid ? static_cast<i64>(key) * p.v_stride_n : 0;
         }
-        const T* src = v_req + off;
-        const u32 dst = v_smem + stage * C::kVBytes;
+        const T* src = v_req + off + cp_chunk * 8;
+        const u32 dst = v_smem + stage * C::kVBytes + cp_vo_dst + i * kPassVO;
 #pragma unroll
-        for (int c = 0; c < C::kChunksVO / 8; ++c) {
-          const int chunk = c * 8 + cp_chunk;
-          prefill::cp_async_16(dst + SwVO::byte_offset(r, chunk), src + chunk * 8, valid);
-        }
+        for (int c = 0; c < C::kChunksVO / 8; ++c) prefill::cp_async_16(dst + c * 128, src + c * 64, valid);
       }
     };
 

@@ -51,14 +51,14 @@ def test_zero_copy_import(framework, rng, dtype):
 
 
 def test_zero_copy_strided_slice(framework, rng):
+    if framework == "jax":
+        pytest.skip("JAX slices are new arrays, never strided views")
     host = rng.standard_normal((9, 3 * 4, 64)).astype(np.float16)  # fused QKV: [tokens, 3 * heads, head_dim]
     fused = framework.asarray(host)
     q = fused[:, 4:8]
     t = as_tensor(q, "q")
     assert t.strides == (12 * 64, 64, 1) and t.last_dim_contiguous and not t.is_contiguous
-    assert t.ptr == as_tensor(fused, "qkv").ptr + 4 * 64 * 2
-    if framework != "jax":  # JAX slices are new arrays (copies); torch and CuPy slices are views
-        assert t.ptr == native_ptr(framework, q)
+    assert t.ptr == native_ptr(framework, q) == as_tensor(fused, "qkv").ptr + 4 * 64 * 2
     np.testing.assert_array_equal(cupy_view(t).get(), host[:, 4:8].view(np.uint16))
 
 

@@ -1,0 +1,739 @@
+// Batch decode on a paged KV cache: one query token per request, persistent CTAs driven by a work plan.
+//
+// Two kernels share one memory pipeline and differ only in the math:
+//   batch_decode_cuda_core   thread (tx, ty, tz): tx owns 8 dims of the head, ty one query head of the GQA group,
+//                            tz a slice of the tile's tokens; q·k is reduced over the D/8 tx lanes with shuffles.
+//   batch_decode_tensor_core head-group fusion (paper appendix A): the g query heads of one KV head are the rows of a
+//                            16-row query tile, Q·K^T and P·V run on mma.sync m16n8k16 with fp32 accumulators; warp w
+//                            owns tokens 16w..16w+15 of each tile (and, for head dim 256, half of the output dims).
+// Either way one CTA handles all query heads of a KV head, so every KV tile is read from memory once for the group.
+//
+// The plan (docs/internals.md) gives CTA c the work items work_indptr[c]..work_indptr[c+1]; an item is one request,
+// one KV head (all its query heads: the decode query tile) and one KV range [start, end). The CTA walks the
+// concatenation of its items' tiles (T tokens each; an empty item still has one, all-masked, tile) as a single
+// stream, so the pipeline never drains at item boundaries:
+//
+//   iteration n:  wait for tile n (cp.async group), __syncthreads
+//                 issue the cp.async copies of tile n+S-1 (offsets resolved one iteration earlier)
+//                 resolve tile n+S: item bookkeeping, then the page index of each of its tokens (a global load whose
+//                 latency hides behind the math; the 64-bit element offsets are stored after the math)
+//                 math on tile n; at the item's last tile, merge the per-warp states and write o/lse
+//
+// Tile descriptors live in a ring of S+1 slots: slot n+S is written while slot n (math) and slot n+S-1 (copies) are
+// read, and a slot is rewritten only after the barrier that follows its last read. Resolving offsets per token makes
+// any page size (1 included), NHD and HND, a 5-D cache or separate k/v caches all one code path: the token's page and
+// slot pick the offset through the caller's strides. Empty trailing tiles are zero-filled by cp.async, so masked
+// tokens see K = V = 0 (never stale NaN) and p = 2^-inf = 0.
+//
+// Softmax runs in base 2 in fp32: logits are pre-scaled by sm_scale·log2(e), lse is log2-sum-exp (API.md). States of
+// the warps (tensor cores) or token slices (CUDA cores) of one item are merged through the item's last KV stage, which
+// is free until the next iteration's barrier: 4 bytes x rows x D per slice is exactly the stage's K+V bytes when the
+// slices are 16 rows (tensor cores) or when g <= tokens per slice (CUDA cores).
+//
+// Compile-time options: sm_scale and the logits soft cap (values in DecodeParams, soft cap on/off as kSoftCap), the
+// sliding window (kWindow: the item's start is clamped to kv_len-1-window_left), positional encoding (kPos: none,
+// rope_llama applied in the kernel to q at kv_len-1 and to each K tile in shared memory, alibi), writing lse (kLse).
+// DecodeParams (the by-value parameter struct) comes from the generated preamble (cuinfer/decode_specs.py).
+#pragma once
+#include "common/cp_async.cuh"
+#include "common/math.cuh"
+#include "common/mma.cuh"
+#include "common/swizzle.cuh"
+#include "common/types.cuh"
+#include "common/vec.cuh"
+
+namespace cuinfer {
+namespace decode {
+
+enum PosEncoding : int { kPosNone = 0, kPosRope = 1, kPosAlibi = 2 };
+enum TileFlags : int { kFirst = 1, kLast = 2, kNull = 4 };
+
+// Items of the CTA held in shared memory at a time (reloaded when the producer runs past them).
+constexpr int kItemChunk = 64;
+
+// One work item as the producer needs it, read once from the plan and the page table.
+struct ItemInfo {
+  int req, kv_head, start, end, partial, qo_tile, page_begin, kv_len;
+};
+
+// One tile of the CTA's tile stream: the element offsets (page, slot and head resolved) of its tokens in the K and
+// V caches, and the item facts the math needs at the tile.
+template <int T> struct TileSlot {
+  i64 k_off[T];
+  i64 v_off[T];
+  int req, kv_head, start, n_valid, partial, qo_tile, kv_len, flags;
+};
+
+__device__ __forceinline__ i64 round_up_128(i64 x) { return (x + 127) / 128 * 128; }
+
+// ---- the producer: walks the CTA's items tile by tile, S tiles ahead of the math ----------------------------------
+
+template <int kThreads, bool kWindow>
+__device__ __forceinline__ void load_items(const DecodeParams& p, ItemInfo* items, int base, int end) {
+  const int* item_req = reinterpret_cast<const int*>(p.item_req);
+  const int* item_kv_head = reinterpret_cast<const int*>(p.item_kv_head);
+  const int* item_kv_start = reinterpret_cast<const int*>(p.item_kv_start);
+  const int* item_kv_end = reinterpret_cast<const int*>(p.item_kv_end);
+  const int* item_partial = reinterpret_cast<const int*>(p.item_partial);
+  const int* item_qo_tile = reinterpret_cast<const int*>(p.item_qo_tile);
+  const int* page_indptr = reinterpret_cast<const int*>(p.page_indptr);
+  const int* kv_lens = reinterpret_cast<const int*>(p.kv_lens);
+  for (int i = threadIdx.x; i < kItemChunk; i += kThreads) {
+    const int it = base + i;
+    if (it < end) {
+      ItemInfo x;
+      x.req = item_req[it];
+      x.kv_head = item_kv_head[it];
+      x.start = item_kv_start[it];
+      x.end = item_kv_end[it];
+      x.partial = item_partial[it];
+      x.qo_tile = item_qo_tile[it];
+      x.page_begin = page_indptr[x.req];
+      x.kv_len = kv_lens[x.req];
+      if constexpr (kWindow) {
+        // A decode query at kv_len-1 keeps keys j >= kv_len-1-window_left (the planner clips too; this is exact).
+        x.start = max(x.start, x.kv_len - 1 - p.window_left);
+        x.end = max(x.end, x.start);
+      }
+      items[i] = x;
+    }
+  }
+}
+
+template <int T, int kThreads, bool kWindow> struct TileProducer {
+  int item, item_end, chunk_base, pos;
+  bool fresh;
+  // The token this thread resolves for the tile being produced; its offsets are stored by finish().
+  int page, slot_in_page, head;
+  bool valid;
+
+  __device__ __forceinline__ void init(int begin, int end) {
+    item = begin;
+    item_end = end;
+    chunk_base = begin;
+    pos = 0;
+    fresh = true;
+    valid = false;
+  }
+
+  // Describe the next tile of the stream in `slot`. All threads call it with identical state (block-uniform).
+  __device__ __forceinline__ void produce(const DecodeParams& p, ItemInfo* items, TileSlot<T>* slot) {
+    valid = false;
+    if (item >= item_end) {
+      if (threadIdx.x == 0) slot->flags = kNull;
+      return;
+    }
+    if (item - chunk_base >= kItemChunk) {
+      __syncthreads();  // every thread is done reading the old chunk
+      chunk_base = item;
+      load_items<kThreads, kWindow>(p, items, chunk_base, item_end);
+      __syncthreads();
+    }
+    const ItemInfo& x = items[item - chunk_base];
+    if (fresh) pos = x.start;
+    const int n_valid = max(0, min(T, x.end - pos));
+    const bool last = pos + T >= x.end;
+    if (threadIdx.x == 0) {
+      slot->req = x.req;
+      slot->kv_head = x.kv_head;
+      slot->start = pos;
+      slot->n_valid = n_valid;
+      slot->partial = x.partial;
+      slot->qo_tile = x.qo_tile;
+      slot->kv_len = x.kv_len;
+      slot->flags = (fresh ? kFirst : 0) | (last ? kLast : 0);
+    }
+    if (static_cast<int>(threadIdx.x) < n_valid) {
+      const int tok = pos + threadIdx.x;
+      const int pi = tok / p.page_size;
+      slot_in_page = tok - pi * p.page_size;
+      page = reinterpret_cast<const int*>(p.page_indices)[x.page_begin + pi];
+      head = x.kv_head;
+      valid = true;
+    }
+    if (last) {
+      ++item;
+      fresh = true;
+    } else {
+      pos += T;
+      fresh = false;
+    }
+  }
+
+  // Store the offsets resolved by the last produce() (deferred so the page-index load overlaps the math).
+  __device__ __forceinline__ void finish(const DecodeParams& p, TileSlot<T>* slot) const {
+    if (valid) {
+      slot->k_off[threadIdx.x] = i64(page) * p.k_stride_page + i64(slot_in_page) * p.k_stride_slot +
+                                 i64(head) * p.k_stride_head;
+      slot->v_off[threadIdx.x] = i64(page) * p.v_stride_page + i64(slot_in_page) * p.v_stride_slot +
+                                 i64(head) * p.v_stride_head;
+    }
+  }
+};
+
+// ---- the pipeline: KV stages, tile ring and item chunk in dynamic shared memory -----------------------------------
+
+template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow> struct Pipeline {
+  static_assert(kStages >= 2, "the pipeline needs at least two stages");
+  static_assert(T <= kThreads, "one thread resolves each token of a tile");
+  static constexpr int kVec = 16 / sizeof(KV);
+  static constexpr int kChunks = D / kVec;  // 16-byte chunks per row
+  static constexpr int kRing = kStages + 1;
+  static constexpr i64 kStageBytes = 2LL * T * D * sizeof(KV);
+  static constexpr i64 kRingOffset = kStages * kStageBytes;
+  static constexpr i64 kItemsOffset = kRingOffset + kRing * sizeof(TileSlot<T>);
+  // The kernel's own area (query tile, merge scratch) starts here.
+  static constexpr i64 kBytes = (kItemsOffset + kItemChunk * sizeof(ItemInfo) + 127) / 128 * 128;
+  static_assert(kThreads % kChunks == 0, "the block copies whole rows per pass");
+  static constexpr int kRowsPerPass = kThreads / kChunks;
+
+  unsigned char* smem;
+  TileProducer<T, kThreads, kWindow> prod;
+
+  __device__ __forceinline__ KV* k_stage(int n) const {
+    return reinterpret_cast<KV*>(smem + (n % kStages) * kStageBytes);
+  }
+  __device__ __forceinline__ KV* v_stage(int n) const { return k_stage(n) + T * D; }
+  __device__ __forceinline__ TileSlot<T>* slot(int n) const {
+    return reinterpret_cast<TileSlot<T>*>(smem + kRingOffset) + (n % kRing);
+  }
+  __device__ __forceinline__ ItemInfo* items() const { return reinterpret_cast<ItemInfo*>(smem + kItemsOffset); }
+
+  // cp.async the K and V rows of tile n into its stage (swizzled 16-byte chunks); nothing for a null tile.
+  __device__ __forceinline__ void issue(const DecodeParams& p, int n) const {
+    const TileSlot<T>* s = slot(n);
+    if (s->flags & kNull) return;
+    const int n_valid = s->n_valid;
+    const int c = threadIdx.x % kChunks;
+    const KV* kb = reinterpret_cast<const KV*>(p.k);
+    const KV* vb = reinterpret_cast<const KV*>(p.v);
+    KV* ks = k_stage(n);
+    KV* vs = v_stage(n);
+#pragma unroll
+    for (int r0 = 0; r0 < T; r0 += kRowsPerPass) {
+      const int r = r0 + threadIdx.x / kChunks;
+      if (kRowsPerPass <= T || r < T) {
+        const bool ok = r < n_valid;
+        const i64 ko = ok ? s->k_off[r] : 0;
+        const i64 vo = ok ? s->v_off[r] : 0;
+        const int dst = Swizzle<kChunks>::slot(r, c) * kVec;
+        cp_async_16(ks + dst, kb + ko + c * kVec, ok);
+        cp_async_16(vs + dst, vb + vo + c * kVec, ok);
+      }
+    }
+  }
+
+  // Prologue: load the first item chunk, resolve tiles 0..S-1, start the copies of tiles 0..S-2.
+  __device__ __forceinline__ void start(const DecodeParams& p, unsigned char* smem_base) {
+    smem = smem_base;
+    const int* work_indptr = reinterpret_cast<const int*>(p.work_indptr);
+    prod.init(work_indptr[blockIdx.x], work_indptr[blockIdx.x + 1]);
+    load_items<kThreads, kWindow>(p, items(), prod.chunk_base, prod.item_end);
+    __syncthreads();
+#pragma unroll
+    for (int m = 0; m < kStages; ++m) {
+      prod.produce(p, items(), slot(m));
+      prod.finish(p, slot(m));
+    }
+    __syncthreads();
+#pragma unroll
+    for (int m = 0; m < kStages - 1; ++m) {
+      issue(p, m);
+      cp_async_commit();
+    }
+  }
+
+  // Top of iteration n: wait for tile n and make it visible to the block. Returns its descriptor.
+  __device__ __forceinline__ const TileSlot<T>* wait(int n) const {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    return slot(n);
+  }
+
+  // After wait(n): start the copies of tile n+S-1 (one commit group per iteration, empty or not) and resolve n+S.
+  __device__ __forceinline__ void advance(const DecodeParams& p, int n) {
+    issue(p, n + kStages - 1);
+    cp_async_commit();
+    prod.produce(p, items(), slot(n + kStages));
+  }
+
+  // After the math of iteration n: store the offsets resolved by advance(n).
+  __device__ __forceinline__ void finish(const DecodeParams& p, int n) const { prod.finish(p, slot(n + kStages)); }
+};
+
+// ---- shared pieces of the math -------------------------------------------------------------------------------------
+
+template <typename T> __device__ __forceinline__ void zero_vec(Vec<T, 16 / sizeof(T)>& v) {
+  *reinterpret_cast<uint4*>(v.v) = make_uint4(0u, 0u, 0u, 0u);
+}
+
+// RoPE (rotate-half) on the K rows of a landed tile, in shared memory: row r is kv position start + r. Thread pair
+// chunk c (dims 8c..8c+7 with their partners D/2 + 8c..) is fixed per thread, so its frequencies are precomputed.
+template <typename KV, int D, int kThreads>
+__device__ __forceinline__ void rope_k_tile(KV* ks, int start, int n_valid, const fmath::RopeFreq (&f)[8]) {
+  constexpr int kChunks = D / 8;
+  constexpr int kHalf = kChunks / 2;
+  static_assert(kThreads % kHalf == 0, "threads cover whole half rows");
+  const int c = threadIdx.x % kHalf;
+  for (int r = threadIdx.x / kHalf; r < n_valid; r += kThreads / kHalf) {
+    KV* lo_p = ks + Swizzle<kChunks>::slot(r, c) * 8;
+    KV* hi_p = ks + Swizzle<kChunks>::slot(r, c + kHalf) * 8;
+    Vec<KV, 8> lo, hi;
+    lo.load(lo_p);
+    hi.load(hi_p);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      float sn, cs;
+      fmath::rope_sincos(start + r, f[i], sn, cs);
+      const float x = to_float(lo[i]), y = to_float(hi[i]);
+      lo[i] = from_float<KV>(x * cs - y * sn);
+      hi[i] = from_float<KV>(y * cs + x * sn);
+    }
+    lo.store(lo_p);
+    hi.store(hi_p);
+  }
+}
+
+template <int D>
+__device__ __forceinline__ void rope_k_freqs(const DecodeParams& p, int kThreadsHalfIdx, fmath::RopeFreq (&f)[8]) {
+  const double log2_theta = __longlong_as_double(p.rope_log2_theta_bits);
+  const double rcp_scale = __longlong_as_double(p.rope_rcp_scale_bits);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) f[i] = fmath::rope_freq(kThreadsHalfIdx * 8 + i, D, log2_theta, rcp_scale);
+}
+
+// Rotate one 8-dim chunk of q (dims 8c..8c+7) given the partner chunk (dims 8c ± D/2) at position pos.
+template <int D> __device__ __forceinline__ void rope_q_chunk(const DecodeParams& p, int c, int pos, float (&x)[8],
+                                                              const float (&partner)[8]) {
+  constexpr int kHalf = D / 16;
+  const double log2_theta = __longlong_as_double(p.rope_log2_theta_bits);
+  const double rcp_scale = __longlong_as_double(p.rope_rcp_scale_bits);
+  const bool low = c < kHalf;
+  const int pair0 = (low ? c : c - kHalf) * 8;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    float sn, cs;
+    fmath::rope_sincos(pos, fmath::rope_freq(pair0 + i, D, log2_theta, rcp_scale), sn, cs);
+    x[i] = low ? x[i] * cs - partner[i] * sn : x[i] * cs + partner[i] * sn;
+  }
+}
+
+// Final logit (base 2) of raw q·k for key position j; masked keys get -inf.
+template <bool kSoftCap, int kPos>
+__device__ __forceinline__ float logit(const DecodeParams& p, float raw, float slope, int j, int qpos, bool keep) {
+  float t = raw * p.logits_scale;
+  if constexpr (kPos == kPosAlibi) t += slope * float(j - qpos);
+  if constexpr (kSoftCap) t = p.cap_log2 * fmath::tanh(t * p.rcp_cap);
+  return keep ? t : neg_inf();
+}
+
+// ALiBi slope of a query head in the units of logit(): log2(e)-scaled unless the soft cap rescales afterwards.
+template <bool kSoftCap> __device__ __forceinline__ float alibi_slope_scaled(int head, int num_heads) {
+  return fmath::alibi_slope(head, num_heads) * (kSoftCap ? 1.f : kLog2e);
+}
+
+// Write 8 dims [dim0, dim0+8) of one output row: straight to o (and lse) for an unsplit item, or as an fp32 partial
+// row of the workspace for a split one. `x` is already normalised; `lead` is the one thread that writes the lse.
+template <typename O, int D, bool kLse>
+__device__ __forceinline__ void store_row(const DecodeParams& p, int req, int qo_head, int prow, int dim0,
+                                          const float (&x)[8], float lse, bool lead) {
+  if (prow < 0) {
+    Vec<O, 8> v;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = from_float<O>(x[i]);
+    v.store(reinterpret_cast<O*>(p.o) + i64(req) * p.o_stride_b + i64(qo_head) * p.o_stride_h + dim0);
+    if constexpr (kLse) {
+      if (lead) reinterpret_cast<float*>(p.lse)[i64(req) * p.lse_stride_b + i64(qo_head) * p.lse_stride_h] = lse;
+    }
+  } else {
+    float* dst = reinterpret_cast<float*>(p.partial_o) + i64(prow) * D + dim0;
+    *reinterpret_cast<float4*>(dst) = make_float4(x[0], x[1], x[2], x[3]);
+    *reinterpret_cast<float4*>(dst + 4) = make_float4(x[4], x[5], x[6], x[7]);
+    if (lead) reinterpret_cast<float*>(p.partial_lse)[prow] = lse;
+  }
+}
+
+// Merge S slices (m_s, d_s, o_s unnormalised) of one row slice: o = Σ 2^(m_s-M) o_s / Σ 2^(m_s-M) d_s.
+struct SliceMerge {
+  float acc[8];
+  float m, l;
+  __device__ __forceinline__ void init(float max_m) {
+    m = max_m;
+    l = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+  }
+  __device__ __forceinline__ void add(float ms, float ds, const float* o_s) {
+    const float w = fmath::ex2(ms - (m == neg_inf() ? 0.f : m));  // an empty slice (ms = -inf) weighs 0
+    l += w * ds;
+    const float4 a = *reinterpret_cast<const float4*>(o_s);
+    const float4 b = *reinterpret_cast<const float4*>(o_s + 4);
+    acc[0] += w * a.x, acc[1] += w * a.y, acc[2] += w * a.z, acc[3] += w * a.w;
+    acc[4] += w * b.x, acc[5] += w * b.y, acc[6] += w * b.z, acc[7] += w * b.w;
+  }
+  // Normalise in place; returns the lse (o = 0, lse = -inf for a row that saw no key).
+  __device__ __forceinline__ float finish() {
+    if (l > 0.f) {
+      const float inv = 1.f / l;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] *= inv;
+      return m + fmath::lg2(l);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+    return neg_inf();
+  }
+};
+
+// ==================================================================================================================
+// CUDA-core kernel. kThreads = (D/8) x G x BDZ; each of the BDZ token slices holds TZ = T / BDZ tokens of a tile.
+// ==================================================================================================================
+template <typename Q, typename KV, typename O, int D, int G, int T, int kStages, int kThreads, int kPos, bool kSoftCap,
+          bool kWindow, bool kLse>
+__global__ void __launch_bounds__(kThreads) batch_decode_cuda_core(const __grid_constant__ DecodeParams p) {
+  static_assert(sizeof(KV) == 2 && sizeof(Q) == 2, "16-bit q and KV");
+  constexpr int BDX = D / 8;
+  constexpr int BDZ = kThreads / (BDX * G);
+  static_assert(BDX * G * BDZ == kThreads, "kThreads = D/8 x G x BDZ");
+  static_assert(BDX <= 32 && 32 % BDX == 0, "the dims of one head stay inside one warp");
+  constexpr int TZ = T / BDZ;
+  static_assert(TZ * BDZ == T, "token slices split the tile evenly");
+  static_assert(BDZ == 1 || G <= TZ, "the merge of BDZ slices of G rows must fit in one KV stage");
+  using Pipe = Pipeline<KV, D, T, kStages, kThreads, kWindow>;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  float* md = reinterpret_cast<float*>(smem + Pipe::kBytes);  // [BDZ][G][2]: (m, d) per slice and head
+
+  const int tx = threadIdx.x % BDX;
+  const int ty = (threadIdx.x / BDX) % G;
+  const int tz = threadIdx.x / (BDX * G);
+
+  Pipe pipe;
+  pipe.start(p, smem);
+
+  fmath::RopeFreq kf[8];
+  if constexpr (kPos == kPosRope) rope_k_freqs<D>(p, threadIdx.x % (D / 16), kf);
+
+  float q[8], o[8];
+  float m = neg_inf(), d = 0.f, slope = 0.f;
+  int qpos = 0;
+
+  for (int n = 0;; ++n) {
+    const TileSlot<T>* cur = pipe.wait(n);
+    const int flags = cur->flags;
+    if (flags & kNull) break;
+    const int start = cur->start, n_valid = cur->n_valid;
+    pipe.advance(p, n);
+    KV* ks = pipe.k_stage(n);
+    KV* vs = pipe.v_stage(n);
+
+    if (flags & kFirst) {
+      const int head = cur->kv_head * G + ty;
+      const Q* qrow = reinterpret_cast<const Q*>(p.q) + i64(cur->req) * p.q_stride_b + i64(head) * p.q_stride_h;
+      Vec<Q, 8> qv;
+      qv.load(qrow + tx * 8);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) q[i] = to_float(qv[i]);
+      qpos = cur->kv_len - 1;
+      if constexpr (kPos == kPosRope) {
+        Vec<Q, 8> pv;
+        pv.load(qrow + ((tx + BDX / 2) % BDX) * 8);
+        float partner[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) partner[i] = to_float(pv[i]);
+        rope_q_chunk<D>(p, tx, qpos, q, partner);
+      }
+      if constexpr (kPos == kPosAlibi) slope = alibi_slope_scaled<kSoftCap>(head, p.num_qo_heads);
+      m = neg_inf();
+      d = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[i] = 0.f;
+    }
+    if constexpr (kPos == kPosRope) {
+      rope_k_tile<KV, D, kThreads>(ks, start, n_valid, kf);
+      __syncthreads();
+    }
+
+    // q·k for this slice's tokens, reduced over the BDX lanes of the head.
+    float s[TZ];
+#pragma unroll
+    for (int j = 0; j < TZ; ++j) {
+      const int r = tz * TZ + j;
+      Vec<KV, 8> kv;
+      kv.load(ks + Swizzle<BDX>::slot(r, tx) * 8);
+      float acc = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc = fmaf(q[i], to_float(kv[i]), acc);
+      s[j] = acc;
+    }
+    float m_tile = neg_inf();
+#pragma unroll
+    for (int j = 0; j < TZ; ++j) {
+      const int r = tz * TZ + j;
+      s[j] = logit<kSoftCap, kPos>(p, fmath::group_sum<BDX>(s[j]), slope, start + r, qpos, r < n_valid);
+      m_tile = fmaxf(m_tile, s[j]);
+    }
+    const float m_new = fmaxf(m, m_tile);
+    const float base = m_new == neg_inf() ? 0.f : m_new;
+    const float scale = fmath::ex2(m - base);
+    m = m_new;
+    d *= scale;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] *= scale;
+#pragma unroll
+    for (int j = 0; j < TZ; ++j) {
+      const int r = tz * TZ + j;
+      const float pj = fmath::ex2(s[j] - base);
+      d += pj;
+      Vec<KV, 8> vv;
+      vv.load(vs + Swizzle<BDX>::slot(r, tx) * 8);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[i] = fmaf(pj, to_float(vv[i]), o[i]);
+    }
+    pipe.finish(p, n);
+
+    if (flags & kLast) {
+      const int head = cur->kv_head * G + ty;
+      const int prow = cur->partial < 0 ? -1 : cur->partial + ty;
+      SliceMerge mg;
+      if constexpr (BDZ == 1) {
+        mg.init(m);
+        mg.l = d;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) mg.acc[i] = o[i];
+      } else {
+        __syncthreads();  // every slice is done reading this tile's stage: reuse it as merge scratch
+        float* os = reinterpret_cast<float*>(ks);  // [BDZ][G][D]
+        float* orow = os + (tz * G + ty) * D + tx * 8;
+        *reinterpret_cast<float4*>(orow) = make_float4(o[0], o[1], o[2], o[3]);
+        *reinterpret_cast<float4*>(orow + 4) = make_float4(o[4], o[5], o[6], o[7]);
+        if (tx == 0) {
+          md[(tz * G + ty) * 2] = m;
+          md[(tz * G + ty) * 2 + 1] = d;
+        }
+        __syncthreads();
+        if (tz == 0) {
+          float mx = neg_inf();
+#pragma unroll
+          for (int z = 0; z < BDZ; ++z) mx = fmaxf(mx, md[(z * G + ty) * 2]);
+          mg.init(mx);
+#pragma unroll
+          for (int z = 0; z < BDZ; ++z)
+            mg.add(md[(z * G + ty) * 2], md[(z * G + ty) * 2 + 1], os + (z * G + ty) * D + tx * 8);
+        }
+      }
+      if (tz == 0) {
+        const float lse = mg.finish();
+        store_row<O, D, kLse>(p, cur->req, head, prow, tx * 8, mg.acc, lse, tx == 0);
+      }
+    }
+  }
+}
+
+// ==================================================================================================================
+// Tensor-core kernel. kWarpsKV warps along the tile's tokens (16 each, T = 16 kWarpsKV), kWarpsD along the output
+// dims (each warp computes the whole 16x16 S of its tokens and P·V for D / kWarpsD dims). Rows of the query tile are
+// packed rows qo_tile*16 + r = the query heads of the KV head (rows >= G are zero and never written).
+// ==================================================================================================================
+template <typename Q, typename KV, typename O, int D, int G, int kWarpsKV, int kWarpsD, int kStages, int kPos,
+          bool kSoftCap, bool kWindow, bool kLse>
+__global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD) batch_decode_tensor_core(
+    const __grid_constant__ DecodeParams p) {
+  static_assert(is_same<Q, KV>::value, "tensor cores take q and KV of one 16-bit type");
+  static_assert(sizeof(KV) == 2, "16-bit KV");
+  constexpr int kThreads = 32 * kWarpsKV * kWarpsD;
+  constexpr int T = 16 * kWarpsKV;
+  constexpr int DW = D / kWarpsD;  // output dims per warp
+  static_assert(DW % 16 == 0, "each warp owns whole 16-dim blocks of the output");
+  constexpr int kChunks = D / 8;
+  using Pipe = Pipeline<KV, D, T, kStages, kThreads, kWindow>;
+  static_assert(Pipe::kStageBytes == 16LL * kWarpsKV * D * 4, "the merge scratch is exactly one KV stage");
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  Q* qs = reinterpret_cast<Q*>(smem + Pipe::kBytes);                  // [16][D], swizzled
+  float* md = reinterpret_cast<float*>(smem + Pipe::kBytes + 16 * D * sizeof(Q));  // [kWarpsKV * 16][2]
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wkv = warp % kWarpsKV, wd = warp / kWarpsKV;
+  const int gid = lane / 4, tig = lane % 4;
+
+  Pipe pipe;
+  pipe.start(p, smem);
+
+  fmath::RopeFreq kf[8];
+  if constexpr (kPos == kPosRope) rope_k_freqs<D>(p, threadIdx.x % (D / 16), kf);
+
+  u32 qf[D / 16][4];
+  float oacc[DW / 8][4];
+  float m[2] = {neg_inf(), neg_inf()}, dsum[2] = {0.f, 0.f}, slope[2] = {0.f, 0.f};
+  int qpos = 0;
+
+  for (int n = 0;; ++n) {
+    const TileSlot<T>* cur = pipe.wait(n);
+    const int flags = cur->flags;
+    if (flags & kNull) break;
+    const int start = cur->start, n_valid = cur->n_valid;
+    pipe.advance(p, n);
+    KV* ks = pipe.k_stage(n);
+    KV* vs = pipe.v_stage(n);
+
+    if (flags & kFirst) {
+      const int row0 = cur->qo_tile * 16;  // packed row of the tile's row 0 = head in group
+      const Q* qb = reinterpret_cast<const Q*>(p.q) + i64(cur->req) * p.q_stride_b +
+                    i64(cur->kv_head * G) * p.q_stride_h;
+      qpos = cur->kv_len - 1;
+      if constexpr (kPos == kPosRope) {
+        for (int u = threadIdx.x; u < 16 * (kChunks / 2); u += kThreads) {
+          const int r = u / (kChunks / 2), c = u % (kChunks / 2);
+          Vec<Q, 8> lo, hi;
+          zero_vec<Q>(lo);
+          zero_vec<Q>(hi);
+          if (row0 + r < G) {
+            const Q* src = qb + i64(row0 + r) * p.q_stride_h;
+            lo.load(src + c * 8);
+            hi.load(src + (c + kChunks / 2) * 8);
+            float x[8], y[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) x[i] = to_float(lo[i]), y[i] = to_float(hi[i]);
+            float xr[8], yr[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) xr[i] = x[i], yr[i] = y[i];
+            rope_q_chunk<D>(p, c, qpos, xr, y);
+            rope_q_chunk<D>(p, c + kChunks / 2, qpos, yr, x);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) lo[i] = from_float<Q>(xr[i]), hi[i] = from_float<Q>(yr[i]);
+          }
+          lo.store(qs + Swizzle<kChunks>::slot(r, c) * 8);
+          hi.store(qs + Swizzle<kChunks>::slot(r, c + kChunks / 2) * 8);
+        }
+      } else {
+        for (int u = threadIdx.x; u < 16 * kChunks; u += kThreads) {
+          const int r = u / kChunks, c = u % kChunks;
+          Vec<Q, 8> v;
+          zero_vec<Q>(v);
+          if (row0 + r < G) v.load(qb + i64(row0 + r) * p.q_stride_h + c * 8);
+          v.store(qs + Swizzle<kChunks>::slot(r, c) * 8);
+        }
+      }
+      __syncthreads();
+      const u32 qbase = mma::smem_addr(qs);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        mma::ldmatrix_x4(qf[kk], qbase + Swizzle<kChunks>::byte_offset(lane % 16, 2 * kk + lane / 16));
+      if constexpr (kPos == kPosAlibi) {
+        const int h0 = cur->kv_head * G + row0 + gid;
+        slope[0] = alibi_slope_scaled<kSoftCap>(min(h0, p.num_qo_heads - 1), p.num_qo_heads);
+        slope[1] = alibi_slope_scaled<kSoftCap>(min(h0 + 8, p.num_qo_heads - 1), p.num_qo_heads);
+      }
+      m[0] = m[1] = neg_inf();
+      dsum[0] = dsum[1] = 0.f;
+#pragma unroll
+      for (int j = 0; j < DW / 8; ++j) oacc[j][0] = oacc[j][1] = oacc[j][2] = oacc[j][3] = 0.f;
+    }
+    if constexpr (kPos == kPosRope) {
+      rope_k_tile<KV, D, kThreads>(ks, start, n_valid, kf);
+      __syncthreads();
+    }
+
+    // S = Q K^T for this warp's 16 tokens: two n8 tiles (tokens 0-7, 8-15 of the warp).
+    float s[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    const u32 kbase = mma::smem_addr(ks);
+    const int krow = wkv * 16 + lane % 8 + 8 * (lane / 16);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      u32 b[4];
+      mma::ldmatrix_x4(b, kbase + Swizzle<kChunks>::byte_offset(krow, 2 * kk + (lane / 8) % 2));
+      mma::mma_m16n16k16<Q>(s[0], s[1], qf[kk], b);
+    }
+
+    // Online softmax on rows gid (e = 0, 1) and gid + 8 (e = 2, 3); a row is spread over the 4 lanes of a quad.
+    float mx[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = wkv * 16 + nt * 8 + 2 * tig + (e & 1);
+        s[nt][e] = logit<kSoftCap, kPos>(p, s[nt][e], slope[e / 2], start + r, qpos, r < n_valid);
+        mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
+      }
+    }
+    float base[2], scale[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_new = fmaxf(m[h], mma::quad_max(mx[h]));
+      base[h] = m_new == neg_inf() ? 0.f : m_new;
+      scale[h] = fmath::ex2(m[h] - base[h]);
+      m[h] = m_new;
+      dsum[h] *= scale[h];
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = fmath::ex2(s[nt][e] - base[e / 2]);
+        dsum[e / 2] += s[nt][e];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < DW / 8; ++j) {
+      oacc[j][0] *= scale[0];
+      oacc[j][1] *= scale[0];
+      oacc[j][2] *= scale[1];
+      oacc[j][3] *= scale[1];
+    }
+
+    // O += P V over this warp's output dims.
+    u32 pa[4];
+    mma::frag_c_to_a<Q>(pa, s[0], s[1]);
+    const u32 vbase = mma::smem_addr(vs);
+    const int vrow = wkv * 16 + lane % 16;
+#pragma unroll
+    for (int nd = 0; nd < DW / 16; ++nd) {
+      u32 b[4];
+      mma::ldmatrix_x4_trans(b, vbase + Swizzle<kChunks>::byte_offset(vrow, (wd * DW) / 8 + 2 * nd + lane / 16));
+      mma::mma_m16n16k16<Q>(oacc[2 * nd], oacc[2 * nd + 1], pa, b);
+    }
+    pipe.finish(p, n);
+
+    if (flags & kLast) {
+      __syncthreads();  // every warp is done reading this tile's stage: reuse it as merge scratch
+      float* os = reinterpret_cast<float*>(ks);  // [kWarpsKV][16][D]
+      const float d0 = mma::quad_sum(dsum[0]), d1 = mma::quad_sum(dsum[1]);
+#pragma unroll
+      for (int j = 0; j < DW / 8; ++j) {
+        const int col = wd * DW + j * 8 + 2 * tig;
+        *reinterpret_cast<float2*>(os + (wkv * 16 + gid) * D + col) = make_float2(oacc[j][0], oacc[j][1]);
+        *reinterpret_cast<float2*>(os + (wkv * 16 + gid + 8) * D + col) = make_float2(oacc[j][2], oacc[j][3]);
+      }
+      if (wd == 0 && tig == 0) {
+        md[(wkv * 16 + gid) * 2] = m[0];
+        md[(wkv * 16 + gid) * 2 + 1] = d0;
+        md[(wkv * 16 + gid + 8) * 2] = m[1];
+        md[(wkv * 16 + gid + 8) * 2 + 1] = d1;
+      }
+      __syncthreads();
+      const int row0 = cur->qo_tile * 16;
+      for (int u = threadIdx.x; u < 16 * kChunks; u += kThreads) {
+        const int r = u / kChunks, c = u % kChunks;
+        if (row0 + r < G) {
+          float mxr = neg_inf();
+#pragma unroll
+          for (int w = 0; w < kWarpsKV; ++w) mxr = fmaxf(mxr, md[(w * 16 + r) * 2]);
+          SliceMerge mg;
+          mg.init(mxr);
+#pragma unroll
+          for (int w = 0; w < kWarpsKV; ++w)
+            mg.add(md[(w * 16 + r) * 2], md[(w * 16 + r) * 2 + 1], os + (w * 16 + r) * D + c * 8);
+          const float lse = mg.finish();
+          const int prow = cur->partial < 0 ? -1 : cur->partial + r;
+          store_row<O, D, kLse>(p, cur->req, cur->kv_head * G + row0 + r, prow, c * 8, mg.acc, lse, c == 0);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace decode
+}  // namespace cuinfer

@@ -1,0 +1,65 @@
+"""The cost model that balances work items over CTAs (the paper's ``cost = alpha*rows + beta*kv + gamma``).
+
+A work item is one query tile of one request for one KV head over one KV chunk. Its cost is an estimate of the time
+one persistent CTA spends on it, in *KV-token units*: 1.0 is the time to stream the K and V of one token of one head
+(head_dim 128, bf16: 512 bytes) through one CTA. Decode is memory bound, so the KV term dominates there; prefill is
+compute bound, but every prefill tile has the same number of rows (Br), so its time is still linear in its KV length
+and the same model orders and balances the tiles correctly (only the ratio between the terms matters to the planner).
+
+Defaults and why:
+
+- ``alpha = 1.0`` per packed query row: a row reads q (256 B) and writes o (256 B), about one KV token of traffic.
+- ``beta = 1.0`` per KV token: the unit.
+- ``gamma = 64.0`` per item: the fixed latency of an item (page-table reads, pipeline fill, epilogue), about 1 us of
+  memory latency; at ~32 GB/s per SM (4.2 TB/s over 132 SMs) 1 us streams ~64 tokens of K+V.
+- ``partial_row = 2.0`` per row a *split* item writes to the workspace: a float32 o row (512 B) plus its lse, read
+  back once by the merge, so ~1 KB, two tokens' worth.
+- ``split_fixed = 128.0``: the one-time price of splitting at all (the merge phase waits for all partial states), paid
+  once on every CTA's timeline, so the split policy only splits when the balance gained is worth more than this.
+
+The numbers are estimates to be calibrated against the kernels; they only steer choices (split or not, chunk size,
+which CTA gets which item), never correctness.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """``cost(item) = alpha*rows + beta*kv_tokens + gamma (+ partial_row*rows if the item is one chunk of a split)``."""
+
+    alpha: float = 1.0
+    beta: float = 1.0
+    gamma: float = 64.0
+    partial_row: float = 2.0
+    split_fixed: float = 128.0
+
+    def __post_init__(self) -> None:
+        # gamma > 0 keeps every item's cost positive (an empty tile still costs its launch), which the assignment
+        # relies on (it divides by item costs); beta > 0 keeps longer KV ranges costlier.
+        for name, value, low_ok in (
+            ("alpha", self.alpha, True),
+            ("beta", self.beta, False),
+            ("gamma", self.gamma, False),
+            ("partial_row", self.partial_row, True),
+            ("split_fixed", self.split_fixed, True),
+        ):
+            v = float(value)
+            if not np.isfinite(v) or v < 0 or (v == 0 and not low_ok):
+                need = ">= 0" if low_ok else "> 0"
+                raise ValueError(
+                    f"CostModel.{name} must be finite and {need}, got {value!r}; use the default "
+                    f"{getattr(CostModel, name)!r} unless you have calibrated the kernels"
+                )
+
+    def item_cost(self, rows, kv_tokens, split=False):
+        """Cost of items with ``rows`` packed query rows over ``kv_tokens`` KV tokens (arrays broadcast)."""
+        c = self.alpha * np.asarray(rows, dtype=np.float64) + self.beta * np.asarray(kv_tokens, dtype=np.float64)
+        c = c + self.gamma
+        if split is not False:
+            c = c + self.partial_row * np.asarray(rows, dtype=np.float64) * np.asarray(split, dtype=np.float64)
+        return c
