@@ -4,13 +4,13 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-pip install --no-build-isolation --no-deps -e . > "$OUT/install.log" 2>&1 || { tail -30 "$OUT/install.log"; exit 1; }
+python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/install.log" 2>&1 || { tail -30 "$OUT/install.log"; exit 1; }
 if [ -d .peers ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/peers .peers/*.whl
   export PYTHONPATH=/tmp/peers:${PYTHONPATH:-} FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16
 fi
 export CUINFER_CACHE_DIR=/tmp/cuinfer-cache
-{ cuinfer info; cuinfer demo; } 2>&1 | tee "$OUT/info_demo.txt"
+{ python3 -m cuinfer info; python3 -m cuinfer demo; } 2>&1 | tee "$OUT/info_demo.txt"
 if [ -n "${1:-}" ]; then
   timeout 420 python -m pytest $1 -q -rf -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.txt" | tail -40
 fi

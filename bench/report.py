@@ -82,11 +82,15 @@ def format_table(spec: SuiteSpec, rows: list[dict], measurements: list[Measureme
     headers = ["case", "shape", "cuinfer"] + [_FMT[c][0] for c in spec.columns]
     headers += [h for _, _, h in spec.peers] + ["vs best peer", "target", "ok", "note"]
     body = []
+    previous = None
     for r in rows:
-        cells = [r["case"], r["desc"], r["variant"]] + [_fmt(c, r.get(c)) for c in spec.columns]
+        first = r["case"] != previous  # a case's later rows leave its name and peer cells blank: easier to read
+        previous = r["case"]
+        cells = [r["case"] if first else "", r["desc"] if first else "", r["variant"]]
+        cells += [_fmt(c, r.get(c)) for c in spec.columns]
         for _, _, h in spec.peers:
             v = r["peers"].get(h)
-            cells.append(v if isinstance(v, str) else _fmt(spec.peer_metric, v))
+            cells.append("" if not first else v if isinstance(v, str) else _fmt(spec.peer_metric, v))
         cells.append(DASH if r["vs_peer"] is None else f"{r['vs_peer']:.2f}×")
         cells.append(r["target"] or DASH)
         cells.append({True: "pass", False: "MISS", None: DASH}[r["pass"]])
@@ -190,12 +194,17 @@ def plot(spec: SuiteSpec, data: dict, measurements: list[Measurement], path: Pat
     keep = [i for i, col in enumerate(values) if not np.all(np.isnan(col))]
     series, values = [series[i] for i in keep], [values[i] for i in keep]
 
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(case_ids) * max(1, len(series)) / 3 + 2), 4.8))
+    fig, ax = plt.subplots(figsize=(min(16.0, 2.0 + 0.3 * len(case_ids) * max(1, len(series))), 5.0))
     x = np.arange(len(case_ids))
     width = 0.8 / max(1, len(series))
+    n_ours = sum(1 for impl, _, _ in series if impl == "cuinfer")
+    ours_colors = plt.get_cmap("Blues")(np.linspace(0.9, 0.45, max(1, n_ours)))
+    peer_colors = plt.get_cmap("Oranges")(np.linspace(0.8, 0.35, max(1, len(series) - n_ours)))
     for i, ((impl, _, label), col) in enumerate(zip(series, values, strict=True)):
+        color = ours_colors[i] if impl == "cuinfer" else peer_colors[i - n_ours]
         hatch = None if impl == "cuinfer" else "//"
-        ax.bar(x + (i - (len(series) - 1) / 2) * width, col, width, label=label, hatch=hatch)
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, col, width, label=label, color=color, hatch=hatch,
+               edgecolor="white" if impl == "cuinfer" else "0.3", linewidth=0.5)  # fmt: skip
     roof = data.get("roofline") or {}
     units = {"gbps": "GB/s", "tflops": "TFLOP/s", "us": "µs (host)"}[metric]
     if spec.ceiling == "copy" and roof.get("copy_gbps"):
@@ -207,7 +216,7 @@ def plot(spec: SuiteSpec, data: dict, measurements: list[Measurement], path: Pat
     ax.set_ylabel(units)
     env = data.get("env") or {}
     ax.set_title(f"{spec.title}\n{env.get('gpu', '')} {data.get('started', '')}", fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=min(5, len(series) + 1), loc="upper center", bbox_to_anchor=(0.5, -0.08))
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -209,14 +209,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
     }
 
     // ---- KV tile copies ----
-    const T* k_req = k_ptr;
-    const T* v_req = v_ptr;
-    if constexpr (!C::kPaged) {
-      k_req = k_ptr + static_cast<i64>(kv_base) * p.k_stride_n + static_cast<i64>(kvh) * p.k_stride_h;
-      v_req = v_ptr + static_cast<i64>(kv_base) * p.v_stride_n + static_cast<i64>(kvh) * p.v_stride_h;
-    }
-    const int* page_table = static_cast<const int*>(p.kv_indices) + kv_base;
-
+    // (Addresses are rebuilt from a few ints at every copy instead of keeping 64-bit pointers live across the loop.)
     // K rows of tile `t` into buffer `stage`; paged: remember each row's offset for the matching V copy.
     auto load_k = [&](int t, int stage) {
       const int key0 = kv_start + t * TILE_KV;
@@ -229,15 +222,15 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         if constexpr (C::kPaged) {
           if (valid) {
             const u32 pg = prefill::fast_div(static_cast<u32>(key), p.page_mul, p.page_shift);
-            const int page = prefill::ldg_i32(page_table + pg);
+            const int page = prefill::ldg_i32(static_cast<const int*>(p.kv_indices) + kv_base + pg);
             off = static_cast<i64>(page) * p.k_stride_page + static_cast<i64>(key - static_cast<int>(pg) * p.page_size) *
                   p.k_stride_n + static_cast<i64>(kvh) * p.k_stride_h;
           }
           page_off[i * NT + tid] = off;
         } else {
-          off = valid ? static_cast<i64>(key) * p.k_stride_n : 0;
+          off = valid ? static_cast<i64>(kv_base + key) * p.k_stride_n + static_cast<i64>(kvh) * p.k_stride_h : 0;
         }
-        const T* src = k_req + off + cp_chunk * 8;
+        const T* src = k_ptr + off + cp_chunk * 8;
         const u32 dst = k_smem + stage * C::kKBytes + cp_qk_dst + i * kPassQK;
 #pragma unroll
         for (int c = 0; c < C::kChunksQK / 8; ++c) prefill::cp_async_16(dst + c * 128, src + c * 64, valid);
@@ -254,9 +247,9 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         if constexpr (C::kPaged) {
           off = page_off[i * NT + tid];
         } else {
-          off = valid ? static_cast<i64>(key) * p.v_stride_n : 0;
+          off = valid ? static_cast<i64>(kv_base + key) * p.v_stride_n + static_cast<i64>(kvh) * p.v_stride_h : 0;
         }
-        const T* src = v_req + off + cp_chunk * 8;
+        const T* src = v_ptr + off + cp_chunk * 8;
         const u32 dst = v_smem + stage * C::kVBytes + cp_vo_dst + i * kPassVO;
 #pragma unroll
         for (int c = 0; c < C::kChunksVO / 8; ++c) prefill::cp_async_16(dst + c * 128, src + c * 64, valid);
@@ -272,36 +265,20 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
       prefill::cp_async_commit();
     }
 
-    // ---- per-row facts of this thread's rows: mask limits, ALiBi ----
-    // Thread rows: warp_row0 + 16 mq + lane / 4 + 8 h (h = 0, 1), i.e. accumulator elements 2h, 2h+1.
-    int lim_hi[MMA_Q][2];  // keys >= lim_hi are masked (causal limit and kv_end)
-    int lim_lo[MMA_Q][2];  // keys < lim_lo are masked (window)
-    float alibi_slope[MMA_Q][2];
-    int qpos[MMA_Q][2];
-    i64 mask_bit0[MMA_Q][2];
-#pragma unroll
-    for (int mq = 0; mq < MMA_Q; ++mq) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int pr = row0 + warp_row0 + mq * 16 + lane / 4 + 8 * h;
-        const int token = static_cast<int>(prefill::fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
-        qpos[mq][h] = token + q_shift;
-        lim_hi[mq][h] = C::kCausal ? min(token + q_shift + 1, kv_end) : kv_end;
-        lim_lo[mq][h] = C::kWindow ? token + q_shift - p.window_left : 0;
-        if constexpr (C::kAlibi) {
-          // ALiBi slopes (FlashInfer / the paper's code): m = largest power of two <= num_qo_heads;
-          // head < m: 2^(-8 (head+1) / m), else 2^(-4 (2 (head - m) + 1) / m).
-          const int head = kvh * g + (pr - token * g);
-          const float m = static_cast<float>(p.alibi_pow2);
-          const float e = head < p.alibi_pow2 ? -8.f * (head + 1) / m : -4.f * (2 * (head - p.alibi_pow2) + 1) / m;
-          alibi_slope[mq][h] = exp2f(e);
-        }
-        if constexpr (C::kCustomMask) {
-          const i64 base = static_cast<i64>(static_cast<const int*>(p.mask_indptr)[b]) * 8;
-          mask_bit0[mq][h] = base + static_cast<i64>(token) * kv_len;
-        }
-      }
-    }
+    // ---- per-row facts of this thread's rows (rows thread_row0 + 16 mq + 8 h: accumulator elements 2h, 2h+1) ----
+    // Recomputed where needed (boundary tiles, ALiBi) rather than kept in registers across the KV loop.
+    const int thread_row0 = row0 + warp_row0 + lane / 4;  // packed row of element (mq = 0, h = 0)
+    auto row_token = [&](int mq, int h) {
+      return static_cast<int>(prefill::fast_div(static_cast<u32>(thread_row0 + mq * 16 + 8 * h), p.group_mul, p.group_shift));
+    };
+    auto alibi_slope = [&](int mq, int h, int token) {
+      // ALiBi slopes (FlashInfer / the paper's code): m = largest power of two <= num_qo_heads;
+      // head < m: 2^(-8 (head+1) / m), else 2^(-4 (2 (head - m) + 1) / m).
+      const int head = kvh * g + (thread_row0 + mq * 16 + 8 * h - token * g);
+      const float m = static_cast<float>(p.alibi_pow2);
+      const float e = head < p.alibi_pow2 ? -8.f * (head + 1) / m : -4.f * (2 * (head - p.alibi_pow2) + 1) / m;
+      return exp2f(e);
+    };
     // Warp-uniform bounds for "does this tile need a mask at all" and "is it fully masked for this warp".
     const int warp_first = row0 + warp_row0;
     const bool warp_active = warp_first < packed_rows;
@@ -346,8 +323,9 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
       }
       // Fully masked for this warp (all keys past every row's limit, or before every row's window): skip the math.
       const bool skip = !warp_active || wkey0 >= warp_hi_max || (C::kWindow && wkey0 + MMA_KV * 16 <= warp_lo_min);
-      float s[MMA_Q][2 * MMA_KV][4];
+      u32 pa[MMA_Q][MMA_KV][4];  // P as bf16/fp16 A fragments (packed before the V copy is issued: half the registers)
       if (!skip) {
+        float s[MMA_Q][2 * MMA_KV][4];
         // ---- S = Q K^T ----
 #pragma unroll
         for (int mq = 0; mq < MMA_Q; ++mq) {
@@ -374,33 +352,47 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
 
         // ---- logits transform (variant) and mask ----
         const bool need_mask = C::kCustomMask || wkey0 + MMA_KV * 16 > warp_hi_min || (C::kWindow && wkey0 < warp_lo_max);
+        if (C::kAlibi || C::kSoftCap || need_mask) {
 #pragma unroll
-        for (int mq = 0; mq < MMA_Q; ++mq) {
+          for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
-          for (int j = 0; j < 2 * MMA_KV; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int h = e / 2;
-              const int key = wkey0 + j * 8 + 2 * (lane % 4) + (e % 2);
-              float x = s[mq][j][e];
-              if constexpr (C::kAlibi || C::kSoftCap) {
-                x *= p.sm_scale;
-                if constexpr (C::kAlibi) x += alibi_slope[mq][h] * static_cast<float>(key - qpos[mq][h]);
-                if constexpr (C::kSoftCap) x = p.soft_cap * prefill::tanh_approx(x * p.inv_soft_cap);
+            for (int h = 0; h < 2; ++h) {
+              const int token = row_token(mq, h);
+              const int qpos = token + q_shift;  // kv position of this query row
+              const int lim_hi = C::kCausal ? min(qpos + 1, kv_end) : kv_end;  // keys >= lim_hi are masked
+              const int lim_lo = C::kWindow ? qpos - p.window_left : 0;        // keys < lim_lo are masked
+              float slope = 0.f;
+              if constexpr (C::kAlibi) slope = alibi_slope(mq, h, token);
+              i64 mask_bit0 = 0;
+              if constexpr (C::kCustomMask) {
+                mask_bit0 = static_cast<i64>(static_cast<const int*>(p.mask_indptr)[b]) * 8 + static_cast<i64>(token) * kv_len;
               }
-              if (need_mask) {
-                bool keep = key < lim_hi[mq][h];
-                if constexpr (C::kWindow) keep = keep && key >= lim_lo[mq][h];
-                if constexpr (C::kCustomMask) {
-                  if (keep) {
-                    const i64 bit = mask_bit0[mq][h] + key;
-                    const unsigned char byte = __ldg(static_cast<const unsigned char*>(p.mask) + (bit >> 3));
-                    keep = (byte >> (bit & 7)) & 1;
+#pragma unroll
+              for (int j = 0; j < 2 * MMA_KV; ++j) {
+#pragma unroll
+                for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                  const int key = wkey0 + j * 8 + 2 * (lane % 4) + (e % 2);
+                  float x = s[mq][j][e];
+                  if constexpr (C::kAlibi || C::kSoftCap) {
+                    x *= p.sm_scale;
+                    if constexpr (C::kAlibi) x += slope * static_cast<float>(key - qpos);
+                    if constexpr (C::kSoftCap) x = p.soft_cap * prefill::tanh_approx(x * p.inv_soft_cap);
                   }
+                  if (need_mask) {
+                    bool keep = key < lim_hi;
+                    if constexpr (C::kWindow) keep = keep && key >= lim_lo;
+                    if constexpr (C::kCustomMask) {
+                      if (keep) {
+                        const i64 bit = mask_bit0 + key;
+                        const unsigned char byte = __ldg(static_cast<const unsigned char*>(p.mask) + (bit >> 3));
+                        keep = (byte >> (bit & 7)) & 1;
+                      }
+                    }
+                    x = keep ? x : neg_inf();
+                  }
+                  s[mq][j][e] = x;
                 }
-                x = keep ? x : neg_inf();
               }
-              s[mq][j][e] = x;
             }
           }
         }
@@ -436,6 +428,11 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
             }
           }
         }
+#pragma unroll
+        for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+          for (int kk = 0; kk < MMA_KV; ++kk) mma::frag_c_to_a<T>(pa[mq][kk], s[mq][2 * kk], s[mq][2 * kk + 1]);
+        }
       }
 
       prefill::cp_async_wait<2 * STAGES - 3>();
@@ -451,15 +448,12 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         const u32 v_stage = v_lane + stage * C::kVBytes;
 #pragma unroll
         for (int kk = 0; kk < MMA_KV; ++kk) {
-          u32 a[MMA_Q][4];
-#pragma unroll
-          for (int mq = 0; mq < MMA_Q; ++mq) mma::frag_c_to_a<T>(a[mq], s[mq][2 * kk], s[mq][2 * kk + 1]);
 #pragma unroll
           for (int dn = 0; dn < DVO / 16; ++dn) {
             u32 bv[4];
             mma::ldmatrix_x4_trans(bv, LdVO::at(v_stage, dn, kk * 16));
 #pragma unroll
-            for (int mq = 0; mq < MMA_Q; ++mq) mma::mma_m16n16k16<T>(o[mq][2 * dn], o[mq][2 * dn + 1], a[mq], bv);
+            for (int mq = 0; mq < MMA_Q; ++mq) mma::mma_m16n16k16<T>(o[mq][2 * dn], o[mq][2 * dn + 1], pa[mq][kk], bv);
           }
         }
       }

@@ -156,9 +156,9 @@ def test_lse_is_base2_of_natural_softmax(rng, lq, lkv, hq, hkv):
     kk, vv = np.repeat(k, hq // hkv, axis=1), np.repeat(v, hq // hkv, axis=1)
     s = np.einsum("ihd,jhd->hij", q, kk) / math.sqrt(d)  # natural-log logits
     lse_ln = np.log(np.exp(s).sum(-1)).T  # no max trick: values are small
-    np.testing.assert_allclose(lse * math.log(2), lse_ln, rtol=1e-12)
+    np.testing.assert_allclose(lse * math.log(2), lse_ln, rtol=1e-12, atol=1e-13)
     p = np.exp(s - lse_ln.T[..., None])
-    np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(o, np.einsum("hij,jhd->ihd", p, vv), rtol=1e-10, atol=1e-12)
 
 
@@ -172,15 +172,15 @@ def test_causal_bottom_right_with_more_queries_than_keys(rng):
     assert np.all(lse[:n_empty] == -np.inf)
     assert np.all(np.isfinite(lse[n_empty:]))
     # The first non-empty row sees exactly key 0: softmax over one key returns v[0] and lse = s·log2(e).
-    np.testing.assert_allclose(o[n_empty], np.broadcast_to(v[0, 0], (hq, d)), rtol=1e-14)
+    np.testing.assert_allclose(o[n_empty], np.broadcast_to(v[0, 0], (hq, d)), rtol=1e-14, atol=1e-13)
     s0 = q[n_empty] @ k[0, 0] / math.sqrt(d)
-    np.testing.assert_allclose(lse[n_empty], s0 / math.log(2), rtol=1e-12)
+    np.testing.assert_allclose(lse[n_empty], s0 / math.log(2), rtol=1e-12, atol=1e-13)
     # Row i equals non-causal attention over the keys 0..i + lkv - lq.
     for i in range(n_empty, lq):
         visible = i + lkv - lq + 1
         o_i, lse_i = R.attention(q[i : i + 1], k[:visible], v[:visible])
-        np.testing.assert_allclose(o[i], o_i[0], rtol=1e-12)
-        np.testing.assert_allclose(lse[i], lse_i[0], rtol=1e-12)
+        np.testing.assert_allclose(o[i], o_i[0], rtol=1e-12, atol=1e-13)
+        np.testing.assert_allclose(lse[i], lse_i[0], rtol=1e-12, atol=1e-13)
 
 
 @pytest.mark.parametrize(
@@ -195,7 +195,7 @@ def test_decode_window_sees_w_plus_one_keys(rng, window):
     expect = np.arange(max(0, lkv - 1 - window), lkv)
     np.testing.assert_array_equal(seen, expect)
     assert seen.size == min(window + 1, lkv)
-    np.testing.assert_allclose(o[0].sum(-1), 1.0, rtol=1e-13)
+    np.testing.assert_allclose(o[0].sum(-1), 1.0, rtol=1e-13, atol=1e-13)
 
 
 def test_soft_cap_bounds_and_exact_form(rng):
@@ -209,7 +209,7 @@ def test_soft_cap_bounds_and_exact_form(rng):
     assert np.all(np.abs(s) < cap)
     raw = np.einsum("nhd,nhd->nh", q, np.repeat(k, 2, axis=1)) / math.sqrt(d)
     assert np.abs(raw).max() > 3 * cap  # the test would be vacuous otherwise
-    np.testing.assert_allclose(s, cap * np.tanh(raw / cap), rtol=1e-12)
+    np.testing.assert_allclose(s, cap * np.tanh(raw / cap), rtol=1e-12, atol=1e-13)
 
 
 def test_alibi_bias_single_key(rng):
@@ -221,7 +221,7 @@ def test_alibi_bias_single_key(rng):
         _, lse = R.attention(q, k, v, pos_encoding="alibi", custom_mask=keep)
         qk = np.einsum("hd,hd->h", q[0], np.repeat(k[j], 3, axis=0)) / math.sqrt(d)
         want = qk + np.array(paper_alibi_slopes(hq)) * (j - (lkv - 1))
-        np.testing.assert_allclose(lse[0] * math.log(2), want, rtol=1e-12)
+        np.testing.assert_allclose(lse[0] * math.log(2), want, rtol=1e-12, atol=1e-13)
 
 
 @pytest.mark.parametrize(
@@ -240,7 +240,7 @@ def test_gqa_mapping_matches_repeated_heads(rng, hq, hkv):
     g = hq // hkv
     o_mha, lse_mha = R.attention(q, np.repeat(k, g, axis=1), np.repeat(v, g, axis=1), causal=True, pos_encoding="alibi")
     np.testing.assert_allclose(o, o_mha, rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(lse, lse_mha, rtol=1e-12)
+    np.testing.assert_allclose(lse, lse_mha, rtol=1e-12, atol=1e-13)
     # and head h really uses kv head h // g: a single-head recomputation
     h = hq - 1
     o_h, _ = R.attention(q[:, h : h + 1], k[:, h // g : h // g + 1], v[:, h // g : h // g + 1], causal=True)
@@ -261,7 +261,7 @@ def test_merging_two_kv_halves_equals_whole(rng):
     assert np.all(la[4] == -np.inf)
     om, lm = R.merge_state(oa, la, ob, lb)
     np.testing.assert_allclose(om, o, rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(lm, lse, rtol=1e-12)
+    np.testing.assert_allclose(lm, lse, rtol=1e-12, atol=1e-13)
     assert np.all(om[2] == 0.0) and np.all(lm[2] == -np.inf)
 
 
@@ -291,8 +291,8 @@ def test_low_precision_inputs_cast_exactly(rng, dtype):
     o, lse = R.attention(q, k, v, causal=True, k_scale=0.5, v_scale=2.0)
     q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
     o64, lse64 = R.attention(q64, k64, v64, causal=True, sm_scale=0.5 / math.sqrt(8))
-    np.testing.assert_allclose(o, 2.0 * o64, rtol=1e-14)
-    np.testing.assert_allclose(lse, lse64, rtol=1e-14)
+    np.testing.assert_allclose(o, 2.0 * o64, rtol=1e-14, atol=1e-13)
+    np.testing.assert_allclose(lse, lse64, rtol=1e-14, atol=1e-13)
 
 
 def test_batch_ragged_equals_per_request(rng):
@@ -319,8 +319,8 @@ def test_k_scale_folds_into_sm_scale_and_v_scale_scales_output(rng):
     q, k, v = rng.standard_normal((4, 3, 8)), rng.standard_normal((9, 3, 8)), rng.standard_normal((9, 3, 8))
     o, lse = R.attention(q, k, v, sm_scale=0.3, k_scale=1.7, v_scale=0.25, logits_soft_cap=2.0)
     o_ref, lse_ref = R.attention(q, k, v, sm_scale=0.3 * 1.7, logits_soft_cap=2.0)
-    np.testing.assert_allclose(o, 0.25 * o_ref, rtol=1e-14)
-    np.testing.assert_allclose(lse, lse_ref, rtol=1e-14)
+    np.testing.assert_allclose(o, 0.25 * o_ref, rtol=1e-14, atol=1e-13)
+    np.testing.assert_allclose(lse, lse_ref, rtol=1e-14, atol=1e-13)
 
 
 @pytest.mark.parametrize(

@@ -27,8 +27,10 @@ def test_merge_state_matches_definition(rng):
     (oa, la), (ob, lb) = random_state(rng), random_state(rng)
     o, lse = R.merge_state(oa, la, ob, lb)
     wa, wb = 2.0**la, 2.0**lb  # no overflow at these magnitudes: the textbook form is a fair oracle
-    np.testing.assert_allclose(o, (wa[..., None] * oa + wb[..., None] * ob) / (wa + wb)[..., None], rtol=1e-12)
-    np.testing.assert_allclose(lse, np.log2(wa + wb), rtol=1e-13)
+    np.testing.assert_allclose(
+        o, (wa[..., None] * oa + wb[..., None] * ob) / (wa + wb)[..., None], rtol=1e-12, atol=1e-13
+    )
+    np.testing.assert_allclose(lse, np.log2(wa + wb), rtol=1e-13, atol=1e-13)
 
 
 def test_merge_state_is_stable_for_huge_lse(rng):
@@ -38,19 +40,19 @@ def test_merge_state_is_stable_for_huge_lse(rng):
     assert np.all(np.isfinite(o)) and np.all(np.isfinite(lse))
     # lse + 5000 keeps ~5000·eps absolute precision, so the weights agree to ~1e-12 only
     np.testing.assert_allclose(o, o_ref, rtol=1e-9, atol=1e-11)
-    np.testing.assert_allclose(lse, lse_ref + 5000.0, rtol=1e-13)
+    np.testing.assert_allclose(lse, lse_ref + 5000.0, rtol=1e-13, atol=1e-13)
 
 
 def test_merge_is_commutative_and_associative(rng):
     a, b, c = random_state(rng, empty_rows=(1,)), random_state(rng, empty_rows=(1, 3)), random_state(rng)
     ab = R.merge_state(*a, *b)
     ba = R.merge_state(*b, *a)
-    np.testing.assert_allclose(ab[0], ba[0], rtol=1e-13)
-    np.testing.assert_allclose(ab[1], ba[1], rtol=1e-14)
+    np.testing.assert_allclose(ab[0], ba[0], rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(ab[1], ba[1], rtol=1e-14, atol=1e-13)
     left = R.merge_state(*ab, *c)
     right = R.merge_state(*a, *R.merge_state(*b, *c))
-    np.testing.assert_allclose(left[0], right[0], rtol=1e-12)
-    np.testing.assert_allclose(left[1], right[1], rtol=1e-13)
+    np.testing.assert_allclose(left[0], right[0], rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(left[1], right[1], rtol=1e-13, atol=1e-13)
 
 
 def test_merging_an_empty_state_is_a_no_op(rng):
@@ -80,9 +82,9 @@ def test_merge_states_equals_sequential_merges(rng, S):
     acc = (o[:, 0], lse[:, 0])
     for s in range(1, S):
         acc = R.merge_state(*acc, o[:, s], lse[:, s])
-    np.testing.assert_allclose(mo, acc[0], rtol=1e-12)
-    np.testing.assert_allclose(ml, acc[1], rtol=1e-13)
-    np.testing.assert_allclose(mo[0], o[0, -1], rtol=1e-14)
+    np.testing.assert_allclose(mo, acc[0], rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(ml, acc[1], rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(mo[0], o[0, -1], rtol=1e-14, atol=1e-13)
 
 
 def test_merge_states_of_kv_chunks_equals_whole_attention(rng):
@@ -96,7 +98,7 @@ def test_merge_states_of_kv_chunks_equals_whole_attention(rng):
     o_plain, lse_plain = R.attention(q, k, v, causal=True)
     mo, ml = R.merge_states(np.stack([p[0] for p in parts], 1), np.stack([p[1] for p in parts], 1))
     np.testing.assert_allclose(mo, o_plain, rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(ml, lse_plain, rtol=1e-12)
+    np.testing.assert_allclose(ml, lse_plain, rtol=1e-12, atol=1e-13)
     assert not np.allclose(o, o_plain)  # ALiBi does change the result
 
 
