@@ -114,7 +114,9 @@ def prepare_sdpa(inp: inputs.PrefillInputs, backend: str) -> Prepared:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     case, s = inp.case, inp.case.shape
-    b, length = case.lengths.batch, case.lengths.mean
+    b, length = len(inp.lens), int(inp.lens[0])
+    if (inp.lens != length).any():
+        raise ValueError(f"SDPA needs requests of one length, got lengths {sorted(set(inp.lens.tolist()))[:4]}...")
     q = inp.q.view(b, length, s.num_qo_heads, s.head_dim).transpose(1, 2).contiguous()
     k = inp.k.view(b, length, s.num_kv_heads, s.head_dim).transpose(1, 2).contiguous()
     v = inp.v.view(b, length, s.num_kv_heads, s.head_dim).transpose(1, 2).contiguous()

@@ -106,7 +106,8 @@ def smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool,
     page = cfg.threads * rows_per_thread * 8 if paged else 0
     main = q + kv + page
     epi = cfg.warps_kv * cfg.tile_q * (head_dim_vo + 8) * 4 + cfg.warps_kv * cfg.tile_q * 8
-    return max(main, epi)
+    info = (8 + 4 * cfg.warps_q * cfg.warps_kv) * 4
+    return max(main, epi) + info
 
 
 @dataclass(frozen=True)

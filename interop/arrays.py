@@ -182,7 +182,8 @@ def as_tensor(x: Any, name: str, *, stream: int | None = None) -> Tensor:
         device_id=view.device_id if kind == "cuda" else 0,
         framework=fw,
         obj=x,
-        readonly=view.read_only,
+        # JAX arrays are immutable even when their (legacy) capsule does not say so: never write into one.
+        readonly=view.read_only or fw == "jax",
         capsule=capsule,
     )
 

@@ -333,22 +333,25 @@ template <bool kSoftCap> __device__ __forceinline__ float alibi_slope_scaled(int
 }
 
 // Write 8 dims [dim0, dim0+8) of one output row: straight to o (and lse) for an unsplit item, or as an fp32 partial
-// row of the workspace for a split one. `x` is already normalised; `lead` is the one thread that writes the lse.
+// row of the workspace for a split one. `x` is already normalised (v_scale is applied here); `lead` is the one thread
+// that writes the lse.
 template <typename O, int D, bool kLse>
 __device__ __forceinline__ void store_row(const DecodeParams& p, int req, int qo_head, int prow, int dim0,
                                           const float (&x)[8], float lse, bool lead) {
   if (prow < 0) {
     Vec<O, 8> v;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = from_float<O>(x[i]);
+    for (int i = 0; i < 8; ++i) v[i] = from_float<O>(x[i] * p.v_scale);
     v.store(reinterpret_cast<O*>(p.o) + i64(req) * p.o_stride_b + i64(qo_head) * p.o_stride_h + dim0);
     if constexpr (kLse) {
       if (lead) reinterpret_cast<float*>(p.lse)[i64(req) * p.lse_stride_b + i64(qo_head) * p.lse_stride_h] = lse;
     }
   } else {
+    // v_scale is linear, so scaling each partial scales the merged row.
     float* dst = reinterpret_cast<float*>(p.partial_o) + i64(prow) * D + dim0;
-    *reinterpret_cast<float4*>(dst) = make_float4(x[0], x[1], x[2], x[3]);
-    *reinterpret_cast<float4*>(dst + 4) = make_float4(x[4], x[5], x[6], x[7]);
+    const float vs = p.v_scale;
+    *reinterpret_cast<float4*>(dst) = make_float4(x[0] * vs, x[1] * vs, x[2] * vs, x[3] * vs);
+    *reinterpret_cast<float4*>(dst + 4) = make_float4(x[4] * vs, x[5] * vs, x[6] * vs, x[7] * vs);
     if (lead) reinterpret_cast<float*>(p.partial_lse)[prow] = lse;
   }
 }
@@ -399,6 +402,8 @@ __global__ void __launch_bounds__(kThreads) batch_decode_cuda_core(const __grid_
   constexpr int TZ = T / BDZ;
   static_assert(TZ * BDZ == T, "token slices split the tile evenly");
   static_assert(BDZ == 1 || G <= TZ, "the merge of BDZ slices of G rows must fit in one KV stage");
+  constexpr int kSub = TZ < 8 ? TZ : 8;
+  static_assert(TZ % kSub == 0, "slices hold whole sub-chunks");
   using Pipe = Pipeline<KV, D, T, kStages, kThreads, kWindow>;
 
   extern __shared__ __align__(128) unsigned char smem[];
@@ -454,41 +459,45 @@ __global__ void __launch_bounds__(kThreads) batch_decode_cuda_core(const __grid_
       __syncthreads();
     }
 
-    // q·k for this slice's tokens, reduced over the BDX lanes of the head.
-    float s[TZ];
+    // q·k for this slice's tokens, reduced over the BDX lanes of the head; online softmax kSub tokens at a time
+    // (a slice of a large group holds up to 64 tokens, too many logits to keep in registers at once).
 #pragma unroll
-    for (int j = 0; j < TZ; ++j) {
-      const int r = tz * TZ + j;
-      Vec<KV, 8> kv;
-      kv.load(ks + Swizzle<BDX>::slot(r, tx) * 8);
-      float acc = 0.f;
+    for (int j0 = 0; j0 < TZ; j0 += kSub) {
+      float s[kSub];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc = fmaf(q[i], to_float(kv[i]), acc);
-      s[j] = acc;
-    }
-    float m_tile = neg_inf();
+      for (int j = 0; j < kSub; ++j) {
+        const int r = tz * TZ + j0 + j;
+        Vec<KV, 8> kv;
+        kv.load(ks + Swizzle<BDX>::slot(r, tx) * 8);
+        float acc = 0.f;
 #pragma unroll
-    for (int j = 0; j < TZ; ++j) {
-      const int r = tz * TZ + j;
-      s[j] = logit<kSoftCap, kPos>(p, fmath::group_sum<BDX>(s[j]), slope, start + r, qpos, r < n_valid);
-      m_tile = fmaxf(m_tile, s[j]);
-    }
-    const float m_new = fmaxf(m, m_tile);
-    const float base = m_new == neg_inf() ? 0.f : m_new;
-    const float scale = fmath::ex2(m - base);
-    m = m_new;
-    d *= scale;
+        for (int i = 0; i < 8; ++i) acc = fmaf(q[i], to_float(kv[i]), acc);
+        s[j] = acc;
+      }
+      float m_sub = neg_inf();
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] *= scale;
+      for (int j = 0; j < kSub; ++j) {
+        const int r = tz * TZ + j0 + j;
+        s[j] = logit<kSoftCap, kPos>(p, fmath::group_sum<BDX>(s[j]), slope, start + r, qpos, r < n_valid);
+        m_sub = fmaxf(m_sub, s[j]);
+      }
+      const float m_new = fmaxf(m, m_sub);
+      const float base = m_new == neg_inf() ? 0.f : m_new;
+      const float scale = fmath::ex2(m - base);
+      m = m_new;
+      d *= scale;
 #pragma unroll
-    for (int j = 0; j < TZ; ++j) {
-      const int r = tz * TZ + j;
-      const float pj = fmath::ex2(s[j] - base);
-      d += pj;
-      Vec<KV, 8> vv;
-      vv.load(vs + Swizzle<BDX>::slot(r, tx) * 8);
+      for (int i = 0; i < 8; ++i) o[i] *= scale;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) o[i] = fmaf(pj, to_float(vv[i]), o[i]);
+      for (int j = 0; j < kSub; ++j) {
+        const int r = tz * TZ + j0 + j;
+        const float pj = fmath::ex2(s[j] - base);
+        d += pj;
+        Vec<KV, 8> vv;
+        vv.load(vs + Swizzle<BDX>::slot(r, tx) * 8);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[i] = fmaf(pj, to_float(vv[i]), o[i]);
+      }
     }
     pipe.finish(p, n);
 

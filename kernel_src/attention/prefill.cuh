@@ -113,7 +113,11 @@ struct PrefillTraits {
   static constexpr int kEpiPitch = kHeadDimVO + 8;
   static constexpr int kEpiOBytes = kWarpsKV * kTileQ * kEpiPitch * 4;
   static constexpr int kEpiBytes = kEpiOBytes + kWarpsKV * kTileQ * 2 * 4;
-  static constexpr int kSmemBytes = kMainBytes > kEpiBytes ? kMainBytes : kEpiBytes;
+  // Item facts used only occasionally inside the KV loop (copy addresses, boundary masks) live in smem, not in
+  // registers, which the accumulators fill: kInfoInts per item + 4 per warp, after everything else.
+  static constexpr int kInfoInts = 8;
+  static constexpr int kInfoOff = kMainBytes > kEpiBytes ? kMainBytes : kEpiBytes;
+  static constexpr int kSmemBytes = kInfoOff + (kInfoInts + 4 * kWarpsQ * kWarpsKV) * 4;
 
   static_assert(is_same<DTypeKV, half>::value || is_same<DTypeKV, __nv_bfloat16>::value, "q/k/v are fp16 or bf16");
   static_assert(kTileQ % (16 * kWarpsQ) == 0 && kMmaQ >= 1, "TILE_Q must be a multiple of 16 * WARPS_Q");
@@ -129,8 +133,6 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
   using DTypeO = typename C::DTypeO;
   constexpr int MMA_Q = C::kMmaQ, MMA_KV = C::kMmaKV, DQK = C::kHeadDimQK, DVO = C::kHeadDimVO;
   constexpr int NT = C::kThreads, TILE_Q = C::kTileQ, TILE_KV = C::kTileKV, STAGES = C::kStages;
-  using SwQK = Swizzle<C::kChunksQK>;
-  using SwVO = Swizzle<C::kChunksVO>;
 
   extern __shared__ __align__(128) unsigned char smem[];
   const u32 smem_base = mma::smem_addr(smem);
@@ -139,8 +141,8 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
   const u32 v_smem = smem_base + C::kVOff;
   i64* page_off = reinterpret_cast<i64*>(smem + C::kPageOff);
 
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int wq = warp % C::kWarpsQ, wkv = warp / C::kWarpsQ;
+  const int tid = static_cast<int>(threadIdx.x), lane = static_cast<int>(threadIdx.x % 32u);
+  const int wq = static_cast<int>((threadIdx.x / 32u) % C::kWarpsQ), wkv = static_cast<int>(threadIdx.x / 32u / C::kWarpsQ);
   const int warp_row0 = wq * MMA_Q * 16;    // first tile row of this warp
   const int warp_col0 = wkv * MMA_KV * 16;  // first key of this warp within a KV tile
 
@@ -166,14 +168,13 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
   const int* kv_indptr = static_cast<const int*>(p.kv_indptr);
   const int* work_indptr = static_cast<const int*>(p.work_indptr);
 
-  const int item_begin = work_indptr[blockIdx.x], item_end = work_indptr[blockIdx.x + 1];
-  for (int item = item_begin; item < item_end; ++item) {
+  // (item_end is re-read each time: one register less across the KV loop.)
+  for (int item = work_indptr[blockIdx.x]; item < prefill::reload_i32(work_indptr, blockIdx.x + 1); ++item) {
     const int b = static_cast<const int*>(p.item_req)[item];
     const int tile = static_cast<const int*>(p.item_qo_tile)[item];
     const int kvh = static_cast<const int*>(p.item_kv_head)[item];
     const int kv_start = static_cast<const int*>(p.item_kv_start)[item];
     const int kv_end = static_cast<const int*>(p.item_kv_end)[item];
-    const int partial = static_cast<const int*>(p.item_partial)[item];
 
     const int qo_base = qo_indptr[b];
     const int qo_len = qo_indptr[b + 1] - qo_base;
@@ -188,8 +189,11 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
     const int packed_rows = qo_len * g;
     const int row0 = tile * TILE_Q;
     const int valid_rows = min(TILE_Q, packed_rows - row0);
-    const int num_tiles = kv_end > kv_start ? (kv_end - kv_start + TILE_KV - 1) / TILE_KV : 0;
     const int q_shift = kv_len - qo_len;  // query token i sits at kv position i + q_shift
+    int* info = reinterpret_cast<int*>(smem + C::kInfoOff);
+    if (tid == 0) {
+      info[0] = kv_base, info[1] = kvh, info[2] = q_shift, info[3] = kv_len, info[4] = row0, info[5] = b;
+    }
 
     // ---- Q tile -> smem (part of the first cp.async group) ----
 #pragma unroll
@@ -211,8 +215,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
     // ---- KV tile copies ----
     // (Addresses are rebuilt from a few ints at every copy instead of keeping 64-bit pointers live across the loop.)
     // K rows of tile `t` into buffer `stage`; paged: remember each row's offset for the matching V copy.
-    auto load_k = [&](int t, int stage) {
-      const int key0 = kv_start + t * TILE_KV;
+    auto load_k = [&](int key0, int stage, int kv_base, int kvh) {
 #pragma unroll
       for (int i = 0; i < C::kKVRowsPerThread; ++i) {
         const int r = cp_row + i * C::kRowsPerPass;
@@ -236,8 +239,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         for (int c = 0; c < C::kChunksQK / 8; ++c) prefill::cp_async_16(dst + c * 128, src + c * 64, valid);
       }
     };
-    auto load_v = [&](int t, int stage) {
-      const int key0 = kv_start + t * TILE_KV;
+    auto load_v = [&](int key0, int stage, int kv_base, int kvh) {
 #pragma unroll
       for (int i = 0; i < C::kKVRowsPerThread; ++i) {
         const int r = cp_row + i * C::kRowsPerPass;
@@ -259,36 +261,29 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
     // Prologue: tiles 0 .. STAGES-2 (Q rides in the first group).
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < num_tiles) load_k(s, s);
+      if (kv_start + s * TILE_KV < kv_end) load_k(kv_start + s * TILE_KV, s, kv_base, kvh);
       prefill::cp_async_commit();
-      if (s < num_tiles) load_v(s, s);
+      if (kv_start + s * TILE_KV < kv_end) load_v(kv_start + s * TILE_KV, s, kv_base, kvh);
       prefill::cp_async_commit();
     }
 
-    // ---- per-row facts of this thread's rows (rows thread_row0 + 16 mq + 8 h: accumulator elements 2h, 2h+1) ----
-    // Recomputed where needed (boundary tiles, ALiBi) rather than kept in registers across the KV loop.
-    const int thread_row0 = row0 + warp_row0 + lane / 4;  // packed row of element (mq = 0, h = 0)
-    auto row_token = [&](int mq, int h) {
-      return static_cast<int>(prefill::fast_div(static_cast<u32>(thread_row0 + mq * 16 + 8 * h), p.group_mul, p.group_shift));
-    };
-    auto alibi_slope = [&](int mq, int h, int token) {
-      // ALiBi slopes (FlashInfer / the paper's code): m = largest power of two <= num_qo_heads;
-      // head < m: 2^(-8 (head+1) / m), else 2^(-4 (2 (head - m) + 1) / m).
-      const int head = kvh * g + (thread_row0 + mq * 16 + 8 * h - token * g);
-      const float m = static_cast<float>(p.alibi_pow2);
-      const float e = head < p.alibi_pow2 ? -8.f * (head + 1) / m : -4.f * (2 * (head - p.alibi_pow2) + 1) / m;
-      return exp2f(e);
-    };
-    // Warp-uniform bounds for "does this tile need a mask at all" and "is it fully masked for this warp".
-    const int warp_first = row0 + warp_row0;
-    const bool warp_active = warp_first < packed_rows;
-    const int warp_last = min(warp_first + MMA_Q * 16, packed_rows) - 1;
-    const int tok_first = static_cast<int>(prefill::fast_div(static_cast<u32>(warp_first), p.group_mul, p.group_shift));
-    const int tok_last = static_cast<int>(prefill::fast_div(static_cast<u32>(max(warp_last, 0)), p.group_mul, p.group_shift));
-    const int warp_hi_min = C::kCausal ? min(tok_first + q_shift + 1, kv_end) : kv_end;
-    const int warp_hi_max = C::kCausal ? min(tok_last + q_shift + 1, kv_end) : kv_end;
-    const int warp_lo_max = C::kWindow ? tok_last + q_shift - p.window_left : -2147483647;
-    const int warp_lo_min = C::kWindow ? tok_first + q_shift - p.window_left : -2147483647;
+    // ---- warp-uniform bounds: "does this tile need a mask at all" and "is it fully masked for this warp" ----
+    // Kept in smem (read once per tile after the barrier) rather than in registers.
+    {
+      const int warp_first = row0 + warp_row0;
+      const int warp_last = min(warp_first + MMA_Q * 16, packed_rows) - 1;
+      const int tok_first = static_cast<int>(prefill::fast_div(static_cast<u32>(warp_first), p.group_mul, p.group_shift));
+      const int tok_last = static_cast<int>(prefill::fast_div(static_cast<u32>(max(warp_last, 0)), p.group_mul, p.group_shift));
+      int* wb = info + C::kInfoInts + 4 * (tid / 32);
+      if (lane == 0) {
+        // [0] keys >= this need the upper mask in some row; [1] keys >= this are masked in every row (skip);
+        // [2] keys < this need the window mask in some row; [3] keys < this are masked in every row.
+        wb[0] = C::kCausal ? min(tok_first + q_shift + 1, kv_end) : kv_end;
+        wb[1] = warp_first >= packed_rows ? -2147483647 : (C::kCausal ? min(tok_last + q_shift + 1, kv_end) : kv_end);
+        wb[2] = C::kWindow ? tok_last + q_shift - p.window_left : -2147483647;
+        wb[3] = C::kWindow ? tok_first + q_shift - p.window_left : -2147483647;
+      }
+    }
 
     float o[MMA_Q][DVO / 8][4];
     float row_max[MMA_Q][2];  // running max of the transformed logits x (base-2 logit = x * x_scale)
@@ -309,20 +304,21 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
     // x = q.k (scaled at the exp) in the plain case; with ALiBi / soft cap x is the final natural logit.
     const float x_scale = (C::kSoftCap || C::kAlibi) ? kLog2e : p.sm_scale_log2;
 
+    // Loop over KV tiles by first key (key0) and buffer (stage); the tile STAGES-1 ahead starts at `ahead`.
     int stage = 0;
-    for (int it = 0; it < num_tiles; ++it) {
-      const int key0 = kv_start + it * TILE_KV;
+    for (int key0 = kv_start; key0 < kv_end; key0 += TILE_KV) {
+      const int ahead = key0 + (STAGES - 1) * TILE_KV;
       const int wkey0 = key0 + warp_col0;  // first key of this warp's slice
       prefill::cp_async_wait<2 * STAGES - 3>();
       __syncthreads();
       {
-        const int t = it + STAGES - 1;
-        const int st = stage == 0 ? STAGES - 1 : stage - 1;  // buffer of tile it-1 == buffer of tile it+STAGES-1
-        if (t < num_tiles) load_k(t, st);
+        const int st = stage == 0 ? STAGES - 1 : stage - 1;  // buffer of the previous tile == of the tile ahead
+        if (ahead < kv_end) load_k(ahead, st, info[0], info[1]);
         prefill::cp_async_commit();
       }
       // Fully masked for this warp (all keys past every row's limit, or before every row's window): skip the math.
-      const bool skip = !warp_active || wkey0 >= warp_hi_max || (C::kWindow && wkey0 + MMA_KV * 16 <= warp_lo_min);
+      const int* wb = info + C::kInfoInts + 4 * (tid / 32);
+      const bool skip = wkey0 >= wb[1] || (C::kWindow && wkey0 + MMA_KV * 16 <= wb[3]);
       u32 pa[MMA_Q][MMA_KV][4];  // P as bf16/fp16 A fragments (packed before the V copy is issued: half the registers)
       if (!skip) {
         float s[MMA_Q][2 * MMA_KV][4];
@@ -351,21 +347,32 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         }
 
         // ---- logits transform (variant) and mask ----
-        const bool need_mask = C::kCustomMask || wkey0 + MMA_KV * 16 > warp_hi_min || (C::kWindow && wkey0 < warp_lo_max);
+        const bool need_mask = C::kCustomMask || wkey0 + MMA_KV * 16 > wb[0] || (C::kWindow && wkey0 < wb[2]);
         if (C::kAlibi || C::kSoftCap || need_mask) {
+          const int q_shift = info[2];
+          // Packed row of this thread's element (mq = 0, h = 0); rows + 16 mq + 8 h hold elements 2h, 2h+1.
+          const int thread_row0 = info[4] + warp_row0 + lane / 4;
 #pragma unroll
           for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-              const int token = row_token(mq, h);
+              const int pr = thread_row0 + mq * 16 + 8 * h;
+              const int token = static_cast<int>(prefill::fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
               const int qpos = token + q_shift;  // kv position of this query row
               const int lim_hi = C::kCausal ? min(qpos + 1, kv_end) : kv_end;  // keys >= lim_hi are masked
               const int lim_lo = C::kWindow ? qpos - p.window_left : 0;        // keys < lim_lo are masked
               float slope = 0.f;
-              if constexpr (C::kAlibi) slope = alibi_slope(mq, h, token);
+              if constexpr (C::kAlibi) {
+                // ALiBi slopes (FlashInfer / the paper's code): m = largest power of two <= num_qo_heads;
+                // head < m: 2^(-8 (head+1) / m), else 2^(-4 (2 (head - m) + 1) / m).
+                const int head = info[1] * g + (pr - token * g);
+                const float m = static_cast<float>(p.alibi_pow2);
+                slope = exp2f(head < p.alibi_pow2 ? -8.f * (head + 1) / m : -4.f * (2 * (head - p.alibi_pow2) + 1) / m);
+              }
               i64 mask_bit0 = 0;
               if constexpr (C::kCustomMask) {
-                mask_bit0 = static_cast<i64>(static_cast<const int*>(p.mask_indptr)[b]) * 8 + static_cast<i64>(token) * kv_len;
+                mask_bit0 = static_cast<i64>(static_cast<const int*>(p.mask_indptr)[info[5]]) * 8 +
+                            static_cast<i64>(token) * info[3];
               }
 #pragma unroll
               for (int j = 0; j < 2 * MMA_KV; ++j) {
@@ -438,9 +445,8 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
       prefill::cp_async_wait<2 * STAGES - 3>();
       __syncthreads();
       {
-        const int t = it + STAGES - 1;
         const int st = stage == 0 ? STAGES - 1 : stage - 1;
-        if (t < num_tiles) load_v(t, st);
+        if (ahead < kv_end) load_v(ahead, st, info[0], info[1]);
         prefill::cp_async_commit();
       }
       if (!skip) {
@@ -465,22 +471,26 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
     __syncthreads();
     float* epi_o = reinterpret_cast<float*>(smem);
     float* epi_md = reinterpret_cast<float*>(smem + C::kEpiOBytes);
+    {
+      // Thread coordinates recomputed from threadIdx (cheaper than keeping them live across the loop).
+      const u32 e_lane = threadIdx.x % 32u, e_warp = threadIdx.x / 32u;
+      const u32 e_slot0 = (e_warp / C::kWarpsQ) * TILE_Q + (e_warp % C::kWarpsQ) * MMA_Q * 16 + e_lane / 4;
 #pragma unroll
-    for (int mq = 0; mq < MMA_Q; ++mq) {
+      for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = warp_row0 + mq * 16 + lane / 4 + 8 * h;
-        const int slot = wkv * TILE_Q + r;
-        float* dst = epi_o + slot * C::kEpiPitch + 2 * (lane % 4);
+        for (int h = 0; h < 2; ++h) {
+          const int slot = e_slot0 + mq * 16 + 8 * h;
+          float* dst = epi_o + slot * C::kEpiPitch + 2 * (e_lane % 4);
 #pragma unroll
-        for (int j = 0; j < DVO / 8; ++j) {
-          *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[mq][j][2 * h], o[mq][j][2 * h + 1]);
-        }
-        const float d = mma::quad_sum(row_sum[mq][h]);
-        if (lane % 4 == 0) {
-          // Store m in base-2 units; an empty row (d = 0) stores -inf so the merge ignores it.
-          epi_md[slot * 2] = d > 0.f ? row_max[mq][h] * x_scale : neg_inf();
-          epi_md[slot * 2 + 1] = d;
+          for (int j = 0; j < DVO / 8; ++j) {
+            *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[mq][j][2 * h], o[mq][j][2 * h + 1]);
+          }
+          const float d = mma::quad_sum(row_sum[mq][h]);
+          if (e_lane % 4 == 0) {
+            // Store m in base-2 units; an empty row (d = 0) stores -inf so the merge ignores it.
+            epi_md[slot * 2] = d > 0.f ? row_max[mq][h] * x_scale : neg_inf();
+            epi_md[slot * 2 + 1] = d;
+          }
         }
       }
     }
@@ -494,7 +504,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
     const int e_qo_base = prefill::reload_i32(p.qo_indptr, e_req);
     const int e_rows = min(TILE_Q, (prefill::reload_i32(p.qo_indptr, e_req + 1) - e_qo_base) * g - e_row0);
     constexpr int VPR = DVO / 8;  // 8-element vectors per row
-    for (int idx = tid; idx < e_rows * VPR; idx += NT) {
+    for (int idx = threadIdx.x; idx < e_rows * VPR; idx += NT) {
       const int r = idx / VPR, cv = idx % VPR;
       float m_all = neg_inf();
 #pragma unroll

@@ -1,0 +1,297 @@
+"""Packing a ``WorkPlan`` into one int32 buffer at fixed offsets, capacities, and the workspace size.
+
+The buffer is what ``plan()`` copies to the GPU in one asynchronous copy. Its layout (``PlanLayout``) depends only on
+capacities, never on a particular plan, so with CUDA graphs it is fixed when the wrapper is built: the kernel's
+pointers never change and it reads the live counts from the header.
+
+Header (16 int32 words at offset 0):
+
+====  =================  =================================================================================
+word  name               meaning
+====  =================  =================================================================================
+0     n_items            work items in this plan
+1     n_merge            merge entries (output rows that combine partial states)
+2     num_partial_rows   rows of the workspace's partial_o / partial_lse this plan uses
+3     num_ctas           CTAs the plan balances over (CTAs ``num_ctas..max_ctas-1`` get empty lists)
+4     n_merge_src        partial rows read by the merge (``merge_indptr[n_merge]``)
+5     chunk_size         KV chunk the tiles were split at, 0 when nothing is split (informational)
+6     generation         caller's counter (e.g. plan() calls), to check which plan a kernel saw
+7     magic              ``PLAN_MAGIC`` (format version 1)
+8-11  capacities         max_items, max_ctas, max_merge, max_merge_src of the layout
+12-15 reserved           0
+====  =================  =================================================================================
+
+Then the arrays, each starting on a 16-byte boundary (4 words), in this order: ``work_indptr[max_ctas+1]`` (padded
+with ``n_items`` past ``num_ctas``), ``item_req``, ``item_qo_tile``, ``item_kv_head``, ``item_kv_start``,
+``item_kv_end``, ``item_partial`` (each ``[max_items]``), ``merge_indptr[max_merge+1]``, ``merge_src[max_merge_src]``,
+``merge_dst_token[max_merge]``, ``merge_dst_head[max_merge]``. Words past a count are left as they were.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .split_kv import MAX_EXTRA_ITEMS_PER_CTA
+from .work import WorkPlan
+
+HEADER_WORDS = 16
+PLAN_MAGIC = 0x504C4E01  # "PLN" + version 1
+#: Workspace arrays start on this boundary (bytes).
+WORKSPACE_ALIGN = 256
+
+# (array name, capacity it is sized by, extra entries)
+_ARRAYS = (
+    ("work_indptr", "max_ctas", 1),
+    ("item_req", "max_items", 0),
+    ("item_qo_tile", "max_items", 0),
+    ("item_kv_head", "max_items", 0),
+    ("item_kv_start", "max_items", 0),
+    ("item_kv_end", "max_items", 0),
+    ("item_partial", "max_items", 0),
+    ("merge_indptr", "max_merge", 1),
+    ("merge_src", "max_merge_src", 0),
+    ("merge_dst_token", "max_merge", 0),
+    ("merge_dst_head", "max_merge", 0),
+)
+ARRAY_NAMES = tuple(a[0] for a in _ARRAYS)
+
+
+@dataclass(frozen=True)
+class PlanCapacity:
+    """Upper limits a plan must fit: work items, CTAs, merge entries, merge sources (= partial rows)."""
+
+    max_items: int
+    max_ctas: int
+    max_merge: int
+    max_merge_src: int
+
+    def fits(self, other: PlanCapacity) -> bool:
+        """True when every limit of ``other`` is within this one."""
+        return (
+            other.max_items <= self.max_items
+            and other.max_ctas <= self.max_ctas
+            and other.max_merge <= self.max_merge
+            and other.max_merge_src <= self.max_merge_src
+        )
+
+
+def _align4(x: int) -> int:
+    return (x + 3) & ~3
+
+
+@dataclass(frozen=True)
+class PlanLayout:
+    """Word offsets of the header and of every array in the packed int32 buffer."""
+
+    capacity: PlanCapacity
+    offsets: dict  # array name -> word offset
+    total_words: int
+
+    @classmethod
+    def for_capacity(cls, max_items: int, max_ctas: int, max_merge: int, max_merge_src: int) -> PlanLayout:
+        cap = PlanCapacity(int(max_items), int(max_ctas), int(max_merge), int(max_merge_src))
+        for name in ("max_items", "max_ctas", "max_merge", "max_merge_src"):
+            if getattr(cap, name) < 0:
+                raise ValueError(f"PlanLayout.for_capacity: {name} must be >= 0, got {getattr(cap, name)}")
+        if cap.max_ctas < 1:
+            raise ValueError(f"PlanLayout.for_capacity: max_ctas must be >= 1, got {cap.max_ctas}")
+        offsets = {}
+        pos = HEADER_WORDS
+        for name, by, extra in _ARRAYS:
+            offsets[name] = pos
+            pos = _align4(pos + getattr(cap, by) + extra)
+        return cls(cap, offsets, pos)
+
+    @classmethod
+    def for_plan(cls, plan: WorkPlan) -> PlanLayout:
+        """The tight layout of one plan (no CUDA graph: the layout may follow each plan)."""
+        c = capacity_of(plan)
+        return cls.for_capacity(c.max_items, c.max_ctas, c.max_merge, c.max_merge_src)
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * self.total_words
+
+    def size_of(self, name: str) -> int:
+        """Entries reserved for array ``name``."""
+        for n, by, extra in _ARRAYS:
+            if n == name:
+                return getattr(self.capacity, by) + extra
+        raise KeyError(f"unknown plan array {name!r}; the arrays are {', '.join(ARRAY_NAMES)}")
+
+    def empty(self) -> np.ndarray:
+        """A zeroed host buffer of this layout (pinned buffers come from ``cuinfer.plan_buffer``)."""
+        return np.zeros(self.total_words, dtype=np.int32)
+
+
+def capacity_of(plan: WorkPlan) -> PlanCapacity:
+    """The exact capacity one plan needs."""
+    return PlanCapacity(plan.n_items, plan.num_ctas, plan.n_merge, plan.n_merge_src)
+
+
+def capacity_bound(
+    max_batch_size: int,
+    max_qo_tokens: int,
+    num_kv_heads: int,
+    group_size: int,
+    tile_rows: int,
+    num_ctas: int,
+    *,
+    fixed_split_size: int | None = None,
+    max_kv_len: int | None = None,
+    disable_split: bool = False,
+) -> PlanCapacity:
+    """A capacity every plan of at most ``max_batch_size`` requests and ``max_qo_tokens`` query tokens fits.
+
+    For CUDA-graph mode, where the layout is fixed at construction. Decode: ``max_qo_tokens = max_batch_size``.
+    ``fixed_split_size`` needs ``max_kv_len`` (the number of chunks grows with the KV length); the automatic policy
+    does not (it never adds more than ``MAX_EXTRA_ITEMS_PER_CTA * num_ctas`` items by splitting).
+
+    Why it holds: a request of ``L`` tokens has ``ceil(L*g/Br) <= (L*g + Br - 1)/Br`` tiles and at most
+    ``min(B, Q)`` requests have a token, so tiles ``<= (Q*g + min(B,Q)*(Br-1)) // Br``; every tile is ``H`` items
+    unsplit. Splitting adds at most ``8 * P`` items (automatic) or cuts each tile into at most
+    ``ceil(max_kv_len / C)`` pieces (fixed ``C``). Partial rows are ``sum(H * k_t * r_t)`` over split tiles: at most
+    ``Br`` rows per split item, and at most ``k_max`` pieces of each of the ``H*g*Q`` packed rows. Split items are at
+    most twice the items splitting added (a tile cut in ``k >= 2`` adds ``k - 1 >= k/2``). Merge entries are packed
+    rows of split tiles (``<= H*g*Q``) and each has at least two sources.
+    """
+    b, q, h, g, br, p = (int(v) for v in (max_batch_size, max_qo_tokens, num_kv_heads, group_size, tile_rows, num_ctas))
+    for name, v in (("max_batch_size", b), ("max_qo_tokens", q), ("num_kv_heads", h), ("group_size", g)):
+        if v < 0 or (v == 0 and name in ("num_kv_heads", "group_size")):
+            raise ValueError(f"capacity_bound: {name} must be >= 1, got {v}")
+    if br < 1 or p < 1:
+        raise ValueError(f"capacity_bound: tile_rows={br} and num_ctas={p} must be >= 1")
+    tiles = (q * g + min(b, q) * (br - 1)) // br
+    rows_max = min(br, q * g)  # packed rows of one tile
+    all_rows = h * g * q  # packed rows of the whole batch, all heads
+    if fixed_split_size is not None:
+        if max_kv_len is None:
+            raise ValueError(
+                "capacity_bound: fixed_split_size needs max_kv_len (the number of chunks grows with the KV length); "
+                "pass the longest KV length the wrapper will plan for"
+            )
+        k_max = max(1, -(-int(max_kv_len) // int(fixed_split_size)))
+        items = h * tiles * k_max
+        split_items = items if k_max > 1 else 0
+    elif disable_split:
+        k_max = 1
+        items = h * tiles
+        split_items = 0
+    else:
+        extra = MAX_EXTRA_ITEMS_PER_CTA * p
+        k_max = 1 + extra  # loose: one tile could take every extra item (per head the bound is extra / H)
+        items = h * tiles + extra
+        split_items = 2 * extra
+    partial = min(rows_max * split_items, all_rows * k_max) if split_items else 0
+    merge = min(all_rows, partial // 2)
+    return PlanCapacity(items, p, merge, partial)
+
+
+def _too_small(what: str, need: int, have: int, cap_name: str) -> ValueError:
+    return ValueError(
+        f"the plan needs {need} {what} but the plan buffer's layout holds {have} ({cap_name}={have}). A plan must fit "
+        f"the layout fixed when the wrapper was built (CUDA graphs keep its pointers). Fix: build the wrapper with a "
+        f"larger max_batch_size (or workspace), sized by planner.capacity_bound(...), or leave CUDA-graph mode off so "
+        f"the buffer can grow with each plan."
+    )
+
+
+def check_fits(plan: WorkPlan, layout: PlanLayout) -> None:
+    """Raise a ``ValueError`` naming the first limit the plan exceeds."""
+    cap = layout.capacity
+    if plan.n_items > cap.max_items:
+        raise _too_small("work items", plan.n_items, cap.max_items, "max_items")
+    if plan.num_ctas > cap.max_ctas:
+        raise _too_small("CTAs", plan.num_ctas, cap.max_ctas, "max_ctas")
+    if plan.n_merge > cap.max_merge:
+        raise _too_small("merge entries", plan.n_merge, cap.max_merge, "max_merge")
+    if plan.n_merge_src > cap.max_merge_src:
+        raise _too_small("partial-state rows", plan.n_merge_src, cap.max_merge_src, "max_merge_src")
+
+
+def pack(plan: WorkPlan, layout: PlanLayout, out: np.ndarray, *, generation: int = 0) -> np.ndarray:
+    """Write ``plan`` into ``out`` (int32, at least ``layout.total_words``), one slice assignment per array."""
+    if out.dtype != np.int32 or out.ndim != 1 or out.shape[0] < layout.total_words:
+        raise ValueError(
+            f"pack needs a 1-D int32 buffer of at least {layout.total_words} words, got dtype {out.dtype} and shape "
+            f"{out.shape}; allocate it with layout.empty() or cuinfer.plan_buffer.PlanBuffer"
+        )
+    check_fits(plan, layout)
+    cap = layout.capacity
+    off = layout.offsets
+    n = plan.n_items
+    p = plan.num_ctas
+    nm = plan.n_merge
+    ns = plan.n_merge_src
+    out[:HEADER_WORDS] = (
+        n, nm, plan.num_partial_rows, p, ns, plan.chunk_size, generation, PLAN_MAGIC,
+        cap.max_items, cap.max_ctas, cap.max_merge, cap.max_merge_src, 0, 0, 0, 0,
+    )  # fmt: skip
+    o = off["work_indptr"]
+    out[o : o + p + 1] = plan.work_indptr
+    out[o + p + 1 : o + cap.max_ctas + 1] = n
+    for name in ("item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end", "item_partial"):
+        o = off[name]
+        out[o : o + n] = getattr(plan, name)
+    o = off["merge_indptr"]
+    out[o : o + nm + 1] = plan.merge_indptr
+    o = off["merge_src"]
+    out[o : o + ns] = plan.merge_src
+    o = off["merge_dst_token"]
+    out[o : o + nm] = plan.merge_dst_token
+    o = off["merge_dst_head"]
+    out[o : o + nm] = plan.merge_dst_head
+    return out
+
+
+def unpack(buf: np.ndarray, layout: PlanLayout) -> WorkPlan:
+    """Read a packed plan back (tests, debugging): the inverse of ``pack``."""
+    hdr = buf[:HEADER_WORDS]
+    if int(hdr[7]) != PLAN_MAGIC:
+        raise ValueError(f"not a packed plan: header word 7 is {int(hdr[7]):#x}, expected PLAN_MAGIC {PLAN_MAGIC:#x}")
+    n, nm, partial, p, ns, chunk = (int(v) for v in hdr[:6])
+    off = layout.offsets
+
+    def arr(name: str, count: int) -> np.ndarray:
+        return buf[off[name] : off[name] + count].copy()
+
+    return WorkPlan(
+        num_ctas=p,
+        work_indptr=arr("work_indptr", p + 1),
+        item_req=arr("item_req", n),
+        item_qo_tile=arr("item_qo_tile", n),
+        item_kv_head=arr("item_kv_head", n),
+        item_kv_start=arr("item_kv_start", n),
+        item_kv_end=arr("item_kv_end", n),
+        item_partial=arr("item_partial", n),
+        merge_indptr=arr("merge_indptr", nm + 1),
+        merge_src=arr("merge_src", ns),
+        merge_dst_token=arr("merge_dst_token", nm),
+        merge_dst_head=arr("merge_dst_head", nm),
+        num_partial_rows=partial,
+        chunk_size=chunk,
+        assign_mode="unpacked",
+    )
+
+
+def _round_up(x: int, a: int) -> int:
+    return -(-x // a) * a
+
+
+def workspace_offsets(num_partial_rows: int, head_dim_vo: int) -> tuple[int, int]:
+    """``(lse_offset, total_bytes)``: partial_o float32 ``[rows, head_dim_vo]`` at byte 0, partial_lse float32
+    ``[rows]`` at ``lse_offset``; both start on ``WORKSPACE_ALIGN`` bytes and the total is a multiple of it."""
+    o_bytes = _round_up(4 * int(num_partial_rows) * int(head_dim_vo), WORKSPACE_ALIGN)
+    lse_bytes = _round_up(4 * int(num_partial_rows), WORKSPACE_ALIGN)
+    return o_bytes, o_bytes + lse_bytes
+
+
+def workspace_bytes(plan_or_capacity: WorkPlan | PlanCapacity, head_dim_vo: int) -> int:
+    """Workspace bytes for the partial states of a plan (or of any plan within a capacity)."""
+    if isinstance(plan_or_capacity, PlanCapacity):
+        rows = plan_or_capacity.max_merge_src
+    else:
+        rows = plan_or_capacity.num_partial_rows
+    return workspace_offsets(rows, head_dim_vo)[1]
