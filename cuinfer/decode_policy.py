@@ -26,9 +26,10 @@ from dataclasses import dataclass
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 # The tensor-core kernel pays off once the group re-reads of the CUDA-core kernel cost more than the padded mma rows.
 TENSOR_CORE_MIN_GROUP = 4
-MAX_THREADS = 1024
+MAX_THREADS = 512  # CUDA-core blocks beyond this leave < 128 registers per thread
 ITEM_CHUNK = 64  # kItemChunk in decode.cuh
 ITEM_INFO_BYTES = 32  # sizeof(ItemInfo)
+REFERENCE_SMEM_PER_SM = 233472  # Hopper (H100 / H200): 228 KB of shared memory per SM
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,14 @@ class DecodeConfig:
     @property
     def rows_per_tile(self) -> int:
         return 16 if self.tensor_cores else self.group
+
+    @property
+    def min_blocks(self) -> int:
+        """CTAs per SM the kernel is compiled for (``__launch_bounds__``) and the persistent grid is sized for: what
+        shared memory allows on a 228 KB SM, but never below 128 registers per thread (large CUDA-core blocks of
+        big groups would spill otherwise), so the register file never lowers the occupancy the plan assumed."""
+        by_regs = max(1, 65536 // (self.threads * 128))
+        return min(ctas_per_sm(self, smem_per_sm=REFERENCE_SMEM_PER_SM), by_regs)
 
     @property
     def stage_bytes(self) -> int:
@@ -82,8 +91,9 @@ def decode_config(
 ) -> DecodeConfig:
     """The kernel and tiles for a GQA group size and head dim (``use_tensor_cores`` None = automatic).
 
-    >>> decode_config(4, 128)
-    DecodeConfig(tensor_cores=True, head_dim=128, group=4, threads=128, tile_kv=64, stages=3, warps_kv=4, warps_d=1, kv_itemsize=2)
+    >>> c = decode_config(4, 128)
+    >>> c.tensor_cores, c.threads, c.tile_kv, c.stages, c.warps_kv, c.warps_d
+    (True, 128, 64, 3, 4, 1)
     >>> decode_config(1, 128).threads, decode_config(1, 128).tile_kv
     (128, 32)
     """
@@ -120,8 +130,8 @@ def decode_config(
 def ctas_per_sm(config: DecodeConfig, *, smem_per_sm: int, max_threads_per_sm: int = 2048) -> int:
     """CTAs of ``config`` that fit on one SM by shared memory and threads (1 KB per block is reserved by CUDA).
 
-    The launcher asks CUDA's occupancy calculator (registers included) when a GPU is present; this is the host-side
-    estimate used for tests and planning without one.
+    Registers are bounded by ``__launch_bounds__(threads, min_blocks)``; the grid uses
+    ``min(ctas_per_sm(...device...), config.min_blocks)`` so every CTA is resident at once.
     """
     by_smem = smem_per_sm // (config.smem_bytes + 1024)
     by_threads = max_threads_per_sm // config.threads

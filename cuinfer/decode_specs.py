@@ -58,11 +58,11 @@ class DecodeKernelKey:
         if c.tensor_cores:
             return (
                 f"cuinfer::decode::batch_decode_tensor_core<{q}, {kv}, {o}, {c.head_dim}, {c.group}, {c.warps_kv}, "
-                f"{c.warps_d}, {c.stages}, {flags}>"
+                f"{c.warps_d}, {c.stages}, {c.min_blocks}, {flags}>"
             )
         return (
             f"cuinfer::decode::batch_decode_cuda_core<{q}, {kv}, {o}, {c.head_dim}, {c.group}, {c.tile_kv}, "
-            f"{c.stages}, {c.threads}, {flags}>"
+            f"{c.stages}, {c.threads}, {c.min_blocks}, {flags}>"
         )
 
     def spec_name(self) -> str:
@@ -70,7 +70,8 @@ class DecodeKernelKey:
         kind = "tc" if c.tensor_cores else "cc"
         opts = [self.pos_encoding] if self.pos_encoding != "none" else []
         opts += ["softcap"] * self.soft_cap + ["window"] * self.window + ["lse"] * self.lse
-        dt = self.q_dtype if self.q_dtype == self.kv_dtype == self.o_dtype else f"{self.q_dtype}-{self.kv_dtype}-{self.o_dtype}"
+        same = self.q_dtype == self.kv_dtype == self.o_dtype
+        dt = self.q_dtype if same else f"{self.q_dtype}-{self.kv_dtype}-{self.o_dtype}"
         return f"decode/{kind}/{dt}/d{c.head_dim}/g{c.group}" + "".join(f"/{x}" for x in opts)
 
 
@@ -78,10 +79,11 @@ def _b(x: bool) -> str:
     return "true" if x else "false"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def decode_spec(key: DecodeKernelKey) -> KernelSpec:
     """One NVRTC module per specialisation (a decode kernel compiles in ~1-2 s)."""
-    expect = [r"LDGSTS", r"LDS.*128|LDSM"]  # cp.async pipeline; 16-byte (or ldmatrix) shared reads
+    # cp.async pipeline, 16-byte q loads and o stores, 16-byte (or ldmatrix) shared reads, exp2 on the MUFU
+    expect = [r"LDGSTS.*128", r"LDG\.E.*128", r"STG\.E\.128", r"LDS.*128|LDSM", r"MUFU\.EX2"]
     if key.config.tensor_cores:
         expect += [r"HMMA", r"LDSM"]
     return KernelSpec(

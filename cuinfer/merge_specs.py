@@ -9,10 +9,11 @@ from cuinfer.jit import KernelSpec, ParamStruct
 MERGE_HEAD_DIMS = (64, 128, 256)
 MERGE_DTYPES = {"float16": "half", "bfloat16": "__nv_bfloat16", "float32": "float"}
 THREADS = 256
-UNROLL = 4  # state slices loaded before use: 4 x 16 bytes in flight per thread
+UNROLL = 8  # state slices loaded before use: 8 x 16 bytes in flight per thread (4 registers each, kept packed)
 # merge_partials reads fp32 partials, two 16-byte loads per source for 16-bit outputs: unroll 4 spilled on sm_90a
 # (64 registers, 8-byte stack frame), 2 does not, and plans rarely split a row more than a few ways.
 UNROLL_PARTIALS = 2
+MIN_BLOCKS = 2  # merge_states: launch bounds (threads, 2) lets ptxas use up to 128 registers without spilling
 
 MergeTwoParams = ParamStruct(
     "MergeTwoParams",
@@ -67,8 +68,9 @@ def instance(kernel: str, dtype: str, head_dim: int) -> str:
     ctype = MERGE_DTYPES[dtype]
     if kernel == "merge_two":
         return f"cuinfer::merge_two<{ctype}, {head_dim}, {THREADS}>"
-    unroll = UNROLL_PARTIALS if kernel == "merge_partials" else UNROLL
-    return f"cuinfer::{kernel}<{ctype}, {head_dim}, {THREADS}, {unroll}>"
+    if kernel == "merge_states":
+        return f"cuinfer::merge_states<{ctype}, {head_dim}, {THREADS}, {UNROLL}, {MIN_BLOCKS}>"
+    return f"cuinfer::{kernel}<{ctype}, {head_dim}, {THREADS}, {UNROLL_PARTIALS}>"
 
 
 @functools.cache

@@ -164,16 +164,21 @@ def prefill_spec(key: PrefillKernelKey) -> KernelSpec:
 
 
 def default_specs() -> list[KernelSpec]:
-    """The specialisations CI compiles: every head-dim pair, both layouts, every query tile, causal and not."""
-    from cuinfer.prefill_policy import default_kv_tile
+    """The specialisations CI compiles (sm_80 and sm_90a, no spills): per head-dim pair the long-prefill tiles on
+    ragged and paged KV (causal) and the decode-like tiles (paged); then one of each variant flag."""
+    from cuinfer.prefill_policy import default_kv_tile, query_tile
 
-    out = []
+    def key(dtype, dqk, dvo, tq, paged, mask, soft_cap=False, alibi=False):
+        cfg = tile_config(tq, default_kv_tile(tq, dqk, dvo, soft_cap or alibi), dvo)
+        return PrefillKernelKey(dtype, dtype, dqk, dvo, cfg, paged, mask, soft_cap, alibi)
+
+    keys = []
     for dqk, dvo in HEAD_DIMS:
-        for paged in (False, True):
-            for tq in QUERY_TILES:
-                for mask in (0, MASK_CAUSAL):
-                    cfg = tile_config(tq, default_kv_tile(tq, dqk, dvo), dvo)
-                    out.append(
-                        prefill_spec(PrefillKernelKey("bfloat16", "bfloat16", dqk, dvo, cfg, paged, mask, False, False))
-                    )
-    return out
+        long_tile = query_tile(1 << 20, dvo)
+        keys.append(key("bfloat16", dqk, dvo, long_tile, False, MASK_CAUSAL))
+        keys.append(key("bfloat16", dqk, dvo, long_tile, True, MASK_CAUSAL))
+        keys.append(key("bfloat16", dqk, dvo, 16, True, 0))
+    keys.append(key("float16", 128, 128, 64, False, 0))
+    keys.append(key("bfloat16", 128, 128, 128, False, MASK_CAUSAL | MASK_WINDOW, soft_cap=True, alibi=True))
+    keys.append(key("float16", 128, 128, 32, True, MASK_CAUSAL | MASK_CUSTOM))
+    return [prefill_spec(k) for k in keys]

@@ -232,17 +232,24 @@ def pack(plan: WorkPlan, layout: PlanLayout, out: np.ndarray, *, generation: int
     o = off["work_indptr"]
     out[o : o + p + 1] = plan.work_indptr
     out[o + p + 1 : o + cap.max_ctas + 1] = n
-    for name in ("item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end", "item_partial"):
+    h, g = plan.num_kv_heads, plan.n_groups
+    for name, (values, per_group) in plan.item_fields().items():
         o = off[name]
-        out[o : o + n] = getattr(plan, name)
+        if per_group:
+            out[o : o + n].reshape(h, g)[:] = values
+        else:
+            out[o : o + n] = values
     o = off["merge_indptr"]
-    out[o : o + nm + 1] = plan.merge_indptr
-    o = off["merge_src"]
-    out[o : o + ns] = plan.merge_src
-    o = off["merge_dst_token"]
-    out[o : o + nm] = plan.merge_dst_token
-    o = off["merge_dst_head"]
-    out[o : o + nm] = plan.merge_dst_head
+    if nm:
+        out[o : o + nm + 1] = plan.merge_indptr
+        o = off["merge_src"]
+        out[o : o + ns] = plan.merge_src
+        o = off["merge_dst_token"]
+        out[o : o + nm] = plan.merge_dst_token
+        o = off["merge_dst_head"]
+        out[o : o + nm] = plan.merge_dst_head
+    else:
+        out[o] = 0
     return out
 
 

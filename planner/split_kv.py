@@ -1,87 +1,71 @@
-"""Split-KV: when and how finely to cut a tile's KV range into chunks that different CTAs process.
+"""Split-KV: whether, and how finely, to cut the tiles' KV ranges into chunks that different CTAs process.
 
-Splitting lets a few long requests spread over many CTAs, at a price: every chunk writes a float32 partial state to
-the workspace and a merge pass combines them. The policy (``choose_chunk_size``) is a pure function of the tiles'
-row counts and KV ranges, the number of KV heads and of CTAs; it picks ONE chunk size ``C`` (a multiple of the
-kernel's KV granule: its KV tile or page size) and every tile longer than ``C`` is cut into nearly equal pieces of at
-most ``C`` tokens, with boundaries on granule multiples (``split_ranges``).
+Splitting lets a few long requests spread over many CTAs, at a price: each chunk writes a float32 partial state to
+the workspace and a merge pass combines them. ``choose_chunk_size`` is a pure function of the tiles' row counts and
+KV ranges, the number of KV heads and of CTAs. It picks ONE chunk size ``C`` (a multiple of the kernel's KV granule:
+its KV tile or page size); ``chunk_counts`` cuts every range longer than ``C`` into ``ceil(blocks / (C/granule))``
+nearly equal pieces, and ``split_ranges`` places their boundaries on granule multiples.
 
-How it decides (all costs from ``CostModel``; ``M`` = mean CTA load = total cost / num_ctas):
+The decision, with ``M`` = mean CTA load = total cost / P (costs from ``CostModel``, P = num_ctas):
 
-1. No split when nothing is long enough (no tile has ``2 * min_chunk`` KV tokens), or when the batch already balances:
-   the makespan estimate without splitting is within 5 % of ``M``.
-2. Otherwise candidate sizes ``C = a * M / beta`` for ``a`` in ``CANDIDATE_FRACTIONS`` (clamped to ``>= min_chunk``,
-   rounded up to the granule) are scored by the estimated makespan plus the one-time merge cost, and the best wins if
-   it beats not splitting by 3 %. A candidate that would add more than ``MAX_EXTRA_ITEMS_PER_CTA * num_ctas`` items
+1. No split if no range has ``2 * min_chunk`` tokens, or if the batch already balances: the estimated makespan
+   without splitting is within ``BALANCED_EFFICIENCY`` of ``M``.
+2. Else candidates ``C = f * M / beta`` for ``f`` in ``CANDIDATE_FRACTIONS`` (at least ``min_chunk``, rounded up to
+   the granule) are scored by their estimated makespan plus ``split_fixed`` (the merge's one-time cost); the best
+   wins if it beats not splitting by ``MIN_GAIN``. A candidate adding more than ``MAX_EXTRA_ITEMS_PER_CTA * P`` items
    is skipped, which bounds the plan's size for CUDA-graph capacities (``layout.capacity_bound``).
 
-The makespan estimate is the *rounds bound*: sort the items by cost, deal them out in rounds of ``num_ctas``; a CTA
-gets at most one item per round, so no CTA exceeds the sum over rounds of each round's largest item. It is exact for
-equal items (``ceil(n / P)`` waves), which is where quantisation hurts most, and an upper bound otherwise.
+The makespan estimate of ``n`` items (largest ``x_max``, smallest ``x_min``) over ``P`` CTAs is
+``max(x_max, min(ceil(n/P) * x_max, M + x_min))``: ``ceil(n/P) * x_max`` is exact for equal items (waves: 133 equal
+items on 132 CTAs take two item times, not 1.01), and ``M + x_min`` is Graham's bound for LPT when the last item to
+finish is a small one, which is the case when many small items fill the gaps.
 
-Worked examples (Llama-3-8B decode: 8 KV heads, 4 rows per tile; 264 CTAs = 132 SMs x 2; costs in KV tokens, so an
-item of 1024 tokens costs 1024 + 4 + 64 = 1092):
+Worked examples (Llama-3-8B decode: 8 KV heads, 4 rows per tile, granule 16; costs in KV tokens, so an unsplit item
+of 1024 tokens costs 1024 + 4 + 64 = 1092; a piece also pays 2 per row for its partial state):
 
-- D6, 128 x 2048: 1024 items of 2116 on 264 CTAs: M = 8207, rounds bound 4 x 2116 = 8464 (97 %): no split.
-- D1, 16 x 1024: 128 items of 1092, M = 529, bound 1092 (48 %). ``C = 544`` (a = 1) cuts each into 2 x 512:
-  256 items of 588 in one wave, bound 588 + 128 (merge) = 716 vs 1092: split, 1.5x better.
-- D4, 1 x 32768 on 132 CTAs: 8 items, M = 1990. ``C = 2000`` (a = 1) gives 17 chunks, 136 items: two waves, bound
-  3856; ``C = 1008`` (a = 0.5) gives 33 chunks, 264 items in exactly two waves of ~1000: bound 2186. The second wins.
-- Pieces never go below ``min_chunk`` (default 256 tokens): below that a chunk's partial-state write and merge read
-  (~2 tokens per row) and its fixed item latency (~64 tokens) stop being small next to its KV work.
+- D6, 128 x 2048 on 264 CTAs: 1024 items of 2116; M = 8207, estimate min(4 x 2116, 8207 + 2116) = 8464: 97 %,
+  balanced, no split.
+- D1, 16 x 1024 on 264 CTAs: 128 items of 1092; M = 529, estimate 1092 (48 %). f = 1 gives C = 544: each range cut
+  in 2 x 512, 256 items of 588 in one wave: 588 + 128 = 716 < 1092: split (1.5x better).
+- D1 on 132 CTAs: 128 items, M = 1059, estimate 1092 (97 %): no split. Splitting cannot beat one wave here.
+- D4, 1 x 32768 on 132 CTAs: M = 1990. f = 1 (C = 2000) gives 17 pieces: 136 items, two waves of 2004: 4008.
+  f = 0.5 (C = 1008) gives 33 pieces: 264 items, exactly two waves of ~1069: 2138 + 128. f = 0.5 wins.
+- D8, 127 x 1024 + 1 x 32768 on 264 CTAs: M = 5198, unsplit estimate 32836 (16 %). f = 1 (C = 5200): 7 pieces of
+  4681; 1072 items, estimate M' + 1092 = 6300 + 128: split; the pieces land on their own CTAs, the 1024s fill around.
+
+``min_chunk`` (default 256 tokens, ``DEFAULT_MIN_CHUNK``) is the smallest piece: below that a piece's fixed latency
+(``gamma``, ~64 tokens) and its partial-state write and merge read (~2 tokens per row) stop being small next to its
+KV work. ``chunk_counts`` caps the pieces of a range so none is shorter than ``min_chunk`` (up to granule rounding).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from .cost import CostModel
 
-#: Default smallest chunk, in KV tokens (see the module docstring).
+#: Default smallest piece of a split range, in KV tokens (see the module docstring).
 DEFAULT_MIN_CHUNK = 256
 #: Chunk sizes tried, as fractions of the mean CTA load (in KV tokens).
-CANDIDATE_FRACTIONS = (2.0, 1.5, 1.0, 0.75, 0.5, 1.0 / 3.0, 0.25)
+CANDIDATE_FRACTIONS = (1.5, 1.0, 0.67, 0.5, 0.33, 0.25)
 #: Splitting may add at most this many items per CTA (bounds the plan for fixed CUDA-graph capacities).
 MAX_EXTRA_ITEMS_PER_CTA = 8
 #: No split when the unsplit makespan estimate is within this factor of the mean load.
-BALANCED_EFFICIENCY = 0.95
+BALANCED_EFFICIENCY = 0.93
 #: A split must improve the estimated makespan by this fraction to be worth its merge.
 MIN_GAIN = 0.03
 
 
-def rounds_makespan(costs: np.ndarray, mult: np.ndarray | int, num_ctas: int) -> float:
-    """Upper bound on the makespan of dealing items out in rounds of ``num_ctas`` (largest first).
-
-    ``costs[i]`` occurs ``mult[i]`` times (``mult`` may be a scalar). The bound sums the largest item of each round:
-    the ``0``-th, ``P``-th, ``2P``-th ... largest item.
-    """
-    order = np.argsort(-costs, kind="stable")
-    cs = costs[order]
-    if np.ndim(mult) == 0:
-        m = int(mult)
-        n = cs.shape[0] * m
-        ranks = np.arange(0, n, num_ctas)
-        return float(cs[ranks // m].sum())
-    cum = np.cumsum(np.asarray(mult)[order])
-    ranks = np.arange(0, int(cum[-1]), num_ctas)
-    return float(cs[np.searchsorted(cum, ranks, side="right")].sum())
-
-
-def block_counts(kv_start: np.ndarray, kv_end: np.ndarray, granule: int) -> np.ndarray:
-    """Granule blocks each range touches (``ceil(end/gr) - floor(start/gr)``; 0 for an empty range)."""
-    nb = -(-kv_end // granule) - kv_start // granule
-    return np.where(kv_end > kv_start, nb, 0)
-
-
-def chunk_counts(nb: np.ndarray, chunk_blocks: int, min_blocks: int) -> np.ndarray:
-    """Pieces per range: ``ceil(nb / chunk_blocks)``, but no piece under ``min_blocks`` blocks; at least 1."""
-    k = -(-nb // chunk_blocks)
-    return np.maximum(np.minimum(k, nb // max(min_blocks, 1)), 1)
+def estimate_makespan(n_items: int, total: float, x_max: float, x_min: float, num_ctas: int) -> float:
+    """``max(x_max, min(ceil(n/P) * x_max, total/P + x_min))`` (see the module docstring)."""
+    return max(x_max, min(math.ceil(n_items / num_ctas) * x_max, total / num_ctas + x_min))
 
 
 def choose_chunk_size(
-    rows: np.ndarray,
-    kv_start: np.ndarray,
+    rows,
+    kv_start,
     kv_end: np.ndarray,
     *,
     num_kv_heads: int,
@@ -90,64 +74,116 @@ def choose_chunk_size(
     cost: CostModel = CostModel(),
     min_chunk: int = DEFAULT_MIN_CHUNK,
 ) -> int:
-    """The KV chunk size (tokens, a multiple of ``kv_granule``) to split tiles at, or 0 for no split.
+    """The chunk size in KV tokens (a multiple of ``kv_granule``) to split the tiles at, or 0 for no split.
 
-    Every argument array has one entry per query tile; each tile is ``num_kv_heads`` identical items.
+    ``rows``, ``kv_start`` and ``kv_end`` have one entry per query tile (``rows`` and ``kv_start`` may be scalars
+    shared by all tiles); each tile is ``num_kv_heads`` identical items.
     """
-    n_tiles = rows.shape[0]
-    if n_tiles == 0:
-        return 0
-    gr = int(kv_granule)
-    p = int(num_ctas)
-    h = int(num_kv_heads)
     n = kv_end - kv_start
-    min_blocks = -(-int(min_chunk) // gr)
-    nb = block_counts(kv_start, kv_end, gr)
-    if int(nb.max()) < 2 * min_blocks:
-        return 0  # nothing can be cut into two pieces of min_chunk
-    x0 = cost.item_cost(rows, n)
-    mean = h * float(x0.sum()) / p
-    e0 = rounds_makespan(x0, h, p)
-    if mean >= BALANCED_EFFICIENCY * e0:
+    costs = n * cost.beta
+    costs += rows * cost.alpha + cost.gamma
+    if costs.shape[0] == 0:
         return 0
-
-    best_e, best_c = e0 * (1.0 - MIN_GAIN), 0
-    tried = set()
-    max_extra = MAX_EXTRA_ITEMS_PER_CTA * p
-    for a in CANDIDATE_FRACTIONS:
-        blocks = max(min_blocks, -(-int(a * mean / cost.beta) // gr), 1)
-        if blocks in tried:
-            continue
-        tried.add(blocks)
-        k = chunk_counts(nb, blocks, min_blocks)
-        extra = h * int(k.sum() - n_tiles)
-        if extra == 0 or extra > max_extra:
-            continue
-        split = k > 1
-        x = cost.item_cost(rows, n / k, split)
-        e = rounds_makespan(x, h * k, p) + cost.split_fixed
-        if e < best_e:
-            best_e, best_c = e, blocks * gr
-    return best_c
+    stats = (float(np.add.reduce(costs)), float(np.maximum.reduce(costs)), float(np.minimum.reduce(costs)))
+    choice = _choose(rows, n, stats, num_kv_heads, num_ctas, kv_granule, cost, min_chunk)
+    return choice[0] * kv_granule if choice else 0
 
 
-def split_ranges(kv_start: np.ndarray, kv_end: np.ndarray, counts: np.ndarray, granule: int):
-    """Cut range ``t`` into ``counts[t]`` nearly equal pieces whose inner boundaries are multiples of ``granule``.
+def _choose(rows, n: np.ndarray, stats, h: int, p: int, gr: int, cost: CostModel, min_chunk: int):
+    """``(chunk_blocks, threshold)`` or ``None``: cut every tile with more than ``threshold`` KV tokens into pieces of
+    at most ``chunk_blocks`` granules. ``stats`` = (sum, max, min) of the unsplit tile costs (shared with plan_work).
 
-    Returns ``(tile, piece, start, end)``, one entry per piece, tiles in order and pieces in KV order. A range of
-    ``nb`` granule blocks cut in ``k`` gives each piece ``floor(nb/k)`` or ``ceil(nb/k)`` blocks (the first and last
-    block may be partial when the range is not aligned). ``counts[t] == 1`` keeps the range as it is (empty ones too).
+    All candidates are scored from one sort of the KV lengths: the tiles a candidate cuts are a suffix of the sorted
+    lengths, so their count and total length come from prefix sums, and a tile of ``nb`` blocks gives
+    ``ceil(nb / m) ~ nb / m + 1/2`` pieces. Only the chosen candidate is then cut exactly (``split_counts``).
     """
-    n_tiles = counts.shape[0]
-    ends = np.cumsum(counts)
-    n_pieces = int(ends[-1]) if n_tiles else 0
-    tile = np.repeat(np.arange(n_tiles, dtype=np.int64), counts)
-    piece = np.arange(n_pieces, dtype=np.int64) - np.repeat(ends - counts, counts)
-    s = kv_start[tile]
-    e = kv_end[tile]
-    k = counts[tile]
+    total0, x0max, x0min = stats
+    n_tiles = n.shape[0]
+    e0 = estimate_makespan(h * n_tiles, h * total0, x0max, x0min, p)
+    mean0 = h * total0 / p
+    if mean0 >= BALANCED_EFFICIENCY * e0:
+        return None
+    min_blocks = max(-(-int(min_chunk) // gr), 1)
+    ns = np.sort(n)
+    prefix = np.add.accumulate(ns)
+    n_sum = float(prefix[-1])
+    n_max = float(ns[-1])
+    # Capacity rule (provable): a tile of nb blocks cut at m adds k - 1 < nb / m items and nb < n / gr + 2, so
+    # m >= H * (sum(n) / gr + 2T) / (MAX_EXTRA_ITEMS_PER_CTA * P) keeps the added items under that many per CTA.
+    m_cap = math.ceil(h * (n_sum / gr + 2 * n_tiles) / (MAX_EXTRA_ITEMS_PER_CTA * p))
+    blocks = sorted({max(min_blocks, m_cap, math.ceil(f * mean0 / cost.beta / gr)) for f in CANDIDATE_FRACTIONS})
+    # A tile is cut when it has more than max(m, 2*min_blocks - 1) granules of KV (it then gives >= 2 pieces of
+    # >= min_blocks); in tokens, n > that * gr is sufficient, and split_counts uses the same test.
+    thresholds = [max(m, 2 * min_blocks - 1) * gr for m in blocks]
+    whole = ns.searchsorted(thresholds, side="right").tolist()  # tiles at or below each threshold stay whole
+    r_max = float(rows if np.ndim(rows) == 0 else np.maximum.reduce(rows))
+    fixed = cost.alpha * r_max + cost.gamma  # an item's cost apart from its KV (largest rows)
+    best_e, best = e0 * (1.0 - MIN_GAIN), None
+    for m, thr, i in zip(blocks, thresholds, whole, strict=True):
+        n_cut = n_tiles - i
+        if n_cut == 0:
+            continue
+        kv_whole, longest_whole = (float(prefix[i - 1]), float(ns[i - 1])) if i else (0.0, 0.0)
+        pieces = (n_sum - kv_whole) / (m * gr) + 0.5 * n_cut  # ceil(nb / m) ~ nb / m + 1/2
+        added = pieces - n_cut
+        x_max = max(cost.beta * min(m * gr, n_max) + fixed + cost.partial_row * r_max, cost.beta * longest_whole + fixed)
+        work = h * (total0 + added * fixed + pieces * cost.partial_row * r_max)
+        e = estimate_makespan(int(h * (n_tiles + added)), work, x_max, x0min, p) + cost.split_fixed
+        if e < best_e:
+            best_e, best = e, (m, thr)
+    return best
+
+
+def split_counts(n: np.ndarray, kv_start, kv_end: np.ndarray, chunk_blocks: int, threshold: int, granule: int,
+                 min_chunk: int):  # fmt: skip
+    """``(tiles, counts)``: the tiles with more than ``threshold`` KV tokens and how many pieces each is cut into:
+    ``ceil(blocks / chunk_blocks)``, but no piece under ``min_chunk`` tokens (in granules; always >= 2 here)."""
+    tiles = (n > threshold).nonzero()[0]
+    nb = kv_end.take(tiles)
+    nb += granule - 1
+    nb //= granule
+    nb -= (kv_start.take(tiles) if isinstance(kv_start, np.ndarray) else kv_start) // granule
+    k = nb + (chunk_blocks - 1)
+    k //= chunk_blocks
+    np.minimum(k, nb // max(-(-int(min_chunk) // granule), 1), out=k)
+    return tiles, k
+
+
+def fixed_counts(kv_start, kv_end: np.ndarray, chunk: int) -> np.ndarray:
+    """Pieces per range when cut at every multiple of ``chunk``: the chunk-aligned blocks it touches (at least 1)."""
+    k = kv_end + (chunk - 1)
+    k //= chunk
+    k -= kv_start // chunk
+    return np.maximum(k, 1, out=k)
+
+
+def split_ranges(kv_start, kv_end: np.ndarray, counts: np.ndarray, granule: int):
+    """Cut range ``i`` into ``counts[i]`` nearly equal pieces whose inner boundaries are multiples of ``granule``.
+
+    Returns ``(owner, piece, start, end)``, one entry per piece, owners in order and pieces in KV order. A range of
+    ``nb`` granule blocks cut in ``k`` gives each piece ``floor(nb/k)`` or ``ceil(nb/k)`` blocks (the first and last
+    block may be partial when the range is not aligned). ``counts[i] == 1`` keeps the range as it is (empty ones too).
+    """
+    n = counts.shape[0]
+    ends = np.add.accumulate(counts)
+    owner = np.arange(n).repeat(counts)
+    piece = np.arange(int(ends[-1]) if n else 0)
+    piece -= (ends - counts).take(owner)
+    e = kv_end.take(owner)
+    k = counts.take(owner)
+    nb = e + (granule - 1)
+    nb //= granule
+    s = kv_start.take(owner) if isinstance(kv_start, np.ndarray) else kv_start
     b0 = s // granule
-    nb = -(-e // granule) - b0
-    start = np.maximum(s, (b0 + piece * nb // k) * granule)
-    end = np.minimum(e, (b0 + (piece + 1) * nb // k) * granule)
-    return tile, piece, start, end
+    nb -= b0
+    lo = piece * nb
+    hi = lo + nb
+    lo //= k
+    hi //= k
+    lo += b0
+    hi += b0
+    lo *= granule
+    hi *= granule
+    start = np.maximum(lo, s, out=lo)
+    end = np.minimum(hi, e, out=hi)
+    return owner, piece, start, end

@@ -1,53 +1,65 @@
 """``plan_work``: sequence lengths in, a ``WorkPlan`` out (the arrays of docs/internals.md, "Work plans").
 
-Pipeline: query tiles and their KV ranges (``tiles``), the split decision and the chunks (``split_kv``), the chunks'
-costs (``cost``), CTA assignment (``assign``), then the per-item arrays in CTA-major order, the partial-state blocks
-of split items and the merge list.
+Pipeline: query tiles and their KV ranges (``tiles``), the split decision (``split_kv``), the chunks, their costs
+(``cost``), CTA assignment (``assign``), partial-state blocks and the merge list (``merge``).
 
-Partial-state layout: the split tiles are numbered in plan order; split tile ``t`` with ``k`` chunks and ``r`` packed
-rows owns ``H * k * r`` consecutive partial rows starting at ``base_t``; the block of KV head ``h``, chunk ``j`` starts
-at ``base_t + (h*k + j) * r`` (so the chunks of one head are adjacent). The merge list has one entry per packed row of
-every split (tile, head), in plan order (tile, head, row): its sources are that row of each chunk's block, in KV order
-(``base_t + (h*k + j) * r + x`` for ``j = 0..k-1``), and its destination the query token and head of the row.
+A ``WorkPlan`` keeps its items compactly: per *group* (one KV chunk of one query tile: ``H`` items, one per KV head)
+arrays plus the assignment. The per-item arrays of the contract (``item_req`` ...) are properties built on first use;
+``layout.pack`` writes them straight into the plan buffer (a broadcast per array in natural order), which is what
+keeps ``plan()`` in tens of microseconds on a small host CPU.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
 from .assign import assign_items
 from .cost import CostModel
-from .split_kv import DEFAULT_MIN_CHUNK, block_counts, chunk_counts, choose_chunk_size, split_ranges
-from .tiles import query_tiles
+from .merge import split_layout
+from .split_kv import DEFAULT_MIN_CHUNK, _choose, fixed_counts, split_counts, split_ranges
+from .tiles import at, query_tiles
 
-_I32 = np.int32
+_EMPTY = np.zeros(0, dtype=np.int64)
+_ZERO1 = np.zeros(1, dtype=np.int64)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class WorkPlan:
-    """A schedule of work items over ``num_ctas`` persistent CTAs. All arrays are int32 (see docs/internals.md)."""
+    """A schedule of work items over ``num_ctas`` persistent CTAs (integer NumPy arrays; the packed form is int32).
+
+    Items: CTA ``c`` runs ``work_indptr[c]:work_indptr[c+1]``; item ``i`` is group ``item_group[i]`` for KV head
+    ``item_head[i]``, or, when those are ``None``, group ``i % G`` for head ``i // G`` (natural order).
+    """
 
     num_ctas: int
+    num_kv_heads: int
     work_indptr: np.ndarray  # [num_ctas + 1]
-    item_req: np.ndarray  # [n_items]
-    item_qo_tile: np.ndarray
-    item_kv_head: np.ndarray
-    item_kv_start: np.ndarray
-    item_kv_end: np.ndarray
-    item_partial: np.ndarray  # -1: whole KV of the tile, write the output; >= 0: first row of the partial block
+    group_req: np.ndarray  # [G] request
+    group_tile: np.ndarray | int  # [G] query tile within the request (0 for decode)
+    group_kv_start: np.ndarray | int  # [G] KV range [start, end) (start 0 for all: an int)
+    group_kv_end: np.ndarray
+    group_partial: np.ndarray | None  # [G] partial row of head 0's block, -1 unsplit (None: nothing split)
+    group_partial_stride: np.ndarray | None  # [G] rows between consecutive heads' blocks (0 unsplit)
+    item_group: np.ndarray | None  # [n] (None: natural order)
+    item_head: np.ndarray | None
     merge_indptr: np.ndarray  # [n_merge + 1]
-    merge_src: np.ndarray  # [merge_indptr[-1]] partial rows, KV order within each output row
-    merge_dst_token: np.ndarray  # [n_merge] global query token (qo_indptr[b] + token)
+    merge_src: np.ndarray  # [n_merge_src] partial rows, KV order within an output row
+    merge_dst_token: np.ndarray  # [n_merge] global query token
     merge_dst_head: np.ndarray  # [n_merge] query head
     num_partial_rows: int
-    chunk_size: int  # KV chunk the tiles were split at (0: no split)
-    assign_mode: str  # "one-wave", "linear" or "sorted" (see assign.py)
+    chunk_size: int  # KV chunk the tiles were split at (0: none)
+    assign_mode: str  # see assign.py
+
+    @property
+    def n_groups(self) -> int:
+        return int(self.group_req.shape[0])
 
     @property
     def n_items(self) -> int:
-        return int(self.item_req.shape[0])
+        return self.n_groups * self.num_kv_heads
 
     @property
     def n_merge(self) -> int:
@@ -57,12 +69,57 @@ class WorkPlan:
     def n_merge_src(self) -> int:
         return int(self.merge_src.shape[0])
 
+    # --- per-item arrays of the contract (CTA-major), built on first use -------------------------------------------
+    def item_fields(self):
+        """``{name: (values, per_group)}`` for the six item arrays: ``per_group`` True means ``values`` has one
+        entry per group and the items (natural order) are its head-major broadcast; else one entry per item."""
+        return self._fields
 
-def _head_major(values: np.ndarray, h: int) -> np.ndarray:
-    """``values`` (one per group) repeated for each of ``h`` heads, head major, as int32."""
-    out = np.empty((h, values.shape[0]), dtype=_I32)
-    out[:] = values
-    return out.reshape(-1)
+    @functools.cached_property
+    def _fields(self):
+        h = self.num_kv_heads
+        split = self.group_partial is not None
+        if self.item_group is None:
+            heads = np.arange(h)[:, None]
+            part = (self.group_partial + heads * self.group_partial_stride) if split else None
+            return {
+                "item_req": (self.group_req, True),
+                "item_qo_tile": (self.group_tile, True),
+                "item_kv_head": (heads, True),
+                "item_kv_start": (self.group_kv_start, True),
+                "item_kv_end": (self.group_kv_end, True),
+                "item_partial": (part if split else -1, True),
+            }
+        idx, head = self.item_group, self.item_head
+        part = -1
+        if split:
+            part = self.group_partial.take(idx)
+            part += head * self.group_partial_stride.take(idx)
+        fields = {
+            "item_req": (self.group_req.take(idx), False),
+            "item_qo_tile": (at(self.group_tile, idx), False),
+            "item_kv_head": (head, False),
+            "item_kv_start": (at(self.group_kv_start, idx), False),
+            "item_kv_end": (self.group_kv_end.take(idx), False),
+            "item_partial": (part, False),
+        }
+        return fields
+
+    def _item(self, name: str) -> np.ndarray:
+        values, per_group = self._fields[name]
+        out = np.empty(self.n_items, dtype=np.int32)
+        if per_group:
+            out.reshape(self.num_kv_heads, self.n_groups)[:] = values
+        else:
+            out[:] = values
+        return out
+
+    item_req = property(lambda self: self._item("item_req"))
+    item_qo_tile = property(lambda self: self._item("item_qo_tile"))
+    item_kv_head = property(lambda self: self._item("item_kv_head"))
+    item_kv_start = property(lambda self: self._item("item_kv_start"))
+    item_kv_end = property(lambda self: self._item("item_kv_end"))
+    item_partial = property(lambda self: self._item("item_partial"))
 
 
 def plan_work(
@@ -88,18 +145,15 @@ def plan_work(
     tile or page size). ``fixed_split_size`` (a multiple of ``kv_granule``) cuts every KV range at multiples of itself;
     ``disable_split`` never splits. ``min_chunk`` is the smallest piece the automatic policy cuts (tokens).
     """
-    h = int(num_kv_heads)
-    g = int(group_size)
-    br = int(tile_rows)
-    p = int(num_ctas)
-    gr = int(kv_granule)
-    for name, v in (("num_kv_heads", h), ("group_size", g), ("tile_rows", br), ("num_ctas", p), ("kv_granule", gr)):
-        if v < 1:
-            raise ValueError(f"{name} must be >= 1, got {v}")
+    h, g, br, p, gr = int(num_kv_heads), int(group_size), int(tile_rows), int(num_ctas), int(kv_granule)
+    if min(h, g, br, p, gr) < 1:
+        names = ("num_kv_heads", "group_size", "tile_rows", "num_ctas", "kv_granule")
+        bad = [f"{nm}={v}" for nm, v in zip(names, (h, g, br, p, gr), strict=True) if v < 1]
+        raise ValueError(f"plan_work: {', '.join(bad)} must be >= 1")
     if fixed_split_size is not None:
         if disable_split:
             raise ValueError(
-                f"fixed_split_size={fixed_split_size} and disable_split=True contradict each other; pass one of them"
+                f"fixed_split_size={fixed_split_size} and disable_split=True contradict each other; pass only one"
             )
         fs = int(fixed_split_size)
         if fs < gr or fs % gr:
@@ -111,142 +165,84 @@ def plan_work(
 
     tiles = query_tiles(qo_lens, kv_lens, group_size=g, tile_rows=br, causal=causal, window_left=window_left)
     rows, start, end = tiles.rows, tiles.kv_start, tiles.kv_end
-    n_tiles = tiles.count
+    n = end - start if isinstance(start, np.ndarray) else end
+    costs = n * cost.beta  # one tile, one head, unsplit
+    costs += rows * cost.alpha + cost.gamma
+    stats = None
+    if tiles.count:
+        stats = (float(np.add.reduce(costs)), float(np.maximum.reduce(costs)), float(np.minimum.reduce(costs)))
 
-    # --- split decision and chunks -----------------------------------------------------------------------------
+    # --- split decision: which tiles are cut, into how many pieces -----------------------------------------------
+    counts = None  # pieces per tile (None: nothing is split)
+    chunk, piece_granule = 0, gr
     if fixed_split_size is not None:
-        chunk = int(fixed_split_size)
-        counts = np.maximum(block_counts(start, end, chunk), 1)
-        split_granule = chunk
-    elif disable_split:
-        chunk, counts, split_granule = 0, None, gr
-    else:
-        chunk = choose_chunk_size(
-            rows, start, end, num_kv_heads=h, num_ctas=p, kv_granule=gr, cost=cost, min_chunk=min_chunk
-        )
-        counts = None
-        if chunk:
-            counts = chunk_counts(block_counts(start, end, gr), chunk // gr, -(-min_chunk // gr))
-        split_granule = gr
-    if counts is not None and int(counts.max(initial=1)) == 1:
-        counts = None
-    if counts is None:
-        grp_tile = None  # groups are the tiles
-        g_start, g_end, g_rows = start, end, rows
-        g_req, g_index = tiles.req, tiles.index
-        costs = cost.item_cost(rows, end - start)
-    else:
-        grp_tile, piece, g_start, g_end = split_ranges(start, end, counts, split_granule)
-        g_rows = rows[grp_tile]
-        g_req, g_index = tiles.req[grp_tile], tiles.index[grp_tile]
-        costs = cost.item_cost(g_rows, g_end - g_start, counts[grp_tile] > 1)
+        chunk = piece_granule = int(fixed_split_size)
+        counts = fixed_counts(start, end, chunk)
+        split = (counts > 1).nonzero()[0]
+        if split.shape[0]:
+            ks = counts.take(split)
+        else:
+            counts = None
+    elif not disable_split and tiles.count:
+        choice = _choose(rows, n, stats, h, p, gr, cost, min_chunk)
+        if choice is not None:
+            chunk = choice[0] * gr
+            split, ks = split_counts(n, start, end, choice[0], choice[1], gr, min_chunk)
+            counts = np.ones(tiles.count, dtype=np.int64)
+            counts[split] = ks
 
-    # --- assignment ----------------------------------------------------------------------------------------------
-    asg = assign_items(costs, h, p)
-    n_groups = costs.shape[0]
-
-    # --- partial blocks ------------------------------------------------------------------------------------------
+    # --- groups (one KV piece of one tile, H items each) and their costs ----------------------------------------
     if counts is None:
+        chunk = 0
+        g_req, g_tile, g_start, g_end = tiles.req, tiles.index, start, end
         g_pbase = g_pstride = None
         num_partial = 0
+        merge = (_ZERO1, _EMPTY, _EMPTY, _EMPTY)
     else:
-        k_t = counts
-        split_t = k_t > 1
-        block_t = np.where(split_t, h * k_t * rows, 0)  # partial rows per split tile
-        base_t = np.cumsum(block_t) - block_t
-        num_partial = int(block_t.sum())
-        # item (group of tile t, piece j, head hh): base_t + (hh*k + j) * r  -> per group: pbase + hh * pstride
-        kg = k_t[grp_tile]
-        sg = split_t[grp_tile]
-        g_pbase = np.where(sg, base_t[grp_tile] + piece * g_rows, -1)
-        g_pstride = np.where(sg, kg * g_rows, 0)
+        owner, piece, g_start, g_end = split_ranges(start, end, counts, piece_granule)
+        g_req, g_tile = tiles.req.take(owner), at(tiles.index, owner)
+        g_rows = at(rows, owner)
+        k = counts.take(owner)
+        is_split = k > 1
+        costs = g_end - g_start
+        costs = costs * cost.beta
+        costs += g_rows * (cost.alpha + cost.partial_row * is_split) + cost.gamma
+        stats = None
+        # Partial blocks: split tile t owns H*k*r rows from base[t]; head hh, piece j at base + (hh*k + j)*r.
+        token_start = None
+        if not tiles.decode:
+            qo = np.asarray(qo_lens, dtype=np.int64)
+            token_start = np.add.accumulate(qo)
+            token_start -= qo
+        base_split, num_partial, merge = split_layout(
+            split, ks, at(rows, split), tiles.req.take(split), at(tiles.index, split), token_start,
+            num_heads=h, group_size=g, tile_rows=br,
+        )  # fmt: skip
+        base = np.empty(tiles.count, dtype=np.int64)
+        base[split] = base_split
+        g_pstride = np.where(is_split, k * g_rows, 0)
+        g_pbase = base.take(owner)
+        g_pbase += piece * g_rows
+        g_pbase[~is_split] = -1
 
-    # --- per-item arrays, CTA-major ----------------------------------------------------------------------------
-    if asg.group is None:  # natural head-major order: broadcasts
-        item_req = _head_major(g_req, h)
-        item_tile = _head_major(g_index, h)
-        item_s = _head_major(g_start, h)
-        item_e = _head_major(g_end, h)
-        item_head = np.repeat(np.arange(h, dtype=_I32), n_groups)
-        if g_pbase is None:
-            item_partial = np.full(n_groups * h, -1, dtype=_I32)
-        else:
-            item_partial = (g_pbase[None, :] + np.arange(h)[:, None] * g_pstride[None, :]).astype(_I32).reshape(-1)
-    else:
-        fields = 4 if g_pbase is None else 6
-        table = np.empty((n_groups, fields), dtype=_I32)
-        table[:, 0] = g_req
-        table[:, 1] = g_index
-        table[:, 2] = g_start
-        table[:, 3] = g_end
-        if g_pbase is not None:
-            table[:, 4] = g_pbase
-            table[:, 5] = g_pstride
-        per_item = table[asg.group]
-        item_req, item_tile, item_s, item_e = (np.ascontiguousarray(per_item[:, i]) for i in range(4))
-        item_head = asg.head.astype(_I32)
-        if g_pbase is None:
-            item_partial = np.full(per_item.shape[0], -1, dtype=_I32)
-        else:
-            item_partial = per_item[:, 4] + item_head * per_item[:, 5]
-
-    merge = _merge_list(tiles, counts, h, g, br, qo_lens) if counts is not None else None
-    if merge is None:
-        empty = np.zeros(0, dtype=_I32)
-        merge = (np.zeros(1, dtype=_I32), empty, empty, empty)
+    asg = assign_items(costs, h, p, stats)
     return WorkPlan(
         num_ctas=p,
-        work_indptr=asg.work_indptr.astype(_I32),
-        item_req=item_req,
-        item_qo_tile=item_tile,
-        item_kv_head=item_head,
-        item_kv_start=item_s,
-        item_kv_end=item_e,
-        item_partial=item_partial,
+        num_kv_heads=h,
+        work_indptr=asg.work_indptr,
+        group_req=g_req,
+        group_tile=g_tile,
+        group_kv_start=g_start,
+        group_kv_end=g_end,
+        group_partial=g_pbase,
+        group_partial_stride=g_pstride,
+        item_group=asg.group,
+        item_head=asg.head,
         merge_indptr=merge[0],
         merge_src=merge[1],
         merge_dst_token=merge[2],
         merge_dst_head=merge[3],
         num_partial_rows=num_partial,
-        chunk_size=chunk if counts is not None else 0,
+        chunk_size=chunk,
         assign_mode=asg.mode,
-    )
-
-
-def _merge_list(tiles, counts: np.ndarray, h: int, g: int, br: int, qo_lens):
-    """Merge entries for every packed row of every split (tile, head), in (tile, head, row) order."""
-    split = np.flatnonzero(counts > 1)
-    k = counts[split]
-    r = tiles.rows[split]
-    # Per split tile: H*r merge rows; its partial base is the running sum of H*k*r.
-    block = h * k * r
-    base = np.cumsum(block) - block
-    m_per = h * r
-    m_ends = np.cumsum(m_per)
-    n_merge = int(m_ends[-1])
-    st = np.repeat(np.arange(split.shape[0]), m_per)  # split-tile index of each merge row
-    local = np.arange(n_merge) - (m_ends - m_per)[st]  # hh * r + x
-    kk, rr = k[st], r[st]
-    hh, x = np.divmod(local, rr)
-    first_src = base[st] + hh * kk * rr + x  # source of chunk 0; chunk j adds j * r
-    indptr = np.zeros(n_merge + 1, dtype=np.int64)
-    np.cumsum(kk, out=indptr[1:])
-    n_src = int(indptr[-1])
-    j = np.arange(n_src) - np.repeat(indptr[:-1], kk)
-    src = np.repeat(first_src, kk) + j * np.repeat(rr, kk)
-    # Destination: packed row t*Br + x of request b is token (t*Br + x) // g, head-in-group (t*Br + x) % g.
-    tile_idx = split[st]
-    req = tiles.req[tile_idx]
-    tok, hig = np.divmod(tiles.index[tile_idx] * br + x, g)
-    if qo_lens is None:
-        tok0 = req
-    else:
-        qo = np.asarray(qo_lens, dtype=np.int64)
-        starts = np.cumsum(qo) - qo
-        tok0 = starts[req]
-    return (
-        indptr.astype(_I32),
-        src.astype(_I32),
-        (tok0 + tok).astype(_I32),
-        (hh * g + hig).astype(_I32),
     )

@@ -30,6 +30,9 @@
 // is free until the next iteration's barrier: 4 bytes x rows x D per slice is exactly the stage's K+V bytes when the
 // slices are 16 rows (tensor cores) or when g <= tokens per slice (CUDA cores).
 //
+// kMinBlocks (__launch_bounds__) caps the registers so that the CTAs the shared memory allows per SM (the policy's
+// count, which sizes the persistent grid) are also allowed by the register file.
+//
 // Compile-time options: sm_scale and the logits soft cap (values in DecodeParams, soft cap on/off as kSoftCap), the
 // sliding window (kWindow: the item's start is clamped to kv_len-1-window_left), positional encoding (kPos: none,
 // rope_llama applied in the kernel to q at kv_len-1 and to each K tile in shared memory, alibi), writing lse (kLse).
@@ -100,12 +103,16 @@ __device__ __forceinline__ void load_items(const DecodeParams& p, ItemInfo* item
   }
 }
 
+// The token one thread resolves for a tile being produced: its page index is loaded by produce() and its offsets are
+// stored by finish(), later, so the load's latency overlaps other work.
+struct PendingToken {
+  int page, slot_in_page, head;
+  bool valid;
+};
+
 template <int T, int kThreads, bool kWindow> struct TileProducer {
   int item, item_end, chunk_base, pos;
   bool fresh;
-  // The token this thread resolves for the tile being produced; its offsets are stored by finish().
-  int page, slot_in_page, head;
-  bool valid;
 
   __device__ __forceinline__ void init(int begin, int end) {
     item = begin;
@@ -113,15 +120,15 @@ template <int T, int kThreads, bool kWindow> struct TileProducer {
     chunk_base = begin;
     pos = 0;
     fresh = true;
-    valid = false;
   }
 
   // Describe the next tile of the stream in `slot`. All threads call it with identical state (block-uniform).
-  __device__ __forceinline__ void produce(const DecodeParams& p, ItemInfo* items, TileSlot<T>* slot) {
-    valid = false;
+  __device__ __forceinline__ PendingToken produce(const DecodeParams& p, ItemInfo* items, TileSlot<T>* slot) {
+    PendingToken tok_out;
+    tok_out.valid = false;
     if (item >= item_end) {
       if (threadIdx.x == 0) slot->flags = kNull;
-      return;
+      return tok_out;
     }
     if (item - chunk_base >= kItemChunk) {
       __syncthreads();  // every thread is done reading the old chunk
@@ -146,10 +153,10 @@ template <int T, int kThreads, bool kWindow> struct TileProducer {
     if (static_cast<int>(threadIdx.x) < n_valid) {
       const int tok = pos + threadIdx.x;
       const int pi = tok / p.page_size;
-      slot_in_page = tok - pi * p.page_size;
-      page = reinterpret_cast<const int*>(p.page_indices)[x.page_begin + pi];
-      head = x.kv_head;
-      valid = true;
+      tok_out.slot_in_page = tok - pi * p.page_size;
+      tok_out.page = reinterpret_cast<const int*>(p.page_indices)[x.page_begin + pi];
+      tok_out.head = x.kv_head;
+      tok_out.valid = true;
     }
     if (last) {
       ++item;
@@ -158,15 +165,16 @@ template <int T, int kThreads, bool kWindow> struct TileProducer {
       pos += T;
       fresh = false;
     }
+    return tok_out;
   }
 
-  // Store the offsets resolved by the last produce() (deferred so the page-index load overlaps the math).
-  __device__ __forceinline__ void finish(const DecodeParams& p, TileSlot<T>* slot) const {
-    if (valid) {
-      slot->k_off[threadIdx.x] = i64(page) * p.k_stride_page + i64(slot_in_page) * p.k_stride_slot +
-                                 i64(head) * p.k_stride_head;
-      slot->v_off[threadIdx.x] = i64(page) * p.v_stride_page + i64(slot_in_page) * p.v_stride_slot +
-                                 i64(head) * p.v_stride_head;
+  // Store the offsets of a token resolved by produce().
+  static __device__ __forceinline__ void finish(const DecodeParams& p, TileSlot<T>* slot, const PendingToken& t) {
+    if (t.valid) {
+      slot->k_off[threadIdx.x] = i64(t.page) * p.k_stride_page + i64(t.slot_in_page) * p.k_stride_slot +
+                                 i64(t.head) * p.k_stride_head;
+      slot->v_off[threadIdx.x] = i64(t.page) * p.v_stride_page + i64(t.slot_in_page) * p.v_stride_slot +
+                                 i64(t.head) * p.v_stride_head;
     }
   }
 };
@@ -189,6 +197,7 @@ template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow> st
 
   unsigned char* smem;
   TileProducer<T, kThreads, kWindow> prod;
+  PendingToken pending;  // the token of tile n+S resolved by advance(n), stored by finish(n)
 
   __device__ __forceinline__ KV* k_stage(int n) const {
     return reinterpret_cast<KV*>(smem + (n % kStages) * kStageBytes);
@@ -212,7 +221,7 @@ template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow> st
 #pragma unroll
     for (int r0 = 0; r0 < T; r0 += kRowsPerPass) {
       const int r = r0 + threadIdx.x / kChunks;
-      if (kRowsPerPass <= T || r < T) {
+      if (T % kRowsPerPass == 0 || r < T) {  // a block whose rows per pass do not divide T guards the last pass
         const bool ok = r < n_valid;
         const i64 ko = ok ? s->k_off[r] : 0;
         const i64 vo = ok ? s->v_off[r] : 0;
@@ -230,11 +239,12 @@ template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow> st
     prod.init(work_indptr[blockIdx.x], work_indptr[blockIdx.x + 1]);
     load_items<kThreads, kWindow>(p, items(), prod.chunk_base, prod.item_end);
     __syncthreads();
+    // All S page-index loads are issued before any is used: one memory round trip, not S, before the first copy.
+    PendingToken first[kStages];
 #pragma unroll
-    for (int m = 0; m < kStages; ++m) {
-      prod.produce(p, items(), slot(m));
-      prod.finish(p, slot(m));
-    }
+    for (int m = 0; m < kStages; ++m) first[m] = prod.produce(p, items(), slot(m));
+#pragma unroll
+    for (int m = 0; m < kStages; ++m) prod.finish(p, slot(m), first[m]);
     __syncthreads();
 #pragma unroll
     for (int m = 0; m < kStages - 1; ++m) {
@@ -254,11 +264,13 @@ template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow> st
   __device__ __forceinline__ void advance(const DecodeParams& p, int n) {
     issue(p, n + kStages - 1);
     cp_async_commit();
-    prod.produce(p, items(), slot(n + kStages));
+    pending = prod.produce(p, items(), slot(n + kStages));
   }
 
   // After the math of iteration n: store the offsets resolved by advance(n).
-  __device__ __forceinline__ void finish(const DecodeParams& p, int n) const { prod.finish(p, slot(n + kStages)); }
+  __device__ __forceinline__ void finish(const DecodeParams& p, int n) const {
+    prod.finish(p, slot(n + kStages), pending);
+  }
 };
 
 // ---- shared pieces of the math -------------------------------------------------------------------------------------
@@ -391,9 +403,9 @@ struct SliceMerge {
 // ==================================================================================================================
 // CUDA-core kernel. kThreads = (D/8) x G x BDZ; each of the BDZ token slices holds TZ = T / BDZ tokens of a tile.
 // ==================================================================================================================
-template <typename Q, typename KV, typename O, int D, int G, int T, int kStages, int kThreads, int kPos, bool kSoftCap,
-          bool kWindow, bool kLse>
-__global__ void __launch_bounds__(kThreads) batch_decode_cuda_core(const __grid_constant__ DecodeParams p) {
+template <typename Q, typename KV, typename O, int D, int G, int T, int kStages, int kThreads, int kMinBlocks, int kPos,
+          bool kSoftCap, bool kWindow, bool kLse>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) batch_decode_cuda_core(const __grid_constant__ DecodeParams p) {
   static_assert(sizeof(KV) == 2 && sizeof(Q) == 2, "16-bit q and KV");
   constexpr int BDX = D / 8;
   constexpr int BDZ = kThreads / (BDX * G);
@@ -460,8 +472,9 @@ __global__ void __launch_bounds__(kThreads) batch_decode_cuda_core(const __grid_
     }
 
     // q·k for this slice's tokens, reduced over the BDX lanes of the head; online softmax kSub tokens at a time
-    // (a slice of a large group holds up to 64 tokens, too many logits to keep in registers at once).
-#pragma unroll
+    // (a slice of a large group holds up to 64 tokens, too many logits to keep in registers at once; the sub-chunk
+    // loop stays rolled so the compiler does not hoist all of its shared-memory loads).
+#pragma unroll 1
     for (int j0 = 0; j0 < TZ; j0 += kSub) {
       float s[kSub];
 #pragma unroll
@@ -544,9 +557,9 @@ __global__ void __launch_bounds__(kThreads) batch_decode_cuda_core(const __grid_
 // dims (each warp computes the whole 16x16 S of its tokens and P·V for D / kWarpsD dims). Rows of the query tile are
 // packed rows qo_tile*16 + r = the query heads of the KV head (rows >= G are zero and never written).
 // ==================================================================================================================
-template <typename Q, typename KV, typename O, int D, int G, int kWarpsKV, int kWarpsD, int kStages, int kPos,
-          bool kSoftCap, bool kWindow, bool kLse>
-__global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD) batch_decode_tensor_core(
+template <typename Q, typename KV, typename O, int D, int G, int kWarpsKV, int kWarpsD, int kStages, int kMinBlocks,
+          int kPos, bool kSoftCap, bool kWindow, bool kLse>
+__global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks) batch_decode_tensor_core(
     const __grid_constant__ DecodeParams p) {
   static_assert(is_same<Q, KV>::value, "tensor cores take q and KV of one 16-bit type");
   static_assert(sizeof(KV) == 2, "16-bit KV");

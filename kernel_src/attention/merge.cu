@@ -61,7 +61,8 @@ template <int kTpr> __device__ __forceinline__ float group_sum(float v) {
 // `count` is this row's number of states, `count_warp` the warp-wide maximum (loops must be warp-uniform because
 // every lane takes part in the shuffles); `valid` is false for a group past the last row.
 // Src: i64 fetch(int s, float& lse) -> an address handle of state s (only called for s < count);
-//      void load(i64 handle, int slice, float (&x)[kVec]).
+//      Raw (a slice in its storage type), void load(i64 handle, int slice, Raw&),
+//      static void accumulate(const Raw&, float w, float (&acc)[kVec]) (acc += w * slice).
 template <typename Tl, int kUnroll, typename Src>
 __device__ __forceinline__ void merge_row(const Src& src, int count, int count_warp, bool valid, int lane_g,
                                           float (&acc)[Tl::kSlices][Tl::kVec], float& m, float& d) {
@@ -90,7 +91,7 @@ __device__ __forceinline__ void merge_row(const Src& src, int count, int count_w
     for (int u0 = 0; u0 < n; u0 += kUnroll) {
       float wu[kUnroll];
       i64 hu[kUnroll];
-      float x[kUnroll][kSlices][kVec];
+      typename Src::Raw raw[kUnroll][kSlices];  // loads land in their storage type: 4 registers per 16-byte slice
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         wu[u] = __shfl_sync(kFullMask, w, u0 + u < n ? u0 + u : 0, kTpr);
@@ -100,20 +101,13 @@ __device__ __forceinline__ void merge_row(const Src& src, int count, int count_w
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
-        for (int c = 0; c < kSlices; ++c) {
-          if (wu[u] > 0.f) {
-            src.load(hu[u], c, x[u][c]);
-          } else {
-#pragma unroll
-            for (int i = 0; i < kVec; ++i) x[u][c][i] = 0.f;
-          }
-        }
+        for (int c = 0; c < kSlices; ++c)
+          if (wu[u] > 0.f) src.load(hu[u], c, raw[u][c]);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
         for (int c = 0; c < kSlices; ++c)
-#pragma unroll
-          for (int i = 0; i < kVec; ++i) acc[c][i] += wu[u] * x[u][c][i];
+          if (wu[u] > 0.f) Src::accumulate(raw[u][c], wu[u], acc[c]);
     }
   }
 }
@@ -185,14 +179,17 @@ template <typename T, int kVec> struct StridedStates {
     lse = lse_row[s * lse_state_stride];
     return s * o_state_stride;
   }
-  __device__ __forceinline__ void load(i64 h, int c, float (&x)[kVec]) const {
-    SliceIO<T>::load(o_row + h + c * slice_stride, x);
+  using Raw = Vec<T, kVec>;
+  __device__ __forceinline__ void load(i64 h, int c, Raw& x) const { x.load_stream(o_row + h + c * slice_stride); }
+  __device__ __forceinline__ static void accumulate(const Raw& x, float w, float (&acc)[kVec]) {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) acc[i] += w * to_float(x[i]);
   }
 };
 
 // S states per row: o[L, S, H, D], lse[L, S, H] -> o[L, H, D], lse[L, H].
-template <typename T, int D, int kThreads, int kUnroll>
-__global__ void __launch_bounds__(kThreads) merge_states(const __grid_constant__ MergeStatesParams p) {
+template <typename T, int D, int kThreads, int kUnroll, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) merge_states(const __grid_constant__ MergeStatesParams p) {
   using Tl = RowTiling<T, D, kThreads>;
   const i64 rows = (i64)p.num_rows * p.num_heads;
   CUINFER_FOR_EACH_ROW(Tl, rows, r, valid, lane_g) {
@@ -233,8 +230,13 @@ template <int D, int kVec> struct PartialRows {
     lse = part_lse[row];
     return (i64)row * D;
   }
-  __device__ __forceinline__ void load(i64 h, int c, float (&x)[kVec]) const {
-    load_floats(part_o + h + c * slice_stride, x);
+  struct Raw {
+    float v[kVec];
+  };
+  __device__ __forceinline__ void load(i64 h, int c, Raw& x) const { load_floats(part_o + h + c * slice_stride, x.v); }
+  __device__ __forceinline__ static void accumulate(const Raw& x, float w, float (&acc)[kVec]) {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) acc[i] += w * x.v[i];
   }
 };
 

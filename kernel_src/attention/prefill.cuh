@@ -215,43 +215,59 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
     // ---- KV tile copies ----
     // (Addresses are rebuilt from a few ints at every copy instead of keeping 64-bit pointers live across the loop.)
     // K rows of tile `t` into buffer `stage`; paged: remember each row's offset for the matching V copy.
+    // Paged: the page-table entries of a thread's rows of tile `key0` (one read each; 0 past kv_end). The loop reads
+    // them one tile early, during P.V, so that the K copy at the top of the next iteration does not wait on them.
+    constexpr int KR = C::kKVRowsPerThread;
+    auto read_pages = [&](int key0, int kv_base, int (&pages)[KR]) {
+      const int rem = kv_end - key0 - cp_row;
+#pragma unroll
+      for (int i = 0; i < KR; ++i) {
+        const int key = key0 + cp_row + i * C::kRowsPerPass;
+        const u32 pg = prefill::fast_div(static_cast<u32>(key), p.page_mul, p.page_shift);
+        pages[i] = i * C::kRowsPerPass < rem ? prefill::ldg_i32(static_cast<const int*>(p.kv_indices) + kv_base + pg) : 0;
+      }
+    };
+    int pages[KR];
     auto load_k = [&](int key0, int stage, int kv_base, int kvh) {
+      const int rem = kv_end - key0 - cp_row;  // row i of this thread is valid iff i * kRowsPerPass < rem
+      // Ragged: one 64-bit address per tile, rows kRowsPerPass apart are a constant stride further.
+      const T* row0 = k_ptr + (static_cast<i64>(kv_base + key0 + cp_row) * p.k_stride_n +
+                               static_cast<i64>(kvh) * p.k_stride_h + cp_chunk * 8);
 #pragma unroll
       for (int i = 0; i < C::kKVRowsPerThread; ++i) {
-        const int r = cp_row + i * C::kRowsPerPass;
-        const int key = key0 + r;
-        const bool valid = key < kv_end;
-        i64 off = 0;
+        const bool valid = i * C::kRowsPerPass < rem;
+        const T* src;
         if constexpr (C::kPaged) {
+          i64 off = 0;
           if (valid) {
-            const u32 pg = prefill::fast_div(static_cast<u32>(key), p.page_mul, p.page_shift);
-            const int page = prefill::ldg_i32(static_cast<const int*>(p.kv_indices) + kv_base + pg);
-            off = static_cast<i64>(page) * p.k_stride_page + static_cast<i64>(key - static_cast<int>(pg) * p.page_size) *
-                  p.k_stride_n + static_cast<i64>(kvh) * p.k_stride_h;
+            const int key = key0 + cp_row + i * C::kRowsPerPass;
+            const int pg = static_cast<int>(prefill::fast_div(static_cast<u32>(key), p.page_mul, p.page_shift));
+            off = static_cast<i64>(pages[i]) * p.k_stride_page + static_cast<i64>(key - pg * p.page_size) * p.k_stride_n +
+                  static_cast<i64>(kvh) * p.k_stride_h;
           }
           page_off[i * NT + tid] = off;
+          src = k_ptr + off + cp_chunk * 8;
         } else {
-          off = valid ? static_cast<i64>(kv_base + key) * p.k_stride_n + static_cast<i64>(kvh) * p.k_stride_h : 0;
+          src = valid ? row0 + static_cast<i64>(i * C::kRowsPerPass) * p.k_stride_n : k_ptr;
         }
-        const T* src = k_ptr + off + cp_chunk * 8;
         const u32 dst = k_smem + stage * C::kKBytes + cp_qk_dst + i * kPassQK;
 #pragma unroll
         for (int c = 0; c < C::kChunksQK / 8; ++c) prefill::cp_async_16(dst + c * 128, src + c * 64, valid);
       }
     };
     auto load_v = [&](int key0, int stage, int kv_base, int kvh) {
+      const int rem = kv_end - key0 - cp_row;
+      const T* row0 = v_ptr + (static_cast<i64>(kv_base + key0 + cp_row) * p.v_stride_n +
+                               static_cast<i64>(kvh) * p.v_stride_h + cp_chunk * 8);
 #pragma unroll
       for (int i = 0; i < C::kKVRowsPerThread; ++i) {
-        const int r = cp_row + i * C::kRowsPerPass;
-        const int key = key0 + r;
-        const bool valid = key < kv_end;
-        i64 off;
+        const bool valid = i * C::kRowsPerPass < rem;
+        const T* src;
         if constexpr (C::kPaged) {
-          off = page_off[i * NT + tid];
+          src = v_ptr + page_off[i * NT + tid] + cp_chunk * 8;
         } else {
-          off = valid ? static_cast<i64>(kv_base + key) * p.v_stride_n + static_cast<i64>(kvh) * p.v_stride_h : 0;
+          src = valid ? row0 + static_cast<i64>(i * C::kRowsPerPass) * p.v_stride_n : v_ptr;
         }
-        const T* src = v_ptr + off + cp_chunk * 8;
         const u32 dst = v_smem + stage * C::kVBytes + cp_vo_dst + i * kPassVO;
 #pragma unroll
         for (int c = 0; c < C::kChunksVO / 8; ++c) prefill::cp_async_16(dst + c * 128, src + c * 64, valid);
@@ -261,7 +277,10 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
     // Prologue: tiles 0 .. STAGES-2 (Q rides in the first group).
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-      if (kv_start + s * TILE_KV < kv_end) load_k(kv_start + s * TILE_KV, s, kv_base, kvh);
+      if (kv_start + s * TILE_KV < kv_end) {
+        if constexpr (C::kPaged) read_pages(kv_start + s * TILE_KV, kv_base, pages);
+        load_k(kv_start + s * TILE_KV, s, kv_base, kvh);
+      }
       prefill::cp_async_commit();
       if (kv_start + s * TILE_KV < kv_end) load_v(kv_start + s * TILE_KV, s, kv_base, kvh);
       prefill::cp_async_commit();
@@ -303,6 +322,10 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
     }
     // x = q.k (scaled at the exp) in the plain case; with ALiBi / soft cap x is the final natural logit.
     const float x_scale = (C::kSoftCap || C::kAlibi) ? kLog2e : p.sm_scale_log2;
+
+    if constexpr (C::kPaged) {
+      if (kv_start + (STAGES - 1) * TILE_KV < kv_end) read_pages(kv_start + (STAGES - 1) * TILE_KV, kv_base, pages);
+    }
 
     // Loop over KV tiles by first key (key0) and buffer (stage); the tile STAGES-1 ahead starts at `ahead`.
     int stage = 0;
@@ -405,6 +428,10 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         }
 
         // ---- online softmax (base 2) ----
+        // Rows whose running max did not move keep alpha = 1; when no row of the warp moved (most tiles once the
+        // max has settled) the O rescale (d/2 multiplies per row block) is skipped altogether.
+        float alpha[MMA_Q][2];
+        bool moved = false;
 #pragma unroll
         for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
@@ -415,9 +442,11 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
             mx = mma::quad_max(mx);
             // A row with no key yet keeps m = -inf; use 0 as the exponent base so exp2 never sees -inf - -inf.
             const float base = mx == neg_inf() ? 0.f : mx * x_scale;
-            const float alpha = prefill::ex2(row_max[mq][h] * x_scale - base);
+            const bool row_moved = mx != row_max[mq][h];
+            moved |= row_moved;
+            alpha[mq][h] = row_moved ? prefill::ex2(row_max[mq][h] * x_scale - base) : 1.f;
             row_max[mq][h] = mx;
-            float sum = row_sum[mq][h] * alpha;
+            float sum = row_sum[mq][h] * alpha[mq][h];
 #pragma unroll
             for (int j = 0; j < 2 * MMA_KV; ++j) {
 #pragma unroll
@@ -428,10 +457,15 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
               }
             }
             row_sum[mq][h] = sum;
+          }
+        }
+        if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+          for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
             for (int j = 0; j < DVO / 8; ++j) {
-              o[mq][j][2 * h] *= alpha;
-              o[mq][j][2 * h + 1] *= alpha;
+#pragma unroll
+              for (int e = 0; e < 4; ++e) o[mq][j][e] *= alpha[mq][e / 2];
             }
           }
         }
@@ -448,6 +482,9 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         const int st = stage == 0 ? STAGES - 1 : stage - 1;
         if (ahead < kv_end) load_v(ahead, st, info[0], info[1]);
         prefill::cp_async_commit();
+        if constexpr (C::kPaged) {
+          if (ahead + TILE_KV < kv_end) read_pages(ahead + TILE_KV, info[0], pages);
+        }
       }
       if (!skip) {
         // ---- O += P V ----

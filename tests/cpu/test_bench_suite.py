@@ -250,3 +250,47 @@ def test_checkpoint_after_every_record(fakes):
     ctx2.checkpoint = full_disk
     decode.run(ctx2, [replace(DECODE_CASES[0], shape=SMALL)])  # keeps measuring
     assert len(ctx2.measurements) == 5 and any("saving partial results failed" in line for line in logged)
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """The CLI's device-facing calls faked: timer, roofline, environment."""
+    import bench.timing as timing
+
+    env = {"gpu": "fake", "sms": 1, "torch": "t", "cuda": "c", "cuinfer": "x", "flashinfer": "y"}
+    monkeypatch.setattr(timing, "CudaTimer", FakeTimer)
+    monkeypatch.setattr(timing, "measure_roofline", lambda timer, quick: Roofline(4000.0, 700.0, 1 << 30, 4096))
+    monkeypatch.setattr(peers, "environment", lambda with_peers: env)
+
+
+def test_cli_run_end_to_end(fakes, fake_gpu, tmp_path, capsys):
+    """`python -m bench decode --cases D1,D8 --quick` with the GPU faked: progress, tables, JSON, PNG."""
+    import json
+
+    import bench.__main__ as cli
+
+    rc = cli.main(["decode", "--cases", "D1,D8", "--quick", "--out", str(tmp_path), "--no-plot"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "roofline: copy 4000 GB/s" in out and "[decode] D8" in out and "vs best peer" in out
+    assert (
+        "cuinfer rows: 2 pass, 2 miss, 2 error" in out
+    )  # D1 ≤ 25 µs passes at 10 µs, D8 misses 3.9 TB/s and "(--quick: smoke run, not a result)" in out
+    latest = json.loads((tmp_path / "decode-latest.json").read_text())
+    assert latest["complete"] is True and latest["quick"] is True and latest["args"]["iters"] == 5
+    assert latest["roofline"]["copy_gbps"] == 4000.0
+    assert len(list(tmp_path.glob("decode-*.json"))) == 2
+    assert {m["case"] for m in latest["measurements"]} == {"D1", "D8"}
+
+
+def test_cli_harness_error_keeps_partial_results(fakes, fake_gpu, monkeypatch, tmp_path, capsys):
+    import json
+
+    import bench.__main__ as cli
+
+    monkeypatch.setattr(decode, "check_outputs", lambda *a: 1 / 0)  # a bug in the harness after the first case
+    rc = cli.main(["decode", "--cases", "D1,D2", "--quick", "--out", str(tmp_path), "--no-plot"])
+    assert rc == 1
+    assert "ZeroDivisionError" in capsys.readouterr().err
+    latest = json.loads((tmp_path / "decode-latest.json").read_text())
+    assert latest["complete"] is False and {m["case"] for m in latest["measurements"]} == {"D1"}

@@ -1,0 +1,685 @@
+"""Batch decode on a paged KV cache (``BatchDecode``) and single-request decode (``single_decode``).
+
+``plan()`` runs on the host once per generation step, from the page table alone: it picks the kernel and its tiles
+(``decode_policy``), sizes the persistent grid from the kernel's occupancy, balances the work items over it
+(``cuinfer.planner``) and packs plan + page table into one pinned int32 buffer. ``run()`` only validates and
+enqueues, on the caller's current stream: the async copy of that buffer (once per plan and stream; every time in
+CUDA-graph mode, so a captured graph replays whatever the latest ``plan()`` wrote), the decode kernel, and the merge
+of split-KV partial states when the plan split anything. ``run()`` never synchronises.
+
+NumPy inputs to ``run()`` / ``single_decode`` run the float64 CPU reference and return NumPy arrays in the output
+dtypes the GPU would produce (o in ``o_dtype``, lse float32).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from cuinfer import reference
+from cuinfer.calls import Call, begin, is_host
+from cuinfer.decode_io import KV, Buffers, check_aligned, paged_kv, partial_rows_capacity
+from cuinfer.decode_policy import DecodeConfig, ctas_per_sm, decode_config
+from cuinfer.decode_specs import POS_ENCODINGS, DecodeKernelKey, DecodeParams, all_specs, decode_spec
+from cuinfer.interop import validate
+from cuinfer.interop.arrays import Tensor, as_tensor
+from cuinfer.interop.dtypes import DType, as_dtype
+from cuinfer.jit import get_kernel, register
+from cuinfer.planner import layout as plan_layout
+from cuinfer.planner.work import WorkPlan, plan_work
+
+register("decode", all_specs)
+
+DEFAULT_WORKSPACE_BYTES = 128 << 20
+_HALF_TYPES = (DType.FLOAT16, DType.BFLOAT16)
+_LAYOUTS = ("NHD", "HND")
+# Host-side occupancy estimate when no GPU is present (H200: 228 KB of shared memory and 132 SMs).
+_DEFAULT_SMEM_PER_SM = 233472
+_DEFAULT_SMS = 132
+_LOG2E = 1.0 / math.log(2.0)
+
+
+def _align4(x: int) -> int:
+    return (x + 3) & ~3
+
+
+def _layout_name(kv_layout: Any) -> str:
+    name = getattr(kv_layout, "value", kv_layout)
+    if isinstance(name, str) and name.upper() in _LAYOUTS:
+        return name.upper()
+    raise ValueError(f"kv_layout must be 'NHD' or 'HND' but is {kv_layout!r}")
+
+
+def _half_dtype(name: str, x: Any) -> DType:
+    dt = as_dtype(x)
+    if dt.is_float8:
+        raise NotImplementedError(
+            f"{name}={dt.value}: fp8 KV caches are not implemented in the decode kernels yet; use float16 or bfloat16"
+        )
+    if dt not in _HALF_TYPES:
+        raise ValueError(f"{name} must be float16 or bfloat16 but is {dt.value}")
+    return dt
+
+
+# ---- the facts of one plan --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Options:
+    sm_scale: float
+    logits_soft_cap: float
+    window_left: int
+    pos_encoding: str
+    rope_scale: float
+    rope_theta: float
+
+
+@dataclass
+class _Plan:
+    batch: int
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    q_dtype: DType
+    kv_dtype: DType
+    o_dtype: DType
+    options: _Options
+    config: DecodeConfig
+    kv_indptr: np.ndarray
+    kv_indices: np.ndarray
+    kv_last_page_len: np.ndarray
+    kv_lens: np.ndarray
+    max_page: int  # largest page index the plan reads, -1 when it reads none
+    work: WorkPlan | None = None
+    # GPU side (None for a host-only plan)
+    words: np.ndarray | None = None  # the pinned buffer this plan was packed into
+    words_used: int = 0
+    offsets: dict | None = None  # word offsets of the plan arrays and of the page table
+    device_id: int | None = None
+    uploaded_on: int | None = None  # stream the current device copy was made on
+
+    def key(self, lse: bool) -> DecodeKernelKey:
+        o = self.options
+        return DecodeKernelKey(
+            self.config,
+            self.q_dtype.value,
+            self.kv_dtype.value,
+            self.o_dtype.value,
+            pos_encoding=o.pos_encoding,
+            soft_cap=o.logits_soft_cap > 0,
+            window=o.window_left >= 0,
+            lse=lse,
+        )
+
+
+def _check_options(
+    sm_scale, logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant, head_dim
+) -> _Options:
+    if variant is not None:
+        raise NotImplementedError(
+            f"variant={variant!r}: user-defined attention variants are not implemented for decode yet; use the "
+            "built-in options (sm_scale, logits_soft_cap, window_left, pos_encoding)"
+        )
+    pos = getattr(pos_encoding, "value", pos_encoding)
+    pos = pos.lower() if isinstance(pos, str) else pos
+    if pos not in POS_ENCODINGS:
+        raise ValueError(f"pos_encoding must be one of {', '.join(POS_ENCODINGS)} but is {pos_encoding!r}")
+    cap = float(logits_soft_cap or 0.0)
+    if not cap >= 0 or not math.isfinite(cap):
+        raise ValueError(f"logits_soft_cap must be >= 0 (0 disables it) but is {logits_soft_cap}")
+    if int(window_left) != window_left or window_left < -1:
+        raise ValueError(f"window_left must be an integer >= -1 (-1 disables the window) but is {window_left}")
+    if pos == "rope_llama" and not (rope_scale > 0 and rope_theta > 0):
+        raise ValueError(f"rope_scale and rope_theta must be > 0 but are {rope_scale}, {rope_theta}")
+    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"sm_scale must be a finite number > 0 (default 1/sqrt(head_dim)) but is {sm_scale}")
+    return _Options(scale, cap, int(window_left), pos, float(rope_scale), float(rope_theta))
+
+
+def _page_table(kv_indptr, kv_indices, kv_last_page_len, page_size: int):
+    """Host int32 (indptr, indices, last, kv_lens, max_page). NumPy int32 inputs take a fast path of a few vectorised
+    checks (plan() runs every step); anything else, or any failed check, goes through the interop validators, which
+    raise the error that names the argument."""
+    fast = all(
+        isinstance(a, np.ndarray) and a.dtype == np.int32 and a.ndim == 1
+        for a in (kv_indptr, kv_indices, kv_last_page_len)
+    )
+    if fast:
+        indptr, indices, last = kv_indptr, kv_indices, kv_last_page_len
+        batch = indptr.shape[0] - 1
+        nnz = int(indptr[-1]) if batch >= 0 else 0
+        pages = np.diff(indptr)
+        used = indices[:nnz]
+        fast = (
+            batch >= 0
+            and indptr[0] == 0
+            and last.shape[0] == batch
+            and indices.shape[0] >= nnz
+            and (pages.min(initial=0) >= 0)
+            and (used.min(initial=0) >= 0)
+            and not np.count_nonzero((pages > 0) & ((last - 1).view(np.uint32) >= page_size))
+        )
+    if not fast:
+        indptr = validate.check_indptr("kv_indptr", kv_indptr)
+        batch = indptr.shape[0] - 1
+        indices = validate.check_index_array("kv_indices", kv_indices, min_len=int(indptr[-1]))
+        last = validate.check_index_array(
+            "kv_last_page_len", kv_last_page_len, length=batch, hint="one entry per request (len(kv_indptr) - 1)"
+        )
+        pages = np.diff(indptr)
+        bad = (pages > 0) & ((last < 1) | (last > page_size))
+        if np.any(bad):
+            b = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"kv_last_page_len[{b}] must be in [1, page_size={page_size}] for a request with pages but is "
+                f"{int(last[b])}; it counts the tokens in the request's last page"
+            )
+        nnz = int(indptr[-1])
+        used = indices[:nnz]
+    kv_lens = np.maximum(pages * page_size + (last - page_size), 0).astype(np.int32, copy=False)
+    max_page = int(used.max()) if nnz else -1
+    return indptr, indices, last, kv_lens, max_page
+
+
+# ---- the wrapper -----------------------------------------------------------------------------------------------
+
+
+class BatchDecode:
+    """Decode attention for a batch of requests over a paged KV cache: ``plan()`` once per step, ``run()`` per layer.
+
+    ``use_tensor_cores``: None picks by the GQA group (``decode_policy``); True / False force a kernel.
+    ``use_cuda_graph``: fixes every device pointer at the first ``plan()`` (capacities from ``max_batch_size``), so a
+    ``run()`` captured in a CUDA graph stays valid across later ``plan()`` calls. Do not re-plan while a replay is
+    in flight (the graph reads the one pinned plan buffer).
+    ``workspace_bytes``: device memory for split-KV partial states (default 128 MiB); a plan that needs more raises.
+    """
+
+    def __init__(
+        self,
+        *,
+        kv_layout: str = "NHD",
+        use_tensor_cores: bool | None = None,
+        use_cuda_graph: bool = False,
+        max_batch_size: int | None = None,
+        workspace_bytes: int | None = None,
+        device: int | None = None,
+    ) -> None:
+        self.kv_layout = _layout_name(kv_layout)
+        self.use_tensor_cores = use_tensor_cores
+        self.use_cuda_graph = bool(use_cuda_graph)
+        if self.use_cuda_graph and (max_batch_size is None or int(max_batch_size) < 1):
+            raise ValueError(
+                f"use_cuda_graph=True needs max_batch_size >= 1 (the plan buffers are sized once) but got "
+                f"{max_batch_size}"
+            )
+        self.max_batch_size = None if max_batch_size is None else int(max_batch_size)
+        ws = DEFAULT_WORKSPACE_BYTES if workspace_bytes is None else int(workspace_bytes)
+        if ws < 0:
+            raise ValueError(f"workspace_bytes must be >= 0 but is {workspace_bytes}")
+        self.workspace_bytes = ws
+        self.device = device
+        self._plan: _Plan | None = None
+        self._buffers: Buffers | None = None
+        self._generation = 0
+        self._static: dict = {}
+        self._ctas: dict = {}
+        self._device_id: int | None | bool = False  # False: not asked yet
+
+    # -- planning --------------------------------------------------------------------------------------------------
+
+    def _host_plan(self, kv_indptr, kv_indices, kv_last_page_len, **static) -> _Plan:
+        """Validate and resolve the arguments of plan(); the parts that do not depend on the page table are memoised
+        (plan() runs every generation step with the same heads, dtypes and options)."""
+        try:
+            key = tuple(static.items())
+            facts = self._static.get(key)
+        except TypeError:  # an unhashable argument: no memo
+            key, facts = None, None
+        if facts is None:
+            facts = self._static_facts(**static)
+            if key is not None:
+                self._static[key] = facts
+        num_qo_heads, num_kv_heads, head_dim, page_size, qd, kvd, od, opts, config = facts
+        indptr, indices, last, kv_lens, max_page = _page_table(kv_indptr, kv_indices, kv_last_page_len, page_size)
+        if self.use_cuda_graph and indptr.shape[0] - 1 > self.max_batch_size:
+            raise ValueError(
+                f"the plan has {indptr.shape[0] - 1} requests but the wrapper was built with max_batch_size="
+                f"{self.max_batch_size} for CUDA graphs; build it with a larger max_batch_size"
+            )
+        return _Plan(
+            indptr.shape[0] - 1, num_qo_heads, num_kv_heads, head_dim, page_size, qd, kvd, od, opts, config,
+            indptr, indices, last, kv_lens, max_page,
+        )  # fmt: skip
+
+    def _static_facts(
+        self, *, num_qo_heads, num_kv_heads, head_dim, page_size, q_dtype, kv_dtype, o_dtype, sm_scale,
+        logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant,
+    ) -> tuple:  # fmt: skip
+        for name, v in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads), ("page_size", page_size)):
+            if int(v) != v or v < 1:
+                raise ValueError(f"{name} must be a positive integer but is {v}")
+        num_qo_heads, num_kv_heads = int(num_qo_heads), int(num_kv_heads)
+        head_dim, page_size = int(head_dim), int(page_size)
+        if num_qo_heads % num_kv_heads:
+            raise ValueError(
+                f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads ({num_kv_heads}) for grouped-query "
+                f"attention; query head h reads kv head h // (num_qo_heads // num_kv_heads)"
+            )
+        group = num_qo_heads // num_kv_heads
+        qd = _half_dtype("q_dtype", q_dtype)
+        kvd = _half_dtype("kv_dtype", qd if kv_dtype is None else kv_dtype)
+        od = _half_dtype("o_dtype", qd if o_dtype is None else o_dtype)
+        opts = _check_options(
+            sm_scale, logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant, head_dim
+        )
+        tc = self.use_tensor_cores
+        if tc is None and kvd is not qd:
+            tc = False  # the tensor-core kernel multiplies q and KV of one type
+        if tc and kvd is not qd:
+            raise ValueError(
+                f"use_tensor_cores=True needs q_dtype == kv_dtype (mma takes one 16-bit type) but got q_dtype="
+                f"{qd.value}, kv_dtype={kvd.value}; use use_tensor_cores=False or None"
+            )
+        config = decode_config(group, head_dim, use_tensor_cores=tc)
+        return num_qo_heads, num_kv_heads, head_dim, page_size, qd, kvd, od, opts, config
+
+    def _num_ctas(self, plan: _Plan, num_sms: int | None, device_id: int | None) -> int:
+        """The persistent grid: CTAs per SM from shared memory and threads (registers are bounded at compile time by
+        the same count, ``DecodeConfig.min_blocks``), times the SM count; no kernel is compiled to plan."""
+        key = (plan.config, num_sms, device_id)
+        n = self._ctas.get(key)
+        if n is None:
+            n = self._ctas[key] = self._count_ctas(plan, num_sms, device_id)
+        return n
+
+    @staticmethod
+    def _count_ctas(plan: _Plan, num_sms: int | None, device_id: int | None) -> int:
+        if device_id is None:
+            smem, threads, sms = _DEFAULT_SMEM_PER_SM, 2048, _DEFAULT_SMS
+        else:
+            from cuinfer.device import device_info
+
+            info = device_info(device_id)
+            smem, threads, sms = info.smem_per_sm, info.max_threads_per_sm, info.sm_count
+        per_sm = min(ctas_per_sm(plan.config, smem_per_sm=smem, max_threads_per_sm=threads), plan.config.min_blocks)
+        return per_sm * (sms if num_sms is None else int(num_sms))
+
+    def _work(self, plan: _Plan, num_ctas: int, fixed_split_size: int | None) -> WorkPlan:
+        if fixed_split_size is not None and (int(fixed_split_size) != fixed_split_size or fixed_split_size < 1):
+            raise ValueError(f"fixed_split_size must be a positive number of KV tokens but is {fixed_split_size}")
+        tile = plan.config.tile_kv
+        granule = math.gcd(int(fixed_split_size), tile) if fixed_split_size is not None else tile
+        return plan_work(
+            None, plan.kv_lens, num_kv_heads=plan.num_kv_heads, group_size=plan.num_qo_heads // plan.num_kv_heads,
+            tile_rows=plan.config.rows_per_tile, num_ctas=num_ctas, kv_granule=granule,
+            window_left=plan.options.window_left,
+            fixed_split_size=None if fixed_split_size is None else int(fixed_split_size),
+        )  # fmt: skip
+
+    def workspace_size(
+        self, kv_indptr: Any, kv_indices: Any, kv_last_page_len: Any, *, num_qo_heads: int, num_kv_heads: int,
+        head_dim: int, page_size: int, q_dtype: Any, kv_dtype: Any = None, o_dtype: Any = None,
+        sm_scale: float | None = None, logits_soft_cap: float = 0.0, window_left: int = -1,
+        pos_encoding: str = "none", rope_scale: float = 1.0, rope_theta: float = 1e4, variant: Any = None,
+        num_sms: int | None = None, fixed_split_size: int | None = None,
+    ) -> int:  # fmt: skip
+        """Exact workspace bytes ``plan()`` with these arguments needs for its split-KV partial states."""
+        plan = self._host_plan(
+            kv_indptr, kv_indices, kv_last_page_len, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+            head_dim=head_dim, page_size=page_size, q_dtype=q_dtype, kv_dtype=kv_dtype, o_dtype=o_dtype,
+            sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left, pos_encoding=pos_encoding,
+            rope_scale=rope_scale, rope_theta=rope_theta, variant=variant,
+        )  # fmt: skip
+        work = self._work(plan, self._num_ctas(plan, num_sms, self._device_or_none()), fixed_split_size)
+        return plan_layout.workspace_bytes(work, plan.head_dim)
+
+    def _device_or_none(self) -> int | None:
+        """The GPU plans are made for (None without one); asked once per wrapper, so plan() stays cheap."""
+        if self._device_id is False:
+            from cuinfer.device import current_device_id, gpu_available
+
+            gpu = gpu_available()
+            self._device_id = None if not gpu else int(self.device) if self.device is not None else current_device_id()
+        return self._device_id
+
+    def plan(
+        self, kv_indptr: Any, kv_indices: Any, kv_last_page_len: Any, *, num_qo_heads: int, num_kv_heads: int,
+        head_dim: int, page_size: int, q_dtype: Any, kv_dtype: Any = None, o_dtype: Any = None,
+        sm_scale: float | None = None, logits_soft_cap: float = 0.0, window_left: int = -1,
+        pos_encoding: str = "none", rope_scale: float = 1.0, rope_theta: float = 1e4, variant: Any = None,
+        num_sms: int | None = None, fixed_split_size: int | None = None,
+    ) -> None:  # fmt: skip
+        """Plan one decode step. Index arrays may be lists, NumPy arrays, host tensors or device arrays (one
+        device-to-host copy). Raises before anything reaches the GPU when the inputs or the workspace do not fit."""
+        plan = self._host_plan(
+            kv_indptr, kv_indices, kv_last_page_len, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+            head_dim=head_dim, page_size=page_size, q_dtype=q_dtype, kv_dtype=kv_dtype, o_dtype=o_dtype,
+            sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left, pos_encoding=pos_encoding,
+            rope_scale=rope_scale, rope_theta=rope_theta, variant=variant,
+        )  # fmt: skip
+        device_id = self._device_or_none()
+        plan.work = self._work(plan, self._num_ctas(plan, num_sms, device_id), fixed_split_size)
+        rows = plan.work.num_partial_rows
+        if rows > partial_rows_capacity(self.workspace_bytes, plan.head_dim):
+            need = plan_layout.workspace_bytes(plan.work, plan.head_dim)
+            raise ValueError(
+                f"the plan needs {need} bytes of workspace for {rows} split-KV partial rows but the wrapper has "
+                f"workspace_bytes={self.workspace_bytes}; build BatchDecode(workspace_bytes={need}) or larger "
+                "(workspace_size(...) gives the exact figure)"
+            )
+        if device_id is not None:
+            self._pack(plan, device_id)
+        self._plan = plan
+
+    def _pack(self, plan: _Plan, device_id: int) -> None:
+        work = plan.work
+        buf = self._buffers
+        if buf is None or buf.device_id != device_id:
+            buf = self._buffers = Buffers(device_id, self.workspace_bytes, self.use_cuda_graph)
+        batch, nnz = plan.batch, int(plan.kv_indptr[-1])
+        if self.use_cuda_graph:
+            heads = (plan.num_kv_heads, plan.num_qo_heads // plan.num_kv_heads, plan.config)
+            if buf.fixed_layout is None:
+                cap = plan_layout.capacity_bound(
+                    self.max_batch_size, self.max_batch_size, plan.num_kv_heads, heads[1], plan.config.rows_per_tile,
+                    work.num_ctas,
+                )  # fmt: skip
+                # Page indices: room for twice the first plan's pages (at least 64 Ki), fixed from then on.
+                buf.fixed_layout = (plan_layout.PlanLayout.for_capacity(**cap.__dict__), heads, max(2 * nnz, 1 << 16))
+            lay, fixed_heads, page_cap = buf.fixed_layout
+            if heads != fixed_heads:
+                raise ValueError(
+                    "with use_cuda_graph=True every plan() must keep the head configuration and kernel of the first "
+                    f"(num_kv_heads, group, kernel) = {fixed_heads[:2]}, but this plan has {heads[:2]}"
+                )
+            if nnz > page_cap:
+                raise ValueError(
+                    f"the plan reads {nnz} page indices but the CUDA-graph page table holds {page_cap} (twice the "
+                    "first plan's, fixed then); plan the largest batch first or build a new wrapper"
+                )
+            b_cap = self.max_batch_size
+        else:
+            lay = plan_layout.PlanLayout.for_plan(work)
+            page_cap, b_cap = nnz, batch
+        off = dict(lay.offsets)
+        off["page_indptr"] = pos = lay.total_words
+        off["kv_lens"] = pos = _align4(pos + b_cap + 1)
+        off["page_indices"] = pos = _align4(pos + b_cap)
+        total = _align4(pos + max(page_cap, 1))
+        buf.ensure(total)
+        host = buf.next_host()
+        self._generation += 1
+        plan_layout.pack(work, lay, host, generation=self._generation)
+        host[off["page_indptr"] : off["page_indptr"] + batch + 1] = plan.kv_indptr
+        host[off["kv_lens"] : off["kv_lens"] + batch] = plan.kv_lens
+        host[off["page_indices"] : off["page_indices"] + nnz] = plan.kv_indices[:nnz]
+        plan.words, plan.words_used, plan.offsets, plan.device_id = host, total, off, device_id
+        plan.uploaded_on = None
+
+    # -- running ---------------------------------------------------------------------------------------------------
+
+    def run(
+        self, q: Any, kv_cache: Any, *, out: Any = None, lse: Any = None, return_lse: bool = False,
+        k_scale: float | None = None, v_scale: float | None = None,
+    ) -> Any:  # fmt: skip
+        """Decode ``q [batch, num_qo_heads, head_dim]`` against ``kv_cache`` -> ``o`` (or ``(o, lse)``; lse base 2)."""
+        plan = self._plan
+        if plan is None:
+            raise ValueError("run() needs a plan: call plan(kv_indptr, kv_indices, kv_last_page_len, ...) first")
+        if is_host(q):
+            return self._run_reference(plan, q, kv_cache, out, lse, return_lse, k_scale, v_scale)
+        call, tq = begin(q, "q")
+        self._check_q(plan, tq)
+        kv = paged_kv(call.tensor, kv_cache, self.kv_layout, gpu=True)
+        self._check_kv(plan, kv)
+        if plan.device_id is None or plan.device_id != call.device_id:
+            raise ValueError(
+                f"q is on cuda:{call.device_id} but plan() was made for "
+                f"{'no GPU' if plan.device_id is None else f'cuda:{plan.device_id}'}; call plan() with "
+                f"BatchDecode(device={call.device_id})"
+            )
+        want_lse = return_lse or lse is not None
+        to, tl = self._outputs(call, plan, out, lse, want_lse, plan.batch)
+        validate.check_same_device(("q", "k_cache", "v_cache", "out"), (tq, kv.k, kv.v, to))
+        if plan.batch:
+            buf = self._buffers
+            if self.use_cuda_graph or plan.uploaded_on != call.stream or buf.device_id != plan.device_id:
+                buf.upload(plan.words, plan.words_used, call.stream)
+                plan.uploaded_on = call.stream
+            self._launch(call, plan, tq, (tq.strides[0], tq.strides[1]), kv, to, tl, want_lse, k_scale, v_scale)
+        o_user = out if out is not None else call.give(to)
+        if not want_lse:
+            return o_user
+        return o_user, (lse if lse is not None else call.give(tl))
+
+    def _check_q(self, plan: _Plan, tq: Tensor) -> None:
+        validate.check_ndim("q", tq, 3, hint="q is [batch_size, num_qo_heads, head_dim]")
+        validate.check_shape(
+            "q", tq, (plan.batch, plan.num_qo_heads, plan.head_dim),
+            hint=f"plan() was made for batch_size={plan.batch}, num_qo_heads={plan.num_qo_heads}, "
+            f"head_dim={plan.head_dim}",
+        )  # fmt: skip
+        if tq.dtype is not plan.q_dtype:
+            raise ValueError(
+                f"q has dtype {tq.dtype.value} but plan() was made for q_dtype={plan.q_dtype.value}; cast q with "
+                f"{validate.cast_fix('q', tq.framework, plan.q_dtype)} or call plan() with q_dtype='{tq.dtype.value}'"
+            )
+        if tq.is_cuda:
+            check_aligned("q", tq, (0, 1))
+
+    def _check_kv(self, plan: _Plan, kv: KV) -> None:
+        got = (kv.page_size, kv.num_kv_heads, kv.head_dim)
+        want = (plan.page_size, plan.num_kv_heads, plan.head_dim)
+        if got != want:
+            raise ValueError(
+                f"kv_cache has (page_size, num_kv_heads, head_dim) = {got} ({self.kv_layout}) but plan() was made for "
+                f"{want}; pass the cache the plan describes (or check kv_layout)"
+            )
+        if kv.k.dtype is not plan.kv_dtype:
+            raise ValueError(
+                f"kv_cache has dtype {kv.k.dtype.value} but plan() was made for kv_dtype={plan.kv_dtype.value}; call "
+                f"plan() with kv_dtype='{kv.k.dtype.value}'"
+            )
+        if plan.max_page >= kv.num_pages:
+            raise ValueError(
+                f"kv_indices holds page index {plan.max_page} but kv_cache has {kv.num_pages} pages (valid indices are "
+                f"0..{kv.num_pages - 1}); the page table passed to plan() does not belong to this cache"
+            )
+
+    @staticmethod
+    def _check_out_dtype(plan: _Plan, to: Tensor) -> None:
+        if to.dtype is not plan.o_dtype:
+            raise ValueError(
+                f"out has dtype {to.dtype.value} but plan() was made for o_dtype={plan.o_dtype.value}; pass an "
+                f"out of dtype {plan.o_dtype.value} or call plan() with o_dtype='{to.dtype.value}'"
+            )
+
+    def _outputs(self, call: Call, plan: _Plan, out, lse, want_lse: bool, rows: int) -> tuple[Tensor, Tensor | None]:
+        shape = (rows, plan.num_qo_heads, plan.head_dim)
+        if out is None:
+            to = call.empty(shape, plan.o_dtype)
+        else:
+            to = call.tensor(out, "out")
+            validate.check_shape("out", to, shape)
+            self._check_out_dtype(plan, to)
+            validate.check_writable("out", to)
+            check_aligned("out", to, (0, 1))
+        tl = None
+        if want_lse:
+            if lse is None:
+                tl = call.empty(shape[:2], DType.FLOAT32)
+            else:
+                tl = call.tensor(lse, "lse")
+                validate.check_shape("lse", tl, shape[:2])
+                validate.check_dtype("lse", tl, (DType.FLOAT32,))
+                validate.check_writable("lse", tl)
+        return to, tl
+
+    def _launch(
+        self, call: Call, plan: _Plan, tq: Tensor, q_strides: tuple[int, int], kv: KV, to: Tensor,
+        tl: Tensor | None, want_lse: bool, k_scale: float | None, v_scale: float | None,
+    ) -> None:  # fmt: skip
+        from cuinfer.merge import launch_merge_partials, merge_partials_rows_per_block
+
+        buf, off, opts, work = self._buffers, plan.offsets, plan.options, plan.work
+        key = plan.key(want_lse)
+        kernel = get_kernel(decode_spec(key), key.name_expr(), call.device_id)
+        d = plan.head_dim
+        partial_o, partial_lse = buf.partial_pointers(d)
+        cap = opts.logits_soft_cap
+        scale = opts.sm_scale * (1.0 if k_scale is None else float(k_scale))
+        params = DecodeParams.pack(
+            q=tq.ptr, k=kv.k_ptr, v=kv.v_ptr, o=to.ptr, lse=0 if tl is None else tl.ptr,
+            partial_o=partial_o, partial_lse=partial_lse,
+            page_indptr=buf.ptr(off["page_indptr"]), page_indices=buf.ptr(off["page_indices"]),
+            kv_lens=buf.ptr(off["kv_lens"]),
+            **{name: buf.ptr(off[name]) for name in (
+                "work_indptr", "item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end",
+                "item_partial")},
+            q_stride_b=q_strides[0], q_stride_h=q_strides[1],
+            k_stride_page=kv.k_strides[0], k_stride_slot=kv.k_strides[1], k_stride_head=kv.k_strides[2],
+            v_stride_page=kv.v_strides[0], v_stride_slot=kv.v_strides[1], v_stride_head=kv.v_strides[2],
+            o_stride_b=to.strides[0], o_stride_h=to.strides[1],
+            lse_stride_b=0 if tl is None else tl.strides[0], lse_stride_h=0 if tl is None else tl.strides[1],
+            rope_log2_theta_bits=int(np.float64(math.log2(opts.rope_theta)).view(np.int64)),
+            rope_rcp_scale_bits=int(np.float64(1.0 / opts.rope_scale).view(np.int64)),
+            page_size=plan.page_size, num_qo_heads=plan.num_qo_heads, window_left=opts.window_left,
+            logits_scale=scale * (1.0 if cap > 0 else _LOG2E), cap_log2=cap * _LOG2E,
+            rcp_cap=1.0 / cap if cap > 0 else 0.0, v_scale=1.0 if v_scale is None else float(v_scale),
+        )  # fmt: skip
+        kernel.launch(work.num_ctas, plan.config.threads, (params,), smem_bytes=plan.config.smem_bytes,
+                      stream=call.stream)  # fmt: skip
+        max_merge = buf.fixed_layout[0].capacity.max_merge if self.use_cuda_graph else work.n_merge
+        if max_merge == 0:
+            return
+        from cuinfer.device import device_info
+
+        per_block = merge_partials_rows_per_block(plan.o_dtype, d)
+        grid = max(1, min(16 * device_info(call.device_id).sm_count, -(-max_merge // per_block)))
+        launch_merge_partials(
+            device_id=call.device_id, stream=call.stream, num_targets_ptr=buf.ptr(1),
+            merge_indptr_ptr=buf.ptr(off["merge_indptr"]), merge_src_ptr=buf.ptr(off["merge_src"]),
+            merge_dst_token_ptr=buf.ptr(off["merge_dst_token"]), merge_dst_head_ptr=buf.ptr(off["merge_dst_head"]),
+            partial_o_ptr=partial_o, partial_lse_ptr=partial_lse, o=to, lse=tl, grid=grid,
+        )  # fmt: skip
+
+    def _run_reference(self, plan: _Plan, q, kv_cache, out, lse, return_lse, k_scale, v_scale):
+        tq = as_tensor(q, "q")
+        self._check_q(plan, tq)
+        self._check_kv(plan, paged_kv(as_tensor, kv_cache, self.kv_layout, gpu=False))
+        if out is not None:
+            to = as_tensor(out, "out")
+            validate.check_shape("out", to, (plan.batch, plan.num_qo_heads, plan.head_dim))
+            self._check_out_dtype(plan, to)
+        o, lse64 = reference.batch_decode_paged(
+            tq.numpy(), kv_cache, plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len, kv_layout=self.kv_layout,
+            **_reference_options(plan.options), k_scale=k_scale, v_scale=v_scale,
+        )  # fmt: skip
+        return _host_outputs(o, lse64, plan.o_dtype, out, lse, return_lse or lse is not None)
+
+
+def _reference_options(o: _Options) -> dict:
+    return dict(
+        sm_scale=o.sm_scale, logits_soft_cap=o.logits_soft_cap, window_left=o.window_left,
+        pos_encoding=o.pos_encoding, rope_scale=o.rope_scale, rope_theta=o.rope_theta,
+    )  # fmt: skip
+
+
+def _host_outputs(o64: np.ndarray, lse64: np.ndarray, o_dtype: DType, out, lse, want_lse: bool):
+    o = o64.astype(o_dtype.numpy)
+    lse32 = lse64.astype(np.float32)
+    if out is not None:
+        out[...] = o
+        o = out
+    if lse is not None:
+        lse[...] = lse32
+        lse32 = lse
+    return (o, lse32) if want_lse else o
+
+
+# ---- single request --------------------------------------------------------------------------------------------
+
+_single_wrappers: dict = {}
+
+
+def single_decode(
+    q: Any, k: Any, v: Any, *, kv_layout: str = "NHD", sm_scale: float | None = None, logits_soft_cap: float = 0.0,
+    window_left: int = -1, pos_encoding: str = "none", rope_scale: float = 1.0, rope_theta: float = 1e4,
+    variant: Any = None, return_lse: bool = False,
+) -> Any:  # fmt: skip
+    """Decode one query token ``q [num_qo_heads, head_dim]`` against ``k``, ``v`` (``[kv_len, num_kv_heads,
+    head_dim]`` NHD or ``[num_kv_heads, kv_len, head_dim]`` HND) -> ``o [num_qo_heads, head_dim]`` (, ``lse``).
+
+    The same kernels as ``BatchDecode``: the request is one page of ``kv_len`` tokens, split over the GPU by the
+    planner when it is long.
+    """
+    layout = _layout_name(kv_layout)
+    opts_kw = dict(
+        sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left, pos_encoding=pos_encoding,
+        rope_scale=rope_scale, rope_theta=rope_theta, variant=variant,
+    )  # fmt: skip
+    if is_host(q):
+        tq, tk, tv = as_tensor(q, "q"), as_tensor(k, "k"), as_tensor(v, "v")
+        _check_single(tq, tk, tv, layout)
+        kn, vn = tk.numpy(), tv.numpy()
+        if layout == "HND":
+            kn, vn = kn.transpose(1, 0, 2), vn.transpose(1, 0, 2)
+        opts = _check_options(head_dim=tq.shape[1], **opts_kw)
+        o, lse = reference.attention(tq.numpy()[None], kn, vn, **_reference_options(opts))
+        return _host_outputs(o[0], lse[0], tq.dtype, None, None, return_lse)
+    call, tq = begin(q, "q")
+    tk, tv = call.tensor(k, "k"), call.tensor(v, "v")
+    _check_single(tq, tk, tv, layout)
+    hq, d = tq.shape
+    (kv_len, hkv) = (tk.shape[0], tk.shape[1]) if layout == "NHD" else (tk.shape[1], tk.shape[0])
+    check_aligned("q", tq, (0,))
+    for name, t in (("k", tk), ("v", tv)):
+        check_aligned(name, t, (0, 1))
+    slot, head = (0, 1) if layout == "NHD" else (1, 0)
+    kv = KV(
+        tk, tv, tk.ptr, tv.ptr, (0, tk.strides[slot], tk.strides[head]), (0, tv.strides[slot], tv.strides[head]),
+        1, max(kv_len, 1), hkv, d,
+    )  # fmt: skip
+    w = _single_wrappers.get((call.device_id, layout))
+    if w is None:
+        w = _single_wrappers[(call.device_id, layout)] = BatchDecode(kv_layout=layout, device=call.device_id)
+    pages = 1 if kv_len else 0
+    w.plan(
+        [0, pages], [0] * pages, [max(kv_len, 1)], num_qo_heads=hq, num_kv_heads=hkv, head_dim=d,
+        page_size=max(kv_len, 1), q_dtype=tq.dtype, kv_dtype=tk.dtype, **opts_kw,
+    )  # fmt: skip
+    plan = w._plan
+    # The kernels see the request as a batch of one: 3-D views with a batch stride of 0 (nothing is copied).
+    q3 = replace(tq, shape=(1, hq, d), strides=(0,) + tq.strides)
+    to = call.empty((hq, d), plan.o_dtype)
+    tl = call.empty((hq,), DType.FLOAT32) if return_lse else None
+    o3 = replace(to, shape=(1, hq, d), strides=(0,) + to.strides)
+    l3 = None if tl is None else replace(tl, shape=(1, hq), strides=(0,) + tl.strides)
+    w._buffers.upload(plan.words, plan.words_used, call.stream)
+    plan.uploaded_on = call.stream
+    w._launch(call, plan, q3, (0, tq.strides[0]), kv, o3, l3, return_lse, None, None)
+    return (call.give(to), call.give(tl)) if return_lse else call.give(to)
+
+
+def _check_single(tq: Tensor, tk: Tensor, tv: Tensor, layout: str) -> None:
+    validate.check_ndim("q", tq, 2, hint="single_decode takes q [num_qo_heads, head_dim]")
+    expect = "[kv_len, num_kv_heads, head_dim]" if layout == "NHD" else "[num_kv_heads, kv_len, head_dim]"
+    validate.check_ndim("k", tk, 3, hint=f"k is {expect} ({layout})")
+    validate.check_shape("v", tv, tk.shape, hint="it must match k")
+    hkv = tk.shape[1] if layout == "NHD" else tk.shape[0]
+    if tk.shape[2] != tq.shape[1]:
+        raise ValueError(f"q and k must share head_dim but have shapes {tq.shape} and {tk.shape}")
+    if tq.shape[0] % hkv:
+        raise ValueError(
+            f"num_qo_heads ({tq.shape[0]}) must be a multiple of num_kv_heads ({hkv}) for grouped-query attention; "
+            "query head h reads kv head h // (num_qo_heads // num_kv_heads)"
+        )
+    validate.check_same_dtype(("k", "v"), (tk, tv))
+
+
+__all__ = ["BatchDecode", "single_decode"]

@@ -1,0 +1,176 @@
+"""The arrays around a decode launch: views of the KV cache (any layout, 5-D or a (k, v) tuple, as base pointers and
+strides) and the buffers a wrapper owns on the GPU (plan buffer, pinned host buffers, workspace)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cuinfer.interop import validate
+from cuinfer.interop.arrays import Tensor
+from cuinfer.planner import layout as plan_layout
+
+
+def partial_rows_capacity(workspace_bytes: int, head_dim: int) -> int:
+    """Split-KV partial rows (fp32 o row + lse) a workspace holds; fixing this fixes where partial_lse starts, so
+    the kernel's pointers never move between plans."""
+    rows = int(workspace_bytes) // (4 * head_dim + 4)
+    while rows > 0 and plan_layout.workspace_offsets(rows, head_dim)[1] > workspace_bytes:
+        rows -= 1
+    return rows
+
+
+# ---- GPU buffers of one wrapper ---------------------------------------------------------------------------------
+
+
+class Buffers:
+    """Device plan buffer, pinned host buffers (two, alternating, so plan() never overwrites a buffer whose copy is
+    still pending; one in CUDA-graph mode, whose captured copy reads a fixed address) and the workspace."""
+
+    def __init__(self, device_id: int, workspace_bytes: int, graph: bool) -> None:
+        import cupy
+
+        self.device_id = device_id
+        self.graph = graph
+        with cupy.cuda.Device(device_id):
+            self.workspace = cupy.empty(int(workspace_bytes), dtype=np.uint8)
+        self.workspace_bytes = int(workspace_bytes)
+        self.device = None
+        self.pinned: list[np.ndarray] = []
+        self.events: list[Any] = []
+        self.turn = 0
+        self.fixed_layout = None  # graph mode: (PlanLayout, (heads, group, config), page-index capacity)
+
+    def ensure(self, words: int) -> None:
+        """Room for ``words`` int32 on both sides (never shrinks; in graph mode sized once)."""
+        import cupy
+        import cupyx
+
+        if self.device is not None and self.device.size >= words:
+            return
+        if self.graph and self.device is not None:
+            raise ValueError(
+                f"the plan needs {words} words of plan buffer but the CUDA-graph buffers hold {self.device.size}; "
+                "build the wrapper with a larger max_batch_size"
+            )
+        n = max(words, 2 * (self.device.size if self.device is not None else 0), 4096)
+        with cupy.cuda.Device(self.device_id):
+            if self.device is not None:
+                # Growing (rare: the first plans of a wrapper): kernels and copies in flight may still read the old
+                # buffers, on any stream; wait for them before the memory goes back to the pools.
+                cupy.cuda.Device(self.device_id).synchronize()
+            self.device = cupy.empty(n, dtype=np.int32)
+            self.pinned = [cupyx.empty_pinned((n,), dtype=np.int32) for _ in range(1 if self.graph else 2)]
+            self.events = [None] * len(self.pinned)
+
+    def next_host(self) -> np.ndarray:
+        """The pinned buffer to pack the next plan into, once its previous copy has left it."""
+        i = 0 if self.graph else self.turn
+        self.turn ^= 1
+        ev = self.events[i]
+        if ev is not None:
+            ev.synchronize()  # normally long done: the copy was enqueued at least one plan() ago
+        return self.pinned[i]
+
+    def upload(self, host: np.ndarray, words: int, stream: int) -> None:
+        import cupy
+
+        from cuinfer.interop.streams import cupy_stream
+
+        s = cupy_stream(stream, self.device_id)
+        cupy.cuda.runtime.memcpyAsync(self.device.data.ptr, host.ctypes.data, 4 * words, 1, s.ptr)
+        if not self.graph:
+            i = next(j for j, p in enumerate(self.pinned) if p is host)
+            ev = cupy.cuda.Event(disable_timing=True)
+            ev.record(s)
+            self.events[i] = ev
+
+    def ptr(self, word: int) -> int:
+        return int(self.device.data.ptr) + 4 * int(word)
+
+    def partial_pointers(self, head_dim: int) -> tuple[int, int]:
+        """Device addresses of partial_o and partial_lse (fixed for a given head dim)."""
+        ws = int(self.workspace.data.ptr)
+        rows = partial_rows_capacity(self.workspace_bytes, head_dim)
+        return ws, ws + plan_layout.workspace_offsets(rows, head_dim)[0]
+
+
+# ---- cache arrays --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KV:
+    """K and V of a paged cache (or of one request): base pointers and element strides (page, slot, head)."""
+
+    k: Tensor
+    v: Tensor
+    k_ptr: int
+    v_ptr: int
+    k_strides: tuple[int, int, int]
+    v_strides: tuple[int, int, int]
+    num_pages: int
+    page_size: int
+    num_kv_heads: int
+    head_dim: int
+
+
+def check_aligned(name: str, t: Tensor, dims: tuple[int, ...]) -> None:
+    """16-byte vector access: base address and the strides of ``dims`` must be multiples of 16 bytes."""
+    validate.check_last_dim_contiguous(name, t)
+    bad = [t.strides[d] for d in dims if t.shape[d] > 1 and (t.strides[d] * t.dtype.itemsize) % 16]
+    if t.ptr % 16 or bad:
+        raise ValueError(
+            f"{name} must start on a 16-byte boundary with rows 16-byte aligned (the kernels read 16-byte vectors) "
+            f"but starts at 0x{t.ptr:x} with strides {t.strides} (elements); pass a contiguous copy of {name}"
+        )
+
+
+def paged_kv(tensor: Callable[[Any, str], Tensor], kv_cache: Any, layout: str, *, gpu: bool) -> KV:
+    """Parse a 5-D cache or a (k_cache, v_cache) tuple of ``layout`` (imported with ``tensor``); ``gpu`` adds the
+    16-byte alignment checks the kernels need."""
+    nhd = layout == "NHD"
+    if isinstance(kv_cache, (tuple, list)):
+        if len(kv_cache) != 2:
+            raise ValueError(f"a tuple kv_cache must be (k_cache, v_cache) but has {len(kv_cache)} entries")
+        k, v = tensor(kv_cache[0], "k_cache"), tensor(kv_cache[1], "v_cache")
+        expect = (
+            "[num_pages, page_size, num_kv_heads, head_dim]"
+            if nhd
+            else "[num_pages, num_kv_heads, page_size, head_dim]"
+        )
+        for name, t in (("k_cache", k), ("v_cache", v)):
+            validate.check_ndim(name, t, 4, hint=f"a ({layout}) cache is {expect}")
+            if gpu:
+                check_aligned(name, t, (0, 1, 2))
+        validate.check_shape("v_cache", v, k.shape, hint="it must match k_cache")
+        slot, head = (1, 2) if nhd else (2, 1)
+        ks = (k.strides[0], k.strides[slot], k.strides[head])
+        vs = (v.strides[0], v.strides[slot], v.strides[head])
+        shape, kt, vt, kp, vp = k.shape, k, v, k.ptr, v.ptr
+    else:
+        c = tensor(kv_cache, "kv_cache")
+        expect = (
+            "[num_pages, 2, page_size, num_kv_heads, head_dim]"
+            if nhd
+            else "[num_pages, 2, num_kv_heads, page_size, head_dim]"
+        )
+        validate.check_ndim(
+            "kv_cache", c, 5, hint=f"a ({layout}) cache is {expect}, or pass a (k_cache, v_cache) tuple"
+        )
+        if c.shape[1] != 2:
+            raise ValueError(
+                f"kv_cache must have shape {expect} ({layout}) but has shape {c.shape}; dim 1 holds K and V"
+            )
+        if gpu:
+            check_aligned("kv_cache", c, (0, 1, 2, 3))
+        slot, head = (2, 3) if nhd else (3, 2)
+        ks = vs = (c.strides[0], c.strides[slot], c.strides[head])
+        shape = (c.shape[0],) + c.shape[2:]
+        kt = vt = c
+        kp, vp = c.ptr, c.ptr + c.strides[1] * c.dtype.itemsize
+    validate.check_same_dtype(("k_cache", "v_cache"), (kt, vt))
+    page_size, heads = (shape[1], shape[2]) if nhd else (shape[2], shape[1])
+    return KV(kt, vt, kp, vp, ks, vs, shape[0], page_size, heads, shape[3])

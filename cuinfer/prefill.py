@@ -1,0 +1,811 @@
+"""Batch prefill / append attention on a ragged KV tensor or a paged cache (``BatchPrefill``) and ``single_prefill``.
+
+``plan()`` runs on the host once per batch: it validates the index arrays, picks the tiles (``prefill_policy``: the
+smallest query tile >= the average packed query length, the KV tile with the best occupancy), sizes the persistent
+grid from the kernel's real occupancy, balances (query tile x KV chunk) work items over it (``cuinfer.planner``) and
+packs plan + index arrays into one pinned int32 buffer. ``run()`` validates the arrays against the plan and enqueues,
+on the caller's current stream: the async copy of that buffer (once per plan and stream; every time in CUDA-graph
+mode), the FA2-class kernel (``kernel_src/attention/prefill.cuh``), and the merge of split-KV partial states when the
+plan split anything. ``run()`` never synchronises.
+
+NumPy inputs to ``run()`` / ``single_prefill`` run the float64 CPU reference and return NumPy arrays in the output
+dtypes the GPU would produce (o in ``o_dtype``, lse float32). Every bad input raises before any launch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cuinfer import reference
+from cuinfer.calls import Call, begin, is_host
+from cuinfer.decode_io import KV, Buffers, check_aligned, paged_kv, partial_rows_capacity
+from cuinfer.interop import validate
+from cuinfer.interop.arrays import Tensor, as_tensor
+from cuinfer.interop.dtypes import DType, as_dtype
+from cuinfer.jit import get_kernel, register
+from cuinfer.planner import layout as plan_layout
+from cuinfer.planner.tiles import kv_lens_from_pages
+from cuinfer.planner.work import WorkPlan, plan_work
+from cuinfer.prefill_policy import DeviceLimits, check_head_dims, choose_tiles, ctas_per_sm
+from cuinfer.prefill_specs import (
+    MASK_CAUSAL,
+    MASK_CUSTOM,
+    MASK_WINDOW,
+    PrefillKernelKey,
+    PrefillParams,
+    TileConfig,
+    default_specs,
+    fast_div_magic,
+    prefill_spec,
+    smem_bytes,
+)
+
+register("prefill", default_specs)
+
+DEFAULT_WORKSPACE_BYTES = 128 << 20
+BACKENDS = ("auto", "fa2", "sm90")
+POS_ENCODINGS = ("none", "alibi", "rope_llama")
+_LOG2E = 1.0 / math.log(2.0)
+_DEFAULT_SMS = 132
+
+
+def _align4(x: int) -> int:
+    return (x + 3) & ~3
+
+
+def _layout_name(kv_layout: Any) -> str:
+    name = getattr(kv_layout, "value", kv_layout)
+    if isinstance(name, str) and name.upper() in ("NHD", "HND"):
+        return name.upper()
+    raise ValueError(f"kv_layout must be 'NHD' or 'HND' but is {kv_layout!r}")
+
+
+def _half_dtype(name: str, x: Any) -> DType:
+    dt = as_dtype(x)
+    if dt.is_float8:
+        raise NotImplementedError(
+            f"{name}={dt.value}: fp8 KV caches are not implemented in the prefill kernel yet; use float16 or bfloat16"
+        )
+    if dt not in (DType.FLOAT16, DType.BFLOAT16):
+        raise ValueError(f"{name} must be float16 or bfloat16 but is {dt.value}")
+    return dt
+
+
+def _host_outputs(o64: np.ndarray, lse64: np.ndarray, o_dtype: DType, out, lse, want_lse: bool):
+    """Reference results in the dtypes the GPU path returns (o in o_dtype, lse float32), written into out / lse."""
+    o = o64.astype(o_dtype.numpy)
+    lse32 = lse64.astype(np.float32)
+    if out is not None:
+        out[...] = o
+        o = out
+    if lse is not None:
+        lse[...] = lse32
+        lse32 = lse
+    return (o, lse32) if want_lse else o
+
+
+# ---- the facts of one plan --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Options:
+    causal: bool
+    sm_scale: float
+    logits_soft_cap: float
+    window_left: int
+    pos_encoding: str
+    rope_scale: float
+    rope_theta: float
+
+
+@dataclass
+class _Plan:
+    batch: int
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    head_dim_vo: int
+    page_size: int
+    q_dtype: DType
+    kv_dtype: DType
+    o_dtype: DType
+    options: _Options
+    config: TileConfig
+    qo_indptr: np.ndarray
+    kv_indptr: np.ndarray  # ragged: token offsets; paged: page offsets
+    kv_indices: np.ndarray | None  # paged only
+    kv_last_page_len: np.ndarray | None  # paged only
+    kv_lens: np.ndarray
+    max_page: int
+    mask_bytes: np.ndarray | None  # packed custom mask (little-endian bits per request segment)
+    mask_indptr: np.ndarray | None  # byte offset of each request's segment
+    work: WorkPlan | None = None
+    words: np.ndarray | None = None
+    words_used: int = 0
+    offsets: dict | None = None
+    device_id: int | None = None
+    uploaded_on: int | None = None
+
+    @property
+    def nnz_qo(self) -> int:
+        return int(self.qo_indptr[-1])
+
+    def key(self, paged: bool) -> PrefillKernelKey:
+        o = self.options
+        mask = (MASK_CAUSAL if o.causal else 0) | (MASK_WINDOW if o.window_left >= 0 else 0)
+        mask |= MASK_CUSTOM if self.mask_bytes is not None else 0
+        return PrefillKernelKey(
+            self.q_dtype.value, self.o_dtype.value, self.head_dim, self.head_dim_vo, self.config, paged, mask,
+            soft_cap=o.logits_soft_cap > 0, alibi=o.pos_encoding == "alibi",
+        )  # fmt: skip
+
+
+def _check_options(
+    causal, sm_scale, logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant, head_dim
+) -> _Options:
+    if variant is not None:
+        raise NotImplementedError(
+            f"variant={variant!r}: user-defined attention variants are not implemented for prefill yet; use the "
+            "built-in options (causal, custom_mask, sm_scale, logits_soft_cap, window_left, pos_encoding='alibi')"
+        )
+    pos = getattr(pos_encoding, "value", pos_encoding)
+    pos = pos.lower() if isinstance(pos, str) else pos
+    if pos not in POS_ENCODINGS:
+        raise ValueError(f"pos_encoding must be one of {', '.join(POS_ENCODINGS)} but is {pos_encoding!r}")
+    if pos == "rope_llama":
+        raise NotImplementedError(
+            "pos_encoding='rope_llama' is not implemented in the prefill kernel yet; rotate q and k first with "
+            "cuinfer.apply_rope(...) and plan with pos_encoding='none'"
+        )
+    cap = float(logits_soft_cap or 0.0)
+    if not cap >= 0 or not math.isfinite(cap):
+        raise ValueError(f"logits_soft_cap must be >= 0 (0 disables it) but is {logits_soft_cap}")
+    if int(window_left) != window_left or window_left < -1:
+        raise ValueError(f"window_left must be an integer >= -1 (-1 disables the window) but is {window_left}")
+    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"sm_scale must be a finite number > 0 (default 1/sqrt(head_dim)) but is {sm_scale}")
+    return _Options(bool(causal), scale, cap, int(window_left), pos, float(rope_scale), float(rope_theta))
+
+
+def _positive(name: str, v: Any) -> int:
+    if isinstance(v, bool) or int(v) != v or v < 1:
+        raise ValueError(f"{name} must be a positive integer but is {v!r}")
+    return int(v)
+
+
+def _custom_mask(custom_mask, packed_custom_mask, qo_lens: np.ndarray, kv_lens: np.ndarray):
+    """(packed bytes, byte indptr) of a batch mask, or (None, None). The flat bool form is packed here."""
+    if custom_mask is None and packed_custom_mask is None:
+        return None, None
+    if custom_mask is not None and packed_custom_mask is not None:
+        raise ValueError(
+            "custom_mask and packed_custom_mask were both given; pass one (packed_custom_mask is "
+            "segment_packbits(custom_mask, ...) with bitorder='little')"
+        )
+    bits = qo_lens.astype(np.int64) * kv_lens.astype(np.int64)
+    indptr = np.zeros(bits.shape[0] + 1, dtype=np.int64)
+    np.cumsum((bits + 7) // 8, out=indptr[1:])
+    if custom_mask is not None:
+        m = np.asarray(_host(custom_mask, "custom_mask")).astype(bool).reshape(-1)
+        if m.shape[0] != int(bits.sum()):
+            raise ValueError(
+                f"custom_mask must hold sum(qo_len * kv_len) = {int(bits.sum())} entries (each request's row-major "
+                f"[qo_len, kv_len] block, concatenated) but has {m.shape[0]}"
+            )
+        bit_indptr = np.zeros(bits.shape[0] + 1, dtype=np.int64)
+        np.cumsum(bits, out=bit_indptr[1:])
+        packed, _ = reference.segment_packbits(m, bit_indptr, bitorder="little")
+    else:
+        packed = np.asarray(_host(packed_custom_mask, "packed_custom_mask"))
+        if packed.ndim != 1 or packed.dtype != np.uint8 or packed.shape[0] != int(indptr[-1]):
+            raise ValueError(
+                f"packed_custom_mask must be 1-D uint8 with {int(indptr[-1])} bytes (each request's bits padded to a "
+                f"byte, as segment_packbits(..., bitorder='little') returns) but has shape {packed.shape}, dtype "
+                f"{packed.dtype}"
+            )
+    if indptr[-1] > np.iinfo(np.int32).max // 8:
+        raise ValueError(f"custom masks above {np.iinfo(np.int32).max // 8} bytes are not supported")
+    return np.ascontiguousarray(packed, dtype=np.uint8), indptr.astype(np.int32)
+
+
+def _tile_sizes(tile_sizes) -> tuple[int | None, int | None, int]:
+    """``None`` (policy) or ``(query_tile[, kv_tile[, stages]])``; a None entry leaves that choice to the policy."""
+    if tile_sizes is None:
+        return None, None, 2
+    t = tuple(tile_sizes)
+    if not 1 <= len(t) <= 3:
+        raise ValueError(f"tile_sizes must be (query_tile, kv_tile[, stages]) but is {tile_sizes!r}")
+    t = t + (None,) * (3 - len(t))
+    return t[0], t[1], 2 if t[2] is None else int(t[2])
+
+
+def _host(x: Any, name: str) -> np.ndarray:
+    """A mask given as NumPy, list, host tensor or device array (one device-to-host copy) -> NumPy."""
+    if isinstance(x, (np.ndarray, list, tuple)):
+        return np.asarray(x)
+    t = as_tensor(x, name)
+    if not t.is_cuda:
+        return t.numpy()
+    if t.framework == "torch":
+        return x.detach().cpu().numpy()
+    if t.framework == "cupy":
+        return x.get()
+    return np.asarray(x)
+
+
+# ---- the wrapper -----------------------------------------------------------------------------------------------
+
+
+class BatchPrefill:
+    """Prefill / append attention for a batch of requests: ``plan()`` once per batch, ``run()`` per layer.
+
+    ``paged=True``: ``run(q, kv_cache)`` over a paged cache (5-D array or ``(k_cache, v_cache)``, ``kv_layout`` NHD /
+    HND); ``paged=False``: ``run(q, k, v)`` over ragged ``k``, ``v`` (``[nnz_kv, num_kv_heads, head_dim]`` NHD,
+    ``[num_kv_heads, nnz_kv, head_dim]`` HND). ``backend``: "fa2" (this kernel, any sm_80+ GPU), "auto" (= "fa2"
+    for now), "sm90" (the Hopper wgmma kernel, a separate issue: raises NotImplementedError).
+    ``use_cuda_graph``: every device pointer and the grid are fixed by the first ``plan()`` (capacities: twice its
+    query tokens and page-table entries, ``max_batch_size`` requests), so a captured ``run()`` stays valid across
+    later plans that fit; the tiles of the first plan are kept.
+    """
+
+    def __init__(
+        self, *, paged: bool = True, kv_layout: str = "NHD", backend: str = "auto", use_cuda_graph: bool = False,
+        max_batch_size: int | None = None, workspace_bytes: int | None = None, device: int | None = None,
+    ) -> None:  # fmt: skip
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)} but is {backend!r}")
+        if backend == "sm90":
+            raise NotImplementedError(
+                "backend='sm90' (the Hopper wgmma/TMA prefill kernel) is not implemented yet (it is its own issue); "
+                "use backend='fa2' or 'auto'"
+            )
+        self.paged = bool(paged)
+        self.kv_layout = _layout_name(kv_layout)
+        self.backend = backend
+        self.use_cuda_graph = bool(use_cuda_graph)
+        if self.use_cuda_graph and (max_batch_size is None or int(max_batch_size) < 1):
+            raise ValueError(
+                f"use_cuda_graph=True needs max_batch_size >= 1 (the plan buffers are sized once) but got "
+                f"{max_batch_size}"
+            )
+        self.max_batch_size = None if max_batch_size is None else int(max_batch_size)
+        ws = DEFAULT_WORKSPACE_BYTES if workspace_bytes is None else int(workspace_bytes)
+        if ws < 0:
+            raise ValueError(f"workspace_bytes must be >= 0 but is {workspace_bytes}")
+        self.workspace_bytes = ws
+        self.device = device
+        self._plan: _Plan | None = None
+        self._buffers: Buffers | None = None
+        self._ctas: dict = {}
+        self._fixed: tuple | None = None  # graph mode: (layout, config, heads, capacities)
+        self._generation = 0
+
+    # -- planning --------------------------------------------------------------------------------------------------
+
+    def _host_plan(
+        self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, *, num_qo_heads, num_kv_heads, head_dim,
+        page_size, causal, custom_mask, packed_custom_mask, head_dim_vo, q_dtype, kv_dtype, o_dtype, sm_scale,
+        logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant, tile_sizes, limits,
+    ) -> _Plan:  # fmt: skip
+        hq, hkv = _positive("num_qo_heads", num_qo_heads), _positive("num_kv_heads", num_kv_heads)
+        d = _positive("head_dim", head_dim)
+        dvo = d if head_dim_vo is None else _positive("head_dim_vo", head_dim_vo)
+        check_head_dims(d, dvo)
+        if hq % hkv:
+            raise ValueError(
+                f"num_qo_heads ({hq}) must be a multiple of num_kv_heads ({hkv}) for grouped-query attention; "
+                "query head h reads kv head h // (num_qo_heads // num_kv_heads)"
+            )
+        g = hq // hkv
+        qd = _half_dtype("q_dtype", q_dtype)
+        kvd = _half_dtype("kv_dtype", qd if kv_dtype is None else kv_dtype)
+        od = _half_dtype("o_dtype", qd if o_dtype is None else o_dtype)
+        if kvd is not qd:
+            raise ValueError(
+                f"the prefill kernel multiplies q and K/V of one 16-bit type but q_dtype={qd.value}, kv_dtype="
+                f"{kvd.value}; cast one of them"
+            )
+        opts = _check_options(
+            causal, sm_scale, logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant, d
+        )
+        qo = validate.check_indptr("qo_indptr", qo_indptr)
+        batch = qo.shape[0] - 1
+        hint = f"one entry per request plus the leading 0, like qo_indptr ({qo.shape[0]} entries)"
+        if self.paged:
+            ps = _positive("page_size", page_size)
+            kvi = validate.check_indptr("kv_indptr", kv_indptr, length=qo.shape[0], hint=hint)
+            if kv_indices is None or kv_last_page_len is None:
+                raise ValueError(
+                    "a paged BatchPrefill needs kv_indices and kv_last_page_len in plan(); pass the page table (or "
+                    "build BatchPrefill(paged=False) for ragged k/v)"
+                )
+            indices = validate.check_index_array("kv_indices", kv_indices, min_len=int(kvi[-1]))
+            last = validate.check_index_array(
+                "kv_last_page_len", kv_last_page_len, length=batch, hint="one entry per request (len(kv_indptr) - 1)"
+            )
+            pages = np.diff(kvi)
+            bad = (pages > 0) & ((last < 1) | (last > ps))
+            if np.any(bad):
+                b = int(np.flatnonzero(bad)[0])
+                raise ValueError(
+                    f"kv_last_page_len[{b}] must be in [1, page_size={ps}] for a request with pages but is "
+                    f"{int(last[b])}; it counts the tokens in the request's last page"
+                )
+            kv_lens = kv_lens_from_pages(kvi, last, ps).astype(np.int32)
+            used = indices[: int(kvi[-1])]
+            max_page = int(used.max()) if used.size else -1
+        else:
+            ps = 1
+            kvi = validate.check_indptr("kv_indptr", kv_indptr, length=qo.shape[0], hint=hint)
+            indices = last = None
+            kv_lens = np.diff(kvi).astype(np.int32)
+            max_page = -1
+        qo_lens = np.diff(qo)
+        mask_bytes, mask_indptr = _custom_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens)
+        if self.use_cuda_graph and batch > self.max_batch_size:
+            raise ValueError(
+                f"the plan has {batch} requests but the wrapper was built with max_batch_size={self.max_batch_size} "
+                "for CUDA graphs; build it with a larger max_batch_size"
+            )
+        if self._fixed is not None:
+            config = self._fixed[1]
+        else:
+            avg = float(qo_lens.sum()) * g / max(batch, 1)
+            tq, tkv, stages = _tile_sizes(tile_sizes)
+            config = choose_tiles(
+                avg, d, dvo, paged=self.paged, limits=limits, tile_q=tq, tile_kv=tkv, stages=stages,
+                variant=opts.logits_soft_cap > 0 or opts.pos_encoding == "alibi",
+            )  # fmt: skip
+        return _Plan(
+            batch, hq, hkv, d, dvo, ps, qd, kvd, od, opts, config, qo, kvi, indices, last, kv_lens, max_page,
+            mask_bytes, mask_indptr,
+        )  # fmt: skip
+
+    def _num_ctas(self, plan: _Plan, num_sms: int | None, device_id: int | None) -> int:
+        key = (plan.key(self.paged), num_sms, device_id)
+        n = self._ctas.get(key)
+        if n is None:
+            cfg = plan.config
+            if device_id is None:
+                per_sm = max(1, ctas_per_sm(cfg, plan.head_dim, plan.head_dim_vo, self.paged, DeviceLimits()))
+                sms = _DEFAULT_SMS
+            else:
+                from cuinfer.device import device_info
+
+                k = plan.key(self.paged)
+                kernel = get_kernel(prefill_spec(k), k.name_expr(), device_id)
+                smem = smem_bytes(cfg, plan.head_dim, plan.head_dim_vo, self.paged)
+                per_sm = max(1, kernel.max_active_blocks(cfg.threads, smem))
+                sms = device_info(device_id).sm_count
+            n = self._ctas[key] = per_sm * (sms if num_sms is None else _positive("num_sms", num_sms))
+        return n
+
+    def _work(self, plan: _Plan, num_ctas: int, fixed_split_size: int | None) -> WorkPlan:
+        if fixed_split_size is not None:
+            fixed_split_size = _positive("fixed_split_size", fixed_split_size)
+        tile = plan.config.tile_kv
+        granule = math.gcd(fixed_split_size, tile) if fixed_split_size is not None else tile
+        return plan_work(
+            np.diff(plan.qo_indptr), plan.kv_lens, num_kv_heads=plan.num_kv_heads,
+            group_size=plan.num_qo_heads // plan.num_kv_heads, tile_rows=plan.config.tile_q, num_ctas=num_ctas,
+            kv_granule=granule, causal=plan.options.causal, window_left=plan.options.window_left,
+            fixed_split_size=fixed_split_size,
+        )  # fmt: skip
+
+    def _device_or_none(self) -> int | None:
+        from cuinfer.device import current_device_id, gpu_available
+
+        if not gpu_available():
+            return None
+        return int(self.device) if self.device is not None else current_device_id()
+
+    def _limits(self, device_id: int | None) -> DeviceLimits:
+        if device_id is None:
+            return DeviceLimits()
+        from cuinfer.device import device_info
+
+        info = device_info(device_id)
+        return DeviceLimits(
+            smem_per_sm=info.smem_per_sm, smem_per_block_optin=info.smem_per_block_optin,
+            regs_per_sm=info.regs_per_sm, max_threads_per_sm=info.max_threads_per_sm,
+        )  # fmt: skip
+
+    def workspace_size(self, qo_indptr: Any, kv_indptr: Any, kv_indices: Any = None, kv_last_page_len: Any = None,
+                       **kwargs: Any) -> int:  # fmt: skip
+        """Exact workspace bytes ``plan()`` with the same arguments needs for its split-KV partial states."""
+        num_sms, fixed = kwargs.pop("num_sms", None), kwargs.pop("fixed_split_size", None)
+        device_id = self._device_or_none()
+        plan = self._host_plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, **self._plan_kwargs(kwargs),
+                               limits=self._limits(device_id))  # fmt: skip
+        work = self._work(plan, self._num_ctas(plan, num_sms, device_id), fixed)
+        return plan_layout.workspace_bytes(work, plan.head_dim_vo)
+
+    @staticmethod
+    def _plan_kwargs(kw: dict) -> dict:
+        defaults = dict(
+            page_size=1, causal=False, custom_mask=None, packed_custom_mask=None, head_dim_vo=None, kv_dtype=None,
+            o_dtype=None, sm_scale=None, logits_soft_cap=0.0, window_left=-1, pos_encoding="none", rope_scale=1.0,
+            rope_theta=1e4, variant=None, tile_sizes=None,
+        )  # fmt: skip
+        for req in ("num_qo_heads", "num_kv_heads", "head_dim", "q_dtype"):
+            if req not in kw:
+                raise TypeError(f"plan() missing required keyword argument {req!r}")
+        unknown = set(kw) - set(defaults) - {"num_qo_heads", "num_kv_heads", "head_dim", "q_dtype"}
+        if unknown:
+            raise TypeError(f"plan() got unexpected keyword arguments {sorted(unknown)}")
+        return {**defaults, **kw}
+
+    def plan(
+        self, qo_indptr: Any, kv_indptr: Any, kv_indices: Any = None, kv_last_page_len: Any = None, *,
+        num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int = 1, causal: bool = False,
+        custom_mask: Any = None, packed_custom_mask: Any = None, head_dim_vo: int | None = None, q_dtype: Any,
+        kv_dtype: Any = None, o_dtype: Any = None, sm_scale: float | None = None, logits_soft_cap: float = 0.0,
+        window_left: int = -1, pos_encoding: str = "none", rope_scale: float = 1.0, rope_theta: float = 1e4,
+        variant: Any = None, num_sms: int | None = None, fixed_split_size: int | None = None,
+        tile_sizes: tuple[int, ...] | None = None,
+    ) -> None:  # fmt: skip
+        """Plan one batch. Index arrays may be lists, NumPy arrays, host tensors or device arrays (one device-to-host
+        copy). ``tile_sizes=(query_tile, kv_tile[, stages])`` overrides the tile policy (tests, tuning).
+        Raises before anything reaches the GPU when the inputs or the workspace do not fit."""
+        device_id = self._device_or_none()
+        plan = self._host_plan(
+            qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, causal=causal,
+            custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, head_dim_vo=head_dim_vo, q_dtype=q_dtype,
+            kv_dtype=kv_dtype, o_dtype=o_dtype, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
+            window_left=window_left, pos_encoding=pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta,
+            variant=variant, tile_sizes=tile_sizes, limits=self._limits(device_id),
+        )  # fmt: skip
+        plan.work = self._work(plan, self._num_ctas(plan, num_sms, device_id), fixed_split_size)
+        if device_id is not None:
+            self._pack(plan, device_id)
+        self._plan = plan
+
+    def _pack(self, plan: _Plan, device_id: int) -> None:
+        work = plan.work
+        buf = self._buffers
+        if buf is None or buf.device_id != device_id:
+            buf = self._buffers = Buffers(device_id, self.workspace_bytes, self.use_cuda_graph)
+        need = plan_layout.workspace_bytes(work, plan.head_dim_vo)
+        if work.num_partial_rows > partial_rows_capacity(self.workspace_bytes, plan.head_dim_vo):
+            raise ValueError(
+                f"the plan needs {need} bytes of workspace for {work.num_partial_rows} split-KV partial rows but the "
+                f"wrapper has workspace_bytes={self.workspace_bytes}; build BatchPrefill(workspace_bytes={need}) or "
+                "larger (workspace_size(...) gives the exact figure)"
+            )
+        batch = plan.batch
+        n_pages = int(plan.kv_indptr[-1]) if self.paged else 0
+        n_mask = 0 if plan.mask_bytes is None else plan.mask_bytes.shape[0]
+        if self.use_cuda_graph:
+            heads = (plan.num_qo_heads, plan.num_kv_heads, plan.key(self.paged))
+            if self._fixed is None:
+                qo_cap = 2 * max(plan.nnz_qo, self.max_batch_size)
+                cap = plan_layout.capacity_bound(
+                    self.max_batch_size, qo_cap, plan.num_kv_heads, plan.num_qo_heads // plan.num_kv_heads,
+                    plan.config.tile_q, work.num_ctas, disable_split=False,
+                )  # fmt: skip
+                lay = plan_layout.PlanLayout.for_capacity(cap.max_items, cap.max_ctas, cap.max_merge, cap.max_merge_src)
+                self._fixed = (lay, plan.config, heads, (2 * max(n_pages, 1), 2 * max(n_mask, 4)))
+            lay, _, fixed_heads, (page_cap, mask_cap) = self._fixed
+            if heads != fixed_heads:
+                raise ValueError(
+                    "with use_cuda_graph=True every plan() must keep the heads, dtypes and options of the first (the "
+                    f"captured kernel is fixed): first {fixed_heads[:2]} {fixed_heads[2].short_name()}, now "
+                    f"{heads[:2]} {heads[2].short_name()}"
+                )
+            if n_pages > page_cap or n_mask > mask_cap:
+                raise ValueError(
+                    f"the plan reads {n_pages} page indices and {n_mask} mask bytes but the CUDA-graph buffers hold "
+                    f"{page_cap} and {mask_cap} (twice the first plan's); plan the largest batch first or build a new "
+                    "wrapper"
+                )
+            b_cap = self.max_batch_size
+        else:
+            lay = plan_layout.PlanLayout.for_plan(work)
+            page_cap, mask_cap, b_cap = n_pages, n_mask, batch
+        off = dict(lay.offsets)
+        pos = lay.total_words
+        for name, size in (("qo_indptr", b_cap + 1), ("kv_indptr", b_cap + 1), ("kv_last_page_len", b_cap),
+                           ("mask_indptr", b_cap + 1), ("kv_indices", max(page_cap, 1)),
+                           ("mask", max(-(-mask_cap // 4), 1))):  # fmt: skip
+            off[name] = pos
+            pos = _align4(pos + size)
+        buf.ensure(pos)
+        host = buf.next_host()
+        self._generation += 1
+        plan_layout.pack(work, lay, host, generation=self._generation)
+        host[off["qo_indptr"] : off["qo_indptr"] + batch + 1] = plan.qo_indptr
+        host[off["kv_indptr"] : off["kv_indptr"] + batch + 1] = plan.kv_indptr
+        if self.paged:
+            host[off["kv_last_page_len"] : off["kv_last_page_len"] + batch] = plan.kv_last_page_len
+            host[off["kv_indices"] : off["kv_indices"] + n_pages] = plan.kv_indices[:n_pages]
+        if plan.mask_bytes is not None:
+            host[off["mask_indptr"] : off["mask_indptr"] + batch + 1] = plan.mask_indptr
+            words = np.zeros(-(-n_mask // 4) * 4, dtype=np.uint8)
+            words[:n_mask] = plan.mask_bytes
+            host[off["mask"] : off["mask"] + words.shape[0] // 4] = words.view(np.int32)
+        plan.words, plan.words_used, plan.offsets, plan.device_id = host, pos, off, device_id
+        plan.uploaded_on = None
+
+    # -- running ---------------------------------------------------------------------------------------------------
+
+    def run(
+        self, q: Any, *kv: Any, out: Any = None, lse: Any = None, return_lse: bool = False,
+        k_scale: float | None = None, v_scale: float | None = None,
+    ) -> Any:  # fmt: skip
+        """``run(q, kv_cache)`` (paged) or ``run(q, k, v)`` (ragged) -> ``o [nnz_qo, num_qo_heads, head_dim_vo]``
+        (or ``(o, lse)``, lse base 2 ``[nnz_qo, num_qo_heads]`` float32)."""
+        plan = self._plan
+        if plan is None:
+            raise ValueError("run() needs a plan: call plan(qo_indptr, kv_indptr, ...) first")
+        want = 1 if self.paged else 2
+        if len(kv) != want:
+            usage = "run(q, kv_cache)" if self.paged else "run(q, k, v)"
+            raise TypeError(f"a BatchPrefill(paged={self.paged}) runs as {usage} but got {1 + len(kv)} arrays")
+        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if s is not None and float(s) != 1.0:
+                raise NotImplementedError(f"{name}={s}: K/V scales (fp8 caches) are not implemented for prefill yet")
+        want_lse = return_lse or lse is not None
+        if is_host(q):
+            return self._run_reference(plan, q, kv, out, lse, want_lse)
+        call, tq = begin(q, "q")
+        self._check_q(plan, tq)
+        kvt = self._kv(call, plan, kv)
+        if plan.device_id is None or plan.device_id != call.device_id:
+            raise ValueError(
+                f"q is on cuda:{call.device_id} but plan() was made for "
+                f"{'no GPU' if plan.device_id is None else f'cuda:{plan.device_id}'}; call plan() with "
+                f"BatchPrefill(device={call.device_id})"
+            )
+        to, tl = self._outputs(call, plan, out, lse, want_lse)
+        validate.check_same_device(("q", "k", "v", "out"), (tq, kvt.k, kvt.v, to))
+        if plan.work.n_items:
+            buf = self._buffers
+            if self.use_cuda_graph or plan.uploaded_on != call.stream or buf.device_id != plan.device_id:
+                buf.upload(plan.words, plan.words_used, call.stream)
+                plan.uploaded_on = call.stream
+            self._launch(call, plan, tq, kvt, to, tl)
+        o_user = out if out is not None else call.give(to)
+        if not want_lse:
+            return o_user
+        return o_user, (lse if lse is not None else call.give(tl))
+
+    def _check_q(self, plan: _Plan, tq: Tensor) -> None:
+        validate.check_ndim("q", tq, 3, hint="q is [nnz_qo, num_qo_heads, head_dim] (ragged: rows of qo_indptr)")
+        if tq.shape[0] != plan.nnz_qo:
+            raise ValueError(
+                f"q has {tq.shape[0]} rows but qo_indptr[-1] = {plan.nnz_qo}; q holds the query tokens of every "
+                "request, request b in rows qo_indptr[b]:qo_indptr[b+1]"
+            )
+        validate.check_shape(
+            "q", tq, (plan.nnz_qo, plan.num_qo_heads, plan.head_dim),
+            hint=f"plan() was made for num_qo_heads={plan.num_qo_heads}, head_dim={plan.head_dim}",
+        )  # fmt: skip
+        if tq.dtype is not plan.q_dtype:
+            raise ValueError(
+                f"q has dtype {tq.dtype.value} but plan() was made for q_dtype={plan.q_dtype.value}; cast q with "
+                f"{validate.cast_fix('q', tq.framework, plan.q_dtype)} or call plan() with q_dtype='{tq.dtype.value}'"
+            )
+        if tq.is_cuda:
+            check_aligned("q", tq, (0, 1))
+
+    def _kv(self, call: Call, plan: _Plan, kv: tuple) -> KV:
+        if self.paged:
+            c = paged_kv(call.tensor, kv[0], self.kv_layout, gpu=True)
+            got = (c.page_size, c.num_kv_heads, c.head_dim)
+            want = (plan.page_size, plan.num_kv_heads, plan.head_dim)
+            if got != want:
+                raise ValueError(
+                    f"kv_cache has (page_size, num_kv_heads, head_dim) = {got} ({self.kv_layout}) but plan() was made "
+                    f"for {want}; pass the cache the plan describes (or check kv_layout)"
+                )
+            if plan.head_dim_vo != plan.head_dim:
+                raise ValueError(
+                    f"plan() was made for head_dim={plan.head_dim}, head_dim_vo={plan.head_dim_vo} but a paged cache "
+                    "holds K and V of one head dim; use BatchPrefill(paged=False) with separate k and v"
+                )
+            if c.k_strides != c.v_strides:
+                raise ValueError(
+                    f"k_cache and v_cache must have the same strides (the kernel finds a page's K and V rows with one "
+                    f"offset) but have {c.k_strides} and {c.v_strides} (page, slot, head; elements); pass contiguous "
+                    "caches"
+                )
+            if plan.max_page >= c.num_pages:
+                raise ValueError(
+                    f"kv_indices holds page index {plan.max_page} but kv_cache has {c.num_pages} pages (valid indices "
+                    f"are 0..{c.num_pages - 1}); the page table passed to plan() does not belong to this cache"
+                )
+        else:
+            tk, tv = call.tensor(kv[0], "k"), call.tensor(kv[1], "v")
+            c = _ragged_kv(tk, tv, self.kv_layout, plan)
+        if c.k.dtype is not plan.kv_dtype:
+            raise ValueError(
+                f"k/v have dtype {c.k.dtype.value} but plan() was made for kv_dtype={plan.kv_dtype.value}; call "
+                f"plan() with kv_dtype='{c.k.dtype.value}'"
+            )
+        return c
+
+    def _outputs(self, call: Call, plan: _Plan, out, lse, want_lse: bool) -> tuple[Tensor, Tensor | None]:
+        shape = (plan.nnz_qo, plan.num_qo_heads, plan.head_dim_vo)
+        if out is None:
+            to = call.empty(shape, plan.o_dtype)
+        else:
+            to = call.tensor(out, "out")
+            validate.check_shape("out", to, shape)
+            if to.dtype is not plan.o_dtype:
+                raise ValueError(
+                    f"out has dtype {to.dtype.value} but plan() was made for o_dtype={plan.o_dtype.value}; pass an "
+                    f"out of dtype {plan.o_dtype.value} or call plan() with o_dtype='{to.dtype.value}'"
+                )
+            validate.check_writable("out", to)
+            check_aligned("out", to, (0, 1))
+        tl = None
+        if want_lse:
+            if lse is None:
+                tl = call.empty(shape[:2], DType.FLOAT32)
+            else:
+                tl = call.tensor(lse, "lse")
+                validate.check_shape("lse", tl, shape[:2])
+                validate.check_dtype("lse", tl, (DType.FLOAT32,))
+                validate.check_writable("lse", tl)
+        return to, tl
+
+    def _launch(self, call: Call, plan: _Plan, tq: Tensor, kv: KV, to: Tensor, tl: Tensor | None) -> None:
+        from cuinfer.merge import launch_merge_partials, merge_partials_rows_per_block
+
+        buf, off, opts, work, cfg = self._buffers, plan.offsets, plan.options, plan.work, plan.config
+        key = plan.key(self.paged)
+        kernel = get_kernel(prefill_spec(key), key.name_expr(), call.device_id)
+        dvo = plan.head_dim_vo
+        partial_o, partial_lse = buf.partial_pointers(dvo)
+        g = plan.num_qo_heads // plan.num_kv_heads
+        g_mul, g_shift = fast_div_magic(g)
+        p_mul, p_shift = fast_div_magic(plan.page_size)
+        cap = opts.logits_soft_cap
+        slot_stride, head_stride = kv.k_strides[1], kv.k_strides[2]
+        params = PrefillParams.pack(
+            q=tq.ptr, k=kv.k_ptr, v=kv.v_ptr, o=to.ptr, lse=0 if tl is None else tl.ptr,
+            partial_o=partial_o, partial_lse=partial_lse,
+            **{name: buf.ptr(off[name]) for name in (
+                "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "mask_indptr", "work_indptr",
+                "item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end", "item_partial")},
+            mask=buf.ptr(off["mask"]),
+            q_stride_n=tq.strides[0], q_stride_h=tq.strides[1],
+            k_stride_n=slot_stride, k_stride_h=head_stride, k_stride_page=kv.k_strides[0],
+            v_stride_n=kv.v_strides[1], v_stride_h=kv.v_strides[2],
+            o_stride_n=to.strides[0], o_stride_h=to.strides[1],
+            lse_stride_n=0 if tl is None else tl.strides[0], lse_stride_h=0 if tl is None else tl.strides[1],
+            group_size=g, page_size=plan.page_size, window_left=opts.window_left,
+            alibi_pow2=1 << (plan.num_qo_heads.bit_length() - 1),
+            group_mul=g_mul, group_shift=g_shift, page_mul=p_mul, page_shift=p_shift,
+            sm_scale=opts.sm_scale, sm_scale_log2=opts.sm_scale * _LOG2E,
+            soft_cap=cap, inv_soft_cap=1.0 / cap if cap > 0 else 0.0,
+        )  # fmt: skip
+        smem = smem_bytes(cfg, plan.head_dim, dvo, self.paged)
+        kernel.launch(work.num_ctas, cfg.threads, (params,), smem_bytes=smem, stream=call.stream)
+        max_merge = self._fixed[0].capacity.max_merge if self.use_cuda_graph else work.n_merge
+        if max_merge == 0:
+            return
+        from cuinfer.device import device_info
+
+        per_block = merge_partials_rows_per_block(plan.o_dtype, dvo)
+        grid = max(1, min(16 * device_info(call.device_id).sm_count, -(-max_merge // per_block)))
+        launch_merge_partials(
+            device_id=call.device_id, stream=call.stream, num_targets_ptr=buf.ptr(1),
+            merge_indptr_ptr=buf.ptr(off["merge_indptr"]), merge_src_ptr=buf.ptr(off["merge_src"]),
+            merge_dst_token_ptr=buf.ptr(off["merge_dst_token"]), merge_dst_head_ptr=buf.ptr(off["merge_dst_head"]),
+            partial_o_ptr=partial_o, partial_lse_ptr=partial_lse, o=to, lse=tl, grid=grid,
+        )  # fmt: skip
+
+    def _run_reference(self, plan: _Plan, q, kv: tuple, out, lse, want_lse: bool):
+        tq = as_tensor(q, "q")
+        self._check_q(plan, tq)
+        opts = plan.options
+        kw = dict(
+            causal=opts.causal, sm_scale=opts.sm_scale, logits_soft_cap=opts.logits_soft_cap,
+            window_left=opts.window_left, pos_encoding=opts.pos_encoding, rope_scale=opts.rope_scale,
+            rope_theta=opts.rope_theta,
+        )  # fmt: skip
+        mask = None
+        if plan.mask_bytes is not None:
+            kv_tok = np.concatenate([[0], np.cumsum(plan.kv_lens)])
+            mask = reference.unpack_custom_mask(plan.mask_bytes, plan.qo_indptr, kv_tok)
+        if self.paged:
+            o, lse64 = reference.batch_prefill_paged(
+                tq.numpy(), kv[0], plan.qo_indptr, plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len,
+                kv_layout=self.kv_layout, custom_mask=mask, **kw,
+            )  # fmt: skip
+        else:
+            k, v = as_tensor(kv[0], "k").numpy(), as_tensor(kv[1], "v").numpy()
+            if self.kv_layout == "HND":
+                k, v = k.transpose(1, 0, 2), v.transpose(1, 0, 2)
+            _check_ragged_shapes(k.shape, v.shape, plan, "NHD")
+            o, lse64 = reference.batch_attention_ragged(
+                tq.numpy(), k, v, plan.qo_indptr, plan.kv_indptr, custom_mask=mask, **kw
+            )
+        return _host_outputs(o, lse64, plan.o_dtype, out, lse, want_lse)
+
+
+def _check_ragged_shapes(ks: tuple, vs: tuple, plan: _Plan, layout: str) -> None:
+    nnz = int(plan.kv_indptr[-1])
+    expect_k = (nnz, plan.num_kv_heads, plan.head_dim) if layout == "NHD" else (plan.num_kv_heads, nnz, plan.head_dim)
+    expect_v = expect_k[:2] + (plan.head_dim_vo,)
+    desc = "[nnz_kv, num_kv_heads, head_dim]" if layout == "NHD" else "[num_kv_heads, nnz_kv, head_dim]"
+    for name, got, want in (("k", tuple(ks), expect_k), ("v", tuple(vs), expect_v)):
+        if len(got) != 3:
+            raise ValueError(f"{name} must be 3-D {desc} ({layout}) but has shape {got}")
+        rows = got[0] if layout == "NHD" else got[1]
+        if rows != nnz:
+            raise ValueError(
+                f"{name} has {rows} tokens but kv_indptr[-1] = {nnz}; {name} holds the KV tokens of every request, "
+                "request b in rows kv_indptr[b]:kv_indptr[b+1]"
+            )
+        if got != want:
+            raise ValueError(
+                f"{name} must have shape {want} ({layout} {desc}) but has shape {got}; plan() was made for "
+                f"num_kv_heads={plan.num_kv_heads}, head_dim={plan.head_dim}, head_dim_vo={plan.head_dim_vo}"
+            )
+
+
+def _ragged_kv(tk: Tensor, tv: Tensor, layout: str, plan: _Plan) -> KV:
+    _check_ragged_shapes(tk.shape, tv.shape, plan, layout)
+    validate.check_same_dtype(("k", "v"), (tk, tv))
+    nhd = layout == "NHD"
+    for name, t in (("k", tk), ("v", tv)):
+        check_aligned(name, t, (0, 1))
+    tok, head = (0, 1) if nhd else (1, 0)
+    ks = (0, tk.strides[tok], tk.strides[head])
+    vs = (0, tv.strides[tok], tv.strides[head])
+    return KV(tk, tv, tk.ptr, tv.ptr, ks, vs, 1, 1, plan.num_kv_heads, plan.head_dim)
+
+
+# ---- single request --------------------------------------------------------------------------------------------
+
+_single_wrappers: dict = {}
+
+
+def single_prefill(
+    q: Any, k: Any, v: Any, *, causal: bool = False, custom_mask: Any = None, kv_layout: str = "NHD",
+    sm_scale: float | None = None, logits_soft_cap: float = 0.0, window_left: int = -1, pos_encoding: str = "none",
+    rope_scale: float = 1.0, rope_theta: float = 1e4, variant: Any = None, return_lse: bool = False,
+) -> Any:  # fmt: skip
+    """Prefill one request: ``q [qo_len, num_qo_heads, head_dim]`` against ``k``, ``v`` (``[kv_len, num_kv_heads,
+    head_dim]`` NHD or ``[num_kv_heads, kv_len, head_dim]`` HND) -> ``o [qo_len, num_qo_heads, head_dim_vo]``
+    (, ``lse [qo_len, num_qo_heads]``). ``custom_mask``: bool ``[qo_len, kv_len]``, True = keep.
+
+    The same kernel as ``BatchPrefill(paged=False)``, a batch of one request (split over the GPU by the planner).
+    """
+    layout = _layout_name(kv_layout)
+    tq, tk, tv = (as_tensor(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v")))
+    validate.check_ndim("q", tq, 3, hint="single_prefill takes q [qo_len, num_qo_heads, head_dim]")
+    desc = "[kv_len, num_kv_heads, head_dim]" if layout == "NHD" else "[num_kv_heads, kv_len, head_dim]"
+    validate.check_ndim("k", tk, 3, hint=f"k is {desc} ({layout})")
+    validate.check_ndim("v", tv, 3, hint=f"v is {desc} ({layout})")
+    kv_len, hkv = (tk.shape[0], tk.shape[1]) if layout == "NHD" else (tk.shape[1], tk.shape[0])
+    if tk.shape[2] != tq.shape[2]:
+        raise ValueError(f"q and k must share head_dim but have shapes {tq.shape} and {tk.shape}")
+    mask = None if custom_mask is None else np.asarray(_host(custom_mask, "custom_mask")).astype(bool)
+    if mask is not None and mask.shape != (tq.shape[0], kv_len):
+        raise ValueError(
+            f"custom_mask must have shape (qo_len, kv_len) = {(tq.shape[0], kv_len)} but has shape {mask.shape}"
+        )
+    device = None if is_host(q) else tq.device_id
+    w = _single_wrappers.get((device, layout))
+    if w is None:
+        w = _single_wrappers[(device, layout)] = BatchPrefill(paged=False, kv_layout=layout, device=device)
+    w.plan(
+        [0, tq.shape[0]], [0, kv_len], num_qo_heads=tq.shape[1], num_kv_heads=hkv, head_dim=tq.shape[2],
+        head_dim_vo=tv.shape[2], causal=causal, custom_mask=None if mask is None else mask.reshape(-1),
+        q_dtype=tq.dtype, kv_dtype=tk.dtype, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
+        window_left=window_left, pos_encoding=pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta,
+        variant=variant,
+    )  # fmt: skip
+    return w.run(q, k, v, return_lse=return_lse)
+
+
+__all__ = ["BatchPrefill", "single_prefill"]

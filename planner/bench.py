@@ -1,0 +1,161 @@
+"""Micro-benchmark of the whole host plan path: ``python -m cuinfer.planner.bench``.
+
+The path timed is what ``plan()`` does every generation step: KV lengths from ``kv_indptr`` / ``kv_last_page_len``
+(decode; prefill also takes ``qo_indptr``), ``plan_work``, and ``pack`` into an int32 buffer whose layout was fixed
+up front from ``capacity_bound`` (CUDA-graph mode). Each case reports the median, 10th and 90th percentile of single
+calls (``time.perf_counter_ns``) after warm-up, the assignment mode, the chunk size and the balance achieved.
+
+Shapes: Llama-3.1-8B (32 query heads, 8 KV heads: group 4), page size 16, ``num_ctas`` = 132 SMs x 2. Lengths follow
+PERF.md with the seeds of ``bench/cases.py`` (zipf: ``rng.zipf(1.5)`` scaled to the mean, clipped to
+``[16, 64 * mean]``; onelong: one request of ``32 * mean``, the rest ``mean``).
+
+Targets (PERF.md): decode batch 128 <= 50 us median, prefill batch 64 <= 80 us. The host is shared and small, so
+run-to-run noise of 1.5-2x is normal here; ``--trials`` repeats each case and keeps the best median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from .cost import CostModel
+from .layout import PlanLayout, capacity_bound, pack
+from .tiles import kv_lens_from_pages, qo_lens_from_indptr
+from .work import plan_work
+
+NUM_QO_HEADS, NUM_KV_HEADS, PAGE = 32, 8, 16
+
+
+def lengths(dist: str, batch: int, mean: int, seed: int, lo: int = 0, hi: int = 0) -> np.ndarray:
+    """PERF.md length distributions (the same formulas as ``bench/cases.py``)."""
+    rng = np.random.default_rng(seed)
+    if dist == "const":
+        return np.full(batch, mean, dtype=np.int64)
+    if dist == "uniform":
+        return rng.integers(lo, hi + 1, size=batch).astype(np.int64)
+    if dist == "zipf":
+        x = rng.zipf(1.5, size=batch).astype(np.float64)
+        return np.clip((x / x.mean() * mean).astype(np.int64), 16, 64 * mean)
+    if dist == "onelong":
+        x = np.full(batch, mean, dtype=np.int64)
+        x[0] = 32 * mean
+        return x
+    raise ValueError(f"unknown length distribution {dist!r}; use const, uniform, zipf or onelong")
+
+
+# (name, kind, lengths args) -- decode batch 1/16/128/256 and the prefill batch of 64
+CASES = (
+    ("D4 decode 1 x 32768", "decode", ("const", 1, 32768, 4)),
+    ("D1 decode 16 x 1024", "decode", ("const", 16, 1024, 1)),
+    ("D3 decode 16 zipf 1024", "decode", ("zipf", 16, 1024, 3)),
+    ("D6 decode 128 x 2048", "decode", ("const", 128, 2048, 6)),
+    ("D8 decode 128 onelong 1024", "decode", ("onelong", 128, 1024, 8)),
+    ("D9 decode 128 zipf 2048", "decode", ("zipf", 128, 2048, 9)),
+    ("decode 128 uniform[512,4096]", "decode", ("uniform", 128, 0, 11, 512, 4096)),
+    ("D7 decode 256 x 1024", "decode", ("const", 256, 1024, 7)),
+    ("P64 prefill 64 uniform[512,2048]", "prefill", ("uniform", 64, 0, 301, 512, 2048)),
+)
+
+
+def _case_inputs(kind: str, lens: np.ndarray):
+    pages = -(-lens // PAGE)
+    kv_indptr = np.zeros(lens.shape[0] + 1, dtype=np.int32)
+    kv_indptr[1:] = np.cumsum(pages)
+    last = (lens - (pages - 1) * PAGE).astype(np.int32)
+    qo_indptr = None
+    if kind == "prefill":
+        qo_indptr = np.zeros(lens.shape[0] + 1, dtype=np.int32)
+        qo_indptr[1:] = np.cumsum(lens)
+    return kv_indptr, last, qo_indptr
+
+
+def run_case(kind: str, lens: np.ndarray, *, num_ctas: int, reps: int, trials: int) -> dict:
+    g = NUM_QO_HEADS // NUM_KV_HEADS
+    kv_indptr, last, qo_indptr = _case_inputs(kind, lens)
+    decode = kind == "decode"
+    tile_rows = 16 if decode else 128
+    kw = dict(num_kv_heads=NUM_KV_HEADS, group_size=g, tile_rows=tile_rows, num_ctas=num_ctas, kv_granule=PAGE)
+    if decode:
+        cap = capacity_bound(lens.shape[0], lens.shape[0], NUM_KV_HEADS, g, tile_rows, num_ctas)
+    else:
+        cap = capacity_bound(lens.shape[0], int(lens.sum()), NUM_KV_HEADS, g, tile_rows, num_ctas)
+    layout = PlanLayout.for_capacity(cap.max_items, cap.max_ctas, cap.max_merge, cap.max_merge_src)
+    buf = layout.empty()
+
+    def step():
+        kv = kv_lens_from_pages(kv_indptr, last, PAGE)
+        qo = None if decode else qo_lens_from_indptr(qo_indptr)
+        plan = plan_work(qo, kv, causal=not decode, **kw)
+        pack(plan, layout, buf)
+        return plan
+
+    plan = step()
+    for _ in range(min(200, reps)):
+        step()
+    best = None
+    for _ in range(trials):
+        ts = np.empty(reps, dtype=np.int64)
+        for i in range(reps):
+            t0 = time.perf_counter_ns()
+            step()
+            ts[i] = time.perf_counter_ns() - t0
+        us = np.percentile(ts, [50, 10, 90]) / 1000.0
+        if best is None or us[0] < best[0]:
+            best = us
+    balance, eff = plan_balance(plan, lens if not decode else None, g, tile_rows)
+    return dict(
+        median=best[0], p10=best[1], p90=best[2], mode=plan.assign_mode, chunk=plan.chunk_size,
+        items=plan.n_items, merge=plan.n_merge, balance=balance, efficiency=eff,
+    )  # fmt: skip
+
+
+def plan_balance(plan, qo_lens, group_size: int, tile_rows: int, cost: CostModel = CostModel()):
+    """``(balance, efficiency)`` of a plan under the cost model: balance = mean / max CTA load; efficiency = the
+    unsplit work spread evenly over the CTAs (the ideal) / (max load + the merge's fixed cost if anything is split)."""
+    rows = _item_rows(plan, qo_lens, group_size, tile_rows)
+    kv = plan.item_kv_end.astype(np.float64) - plan.item_kv_start
+    split = plan.item_partial >= 0
+    base = cost.alpha * rows + cost.gamma
+    costs = base + cost.beta * kv + cost.partial_row * rows * split
+    cta = np.repeat(np.arange(plan.num_ctas), np.diff(plan.work_indptr))
+    loads = np.bincount(cta, weights=costs, minlength=plan.num_ctas)
+    ideal = float(costs[~split].sum() + cost.beta * kv[split].sum())
+    if split.any():  # each split (tile, head) pays its rows and gamma once when unsplit
+        key = np.stack([plan.item_req[split], plan.item_qo_tile[split], plan.item_kv_head[split]], axis=1)
+        first = np.unique(key, axis=0, return_index=True)[1]
+        ideal += float(base[split][first].sum())
+    worst = float(loads.max()) + (cost.split_fixed if split.any() else 0.0)
+    return float(loads.mean() / loads.max()), ideal / plan.num_ctas / worst
+
+
+def _item_rows(plan, qo_lens, g: int, br: int) -> np.ndarray:
+    if qo_lens is None:
+        return np.full(plan.n_items, g, dtype=np.float64)
+    req, tile = plan.item_req, plan.item_qo_tile
+    total = np.asarray(qo_lens)[req] * g
+    return np.minimum(br, total - tile * br).astype(np.float64)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m cuinfer.planner.bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--ctas", type=int, default=264, help="persistent CTAs (default 264 = 132 SMs x 2)")
+    ap.add_argument("--reps", type=int, default=2000, help="timed single calls per trial (default 2000)")
+    ap.add_argument("--trials", type=int, default=3, help="trials per case; the best median is kept (default 3)")
+    args = ap.parse_args(argv)
+    print(f"plan path: kv lengths from pages + plan_work + pack; {args.ctas} CTAs; median of {args.reps} calls, "
+          f"best of {args.trials} trials")  # fmt: skip
+    head = f"{'case':34s} {'median':>8s} {'p10':>7s} {'p90':>7s}  {'mode':8s} {'chunk':>6s} {'items':>6s} "
+    print(head + f"{'merge':>6s} {'balance':>8s} {'effic.':>7s}")
+    for name, kind, largs in CASES:
+        lens = lengths(*largs)
+        r = run_case(kind, lens, num_ctas=args.ctas, reps=args.reps, trials=args.trials)
+        print(
+            f"{name:34s} {r['median']:6.1f}us {r['p10']:5.1f}us {r['p90']:5.1f}us  {r['mode']:8s} {r['chunk']:6d} "
+            f"{r['items']:6d} {r['merge']:6d} {r['balance']:8.3f} {r['efficiency']:7.3f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""The decode kernel/tile policy (cuinfer.decode_policy): pure host functions, checked against the constraints the
+kernel templates static_assert, so a policy change that would not compile (or not fit on an SM) fails here first."""
+
+from __future__ import annotations
+
+import pytest
+
+from cuinfer.decode_policy import (
+    SUPPORTED_HEAD_DIMS,
+    DecodeConfig,
+    check_head_dim,
+    ctas_per_sm,
+    decode_config,
+)
+from cuinfer.decode_specs import DecodeKernelKey, shipped_keys
+
+H200_SMEM_PER_SM = 233472
+SMEM_PER_BLOCK_OPTIN = 232448
+GROUPS = (1, 2, 3, 4, 5, 7, 8, 16, 32)
+
+
+@pytest.mark.parametrize(
+    ("group", "tc"),
+    [pytest.param(g, g >= 4, id=f"g{g}") for g in GROUPS],
+)
+def test_automatic_choice_uses_tensor_cores_from_group_4(group, tc):
+    for d in SUPPORTED_HEAD_DIMS:
+        assert decode_config(group, d).tensor_cores is tc
+
+
+def test_both_kernels_stay_selectable():
+    assert decode_config(8, 128, use_tensor_cores=False).tensor_cores is False
+    assert decode_config(1, 128, use_tensor_cores=True).tensor_cores is True
+
+
+def test_llama_worked_example():
+    """The docstring's example: 32/8 heads, d128 -> tensor cores, 64-token tiles, 3 stages, 2 CTAs per SM."""
+    c = decode_config(4, 128)
+    assert (c.tensor_cores, c.threads, c.tile_kv, c.stages, c.warps_kv, c.warps_d) == (True, 128, 64, 3, 4, 1)
+    assert c.stage_bytes == 32 * 1024
+    assert ctas_per_sm(c, smem_per_sm=H200_SMEM_PER_SM) == 2
+    mha = decode_config(1, 128)
+    assert (mha.tensor_cores, mha.threads, mha.tile_kv, mha.stages) == (False, 128, 32, 4)
+    assert ctas_per_sm(mha, smem_per_sm=H200_SMEM_PER_SM) == 3
+
+
+@pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS, ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("group", GROUPS, ids=lambda g: f"g{g}")
+def test_cuda_core_config_meets_the_template_constraints(group, head_dim):
+    bdx = head_dim // 8
+    if bdx * group > 512:
+        with pytest.raises(ValueError, match="use use_tensor_cores=True"):
+            decode_config(group, head_dim, use_tensor_cores=False)
+        return
+    c = decode_config(group, head_dim, use_tensor_cores=False)
+    assert c.threads % (bdx * group) == 0
+    bdz = c.threads // (bdx * group)
+    assert bdz & (bdz - 1) == 0, "token slices are a power of two"
+    assert c.tile_kv % bdz == 0
+    tz = c.tile_kv // bdz
+    assert bdz == 1 or group <= tz, "the merge of the slices must fit in one KV stage"
+    assert c.tile_kv <= c.threads, "one thread resolves each token of a tile"
+    assert c.threads % (head_dim // 16) == 0, "rope: threads cover whole half rows"
+    assert c.threads <= 512
+    assert c.threads * 128 * c.min_blocks <= 65536, "at least 128 registers per thread"
+    assert c.rows_per_tile == group
+    assert c.smem_bytes <= SMEM_PER_BLOCK_OPTIN
+
+
+@pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS, ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("group", GROUPS, ids=lambda g: f"g{g}")
+def test_tensor_core_config_meets_the_template_constraints(group, head_dim):
+    c = decode_config(group, head_dim, use_tensor_cores=True)
+    assert c.tile_kv == 16 * c.warps_kv
+    assert c.threads == 32 * c.warps_kv * c.warps_d
+    assert (head_dim // c.warps_d) % 16 == 0
+    assert c.stage_bytes == 16 * c.warps_kv * head_dim * 4, "the merge scratch is exactly one KV stage"
+    assert c.rows_per_tile == 16
+    # at least 2 CTAs per SM and ~64 KB of KV loads in flight per SM (2 stages ahead per CTA)
+    per_sm = ctas_per_sm(c, smem_per_sm=H200_SMEM_PER_SM)
+    assert per_sm >= 2
+    assert per_sm * (c.stages - 1) * c.stage_bytes >= 64 * 1024
+
+
+def test_smem_matches_the_kernel_layout():
+    """smem_bytes mirrors Pipeline<> in decode.cuh: S stages + (S+1) tile slots + 64 items, rounded to 128, + own."""
+    c = decode_config(4, 128)
+    pipe = 3 * 32768 + 4 * (16 * 64 + 32) + 64 * 32
+    assert c.smem_bytes == -(-pipe // 128) * 128 + 16 * 128 * 2 + 16 * 4 * 2 * 4
+    m = decode_config(2, 64)  # CUDA cores: 8 lanes x 2 heads x 8 slices
+    pipe = 4 * (2 * 64 * 64 * 2) + 5 * (16 * 64 + 32) + 64 * 32
+    assert m.smem_bytes == -(-pipe // 128) * 128 + 8 * 2 * 2 * 4
+
+
+def test_unsupported_head_dim_names_the_choices():
+    with pytest.raises(ValueError, match=r"^head_dim must be one of 64, 128, 256 for decode but is 96; pad"):
+        check_head_dim(96)
+    with pytest.raises(ValueError, match="head_dim must be one of"):
+        decode_config(4, 80)
+
+
+def test_bad_group_and_fp8_and_oversized_cuda_core_block():
+    with pytest.raises(ValueError, match=r"GQA group .* must be >= 1 but is 0"):
+        decode_config(0, 128)
+    with pytest.raises(NotImplementedError, match="fp8"):
+        decode_config(4, 128, kv_itemsize=1)
+    with pytest.raises(ValueError, match=r"needs head_dim/8 x group = 1024 threads .* more than 512; use use_tensor"):
+        decode_config(32, 256, use_tensor_cores=False)
+
+
+def test_ctas_per_sm_is_limited_by_smem_and_threads():
+    c = DecodeConfig(False, 128, 16, 1024, 32, 4)
+    assert ctas_per_sm(c, smem_per_sm=H200_SMEM_PER_SM) == 2  # 2048 threads per SM
+    assert c.min_blocks == 1  # 1024 threads x 128 registers fill the register file
+    big = decode_config(4, 256)
+    assert ctas_per_sm(big, smem_per_sm=100 * 1024) == 1
+
+
+def test_shipped_specialisations_are_distinct_and_named():
+    keys = shipped_keys()
+    names = [k.spec_name() for k in keys]
+    assert len(set(names)) == len(names)
+    exprs = [k.name_expr() for k in keys]
+    assert len(set(exprs)) == len(exprs)
+    assert any(k.config.tensor_cores for k in keys) and any(not k.config.tensor_cores for k in keys)
+
+
+def test_name_expressions_spell_the_template_arguments():
+    tc = DecodeKernelKey(decode_config(4, 128), "bfloat16", "bfloat16", "float16", pos_encoding="alibi", lse=True)
+    assert tc.name_expr() == (
+        "cuinfer::decode::batch_decode_tensor_core<__nv_bfloat16, __nv_bfloat16, half, 128, 4, 4, 1, 3, 2, 2, false, "
+        "false, true>"
+    )
+    cc = DecodeKernelKey(decode_config(1, 64), "float16", "float16", "float16", soft_cap=True, window=True)
+    assert cc.name_expr() == (
+        "cuinfer::decode::batch_decode_cuda_core<half, half, half, 64, 1, 64, 4, 128, 3, 0, true, true, false>"
+    )
+    assert cc.spec_name() == "decode/cc/float16/d64/g1/softcap/window"

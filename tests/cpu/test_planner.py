@@ -1,0 +1,276 @@
+"""Property tests of ``cuinfer.planner.plan_work`` over random batches, and the plan checker the other planner tests
+import (``check_plan``).
+
+The checker rebuilds the query tiles and their KV ranges with plain Python loops straight from docs/internals.md
+("Work plans") and API.md (causal bottom-right, sliding window), then checks every invariant of a ``WorkPlan``:
+coverage of each (request, tile, KV head) range exactly once by contiguous pieces, chunk boundaries on the granule,
+CTA-major lists, partial blocks disjoint and in bounds, the merge list, and Graham's bound on the balance.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from cuinfer.planner import CostModel, WorkPlan, plan_work
+
+
+def reference_tiles(qo_lens, kv_lens, g: int, br: int, causal: bool, window_left: int):
+    """``[(req, tile, rows, first_packed_row, start, end)]`` in request, tile order."""
+    out = []
+    for b, (lq, lk) in enumerate(zip(qo_lens, kv_lens, strict=True)):
+        lq, lk = int(lq), int(lk)
+        total = lq * g
+        for t in range(-(-total // br)):
+            r0, r1 = t * br, min((t + 1) * br, total)
+            first_tok, last_tok = r0 // g, (r1 - 1) // g
+            end = lk
+            if causal:
+                end = min(max(lk - lq + last_tok + 1, 0), lk)
+            start = 0
+            if window_left >= 0:
+                start = max(0, first_tok + lk - lq - window_left)
+            start = min(start, end)
+            out.append((b, t, r1 - r0, r0, start, end))
+    return out
+
+
+def item_costs(plan: WorkPlan, rows: np.ndarray, cost: CostModel) -> np.ndarray:
+    kv = plan.item_kv_end.astype(np.float64) - plan.item_kv_start
+    split = plan.item_partial >= 0
+    return cost.alpha * rows + cost.beta * kv + cost.gamma + cost.partial_row * rows * split
+
+
+def check_plan(
+    plan: WorkPlan,
+    qo_lens,
+    kv_lens,
+    *,
+    num_kv_heads: int,
+    group_size: int,
+    tile_rows: int,
+    num_ctas: int,
+    kv_granule: int,
+    causal: bool = False,
+    window_left: int = -1,
+    fixed_split_size: int | None = None,
+    disable_split: bool = False,
+    cost: CostModel = CostModel(),
+) -> dict:
+    """Assert every invariant; return a few statistics (loads, ...) for further checks."""
+    h, g, br, p = num_kv_heads, group_size, tile_rows, num_ctas
+    decode = qo_lens is None
+    qo = np.ones(len(kv_lens), dtype=np.int64) if decode else np.asarray(qo_lens, dtype=np.int64)
+    tiles = reference_tiles(qo, kv_lens, g, br, causal, window_left)
+    n = plan.n_items
+
+    # --- work_indptr: CTA-major, every CTA index valid --------------------------------------------------------
+    wi = plan.work_indptr
+    assert plan.num_ctas == p
+    assert wi.shape == (p + 1,) and wi[0] == 0 and wi[-1] == n, (wi[:3], wi[-3:], n)
+    assert np.all(np.diff(wi) >= 0)
+
+    req, tile, head = plan.item_req, plan.item_qo_tile, plan.item_kv_head
+    s, e, part = plan.item_kv_start, plan.item_kv_end, plan.item_partial
+    for a in (req, tile, head, s, e, part):
+        assert a.shape == (n,)
+    assert np.all((head >= 0) & (head < h))
+    assert np.all(s <= e)
+
+    # --- coverage: every (request, tile, head) range covered exactly once, in pieces --------------------------
+    ref = {(b, t): (rows, r0, st, en) for b, t, rows, r0, st, en in tiles}
+    assert n >= len(ref) * h
+    order = np.lexsort((s, head, tile, req))
+    rs, ts, hs, ss, es, ps = (a[order] for a in (req, tile, head, s, e, part))
+    key = (rs.astype(np.int64) * (1 << 20) + ts) * 64 + hs
+    bounds = np.flatnonzero(np.diff(key)) + 1
+    starts = np.concatenate(([0], bounds))
+    stops = np.concatenate((bounds, [n]))
+    assert len(starts) == len(ref) * h, (len(starts), len(ref) * h)
+    rows_of_item = np.empty(n, dtype=np.float64)
+    partial_blocks = []
+    split_units = {}
+    for a, z in zip(starts.tolist(), stops.tolist(), strict=True):
+        b, t, hh = int(rs[a]), int(ts[a]), int(hs[a])
+        assert (b, t) in ref, f"item for a tile that does not exist: request {b} tile {t}"
+        rows, r0, st, en = ref[(b, t)]
+        rows_of_item[order[a:z]] = rows
+        k = z - a
+        assert ss[a] == st and es[z - 1] == en, ((b, t, hh), (ss[a], es[z - 1]), (st, en))
+        assert np.all(ss[a + 1 : z] == es[a : z - 1]), "pieces of one tile must be contiguous (no gap, no overlap)"
+        if k == 1:
+            assert ps[a] == -1, f"an unsplit tile writes the output directly (partial -1), got {ps[a]}"
+            continue
+        assert st < en, "an empty range is never split"
+        assert np.all(es[a:z] > ss[a:z]), "pieces are never empty"
+        assert not disable_split
+        assert np.all(ps[a:z] >= 0), "pieces of a split tile all write partial states"
+        inner = es[a : z - 1]
+        step = fixed_split_size if fixed_split_size is not None else kv_granule
+        assert np.all(inner % step == 0), f"inner piece boundaries must be multiples of {step}: {inner}"
+        if fixed_split_size is not None:
+            assert np.all(es[a:z] - ss[a:z] <= fixed_split_size)
+        partial_blocks += [(int(q), rows) for q in ps[a:z]]
+        split_units[(b, t, hh)] = (rows, r0, [int(q) for q in ps[a:z]])
+    if disable_split:
+        assert n == len(ref) * h
+    if fixed_split_size is not None:  # every tile longer than the chunk is cut at its multiples
+        for (b, t), (rows, r0, st, en) in ref.items():
+            want = max(1, -(-en // fixed_split_size) - st // fixed_split_size) if en > st else 1
+            got = 1 if (b, t, 0) not in split_units else len(split_units[(b, t, 0)][2])
+            assert got == want, ((b, t), got, want)
+
+    # --- partial blocks: disjoint, inside num_partial_rows ---------------------------------------------------
+    used = np.zeros(plan.num_partial_rows, dtype=np.int64)
+    for q, rows in partial_blocks:
+        assert 0 <= q and q + rows <= plan.num_partial_rows, (q, rows, plan.num_partial_rows)
+        used[q : q + rows] += 1
+    assert np.all(used <= 1), "partial blocks overlap"
+
+    # --- merge list: one entry per packed row of every split (tile, head); sources in KV order ---------------
+    mi, src = plan.merge_indptr, plan.merge_src
+    tok, qh = plan.merge_dst_token, plan.merge_dst_head
+    assert mi.shape == (plan.n_merge + 1,) and mi[0] == 0 and mi[-1] == src.shape[0]
+    assert np.all(np.diff(mi) >= 2), "a merge entry combines at least two partial states"
+    qo_start = np.concatenate(([0], np.cumsum(qo)))
+    expect = {}
+    for (b, _t, hh), (rows, r0, blocks) in split_units.items():
+        for x in range(rows):
+            token, hig = divmod(r0 + x, g)
+            expect[(int(qo_start[b] + token), hh * g + hig)] = [q + x for q in blocks]
+    got = {}
+    for m in range(plan.n_merge):
+        dst = (int(tok[m]), int(qh[m]))
+        assert dst not in got, f"two merge entries write token {dst[0]} head {dst[1]}"
+        got[dst] = src[mi[m] : mi[m + 1]].tolist()
+    assert got == expect
+    assert plan.n_merge_src == sum(r for _, r in partial_blocks)
+
+    # --- balance: Graham's bound for list scheduling --------------------------------------------------------
+    costs = item_costs(plan, rows_of_item, cost)
+    cta = np.repeat(np.arange(p), np.diff(wi))
+    loads = np.bincount(cta, weights=costs, minlength=p)
+    mean = costs.sum() / p
+    if n:
+        assert loads.max() <= mean + costs.max() + 1e-6 * max(1.0, mean), (loads.max(), mean, costs.max())
+    return {"loads": loads, "mean": mean, "max_item": costs.max() if n else 0.0, "split_units": len(split_units)}
+
+
+# --- random batches ---------------------------------------------------------------------------------------------
+
+
+@st.composite
+def batches(draw, decode=None):
+    """A random batch and planner configuration (lengths 0..40000, query lengths 1..600, ...)."""
+    is_decode = draw(st.booleans()) if decode is None else decode
+    b = draw(st.integers(1, 6 if not is_decode else 40))
+    kv = draw(st.lists(st.one_of(st.integers(0, 40000), st.integers(0, 300)), min_size=b, max_size=b))
+    qo = None if is_decode else draw(st.lists(st.integers(1, 600), min_size=b, max_size=b))
+    cfg = dict(
+        num_kv_heads=draw(st.integers(1, 8)),
+        group_size=draw(st.integers(1, 8)),
+        tile_rows=draw(st.sampled_from([16, 32, 64, 128])),
+        num_ctas=draw(st.integers(1, 264)),
+        kv_granule=draw(st.sampled_from([1, 16, 64, 128])),
+        causal=draw(st.booleans()),
+        window_left=draw(st.one_of(st.just(-1), st.integers(0, 5000))),
+    )
+    mode = draw(st.sampled_from(["auto", "auto", "fixed", "disable"]))
+    if mode == "fixed":
+        cfg["fixed_split_size"] = cfg["kv_granule"] * draw(st.integers(1, 64))
+    elif mode == "disable":
+        cfg["disable_split"] = True
+    if qo is not None and draw(st.booleans()):
+        kv = [max(k, q) for k, q in zip(kv, qo, strict=True)]  # prefill onto a cache holding the new tokens
+    return qo, kv, cfg
+
+
+_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@_SETTINGS
+@given(batches())
+def test_random_plans_are_valid(batch):
+    qo, kv, cfg = batch
+    plan = plan_work(qo, np.asarray(kv), **cfg)
+    stats = check_plan(plan, qo, kv, **cfg)
+    event(f"mode={plan.assign_mode}")
+    event(f"split={'yes' if stats['split_units'] else 'no'}")
+
+
+@_SETTINGS
+@given(batches(decode=True))
+def test_random_decode_plans_are_valid(batch):
+    qo, kv, cfg = batch
+    plan = plan_work(None, np.asarray(kv, dtype=np.int32), **cfg)
+    stats = check_plan(plan, None, kv, **cfg)
+    event(f"mode={plan.assign_mode}")
+    event(f"split={'yes' if stats['split_units'] else 'no'}")
+
+
+@_SETTINGS
+@given(batches(decode=False), st.integers(1, 4))
+def test_query_length_one_is_decode(batch, _):
+    """Prefill lengths that are all 1 plan exactly as decode (qo_lens=None)."""
+    _, kv, cfg = batch
+    ones = [1] * len(kv)
+    a = plan_work(ones, kv, **cfg)
+    b = plan_work(None, kv, **cfg)
+    for name in ("work_indptr", "item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end",
+                 "item_partial", "merge_indptr", "merge_src", "merge_dst_token", "merge_dst_head"):  # fmt: skip
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "qo, kv, causal, window, want",
+    [
+        pytest.param([20], [3], True, -1, [(0, 0), (0, 3)], id="causal-tile-before-the-keys-is-empty"),
+        pytest.param([4], [10], True, -1, [(0, 10)], id="causal-one-tile-ends-at-last-row"),
+        pytest.param([1], [100], False, 7, [(92, 100)], id="decode-window-sees-w-plus-1"),
+        pytest.param([3], [10], True, 2, [(5, 10)], id="window-starts-at-first-token"),
+        pytest.param([2], [0], False, -1, [(0, 0)], id="no-kv-is-empty"),
+    ],
+)
+def test_tile_ranges_examples(qo, kv, causal, window, want):
+    """Hand-worked ranges (one tile of 16 rows, g=1): bottom-right causal, window from the tile's first token."""
+    plan = plan_work(qo, kv, num_kv_heads=1, group_size=1, tile_rows=16, num_ctas=4, kv_granule=16,
+                     causal=causal, window_left=window)  # fmt: skip
+    got = list(zip(plan.item_kv_start.tolist(), plan.item_kv_end.tolist(), strict=True))
+    assert got == want
+    assert plan.item_partial.tolist() == [-1] * len(want)
+
+
+def test_tiles_split_tokens_across_heads():
+    """g=3 and 16-row tiles: a token's heads straddle two tiles; causal end uses the tile's last token."""
+    qo, kv = [7], [20]
+    plan = plan_work(qo, kv, num_kv_heads=2, group_size=3, tile_rows=16, num_ctas=8, kv_granule=1, causal=True,
+                     disable_split=True)  # fmt: skip
+    check_plan(plan, qo, kv, num_kv_heads=2, group_size=3, tile_rows=16, num_ctas=8, kv_granule=1, causal=True,
+               disable_split=True)  # fmt: skip
+    by_tile = dict(zip(plan.item_qo_tile.tolist(), plan.item_kv_end.tolist(), strict=True))
+    # tile 0 = packed rows 0..15 = tokens 0..5 (token 5 only heads 0): ends at 20 - 7 + 5 + 1 = 19
+    # tile 1 = rows 16..20 = tokens 5..6: ends at 20
+    assert by_tile == {0: 19, 1: 20}
+
+
+def test_bad_arguments_raise_with_the_fix():
+    with pytest.raises(ValueError, match=r"fixed_split_size=100 must be a positive multiple of kv_granule=16.*96 or 112"):
+        plan_work(None, [1000], num_kv_heads=1, group_size=1, tile_rows=16, num_ctas=4, kv_granule=16,
+                  fixed_split_size=100)  # fmt: skip
+    with pytest.raises(ValueError, match="contradict"):
+        plan_work(None, [1000], num_kv_heads=1, group_size=1, tile_rows=16, num_ctas=4, kv_granule=16,
+                  fixed_split_size=64, disable_split=True)  # fmt: skip
+    with pytest.raises(ValueError, match=r"num_ctas=0 must be >= 1"):
+        plan_work(None, [1000], num_kv_heads=1, group_size=1, tile_rows=16, num_ctas=0, kv_granule=16)
+    with pytest.raises(ValueError, match=r"kv_lens must be >= 0, got kv_lens\[1\] = -3"):
+        plan_work(None, [5, -3], num_kv_heads=1, group_size=1, tile_rows=16, num_ctas=4, kv_granule=16)
+    with pytest.raises(ValueError, match="qo_lens has 1 requests but kv_lens has 2"):
+        plan_work([3], [5, 6], num_kv_heads=1, group_size=1, tile_rows=16, num_ctas=4, kv_granule=16)
+
+
+def test_empty_batch():
+    plan = plan_work(None, np.zeros(0, dtype=np.int32), num_kv_heads=8, group_size=4, tile_rows=16, num_ctas=132,
+                     kv_granule=16)  # fmt: skip
+    assert plan.n_items == 0 and plan.n_merge == 0 and plan.work_indptr.tolist() == [0] * 133
