@@ -15,7 +15,6 @@ dtypes the GPU would produce (o in ``o_dtype``, lse float32). Every bad input ra
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,217 +24,33 @@ from cuinfer.calls import Call, begin, is_host
 from cuinfer.decode_io import KV, Buffers, check_aligned, paged_kv, partial_rows_capacity
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
-from cuinfer.interop.dtypes import DType, as_dtype
+from cuinfer.interop.dtypes import DType
 from cuinfer.jit import get_kernel, register
 from cuinfer.planner import layout as plan_layout
-from cuinfer.planner.tiles import kv_lens_from_pages
 from cuinfer.planner.work import WorkPlan, plan_work
-from cuinfer.prefill_policy import DeviceLimits, check_head_dims, choose_tiles, ctas_per_sm
-from cuinfer.prefill_specs import (
-    MASK_CAUSAL,
-    MASK_CUSTOM,
-    MASK_WINDOW,
-    PrefillKernelKey,
-    PrefillParams,
-    TileConfig,
-    default_specs,
-    fast_div_magic,
-    prefill_spec,
-    smem_bytes,
+from cuinfer.prefill_plan import (
+    PrefillPlan,
+    check_ragged_shapes,
+    host_array,
+    host_outputs,
+    host_plan,
+    layout_name,
+    positive,
+    ragged_kv,
 )
+from cuinfer.prefill_policy import DeviceLimits, ctas_per_sm
+from cuinfer.prefill_specs import PrefillParams, default_specs, fast_div_magic, prefill_spec, smem_bytes
 
 register("prefill", default_specs)
 
 DEFAULT_WORKSPACE_BYTES = 128 << 20
 BACKENDS = ("auto", "fa2", "sm90")
-POS_ENCODINGS = ("none", "alibi", "rope_llama")
 _LOG2E = 1.0 / math.log(2.0)
 _DEFAULT_SMS = 132
 
 
 def _align4(x: int) -> int:
     return (x + 3) & ~3
-
-
-def _layout_name(kv_layout: Any) -> str:
-    name = getattr(kv_layout, "value", kv_layout)
-    if isinstance(name, str) and name.upper() in ("NHD", "HND"):
-        return name.upper()
-    raise ValueError(f"kv_layout must be 'NHD' or 'HND' but is {kv_layout!r}")
-
-
-def _half_dtype(name: str, x: Any) -> DType:
-    dt = as_dtype(x)
-    if dt.is_float8:
-        raise NotImplementedError(
-            f"{name}={dt.value}: fp8 KV caches are not implemented in the prefill kernel yet; use float16 or bfloat16"
-        )
-    if dt not in (DType.FLOAT16, DType.BFLOAT16):
-        raise ValueError(f"{name} must be float16 or bfloat16 but is {dt.value}")
-    return dt
-
-
-def _host_outputs(o64: np.ndarray, lse64: np.ndarray, o_dtype: DType, out, lse, want_lse: bool):
-    """Reference results in the dtypes the GPU path returns (o in o_dtype, lse float32), written into out / lse."""
-    o = o64.astype(o_dtype.numpy)
-    lse32 = lse64.astype(np.float32)
-    if out is not None:
-        out[...] = o
-        o = out
-    if lse is not None:
-        lse[...] = lse32
-        lse32 = lse
-    return (o, lse32) if want_lse else o
-
-
-# ---- the facts of one plan --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Options:
-    causal: bool
-    sm_scale: float
-    logits_soft_cap: float
-    window_left: int
-    pos_encoding: str
-    rope_scale: float
-    rope_theta: float
-
-
-@dataclass
-class _Plan:
-    batch: int
-    num_qo_heads: int
-    num_kv_heads: int
-    head_dim: int
-    head_dim_vo: int
-    page_size: int
-    q_dtype: DType
-    kv_dtype: DType
-    o_dtype: DType
-    options: _Options
-    config: TileConfig
-    qo_indptr: np.ndarray
-    kv_indptr: np.ndarray  # ragged: token offsets; paged: page offsets
-    kv_indices: np.ndarray | None  # paged only
-    kv_last_page_len: np.ndarray | None  # paged only
-    kv_lens: np.ndarray
-    max_page: int
-    mask_bytes: np.ndarray | None  # packed custom mask (little-endian bits per request segment)
-    mask_indptr: np.ndarray | None  # byte offset of each request's segment
-    work: WorkPlan | None = None
-    words: np.ndarray | None = None
-    words_used: int = 0
-    offsets: dict | None = None
-    device_id: int | None = None
-    uploaded_on: int | None = None
-
-    @property
-    def nnz_qo(self) -> int:
-        return int(self.qo_indptr[-1])
-
-    def key(self, paged: bool) -> PrefillKernelKey:
-        o = self.options
-        mask = (MASK_CAUSAL if o.causal else 0) | (MASK_WINDOW if o.window_left >= 0 else 0)
-        mask |= MASK_CUSTOM if self.mask_bytes is not None else 0
-        return PrefillKernelKey(
-            self.q_dtype.value, self.o_dtype.value, self.head_dim, self.head_dim_vo, self.config, paged, mask,
-            soft_cap=o.logits_soft_cap > 0, alibi=o.pos_encoding == "alibi",
-        )  # fmt: skip
-
-
-def _check_options(
-    causal, sm_scale, logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant, head_dim
-) -> _Options:
-    if variant is not None:
-        raise NotImplementedError(
-            f"variant={variant!r}: user-defined attention variants are not implemented for prefill yet; use the "
-            "built-in options (causal, custom_mask, sm_scale, logits_soft_cap, window_left, pos_encoding='alibi')"
-        )
-    pos = getattr(pos_encoding, "value", pos_encoding)
-    pos = pos.lower() if isinstance(pos, str) else pos
-    if pos not in POS_ENCODINGS:
-        raise ValueError(f"pos_encoding must be one of {', '.join(POS_ENCODINGS)} but is {pos_encoding!r}")
-    if pos == "rope_llama":
-        raise NotImplementedError(
-            "pos_encoding='rope_llama' is not implemented in the prefill kernel yet; rotate q and k first with "
-            "cuinfer.apply_rope(...) and plan with pos_encoding='none'"
-        )
-    cap = float(logits_soft_cap or 0.0)
-    if not cap >= 0 or not math.isfinite(cap):
-        raise ValueError(f"logits_soft_cap must be >= 0 (0 disables it) but is {logits_soft_cap}")
-    if int(window_left) != window_left or window_left < -1:
-        raise ValueError(f"window_left must be an integer >= -1 (-1 disables the window) but is {window_left}")
-    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
-    if not (scale > 0 and math.isfinite(scale)):
-        raise ValueError(f"sm_scale must be a finite number > 0 (default 1/sqrt(head_dim)) but is {sm_scale}")
-    return _Options(bool(causal), scale, cap, int(window_left), pos, float(rope_scale), float(rope_theta))
-
-
-def _positive(name: str, v: Any) -> int:
-    if isinstance(v, bool) or int(v) != v or v < 1:
-        raise ValueError(f"{name} must be a positive integer but is {v!r}")
-    return int(v)
-
-
-def _custom_mask(custom_mask, packed_custom_mask, qo_lens: np.ndarray, kv_lens: np.ndarray):
-    """(packed bytes, byte indptr) of a batch mask, or (None, None). The flat bool form is packed here."""
-    if custom_mask is None and packed_custom_mask is None:
-        return None, None
-    if custom_mask is not None and packed_custom_mask is not None:
-        raise ValueError(
-            "custom_mask and packed_custom_mask were both given; pass one (packed_custom_mask is "
-            "segment_packbits(custom_mask, ...) with bitorder='little')"
-        )
-    bits = qo_lens.astype(np.int64) * kv_lens.astype(np.int64)
-    indptr = np.zeros(bits.shape[0] + 1, dtype=np.int64)
-    np.cumsum((bits + 7) // 8, out=indptr[1:])
-    if custom_mask is not None:
-        m = np.asarray(_host(custom_mask, "custom_mask")).astype(bool).reshape(-1)
-        if m.shape[0] != int(bits.sum()):
-            raise ValueError(
-                f"custom_mask must hold sum(qo_len * kv_len) = {int(bits.sum())} entries (each request's row-major "
-                f"[qo_len, kv_len] block, concatenated) but has {m.shape[0]}"
-            )
-        bit_indptr = np.zeros(bits.shape[0] + 1, dtype=np.int64)
-        np.cumsum(bits, out=bit_indptr[1:])
-        packed, _ = reference.segment_packbits(m, bit_indptr, bitorder="little")
-    else:
-        packed = np.asarray(_host(packed_custom_mask, "packed_custom_mask"))
-        if packed.ndim != 1 or packed.dtype != np.uint8 or packed.shape[0] != int(indptr[-1]):
-            raise ValueError(
-                f"packed_custom_mask must be 1-D uint8 with {int(indptr[-1])} bytes (each request's bits padded to a "
-                f"byte, as segment_packbits(..., bitorder='little') returns) but has shape {packed.shape}, dtype "
-                f"{packed.dtype}"
-            )
-    if indptr[-1] > np.iinfo(np.int32).max // 8:
-        raise ValueError(f"custom masks above {np.iinfo(np.int32).max // 8} bytes are not supported")
-    return np.ascontiguousarray(packed, dtype=np.uint8), indptr.astype(np.int32)
-
-
-def _tile_sizes(tile_sizes) -> tuple[int | None, int | None, int]:
-    """``None`` (policy) or ``(query_tile[, kv_tile[, stages]])``; a None entry leaves that choice to the policy."""
-    if tile_sizes is None:
-        return None, None, 2
-    t = tuple(tile_sizes)
-    if not 1 <= len(t) <= 3:
-        raise ValueError(f"tile_sizes must be (query_tile, kv_tile[, stages]) but is {tile_sizes!r}")
-    t = t + (None,) * (3 - len(t))
-    return t[0], t[1], 2 if t[2] is None else int(t[2])
-
-
-def _host(x: Any, name: str) -> np.ndarray:
-    """A mask given as NumPy, list, host tensor or device array (one device-to-host copy) -> NumPy."""
-    if isinstance(x, (np.ndarray, list, tuple)):
-        return np.asarray(x)
-    t = as_tensor(x, name)
-    if not t.is_cuda:
-        return t.numpy()
-    if t.framework == "torch":
-        return x.detach().cpu().numpy()
-    if t.framework == "cupy":
-        return x.get()
-    return np.asarray(x)
 
 
 # ---- the wrapper -----------------------------------------------------------------------------------------------
@@ -265,7 +80,7 @@ class BatchPrefill:
                 "use backend='fa2' or 'auto'"
             )
         self.paged = bool(paged)
-        self.kv_layout = _layout_name(kv_layout)
+        self.kv_layout = layout_name(kv_layout)
         self.backend = backend
         self.use_cuda_graph = bool(use_cuda_graph)
         if self.use_cuda_graph and (max_batch_size is None or int(max_batch_size) < 1):
@@ -279,7 +94,7 @@ class BatchPrefill:
             raise ValueError(f"workspace_bytes must be >= 0 but is {workspace_bytes}")
         self.workspace_bytes = ws
         self.device = device
-        self._plan: _Plan | None = None
+        self._plan: PrefillPlan | None = None
         self._buffers: Buffers | None = None
         self._ctas: dict = {}
         self._fixed: tuple | None = None  # graph mode: (layout, config, heads, capacities)
@@ -287,86 +102,14 @@ class BatchPrefill:
 
     # -- planning --------------------------------------------------------------------------------------------------
 
-    def _host_plan(
-        self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, *, num_qo_heads, num_kv_heads, head_dim,
-        page_size, causal, custom_mask, packed_custom_mask, head_dim_vo, q_dtype, kv_dtype, o_dtype, sm_scale,
-        logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant, tile_sizes, limits,
-    ) -> _Plan:  # fmt: skip
-        hq, hkv = _positive("num_qo_heads", num_qo_heads), _positive("num_kv_heads", num_kv_heads)
-        d = _positive("head_dim", head_dim)
-        dvo = d if head_dim_vo is None else _positive("head_dim_vo", head_dim_vo)
-        check_head_dims(d, dvo)
-        if hq % hkv:
-            raise ValueError(
-                f"num_qo_heads ({hq}) must be a multiple of num_kv_heads ({hkv}) for grouped-query attention; "
-                "query head h reads kv head h // (num_qo_heads // num_kv_heads)"
-            )
-        g = hq // hkv
-        qd = _half_dtype("q_dtype", q_dtype)
-        kvd = _half_dtype("kv_dtype", qd if kv_dtype is None else kv_dtype)
-        od = _half_dtype("o_dtype", qd if o_dtype is None else o_dtype)
-        if kvd is not qd:
-            raise ValueError(
-                f"the prefill kernel multiplies q and K/V of one 16-bit type but q_dtype={qd.value}, kv_dtype="
-                f"{kvd.value}; cast one of them"
-            )
-        opts = _check_options(
-            causal, sm_scale, logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant, d
-        )
-        qo = validate.check_indptr("qo_indptr", qo_indptr)
-        batch = qo.shape[0] - 1
-        hint = f"one entry per request plus the leading 0, like qo_indptr ({qo.shape[0]} entries)"
-        if self.paged:
-            ps = _positive("page_size", page_size)
-            kvi = validate.check_indptr("kv_indptr", kv_indptr, length=qo.shape[0], hint=hint)
-            if kv_indices is None or kv_last_page_len is None:
-                raise ValueError(
-                    "a paged BatchPrefill needs kv_indices and kv_last_page_len in plan(); pass the page table (or "
-                    "build BatchPrefill(paged=False) for ragged k/v)"
-                )
-            indices = validate.check_index_array("kv_indices", kv_indices, min_len=int(kvi[-1]))
-            last = validate.check_index_array(
-                "kv_last_page_len", kv_last_page_len, length=batch, hint="one entry per request (len(kv_indptr) - 1)"
-            )
-            pages = np.diff(kvi)
-            bad = (pages > 0) & ((last < 1) | (last > ps))
-            if np.any(bad):
-                b = int(np.flatnonzero(bad)[0])
-                raise ValueError(
-                    f"kv_last_page_len[{b}] must be in [1, page_size={ps}] for a request with pages but is "
-                    f"{int(last[b])}; it counts the tokens in the request's last page"
-                )
-            kv_lens = kv_lens_from_pages(kvi, last, ps).astype(np.int32)
-            used = indices[: int(kvi[-1])]
-            max_page = int(used.max()) if used.size else -1
-        else:
-            ps = 1
-            kvi = validate.check_indptr("kv_indptr", kv_indptr, length=qo.shape[0], hint=hint)
-            indices = last = None
-            kv_lens = np.diff(kvi).astype(np.int32)
-            max_page = -1
-        qo_lens = np.diff(qo)
-        mask_bytes, mask_indptr = _custom_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens)
-        if self.use_cuda_graph and batch > self.max_batch_size:
-            raise ValueError(
-                f"the plan has {batch} requests but the wrapper was built with max_batch_size={self.max_batch_size} "
-                "for CUDA graphs; build it with a larger max_batch_size"
-            )
-        if self._fixed is not None:
-            config = self._fixed[1]
-        else:
-            avg = float(qo_lens.sum()) * g / max(batch, 1)
-            tq, tkv, stages = _tile_sizes(tile_sizes)
-            config = choose_tiles(
-                avg, d, dvo, paged=self.paged, limits=limits, tile_q=tq, tile_kv=tkv, stages=stages,
-                variant=opts.logits_soft_cap > 0 or opts.pos_encoding == "alibi",
-            )  # fmt: skip
-        return _Plan(
-            batch, hq, hkv, d, dvo, ps, qd, kvd, od, opts, config, qo, kvi, indices, last, kv_lens, max_page,
-            mask_bytes, mask_indptr,
+    def _host_plan(self, *args: Any, **kwargs: Any) -> PrefillPlan:
+        graph = self.use_cuda_graph
+        return host_plan(
+            self.paged, *args, **kwargs, max_batch_size=self.max_batch_size if graph else None,
+            fixed_config=None if self._fixed is None else self._fixed[1],
         )  # fmt: skip
 
-    def _num_ctas(self, plan: _Plan, num_sms: int | None, device_id: int | None) -> int:
+    def _num_ctas(self, plan: PrefillPlan, num_sms: int | None, device_id: int | None) -> int:
         key = (plan.key(self.paged), num_sms, device_id)
         n = self._ctas.get(key)
         if n is None:
@@ -382,12 +125,12 @@ class BatchPrefill:
                 smem = smem_bytes(cfg, plan.head_dim, plan.head_dim_vo, self.paged)
                 per_sm = max(1, kernel.max_active_blocks(cfg.threads, smem))
                 sms = device_info(device_id).sm_count
-            n = self._ctas[key] = per_sm * (sms if num_sms is None else _positive("num_sms", num_sms))
+            n = self._ctas[key] = per_sm * (sms if num_sms is None else positive("num_sms", num_sms))
         return n
 
-    def _work(self, plan: _Plan, num_ctas: int, fixed_split_size: int | None) -> WorkPlan:
+    def _work(self, plan: PrefillPlan, num_ctas: int, fixed_split_size: int | None) -> WorkPlan:
         if fixed_split_size is not None:
-            fixed_split_size = _positive("fixed_split_size", fixed_split_size)
+            fixed_split_size = positive("fixed_split_size", fixed_split_size)
         tile = plan.config.tile_kv
         granule = math.gcd(fixed_split_size, tile) if fixed_split_size is not None else tile
         return plan_work(
@@ -466,7 +209,7 @@ class BatchPrefill:
             self._pack(plan, device_id)
         self._plan = plan
 
-    def _pack(self, plan: _Plan, device_id: int) -> None:
+    def _pack(self, plan: PrefillPlan, device_id: int) -> None:
         work = plan.work
         buf = self._buffers
         if buf is None or buf.device_id != device_id:
@@ -575,7 +318,7 @@ class BatchPrefill:
             return o_user
         return o_user, (lse if lse is not None else call.give(tl))
 
-    def _check_q(self, plan: _Plan, tq: Tensor) -> None:
+    def _check_q(self, plan: PrefillPlan, tq: Tensor) -> None:
         validate.check_ndim("q", tq, 3, hint="q is [nnz_qo, num_qo_heads, head_dim] (ragged: rows of qo_indptr)")
         if tq.shape[0] != plan.nnz_qo:
             raise ValueError(
@@ -594,7 +337,7 @@ class BatchPrefill:
         if tq.is_cuda:
             check_aligned("q", tq, (0, 1))
 
-    def _kv(self, call: Call, plan: _Plan, kv: tuple) -> KV:
+    def _kv(self, call: Call, plan: PrefillPlan, kv: tuple) -> KV:
         if self.paged:
             c = paged_kv(call.tensor, kv[0], self.kv_layout, gpu=True)
             got = (c.page_size, c.num_kv_heads, c.head_dim)
@@ -622,7 +365,7 @@ class BatchPrefill:
                 )
         else:
             tk, tv = call.tensor(kv[0], "k"), call.tensor(kv[1], "v")
-            c = _ragged_kv(tk, tv, self.kv_layout, plan)
+            c = ragged_kv(tk, tv, self.kv_layout, plan)
         if c.k.dtype is not plan.kv_dtype:
             raise ValueError(
                 f"k/v have dtype {c.k.dtype.value} but plan() was made for kv_dtype={plan.kv_dtype.value}; call "
@@ -630,7 +373,7 @@ class BatchPrefill:
             )
         return c
 
-    def _outputs(self, call: Call, plan: _Plan, out, lse, want_lse: bool) -> tuple[Tensor, Tensor | None]:
+    def _outputs(self, call: Call, plan: PrefillPlan, out, lse, want_lse: bool) -> tuple[Tensor, Tensor | None]:
         shape = (plan.nnz_qo, plan.num_qo_heads, plan.head_dim_vo)
         if out is None:
             to = call.empty(shape, plan.o_dtype)
@@ -655,7 +398,7 @@ class BatchPrefill:
                 validate.check_writable("lse", tl)
         return to, tl
 
-    def _launch(self, call: Call, plan: _Plan, tq: Tensor, kv: KV, to: Tensor, tl: Tensor | None) -> None:
+    def _launch(self, call: Call, plan: PrefillPlan, tq: Tensor, kv: KV, to: Tensor, tl: Tensor | None) -> None:
         from cuinfer.merge import launch_merge_partials, merge_partials_rows_per_block
 
         buf, off, opts, work, cfg = self._buffers, plan.offsets, plan.options, plan.work, plan.config
@@ -702,7 +445,7 @@ class BatchPrefill:
             partial_o_ptr=partial_o, partial_lse_ptr=partial_lse, o=to, lse=tl, grid=grid,
         )  # fmt: skip
 
-    def _run_reference(self, plan: _Plan, q, kv: tuple, out, lse, want_lse: bool):
+    def _run_reference(self, plan: PrefillPlan, q, kv: tuple, out, lse, want_lse: bool):
         tq = as_tensor(q, "q")
         self._check_q(plan, tq)
         opts = plan.options
@@ -724,44 +467,11 @@ class BatchPrefill:
             k, v = as_tensor(kv[0], "k").numpy(), as_tensor(kv[1], "v").numpy()
             if self.kv_layout == "HND":
                 k, v = k.transpose(1, 0, 2), v.transpose(1, 0, 2)
-            _check_ragged_shapes(k.shape, v.shape, plan, "NHD")
+            check_ragged_shapes(k.shape, v.shape, plan, "NHD")
             o, lse64 = reference.batch_attention_ragged(
                 tq.numpy(), k, v, plan.qo_indptr, plan.kv_indptr, custom_mask=mask, **kw
             )
-        return _host_outputs(o, lse64, plan.o_dtype, out, lse, want_lse)
-
-
-def _check_ragged_shapes(ks: tuple, vs: tuple, plan: _Plan, layout: str) -> None:
-    nnz = int(plan.kv_indptr[-1])
-    expect_k = (nnz, plan.num_kv_heads, plan.head_dim) if layout == "NHD" else (plan.num_kv_heads, nnz, plan.head_dim)
-    expect_v = expect_k[:2] + (plan.head_dim_vo,)
-    desc = "[nnz_kv, num_kv_heads, head_dim]" if layout == "NHD" else "[num_kv_heads, nnz_kv, head_dim]"
-    for name, got, want in (("k", tuple(ks), expect_k), ("v", tuple(vs), expect_v)):
-        if len(got) != 3:
-            raise ValueError(f"{name} must be 3-D {desc} ({layout}) but has shape {got}")
-        rows = got[0] if layout == "NHD" else got[1]
-        if rows != nnz:
-            raise ValueError(
-                f"{name} has {rows} tokens but kv_indptr[-1] = {nnz}; {name} holds the KV tokens of every request, "
-                "request b in rows kv_indptr[b]:kv_indptr[b+1]"
-            )
-        if got != want:
-            raise ValueError(
-                f"{name} must have shape {want} ({layout} {desc}) but has shape {got}; plan() was made for "
-                f"num_kv_heads={plan.num_kv_heads}, head_dim={plan.head_dim}, head_dim_vo={plan.head_dim_vo}"
-            )
-
-
-def _ragged_kv(tk: Tensor, tv: Tensor, layout: str, plan: _Plan) -> KV:
-    _check_ragged_shapes(tk.shape, tv.shape, plan, layout)
-    validate.check_same_dtype(("k", "v"), (tk, tv))
-    nhd = layout == "NHD"
-    for name, t in (("k", tk), ("v", tv)):
-        check_aligned(name, t, (0, 1))
-    tok, head = (0, 1) if nhd else (1, 0)
-    ks = (0, tk.strides[tok], tk.strides[head])
-    vs = (0, tv.strides[tok], tv.strides[head])
-    return KV(tk, tv, tk.ptr, tv.ptr, ks, vs, 1, 1, plan.num_kv_heads, plan.head_dim)
+        return host_outputs(o, lse64, plan.o_dtype, out, lse, want_lse)
 
 
 # ---- single request --------------------------------------------------------------------------------------------
@@ -780,7 +490,7 @@ def single_prefill(
 
     The same kernel as ``BatchPrefill(paged=False)``, a batch of one request (split over the GPU by the planner).
     """
-    layout = _layout_name(kv_layout)
+    layout = layout_name(kv_layout)
     tq, tk, tv = (as_tensor(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v")))
     validate.check_ndim("q", tq, 3, hint="single_prefill takes q [qo_len, num_qo_heads, head_dim]")
     desc = "[kv_len, num_kv_heads, head_dim]" if layout == "NHD" else "[num_kv_heads, kv_len, head_dim]"
@@ -789,7 +499,7 @@ def single_prefill(
     kv_len, hkv = (tk.shape[0], tk.shape[1]) if layout == "NHD" else (tk.shape[1], tk.shape[0])
     if tk.shape[2] != tq.shape[2]:
         raise ValueError(f"q and k must share head_dim but have shapes {tq.shape} and {tk.shape}")
-    mask = None if custom_mask is None else np.asarray(_host(custom_mask, "custom_mask")).astype(bool)
+    mask = None if custom_mask is None else np.asarray(host_array(custom_mask, "custom_mask")).astype(bool)
     if mask is not None and mask.shape != (tq.shape[0], kv_len):
         raise ValueError(
             f"custom_mask must have shape (qo_len, kv_len) = {(tq.shape[0], kv_len)} but has shape {mask.shape}"

@@ -264,23 +264,14 @@ def unpack(buf: np.ndarray, layout: PlanLayout) -> WorkPlan:
     def arr(name: str, count: int) -> np.ndarray:
         return buf[off[name] : off[name] + count].copy()
 
-    return WorkPlan(
-        num_ctas=p,
-        work_indptr=arr("work_indptr", p + 1),
-        item_req=arr("item_req", n),
-        item_qo_tile=arr("item_qo_tile", n),
-        item_kv_head=arr("item_kv_head", n),
-        item_kv_start=arr("item_kv_start", n),
-        item_kv_end=arr("item_kv_end", n),
-        item_partial=arr("item_partial", n),
-        merge_indptr=arr("merge_indptr", nm + 1),
-        merge_src=arr("merge_src", ns),
-        merge_dst_token=arr("merge_dst_token", nm),
-        merge_dst_head=arr("merge_dst_head", nm),
-        num_partial_rows=partial,
-        chunk_size=chunk,
-        assign_mode="unpacked",
-    )
+    items = {name: arr(name, n) for name in ARRAY_NAMES[1:7]}
+    merge = {
+        "merge_indptr": arr("merge_indptr", nm + 1),
+        "merge_src": arr("merge_src", ns),
+        "merge_dst_token": arr("merge_dst_token", nm),
+        "merge_dst_head": arr("merge_dst_head", nm),
+    }
+    return WorkPlan.from_items(p, arr("work_indptr", p + 1), items, merge, partial, chunk, "unpacked")
 
 
 def _round_up(x: int, a: int) -> int:

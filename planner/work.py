@@ -59,7 +59,37 @@ class WorkPlan:
 
     @property
     def n_items(self) -> int:
+        if self.item_group is not None:
+            return int(self.item_group.shape[0])
         return self.n_groups * self.num_kv_heads
+
+    @classmethod
+    def from_items(cls, num_ctas: int, work_indptr, items: dict, merge: dict, num_partial_rows: int,
+                   chunk_size: int = 0, assign_mode: str = "explicit") -> WorkPlan:  # fmt: skip
+        """A plan from explicit per-item arrays (``items[name]`` for the six item arrays, ``merge[name]`` for the
+        four merge arrays), e.g. read back from a packed buffer."""
+        n = len(items["item_req"])
+        heads = np.asarray(items["item_kv_head"], dtype=np.int64)
+        return cls(
+            num_ctas=num_ctas,
+            num_kv_heads=int(heads.max()) + 1 if n else 1,
+            work_indptr=np.asarray(work_indptr, dtype=np.int64),
+            group_req=np.asarray(items["item_req"], dtype=np.int64),
+            group_tile=np.asarray(items["item_qo_tile"], dtype=np.int64),
+            group_kv_start=np.asarray(items["item_kv_start"], dtype=np.int64),
+            group_kv_end=np.asarray(items["item_kv_end"], dtype=np.int64),
+            group_partial=np.asarray(items["item_partial"], dtype=np.int64),
+            group_partial_stride=np.zeros(n, dtype=np.int64),
+            item_group=np.arange(n),
+            item_head=heads,
+            merge_indptr=np.asarray(merge["merge_indptr"], dtype=np.int64),
+            merge_src=np.asarray(merge["merge_src"], dtype=np.int64),
+            merge_dst_token=np.asarray(merge["merge_dst_token"], dtype=np.int64),
+            merge_dst_head=np.asarray(merge["merge_dst_head"], dtype=np.int64),
+            num_partial_rows=int(num_partial_rows),
+            chunk_size=int(chunk_size),
+            assign_mode=assign_mode,
+        )
 
     @property
     def n_merge(self) -> int:

@@ -113,3 +113,16 @@ def test_plan_covers_every_row_once_with_the_chosen_tile(rng):
     for m in range(work.n_merge):
         seen[work.merge_dst_token[m] * g + work.merge_dst_head[m] % g, work.merge_dst_head[m] // g] += 1
     assert np.all(seen == 1)
+
+
+def test_workspace_size_matches_the_plan(rng):
+    """workspace_size() takes plan()'s arguments and names the bytes the plan's split-KV partial states need."""
+    from cuinfer.planner import layout as plan_layout
+
+    qo_indptr, kv_indptr = [0, 300, 301], [0, 4000, 8000]
+    kw = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, causal=True, q_dtype="bfloat16", fixed_split_size=512)
+    w = BatchPrefill(paged=False)
+    need = w.workspace_size(qo_indptr, kv_indptr, **kw)
+    w.plan(qo_indptr, kv_indptr, **kw)
+    assert w._plan.work.num_partial_rows > 0
+    assert need == plan_layout.workspace_bytes(w._plan.work, 128) > 0

@@ -1,0 +1,239 @@
+// The memory pipeline of the batch-decode kernels (attention/decode.cuh): a persistent CTA walks its work items of
+// the plan as one stream of KV tiles, resolving each token's page through the page table S tiles ahead and copying
+// K and V rows into S shared-memory stages with cp.async. See decode.cuh for the iteration order and the ring.
+// DecodeParams comes from the generated preamble (cuinfer/decode_specs.py).
+#pragma once
+#include "common/cp_async.cuh"
+#include "common/swizzle.cuh"
+#include "common/types.cuh"
+
+namespace cuinfer {
+namespace decode {
+
+enum PosEncoding : int { kPosNone = 0, kPosRope = 1, kPosAlibi = 2 };
+enum TileFlags : int { kFirst = 1, kLast = 2, kNull = 4 };
+
+// Items of the CTA held in shared memory at a time (reloaded when the producer runs past them).
+constexpr int kItemChunk = 64;
+
+// One work item as the producer needs it, read once from the plan and the page table.
+struct ItemInfo {
+  int req, kv_head, start, end, partial, qo_tile, page_begin, kv_len;
+};
+
+// One tile of the CTA's tile stream: the element offsets (page, slot and head resolved) of its tokens in the K and
+// V caches, and the item facts the math needs at the tile.
+template <int T> struct TileSlot {
+  i64 k_off[T];
+  i64 v_off[T];
+  int req, kv_head, start, n_valid, partial, qo_tile, kv_len, flags;
+};
+
+__device__ __forceinline__ i64 round_up_128(i64 x) { return (x + 127) / 128 * 128; }
+
+// ---- the producer: walks the CTA's items tile by tile, S tiles ahead of the math ----------------------------------
+
+template <int kThreads, bool kWindow>
+__device__ __forceinline__ void load_items(const DecodeParams& p, ItemInfo* items, int base, int end) {
+  const int* item_req = reinterpret_cast<const int*>(p.item_req);
+  const int* item_kv_head = reinterpret_cast<const int*>(p.item_kv_head);
+  const int* item_kv_start = reinterpret_cast<const int*>(p.item_kv_start);
+  const int* item_kv_end = reinterpret_cast<const int*>(p.item_kv_end);
+  const int* item_partial = reinterpret_cast<const int*>(p.item_partial);
+  const int* item_qo_tile = reinterpret_cast<const int*>(p.item_qo_tile);
+  const int* page_indptr = reinterpret_cast<const int*>(p.page_indptr);
+  const int* kv_lens = reinterpret_cast<const int*>(p.kv_lens);
+  for (int i = threadIdx.x; i < kItemChunk; i += kThreads) {
+    const int it = base + i;
+    if (it < end) {
+      ItemInfo x;
+      x.req = item_req[it];
+      x.kv_head = item_kv_head[it];
+      x.start = item_kv_start[it];
+      x.end = item_kv_end[it];
+      x.partial = item_partial[it];
+      x.qo_tile = item_qo_tile[it];
+      x.page_begin = page_indptr[x.req];
+      x.kv_len = kv_lens[x.req];
+      if constexpr (kWindow) {
+        // A decode query at kv_len-1 keeps keys j >= kv_len-1-window_left (the planner clips too; this is exact).
+        x.start = max(x.start, x.kv_len - 1 - p.window_left);
+        x.end = max(x.end, x.start);
+      }
+      items[i] = x;
+    }
+  }
+}
+
+// The token one thread resolves for a tile being produced: its page index is loaded by produce() and its offsets are
+// stored by finish(), later, so the load's latency overlaps other work.
+struct PendingToken {
+  int page, slot_in_page, head;
+  bool valid;
+};
+
+template <int T, int kThreads, bool kWindow> struct TileProducer {
+  int item, item_end, chunk_base, pos;
+  bool fresh;
+
+  __device__ __forceinline__ void init(int begin, int end) {
+    item = begin;
+    item_end = end;
+    chunk_base = begin;
+    pos = 0;
+    fresh = true;
+  }
+
+  // Describe the next tile of the stream in `slot`. All threads call it with identical state (block-uniform).
+  __device__ __forceinline__ PendingToken produce(const DecodeParams& p, ItemInfo* items, TileSlot<T>* slot) {
+    PendingToken tok_out;
+    tok_out.valid = false;
+    if (item >= item_end) {
+      if (threadIdx.x == 0) slot->flags = kNull;
+      return tok_out;
+    }
+    if (item - chunk_base >= kItemChunk) {
+      __syncthreads();  // every thread is done reading the old chunk
+      chunk_base = item;
+      load_items<kThreads, kWindow>(p, items, chunk_base, item_end);
+      __syncthreads();
+    }
+    const ItemInfo& x = items[item - chunk_base];
+    if (fresh) pos = x.start;
+    const int n_valid = max(0, min(T, x.end - pos));
+    const bool last = pos + T >= x.end;
+    if (threadIdx.x == 0) {
+      slot->req = x.req;
+      slot->kv_head = x.kv_head;
+      slot->start = pos;
+      slot->n_valid = n_valid;
+      slot->partial = x.partial;
+      slot->qo_tile = x.qo_tile;
+      slot->kv_len = x.kv_len;
+      slot->flags = (fresh ? kFirst : 0) | (last ? kLast : 0);
+    }
+    if (static_cast<int>(threadIdx.x) < n_valid) {
+      const int tok = pos + threadIdx.x;
+      const int pi = tok / p.page_size;
+      tok_out.slot_in_page = tok - pi * p.page_size;
+      tok_out.page = reinterpret_cast<const int*>(p.page_indices)[x.page_begin + pi];
+      tok_out.head = x.kv_head;
+      tok_out.valid = true;
+    }
+    if (last) {
+      ++item;
+      fresh = true;
+    } else {
+      pos += T;
+      fresh = false;
+    }
+    return tok_out;
+  }
+
+  // Store the offsets of a token resolved by produce().
+  static __device__ __forceinline__ void finish(const DecodeParams& p, TileSlot<T>* slot, const PendingToken& t) {
+    if (t.valid) {
+      slot->k_off[threadIdx.x] = i64(t.page) * p.k_stride_page + i64(t.slot_in_page) * p.k_stride_slot +
+                                 i64(t.head) * p.k_stride_head;
+      slot->v_off[threadIdx.x] = i64(t.page) * p.v_stride_page + i64(t.slot_in_page) * p.v_stride_slot +
+                                 i64(t.head) * p.v_stride_head;
+    }
+  }
+};
+
+// ---- the pipeline: KV stages, tile ring and item chunk in dynamic shared memory -----------------------------------
+
+template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow> struct Pipeline {
+  static_assert(kStages >= 2, "the pipeline needs at least two stages");
+  static_assert(T <= kThreads, "one thread resolves each token of a tile");
+  static constexpr int kVec = 16 / sizeof(KV);
+  static constexpr int kChunks = D / kVec;  // 16-byte chunks per row
+  static constexpr int kRing = kStages + 1;
+  static constexpr i64 kStageBytes = 2LL * T * D * sizeof(KV);
+  static constexpr i64 kRingOffset = kStages * kStageBytes;
+  static constexpr i64 kItemsOffset = kRingOffset + kRing * sizeof(TileSlot<T>);
+  // The kernel's own area (query tile, merge scratch) starts here.
+  static constexpr i64 kBytes = (kItemsOffset + kItemChunk * sizeof(ItemInfo) + 127) / 128 * 128;
+  static_assert(kThreads % kChunks == 0, "the block copies whole rows per pass");
+  static constexpr int kRowsPerPass = kThreads / kChunks;
+
+  unsigned char* smem;
+  TileProducer<T, kThreads, kWindow> prod;
+  PendingToken pending;  // the token of tile n+S resolved by advance(n), stored by finish(n)
+
+  __device__ __forceinline__ KV* k_stage(int n) const {
+    return reinterpret_cast<KV*>(smem + (n % kStages) * kStageBytes);
+  }
+  __device__ __forceinline__ KV* v_stage(int n) const { return k_stage(n) + T * D; }
+  __device__ __forceinline__ TileSlot<T>* slot(int n) const {
+    return reinterpret_cast<TileSlot<T>*>(smem + kRingOffset) + (n % kRing);
+  }
+  __device__ __forceinline__ ItemInfo* items() const { return reinterpret_cast<ItemInfo*>(smem + kItemsOffset); }
+
+  // cp.async the K and V rows of tile n into its stage (swizzled 16-byte chunks); nothing for a null tile.
+  __device__ __forceinline__ void issue(const DecodeParams& p, int n) const {
+    const TileSlot<T>* s = slot(n);
+    if (s->flags & kNull) return;
+    const int n_valid = s->n_valid;
+    const int c = threadIdx.x % kChunks;
+    const KV* kb = reinterpret_cast<const KV*>(p.k);
+    const KV* vb = reinterpret_cast<const KV*>(p.v);
+    KV* ks = k_stage(n);
+    KV* vs = v_stage(n);
+#pragma unroll
+    for (int r0 = 0; r0 < T; r0 += kRowsPerPass) {
+      const int r = r0 + threadIdx.x / kChunks;
+      if (T % kRowsPerPass == 0 || r < T) {  // a block whose rows per pass do not divide T guards the last pass
+        const bool ok = r < n_valid;
+        const i64 ko = ok ? s->k_off[r] : 0;
+        const i64 vo = ok ? s->v_off[r] : 0;
+        const int dst = Swizzle<kChunks>::slot(r, c) * kVec;
+        cp_async_16(ks + dst, kb + ko + c * kVec, ok);
+        cp_async_16(vs + dst, vb + vo + c * kVec, ok);
+      }
+    }
+  }
+
+  // Prologue: load the first item chunk, resolve tiles 0..S-1, start the copies of tiles 0..S-2.
+  __device__ __forceinline__ void start(const DecodeParams& p, unsigned char* smem_base) {
+    smem = smem_base;
+    const int* work_indptr = reinterpret_cast<const int*>(p.work_indptr);
+    prod.init(work_indptr[blockIdx.x], work_indptr[blockIdx.x + 1]);
+    load_items<kThreads, kWindow>(p, items(), prod.chunk_base, prod.item_end);
+    __syncthreads();
+    // All S page-index loads are issued before any is used: one memory round trip, not S, before the first copy.
+    PendingToken first[kStages];
+#pragma unroll
+    for (int m = 0; m < kStages; ++m) first[m] = prod.produce(p, items(), slot(m));
+#pragma unroll
+    for (int m = 0; m < kStages; ++m) prod.finish(p, slot(m), first[m]);
+    __syncthreads();
+#pragma unroll
+    for (int m = 0; m < kStages - 1; ++m) {
+      issue(p, m);
+      cp_async_commit();
+    }
+  }
+
+  // Top of iteration n: wait for tile n and make it visible to the block. Returns its descriptor.
+  __device__ __forceinline__ const TileSlot<T>* wait(int n) const {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    return slot(n);
+  }
+
+  // After wait(n): start the copies of tile n+S-1 (one commit group per iteration, empty or not) and resolve n+S.
+  __device__ __forceinline__ void advance(const DecodeParams& p, int n) {
+    issue(p, n + kStages - 1);
+    cp_async_commit();
+    pending = prod.produce(p, items(), slot(n + kStages));
+  }
+
+  // After the math of iteration n: store the offsets resolved by advance(n).
+  __device__ __forceinline__ void finish(const DecodeParams& p, int n) const {
+    prod.finish(p, slot(n + kStages), pending);
+  }
+};
+
+}  // namespace decode
+}  // namespace cuinfer
