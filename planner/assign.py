@@ -159,11 +159,12 @@ def _fill_plan(x: np.ndarray, n: int, p: int):
     rest = x[p:]
     ends = np.add.accumulate(rest)
     mid = ends - 0.5 * rest
-    # Water level over the k least-loaded CTAs; keep the CTAs whose gap holds at least half the smallest item.
+    # Water level over the k least-loaded CTAs; keep the CTAs whose gap holds the smallest item (LPT never tops up
+    # a CTA whose load is within one item of the level: the others reach its load first).
     level = np.add.accumulate(load)
     level += float(ends[-1])
     level /= np.arange(1, p + 1)
-    k = max(int(np.count_nonzero(level >= load + 0.5 * float(x[-1]))), 1)
+    k = max(int(np.count_nonzero(level >= load + float(x[-1]))), 1)
     bounds = np.add.accumulate(level[k - 1] - load[: k - 1])
     cuts = np.full(p + 1, n - p)
     cuts[0] = 0

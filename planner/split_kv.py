@@ -115,20 +115,41 @@ def _choose(rows, n: np.ndarray, stats, h: int, p: int, gr: int, cost: CostModel
     # A tile is cut when it has more than max(m, 2*min_blocks - 1) granules of KV (it then gives >= 2 pieces of
     # >= min_blocks); in tokens, n > that * gr is sufficient, and split_counts uses the same test.
     thresholds = [max(m, 2 * min_blocks - 1) * gr for m in blocks]
-    whole = ns.searchsorted(thresholds, side="right").tolist()  # tiles at or below each threshold stay whole
+    whole = ns.searchsorted(thresholds, side="right")  # tiles at or below each threshold stay whole
+    # Exact piece counts of the tiles any candidate cuts (the longest ones: few in decode), [candidate, tile].
+    first_cut = int(whole.min())
+    long_n = ns[first_cut:]
+    nb = long_n + (gr - 1)
+    nb //= gr
+    mcol = np.array(blocks)[:, None]
+    k = nb + (mcol - 1)
+    k //= mcol
+    np.minimum(k, nb // min_blocks, out=k)
+    k[long_n <= np.array(thresholds)[:, None]] = 1  # below this candidate's threshold: whole
+    pieces_all = np.add.reduce(k, axis=1).tolist()
+    whole = whole.tolist()
+    small = ns.searchsorted([m * gr // 2 for m in blocks], side="right").tolist()  # tiles of at most half a chunk
     r_max = float(rows if np.ndim(rows) == 0 else np.maximum.reduce(rows))
     fixed = cost.alpha * r_max + cost.gamma  # an item's cost apart from its KV (largest rows)
     best_e, best = e0 * (1.0 - MIN_GAIN), None
-    for m, thr, i in zip(blocks, thresholds, whole, strict=True):
+    for m, thr, i, pieces, j in zip(blocks, thresholds, whole, pieces_all, small, strict=True):
         n_cut = n_tiles - i
         if n_cut == 0:
             continue
+        pieces -= i - first_cut  # pieces of the cut tiles only
         kv_whole, longest_whole = (float(prefix[i - 1]), float(ns[i - 1])) if i else (0.0, 0.0)
-        pieces = (n_sum - kv_whole) / (m * gr) + 0.5 * n_cut  # ceil(nb / m) ~ nb / m + 1/2
+        kv_cut = n_sum - kv_whole
         added = pieces - n_cut
+        # Big items: the pieces and the whole tiles over half a chunk. With more than P of them some CTA gets two:
+        # they come in waves (pigeonhole), each about the mean big item.
+        n_big = pieces + max(i - j, 0)
+        kv_big = kv_cut + (kv_whole - (float(prefix[j - 1]) if j else 0.0) if i > j else 0.0)
+        big = (cost.beta * kv_big + pieces * cost.partial_row * r_max) / n_big + fixed
         x_max = max(cost.beta * min(m * gr, n_max) + fixed + cost.partial_row * r_max, cost.beta * longest_whole + fixed)
         work = h * (total0 + added * fixed + pieces * cost.partial_row * r_max)
-        e = estimate_makespan(int(h * (n_tiles + added)), work, x_max, x0min, p) + cost.split_fixed
+        e = estimate_makespan(h * (n_tiles + added), work, x_max, x0min, p)
+        e = max(e, math.ceil(h * n_big / p) * big)
+        e += cost.split_fixed
         if e < best_e:
             best_e, best = e, (m, thr)
     return best

@@ -129,7 +129,7 @@ __device__ __forceinline__ void store_row(const DecodeParams& p, int req, int qo
     Vec<O, 8> v;
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = from_float<O>(x[i] * p.v_scale);
-    v.store(reinterpret_cast<O*>(p.o) + i64(req) * p.o_stride_b + i64(qo_head) * p.o_stride_h + dim0);
+    v.store_global(reinterpret_cast<O*>(p.o) + i64(req) * p.o_stride_b + i64(qo_head) * p.o_stride_h + dim0);
     if constexpr (kLse) {
       if (lead) reinterpret_cast<float*>(p.lse)[i64(req) * p.lse_stride_b + i64(qo_head) * p.lse_stride_h] = lse;
     }

@@ -22,7 +22,7 @@ template <typename T> struct SliceIO {
     Vec<T, kVec> v;
 #pragma unroll
     for (int i = 0; i < kVec; ++i) v[i] = from_float<T>(x[i]);
-    v.store(p);
+    v.store_global(p);
   }
 };
 

@@ -20,9 +20,20 @@ template <typename T, int N> struct alignas(sizeof(T) * N) Vec {
       *reinterpret_cast<unsigned*>(v) = *reinterpret_cast<const unsigned*>(p);
     }
   }
-  // Explicit vector stores: storing a register array through a reinterpreted pointer was split into 32-bit STG.E
-  // by NVVM (seen in the merge kernels' SASS); the PTX forms below always give STG.E.128 / STG.E.64.
+  // Generic store: any address space (shared memory included).
   __device__ __forceinline__ void store(T* p) const {
+    if constexpr (sizeof(T) * N == 16) {
+      *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(v);
+    } else if constexpr (sizeof(T) * N == 8) {
+      *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(v);
+    } else {
+      *reinterpret_cast<unsigned*>(p) = *reinterpret_cast<const unsigned*>(v);
+    }
+  }
+  // Store to GLOBAL memory only (st.global: a shared-memory address faults with cudaErrorInvalidAddressSpace).
+  // Storing a register array through a reinterpreted pointer was split into 32-bit STG.E by NVVM (seen in the merge
+  // kernels' SASS); the PTX forms below always give STG.E.128 / STG.E.64.
+  __device__ __forceinline__ void store_global(T* p) const {
     if constexpr (sizeof(T) * N == 16) {
       const uint4 r = *reinterpret_cast<const uint4*>(v);
       asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(r.x), "r"(r.y), "r"(r.z), "r"(r.w) : "memory");
@@ -33,7 +44,7 @@ template <typename T, int N> struct alignas(sizeof(T) * N) Vec {
       *reinterpret_cast<unsigned*>(p) = *reinterpret_cast<const unsigned*>(v);
     }
   }
-  // Read-only path that skips L1 allocation for streamed data (ld.global.nc.L1::no_allocate).
+  // Read-only GLOBAL loads that skip L1 allocation for streamed data (ld.global.nc.L1::no_allocate).
   __device__ __forceinline__ void load_stream(const T* p) {
     static_assert(sizeof(T) * N == 16, "streamed loads are 16 bytes");
     uint4 r;
