@@ -41,17 +41,23 @@ class Call:
 
 
 def begin(anchor: Any, name: str) -> tuple[Call, Tensor]:
-    """Start a GPU call from its main input (``q`` or ``o``): framework, device and stream all come from it."""
+    """Start a GPU call from its main input (``q`` or ``o``): framework, device and stream all come from it.
+
+    The stream is found before the array is exported: a DLPack export without a stream would order the producer's
+    stream against the legacy default stream, which is illegal while the caller captures a CUDA graph.
+    """
     from cuinfer.device import require_gpu
+    from cuinfer.interop import dlpack
 
     require_gpu()
     fw = arrays.framework_of(anchor)
-    probe = arrays.as_tensor(anchor, name)
-    if not probe.is_cuda:
+    if not hasattr(anchor, "__dlpack_device__"):
+        arrays.as_tensor(anchor, name)  # raises the "must be an array" error
+    dev_type, dev_id = (int(x) for x in anchor.__dlpack_device__())
+    if dlpack.DEVICE_KIND.get(dev_type) != "cuda":
         raise ValueError(
-            f"{name} is on {probe.device} but GPU calls need CUDA arrays; move it to the GPU, or pass NumPy arrays "
+            f"{name} is on the CPU but GPU calls need CUDA arrays; move it to the GPU, or pass NumPy arrays "
             "to run on the CPU reference backend"
         )
-    stream = streams.current_stream(fw, probe.device_id)
-    call = Call(fw, probe.device_id, stream)
+    call = Call(fw, dev_id, streams.current_stream(fw, dev_id))
     return call, call.tensor(anchor, name)

@@ -21,7 +21,7 @@ import numpy as np
 
 from cuinfer import reference
 from cuinfer.calls import Call, begin, is_host
-from cuinfer.decode_io import KV, Buffers, check_aligned, paged_kv, partial_rows_capacity
+from cuinfer.decode_io import KV, Buffers, check_aligned, fit_workspace, paged_kv, partial_rows_capacity
 from cuinfer.decode_policy import DecodeConfig, ctas_per_sm, decode_config
 from cuinfer.decode_specs import POS_ENCODINGS, DecodeKernelKey, DecodeParams, all_specs, decode_spec
 from cuinfer.interop import validate
@@ -196,7 +196,8 @@ class BatchDecode:
     ``use_cuda_graph``: fixes every device pointer at the first ``plan()`` (capacities from ``max_batch_size``), so a
     ``run()`` captured in a CUDA graph stays valid across later ``plan()`` calls. Do not re-plan while a replay is
     in flight (the graph reads the one pinned plan buffer).
-    ``workspace_bytes``: device memory for split-KV partial states (default 128 MiB); a plan that needs more raises.
+    ``workspace_bytes``: device memory for split-KV partial states. Given (or with CUDA graphs: default 128 MiB), a
+    plan that needs more raises; left out, the workspace grows as plans need.
     """
 
     def __init__(
@@ -222,6 +223,8 @@ class BatchDecode:
         if ws < 0:
             raise ValueError(f"workspace_bytes must be >= 0 but is {workspace_bytes}")
         self.workspace_bytes = ws
+        # no explicit size and no CUDA graph (whose pointers must stay fixed): grow the workspace as plans need
+        self._grow_workspace = workspace_bytes is None and not self.use_cuda_graph
         self.device = device
         self._plan: _Plan | None = None
         self._buffers: Buffers | None = None
@@ -367,11 +370,8 @@ class BatchDecode:
         rows = plan.work.num_partial_rows
         if rows > partial_rows_capacity(self.workspace_bytes, plan.head_dim):
             need = plan_layout.workspace_bytes(plan.work, plan.head_dim)
-            raise ValueError(
-                f"the plan needs {need} bytes of workspace for {rows} split-KV partial rows but the wrapper has "
-                f"workspace_bytes={self.workspace_bytes}; build BatchDecode(workspace_bytes={need}) or larger "
-                "(workspace_size(...) gives the exact figure)"
-            )
+            self.workspace_bytes = fit_workspace("BatchDecode", self.workspace_bytes, need, rows,
+                                                 can_grow=self._grow_workspace)  # fmt: skip
         if device_id is not None:
             self._pack(plan, device_id)
         self._plan = plan
@@ -381,6 +381,7 @@ class BatchDecode:
         buf = self._buffers
         if buf is None or buf.device_id != device_id:
             buf = self._buffers = Buffers(device_id, self.workspace_bytes, self.use_cuda_graph)
+        buf.ensure_workspace(self.workspace_bytes)
         batch, nnz = plan.batch, int(plan.kv_indptr[-1])
         if self.use_cuda_graph:
             heads = (plan.num_kv_heads, plan.num_qo_heads // plan.num_kv_heads, plan.config)

@@ -14,6 +14,20 @@ from cuinfer.interop.arrays import Tensor
 from cuinfer.planner import layout as plan_layout
 
 
+def fit_workspace(wrapper: str, current: int, need: int, rows: int, *, can_grow: bool) -> int:
+    """Workspace bytes to use for a plan needing ``need``: ``current`` when it fits, else a larger size when the
+    wrapper may grow (no workspace_bytes given, no CUDA graph), else a ValueError with the exact figure."""
+    if need <= current:
+        return current
+    if can_grow:
+        return max(need, 2 * current)
+    raise ValueError(
+        f"the plan needs {need} bytes of workspace for {rows} split-KV partial rows but the wrapper has "
+        f"workspace_bytes={current}; build {wrapper}(workspace_bytes={need}) or larger "
+        "(workspace_size(...) gives the exact figure)"
+    )
+
+
 def partial_rows_capacity(workspace_bytes: int, head_dim: int) -> int:
     """Split-KV partial rows (fp32 o row + lse) a workspace holds; fixing this fixes where partial_lse starts, so
     the kernel's pointers never move between plans."""
@@ -43,6 +57,17 @@ class Buffers:
         self.events: list[Any] = []
         self.turn = 0
         self.fixed_layout = None  # graph mode: (PlanLayout, (heads, group, config), page-index capacity)
+
+    def ensure_workspace(self, nbytes: int) -> None:
+        """Grow the workspace to ``nbytes`` (a wrapper that was given no workspace_bytes grows as plans need)."""
+        import cupy
+
+        if nbytes <= self.workspace_bytes:
+            return
+        with cupy.cuda.Device(self.device_id):
+            cupy.cuda.Device(self.device_id).synchronize()  # kernels in flight may still write the old partials
+            self.workspace = cupy.empty(int(nbytes), dtype=np.uint8)
+        self.workspace_bytes = int(nbytes)
 
     def ensure(self, words: int) -> None:
         """Room for ``words`` int32 on both sides (never shrinks; in graph mode sized once)."""

@@ -21,7 +21,7 @@ import numpy as np
 
 from cuinfer import reference
 from cuinfer.calls import Call, begin, is_host
-from cuinfer.decode_io import KV, Buffers, check_aligned, paged_kv, partial_rows_capacity
+from cuinfer.decode_io import KV, Buffers, check_aligned, fit_workspace, paged_kv, partial_rows_capacity
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.interop.dtypes import DType
@@ -93,6 +93,8 @@ class BatchPrefill:
         if ws < 0:
             raise ValueError(f"workspace_bytes must be >= 0 but is {workspace_bytes}")
         self.workspace_bytes = ws
+        # no explicit size and no CUDA graph (whose pointers must stay fixed): grow the workspace as plans need
+        self._grow_workspace = workspace_bytes is None and not self.use_cuda_graph
         self.device = device
         self._plan: PrefillPlan | None = None
         self._buffers: Buffers | None = None
@@ -216,11 +218,9 @@ class BatchPrefill:
             buf = self._buffers = Buffers(device_id, self.workspace_bytes, self.use_cuda_graph)
         need = plan_layout.workspace_bytes(work, plan.head_dim_vo)
         if work.num_partial_rows > partial_rows_capacity(self.workspace_bytes, plan.head_dim_vo):
-            raise ValueError(
-                f"the plan needs {need} bytes of workspace for {work.num_partial_rows} split-KV partial rows but the "
-                f"wrapper has workspace_bytes={self.workspace_bytes}; build BatchPrefill(workspace_bytes={need}) or "
-                "larger (workspace_size(...) gives the exact figure)"
-            )
+            self.workspace_bytes = fit_workspace("BatchPrefill", self.workspace_bytes, need, work.num_partial_rows,
+                                                 can_grow=self._grow_workspace)  # fmt: skip
+        buf.ensure_workspace(self.workspace_bytes)
         batch = plan.batch
         n_pages = int(plan.kv_indptr[-1]) if self.paged else 0
         n_mask = 0 if plan.mask_bytes is None else plan.mask_bytes.shape[0]

@@ -72,8 +72,9 @@ class Tensor:
 
     @property
     def last_dim_contiguous(self) -> bool:
-        """The last dimension has stride 1 (a length-0 or length-1 last dimension has no stride that matters)."""
-        return self.ndim == 0 or self.shape[-1] <= 1 or self.strides[-1] == 1
+        """The last dimension has stride 1 (an empty array, or a length-1 last dimension, has no stride that
+        matters: CuPy reports stride 0 for empty arrays)."""
+        return self.ndim == 0 or self.shape[-1] <= 1 or self.size == 0 or self.strides[-1] == 1
 
     @property
     def is_contiguous(self) -> bool:

@@ -42,6 +42,10 @@ LINEAR_ITEMS_PER_CTA = 16
 NEAR_EQUAL = 1.1
 #: The snake deal is kept without trying the fill when its makespan is within this factor of the lower bound.
 SNAKE_GOOD = 1.02
+#: The fill places items exactly as LPT for at most this many rounds after the first ...
+FILL_EXACT_ROUNDS = 4
+#: ... while the next item is more than 1/FILL_BIG of what is left per CTA (smaller items fill within a few %).
+FILL_BIG = 16
 
 
 @dataclass(frozen=True)
@@ -100,16 +104,15 @@ def _linear(costs: np.ndarray, h: int, p: int) -> Assignment:
 def _sorted(costs: np.ndarray, h: int, p: int, total: float) -> Assignment:
     g = costs.shape[0]
     n = g * h
-    order = np.argsort(-costs)
-    x = np.repeat(costs.take(order), h)  # cost of rank r (0 = largest): head r % H of sorted group r // H
+    order = (-costs).argsort()
+    x = costs.take(order).repeat(h)  # cost of rank r (0 = largest): head r % H of sorted group r // H
     rounds = -(-n // p)
-    snake = _snake_loads(x, n, p, rounds)
+    snake = float(np.maximum.reduce(_snake_loads(x, n, p, rounds)))
     bound = max(float(x[0]), total * h / p)  # no assignment does better than this
-    best = float(snake.max())
-    if best > SNAKE_GOOD * bound:
-        cuts, fill = _fill_plan(x, n, p)
-        if fill < best:
-            indptr, rank = _fill_order(cuts, n, p)
+    if snake > SNAKE_GOOD * bound:
+        fill = _Fill(x, n, p)
+        if fill.makespan < snake:
+            indptr, rank = fill.order()
             j, head = np.divmod(rank, h)
             return Assignment(indptr, order.take(j), head, "fill")
     indptr, j, head = _snake_order(n, p, h)
@@ -153,39 +156,83 @@ def _snake_order(n: int, p: int, h: int):
     return indptr, j, head
 
 
-def _fill_plan(x: np.ndarray, n: int, p: int):
-    """Phase 1 + water fill: ``(cuts, makespan)``; CTA c's stretch is ranks ``cuts[c]:cuts[c+1]`` (``cuts[0] = P``)."""
-    load = x[p - 1 :: -1]  # phase 1: rank P-1-c on CTA c, so loads ascend with c
-    rest = x[p:]
-    ends = np.add.accumulate(rest)
-    mid = ends - 0.5 * rest
-    # Water level over the k least-loaded CTAs; keep the CTAs whose gap holds the smallest item (LPT never tops up
-    # a CTA whose load is within one item of the level: the others reach its load first).
-    level = np.add.accumulate(load)
-    level += float(ends[-1])
-    level /= np.arange(1, p + 1)
-    k = max(int(np.count_nonzero(level >= load + float(x[-1]))), 1)
-    bounds = np.add.accumulate(level[k - 1] - load[: k - 1])
-    cuts = np.full(p + 1, n - p)
-    cuts[0] = 0
-    cuts[1:k] = np.searchsorted(mid, bounds)  # an item goes to the stretch holding its midpoint
-    at_cut = np.concatenate(([0.0], ends)).take(cuts)  # cost laid out before each cut
-    makespan = float((load + (at_cut[1:] - at_cut[:-1])).max())
-    cuts += p
-    return cuts, makespan
+class _Fill:
+    """LPT's first rounds exactly, then a water fill (see the module docstring), on items sorted largest first.
 
+    Round 0 gives rank c to CTA c. Up to ``FILL_EXACT_ROUNDS`` more rounds follow while the next item is big next to
+    what is left per CTA (``FILL_BIG``): the next items go to the least-loaded CTAs, largest first, for as long as
+    LPT would make the same choice (CTA t of the sorted loads is still below every CTA already topped up in this
+    round: ``load[t] <= load[0] + x[next - 1]``). The rest is laid along the CTAs from the least loaded up.
+    """
 
-def _fill_order(cuts: np.ndarray, n: int, p: int):
-    """``(work_indptr, ranks in CTA-major order)``: CTA c's phase-1 rank P-1-c, then its stretch."""
-    counts = cuts[1:] - cuts[:-1]
-    counts += 1
-    indptr = np.zeros(p + 1, dtype=np.int64)
-    np.add.accumulate(counts, out=indptr[1:])
-    ctas = np.arange(p)
-    # A stretch item at position q of CTA c has rank P + (q - c - 1): c phase-1 items precede it, plus c's own.
-    rank = np.arange(p - 1, n + p - 1) - np.repeat(ctas, counts)
-    rank[indptr[:-1]] = p - 1 - ctas
-    return indptr, rank
+    def __init__(self, x: np.ndarray, n: int, p: int) -> None:
+        self.n, self.p = n, p
+        load = x[:p].copy()
+        cta = np.empty(n, dtype=np.int64)  # CTA of each rank placed by the rounds
+        slot = np.zeros(n, dtype=np.int64)  # its position in that CTA's list
+        cta[:p] = np.arange(p)
+        taken = np.ones(p, dtype=np.int64)
+        cum = np.add.accumulate(x)
+        total = float(cum[-1])
+        r = p
+        for _ in range(FILL_EXACT_ROUNDS):
+            if r >= n or float(x[r]) * FILL_BIG * p <= total - float(cum[r - 1]):
+                break
+            by_load = load.argsort()
+            ls = load.take(by_load)
+            m = min(p, n - r)
+            xs = x[r : r + m]
+            late = (ls[1:m] > ls[0] + xs[: m - 1]).nonzero()[0]
+            if late.shape[0]:
+                m = int(late[0]) + 1
+            sel = by_load[:m]
+            cta[r : r + m] = sel
+            slot[r : r + m] = taken.take(sel)
+            taken[sel] += 1
+            load[sel] += xs[:m]
+            r += m
+        self.r, self.cta, self.slot, self.taken = r, cta, slot, taken
+        self.by_load = load.argsort()
+        ls = load.take(self.by_load)
+        cuts = np.full(p + 1, n - r, dtype=np.int64)
+        cuts[0] = 0
+        if r < n:
+            ends = cum[r:] - (float(cum[r - 1]))
+            mid = ends - 0.5 * x[r:]
+            # Water level over the k least-loaded CTAs; keep the CTAs whose gap holds the smallest item (LPT never
+            # tops up a CTA within one item of the level: the others reach its load first).
+            level = np.add.accumulate(ls)
+            level += float(ends[-1])
+            level /= np.arange(1, p + 1)
+            k = max(int(np.count_nonzero(level >= ls + float(x[-1]))), 1)
+            bounds = np.add.accumulate(level[k - 1] - ls[: k - 1])
+            cuts[1:k] = mid.searchsorted(bounds)  # an item goes to the stretch holding its midpoint
+            at_cut = np.concatenate(([0.0], ends)).take(cuts)
+            ls = ls + (at_cut[1:] - at_cut[:-1])
+        self.cuts = cuts
+        self.makespan = float(np.maximum.reduce(ls))
+
+    def order(self):
+        """``(work_indptr, ranks in CTA-major order)``: each CTA's round items in round order, then its stretch."""
+        n, p, r = self.n, self.p, self.r
+        stretch = self.cuts[1:] - self.cuts[:-1]  # per position in load order
+        counts = self.taken.copy()
+        counts[self.by_load] += stretch
+        indptr = np.zeros(p + 1, dtype=np.int64)
+        np.add.accumulate(counts, out=indptr[1:])
+        pos = np.empty(n, dtype=np.int64)
+        pos[:r] = indptr.take(self.cta[:r])
+        pos[:r] += self.slot[:r]
+        # stretch item i (rank r + i) in load position q: indptr[cta] + taken[cta] + (i - cuts[q])
+        base = indptr.take(self.by_load)
+        base += self.taken.take(self.by_load)
+        base -= self.cuts[:-1]
+        base -= r
+        pos[r:] = base.repeat(stretch)
+        pos[r:] += np.arange(r, n)
+        rank = np.empty(n, dtype=np.int64)
+        rank[pos] = np.arange(n)
+        return indptr, rank
 
 
 def cta_loads(assignment: Assignment, costs: np.ndarray, num_heads: int) -> np.ndarray:

@@ -253,6 +253,15 @@ def pack(plan: WorkPlan, layout: PlanLayout, out: np.ndarray, *, generation: int
     return out
 
 
+def used_words(plan: WorkPlan, layout: PlanLayout) -> int:
+    """Words from the start of the buffer to the end of the last array the plan uses (what must reach the GPU)."""
+    off = layout.offsets
+    if plan.n_merge:
+        return off["merge_dst_head"] + plan.n_merge
+    # merge_indptr[0] is always written; it lies past the item arrays
+    return off["merge_indptr"] + 1
+
+
 def unpack(buf: np.ndarray, layout: PlanLayout) -> WorkPlan:
     """Read a packed plan back (tests, debugging): the inverse of ``pack``."""
     hdr = buf[:HEADER_WORDS]
