@@ -167,17 +167,20 @@ class _Fill:
 
     def __init__(self, x: np.ndarray, n: int, p: int) -> None:
         self.n, self.p = n, p
-        load = x[:p].copy()
-        cta = np.empty(n, dtype=np.int64)  # CTA of each rank placed by the rounds
-        slot = np.zeros(n, dtype=np.int64)  # its position in that CTA's list
-        cta[:p] = np.arange(p)
-        taken = np.ones(p, dtype=np.int64)
         cum = np.add.accumulate(x)
         total = float(cum[-1])
         r = p
+        load = cta = slot = taken = None  # round bookkeeping, allocated when a round runs
         for _ in range(FILL_EXACT_ROUNDS):
-            if r >= n or float(x[r]) * FILL_BIG * p <= total - float(cum[r - 1]):
-                break
+            nxt = float(x[r]) if r < n else 0.0
+            if r >= n or nxt * FILL_BIG * p <= total - float(cum[r - 1]) or nxt <= NEAR_EQUAL * float(x[-1]):
+                break  # the rest is small next to the gaps, or nearly equal: the water fill places it as LPT would
+            if load is None:
+                load = x[:p].copy()
+                cta = np.empty(n, dtype=np.int64)  # CTA of each rank placed so far
+                slot = np.zeros(n, dtype=np.int64)  # its position in that CTA's list
+                cta[:p] = np.arange(p)
+                taken = np.ones(p, dtype=np.int64)
             by_load = load.argsort()
             ls = load.take(by_load)
             m = min(p, n - r)
@@ -191,13 +194,17 @@ class _Fill:
             taken[sel] += 1
             load[sel] += xs[:m]
             r += m
+        if load is None:  # round 0 only: rank c on CTA c, so the loads descend with c
+            self.by_load = np.arange(p - 1, -1, -1)
+            ls = x[p - 1 :: -1]
+        else:
+            self.by_load = load.argsort()
+            ls = load.take(self.by_load)
         self.r, self.cta, self.slot, self.taken = r, cta, slot, taken
-        self.by_load = load.argsort()
-        ls = load.take(self.by_load)
         cuts = np.full(p + 1, n - r, dtype=np.int64)
         cuts[0] = 0
         if r < n:
-            ends = cum[r:] - (float(cum[r - 1]))
+            ends = cum[r:] - float(cum[r - 1])
             mid = ends - 0.5 * x[r:]
             # Water level over the k least-loaded CTAs; keep the CTAs whose gap holds the smallest item (LPT never
             # tops up a CTA within one item of the level: the others reach its load first).
@@ -216,16 +223,20 @@ class _Fill:
         """``(work_indptr, ranks in CTA-major order)``: each CTA's round items in round order, then its stretch."""
         n, p, r = self.n, self.p, self.r
         stretch = self.cuts[1:] - self.cuts[:-1]  # per position in load order
-        counts = self.taken.copy()
+        taken = self.taken if self.taken is not None else np.ones(p, dtype=np.int64)
+        counts = taken.copy()
         counts[self.by_load] += stretch
         indptr = np.zeros(p + 1, dtype=np.int64)
         np.add.accumulate(counts, out=indptr[1:])
         pos = np.empty(n, dtype=np.int64)
-        pos[:r] = indptr.take(self.cta[:r])
-        pos[:r] += self.slot[:r]
+        if self.cta is None:
+            pos[:p] = indptr[:-1]  # rank c opens CTA c's list
+        else:
+            pos[:r] = indptr.take(self.cta[:r])
+            pos[:r] += self.slot[:r]
         # stretch item i (rank r + i) in load position q: indptr[cta] + taken[cta] + (i - cuts[q])
         base = indptr.take(self.by_load)
-        base += self.taken.take(self.by_load)
+        base += taken.take(self.by_load)
         base -= self.cuts[:-1]
         base -= r
         pos[r:] = base.repeat(stretch)

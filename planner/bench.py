@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from .cost import CostModel
+from .cost import DEFAULT_COST, CostModel
 from .layout import PlanLayout, capacity_bound, pack
 from .tiles import kv_lens_from_pages, qo_lens_from_indptr
 from .work import plan_work
@@ -111,7 +111,7 @@ def run_case(kind: str, lens: np.ndarray, *, num_ctas: int, reps: int, trials: i
     )  # fmt: skip
 
 
-def plan_balance(plan, qo_lens, group_size: int, tile_rows: int, cost: CostModel = CostModel()):
+def plan_balance(plan, qo_lens, group_size: int, tile_rows: int, cost: CostModel = DEFAULT_COST):
     """``(balance, efficiency)`` of a plan under the cost model: balance = mean / max CTA load; efficiency = the
     unsplit work spread evenly over the CTAs (the ideal) / (max load + the merge's fixed cost if anything is split)."""
     rows = _item_rows(plan, qo_lens, group_size, tile_rows)

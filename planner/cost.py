@@ -63,3 +63,7 @@ class CostModel:
         if split is not False:
             c = c + self.partial_row * np.asarray(rows, dtype=np.float64) * np.asarray(split, dtype=np.float64)
         return c
+
+
+#: The default cost model (immutable, shared).
+DEFAULT_COST = CostModel()

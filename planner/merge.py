@@ -13,8 +13,6 @@ in KV order (``base_t + (h*k + j) * r + x``, ``j = 0..k-1``), and writes query t
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 

@@ -44,12 +44,12 @@ import math
 
 import numpy as np
 
-from .cost import CostModel
+from .cost import DEFAULT_COST, CostModel
 
 #: Default smallest piece of a split range, in KV tokens (see the module docstring).
 DEFAULT_MIN_CHUNK = 256
 #: Chunk sizes tried, as fractions of the mean CTA load (in KV tokens).
-CANDIDATE_FRACTIONS = (1.5, 1.0, 0.67, 0.5, 0.33, 0.25)
+CANDIDATE_FRACTIONS = (1.0, 0.5, 0.33, 0.25)
 #: Splitting may add at most this many items per CTA (bounds the plan for fixed CUDA-graph capacities).
 MAX_EXTRA_ITEMS_PER_CTA = 8
 #: No split when the unsplit makespan estimate is within this factor of the mean load.
@@ -71,7 +71,7 @@ def choose_chunk_size(
     num_kv_heads: int,
     num_ctas: int,
     kv_granule: int,
-    cost: CostModel = CostModel(),
+    cost: CostModel = DEFAULT_COST,
     min_chunk: int = DEFAULT_MIN_CHUNK,
 ) -> int:
     """The chunk size in KV tokens (a multiple of ``kv_granule``) to split the tiles at, or 0 for no split.
@@ -117,7 +117,7 @@ def _choose(rows, n: np.ndarray, stats, h: int, p: int, gr: int, cost: CostModel
     thresholds = [max(m, 2 * min_blocks - 1) * gr for m in blocks]
     whole = ns.searchsorted(thresholds, side="right")  # tiles at or below each threshold stay whole
     # Exact piece counts of the tiles any candidate cuts (the longest ones: few in decode), [candidate, tile].
-    first_cut = int(whole.min())
+    first_cut = int(whole[0])  # thresholds ascend, so whole does
     long_n = ns[first_cut:]
     nb = long_n + (gr - 1)
     nb //= gr
@@ -129,7 +129,7 @@ def _choose(rows, n: np.ndarray, stats, h: int, p: int, gr: int, cost: CostModel
     pieces_all = np.add.reduce(k, axis=1).tolist()
     whole = whole.tolist()
     small = ns.searchsorted([m * gr // 2 for m in blocks], side="right").tolist()  # tiles of at most half a chunk
-    r_max = float(rows if np.ndim(rows) == 0 else np.maximum.reduce(rows))
+    r_max = float(np.maximum.reduce(rows) if isinstance(rows, np.ndarray) else rows)
     fixed = cost.alpha * r_max + cost.gamma  # an item's cost apart from its KV (largest rows)
     best_e, best = e0 * (1.0 - MIN_GAIN), None
     for m, thr, i, pieces, j in zip(blocks, thresholds, whole, pieces_all, small, strict=True):
@@ -145,7 +145,8 @@ def _choose(rows, n: np.ndarray, stats, h: int, p: int, gr: int, cost: CostModel
         n_big = pieces + max(i - j, 0)
         kv_big = kv_cut + (kv_whole - (float(prefix[j - 1]) if j else 0.0) if i > j else 0.0)
         big = (cost.beta * kv_big + pieces * cost.partial_row * r_max) / n_big + fixed
-        x_max = max(cost.beta * min(m * gr, n_max) + fixed + cost.partial_row * r_max, cost.beta * longest_whole + fixed)
+        x_piece = cost.beta * min(m * gr, n_max) + fixed + cost.partial_row * r_max
+        x_max = max(x_piece, cost.beta * longest_whole + fixed)
         work = h * (total0 + added * fixed + pieces * cost.partial_row * r_max)
         e = estimate_makespan(h * (n_tiles + added), work, x_max, x0min, p)
         e = max(e, math.ceil(h * n_big / p) * big)
@@ -163,7 +164,8 @@ def split_counts(n: np.ndarray, kv_start, kv_end: np.ndarray, chunk_blocks: int,
     nb = kv_end.take(tiles)
     nb += granule - 1
     nb //= granule
-    nb -= (kv_start.take(tiles) if isinstance(kv_start, np.ndarray) else kv_start) // granule
+    if isinstance(kv_start, np.ndarray) or kv_start:
+        nb -= (kv_start.take(tiles) if isinstance(kv_start, np.ndarray) else kv_start) // granule
     k = nb + (chunk_blocks - 1)
     k //= chunk_blocks
     np.minimum(k, nb // max(-(-int(min_chunk) // granule), 1), out=k)
@@ -194,17 +196,20 @@ def split_ranges(kv_start, kv_end: np.ndarray, counts: np.ndarray, granule: int)
     k = counts.take(owner)
     nb = e + (granule - 1)
     nb //= granule
-    s = kv_start.take(owner) if isinstance(kv_start, np.ndarray) else kv_start
-    b0 = s // granule
-    nb -= b0
+    aligned = not isinstance(kv_start, np.ndarray) and kv_start == 0  # decode without a window
+    if not aligned:
+        s = kv_start.take(owner) if isinstance(kv_start, np.ndarray) else kv_start
+        b0 = s // granule
+        nb -= b0
     lo = piece * nb
     hi = lo + nb
     lo //= k
     hi //= k
-    lo += b0
-    hi += b0
+    if not aligned:
+        lo += b0
+        hi += b0
     lo *= granule
     hi *= granule
-    start = np.maximum(lo, s, out=lo)
+    start = lo if aligned else np.maximum(lo, s, out=lo)
     end = np.minimum(hi, e, out=hi)
     return owner, piece, start, end

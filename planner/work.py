@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .assign import assign_items
-from .cost import CostModel
+from .cost import DEFAULT_COST, CostModel
 from .merge import split_layout
 from .split_kv import DEFAULT_MIN_CHUNK, _choose, fixed_counts, split_counts, split_ranges
 from .tiles import at, query_tiles
@@ -165,7 +165,7 @@ def plan_work(
     window_left: int = -1,
     fixed_split_size: int | None = None,
     disable_split: bool = False,
-    cost: CostModel = CostModel(),
+    cost: CostModel = DEFAULT_COST,
     min_chunk: int = DEFAULT_MIN_CHUNK,
 ) -> WorkPlan:
     """Plan one batch: ``qo_lens[b]`` query tokens (``None``: decode, one each) attend ``kv_lens[b]`` KV tokens.

@@ -14,7 +14,8 @@ from cuinfer.jit.spec import KernelSpec
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 _modules: dict[tuple[str, int], tuple[CompiledModule, object]] = {}
-_kernels: dict[tuple[str, int, str], Kernel] = {}
+_kernels: dict[tuple[KernelSpec, int, str], Kernel] = {}
+_streams: dict[tuple[int, int], object] = {}
 _lock = threading.Lock()
 
 
@@ -39,7 +40,11 @@ class Kernel:
             self._smem_limit = int(smem_bytes)
         grid = grid if isinstance(grid, tuple) else (int(grid),)
         block = block if isinstance(block, tuple) else (int(block),)
-        self.function(grid, block, args, shared_mem=int(smem_bytes), stream=cupy_stream(int(stream), self.device_id))
+        key = (int(stream), self.device_id)
+        s = _streams.get(key)
+        if s is None:  # wrapping a raw handle costs ~10 us: once per (stream, device)
+            s = _streams[key] = cupy_stream(key[0], self.device_id)
+        self.function(grid, block, args, shared_mem=int(smem_bytes), stream=s)
 
     def max_active_blocks(self, block_threads: int, smem_bytes: int = 0) -> int:
         """CTAs of this kernel that fit on one SM (CUDA's occupancy calculator), for sizing persistent grids."""
@@ -79,7 +84,7 @@ def get_kernel(spec: KernelSpec, name_expr: str, device_id: int | None = None) -
     """A launchable kernel for one template instance of ``spec``; cached per (spec, device, instance)."""
     if device_id is None:
         device_id = current_device_id()
-    memo = (spec.canonical(), device_id, name_expr)
+    memo = (spec, device_id, name_expr)  # frozen dataclass: hashed by value (str hashes are cached by Python)
     k = _kernels.get(memo)
     if k is not None:
         return k

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cuinfer.planner import CostModel, WorkPlan, plan_work
+from cuinfer.planner.cost import DEFAULT_COST
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-
-from cuinfer.planner import CostModel, WorkPlan, plan_work
 
 
 def reference_tiles(qo_lens, kv_lens, g: int, br: int, causal: bool, window_left: int):
@@ -57,7 +57,7 @@ def check_plan(
     window_left: int = -1,
     fixed_split_size: int | None = None,
     disable_split: bool = False,
-    cost: CostModel = CostModel(),
+    cost: CostModel = DEFAULT_COST,
 ) -> dict:
     """Assert every invariant; return a few statistics (loads, ...) for further checks."""
     h, g, br, p = num_kv_heads, group_size, tile_rows, num_ctas
@@ -117,7 +117,7 @@ def check_plan(
     if disable_split:
         assert n == len(ref) * h
     if fixed_split_size is not None:  # every tile longer than the chunk is cut at its multiples
-        for (b, t), (rows, r0, st, en) in ref.items():
+        for (b, t), (_rows, _r0, st, en) in ref.items():
             want = max(1, -(-en // fixed_split_size) - st // fixed_split_size) if en > st else 1
             got = 1 if (b, t, 0) not in split_units else len(split_units[(b, t, 0)][2])
             assert got == want, ((b, t), got, want)
@@ -256,7 +256,8 @@ def test_tiles_split_tokens_across_heads():
 
 
 def test_bad_arguments_raise_with_the_fix():
-    with pytest.raises(ValueError, match=r"fixed_split_size=100 must be a positive multiple of kv_granule=16.*96 or 112"):
+    msg = r"fixed_split_size=100 must be a positive multiple of kv_granule=16.*96 or 112"
+    with pytest.raises(ValueError, match=msg):
         plan_work(None, [1000], num_kv_heads=1, group_size=1, tile_rows=16, num_ctas=4, kv_granule=16,
                   fixed_split_size=100)  # fmt: skip
     with pytest.raises(ValueError, match="contradict"):

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from cuinfer.planner import (
     HEADER_WORDS,
     PLAN_MAGIC,
@@ -21,6 +18,8 @@ from cuinfer.planner import (
     workspace_bytes,
     workspace_offsets,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 ARRAYS = ("work_indptr", "item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end", "item_partial",
           "merge_indptr", "merge_src", "merge_dst_token", "merge_dst_head")  # fmt: skip
@@ -39,7 +38,7 @@ def test_layout_offsets_are_aligned_and_disjoint():
     lay = PlanLayout.for_capacity(max_items=1001, max_ctas=133, max_merge=17, max_merge_src=55)
     spans = sorted((lay.offsets[a], lay.offsets[a] + lay.size_of(a)) for a in ARRAYS)
     assert spans[0][0] == HEADER_WORDS
-    for (a0, a1), (b0, _) in zip(spans, spans[1:], strict=False):
+    for (_, a1), (b0, _) in zip(spans, spans[1:], strict=False):
         assert a1 <= b0, "arrays overlap"
     assert all(lay.offsets[a] % 4 == 0 for a in ARRAYS), "every array starts on 16 bytes"
     assert lay.total_words >= spans[-1][1] and lay.nbytes == 4 * lay.total_words
