@@ -27,7 +27,7 @@ class Call:
 
     def tensor(self, x: Any, name: str) -> Tensor:
         """Import another input of this call (ordered on this call's stream, no copy)."""
-        return arrays.as_tensor(x, name, stream=self.stream)
+        return arrays.as_tensor(x, name, stream=self.stream, same_stream_framework=self.framework)
 
     def optional(self, x: Any, name: str) -> Tensor | None:
         return None if x is None else self.tensor(x, name)

@@ -42,13 +42,21 @@ def _cupy():
     return cupy
 
 
+_seen_gpu = False
+
+
 def gpu_available() -> bool:
-    """True when CuPy sees at least one CUDA device (never raises)."""
+    """True when CuPy sees at least one CUDA device (never raises). A positive answer is remembered: it is asked on
+    every run() and a GPU does not go away."""
+    global _seen_gpu
+    if _seen_gpu:
+        return True
     try:
         cupy = _cupy()
-        return bool(cupy.cuda.is_available())
+        _seen_gpu = bool(cupy.cuda.is_available())
     except Exception:
         return False
+    return _seen_gpu
 
 
 def require_gpu() -> None:

@@ -144,20 +144,30 @@ def _not_an_array(name: str, x: Any) -> ValueError:
     )
 
 
-def as_tensor(x: Any, name: str, *, stream: int | None = None) -> Tensor:
+def as_tensor(x: Any, name: str, *, stream: int | None = None, same_stream_framework: str | None = None) -> Tensor:
     """Import ``x`` without copying.
 
     ``stream`` is the ``cudaStream_t`` our work will run on; CUDA producers are asked (through
     ``__dlpack__(stream=...)``) to order their pending writes to ``x`` before it. None leaves the producer's default
     (torch: no synchronisation). NumPy arrays are read directly so bfloat16 / fp8 (ml_dtypes) arrays work.
+
+    ``same_stream_framework``: the caller states that ``stream`` is this framework's current stream. For a CUDA
+    torch tensor or CuPy array of that framework the DLPack round trip (which would order the stream against
+    itself: a no-op) is skipped and the metadata is read from the array directly -- the same pointer, shape and
+    strides, in ~2 us instead of ~30 us. This is the hot path of every ``run()``.
     """
     if isinstance(x, Tensor):
         return x
     if isinstance(x, np.ndarray):
         return _from_numpy(x, name)
+    fw = framework_of(x)
+    if fw == same_stream_framework:
+        fast = _FAST.get(fw)
+        t = fast(x) if fast is not None else None
+        if t is not None:
+            return t
     if not hasattr(x, "__dlpack__"):
         raise _not_an_array(name, x)
-    fw = framework_of(x)
     exporter = x
     if fw == "torch" and getattr(x, "requires_grad", False):
         # DLPack refuses tensors that require grad; an inference kernel never needs the graph, and detach() is a view.
@@ -187,6 +197,36 @@ def as_tensor(x: Any, name: str, *, stream: int | None = None) -> Tensor:
         readonly=view.read_only or fw == "jax",
         capsule=capsule,
     )
+
+
+_TORCH_DTYPES: dict[Any, DType] = {}
+
+
+def _torch_fast(x: Any) -> Tensor | None:
+    dev = x.device
+    if dev.type != "cuda":
+        return None
+    dt = _TORCH_DTYPES.get(x.dtype)
+    if dt is None:
+        try:
+            dt = _TORCH_DTYPES[x.dtype] = as_dtype(x.dtype)
+        except ValueError:
+            return None  # the DLPack path raises the proper error
+    return Tensor(int(x.data_ptr()), tuple(x.shape), tuple(x.stride()), dt, "cuda", dev.index, "torch", x)
+
+
+def _cupy_fast(x: Any) -> Tensor | None:
+    try:
+        dt = as_dtype(x.dtype)
+    except ValueError:
+        return None
+    item = x.itemsize
+    if any(s % item for s in x.strides):
+        return None
+    return Tensor(int(x.data.ptr), x.shape, tuple(s // item for s in x.strides), dt, "cuda", x.device.id, "cupy", x)
+
+
+_FAST = {"torch": _torch_fast, "cupy": _cupy_fast}
 
 
 def _dlpack_device(x: Any) -> tuple[int | None, int]:
@@ -260,7 +300,8 @@ def empty(framework: str, shape: tuple[int, ...], dtype: Any, device_id: int | N
 
         device = torch.device("cpu") if device_id is None else torch.device("cuda", device_id)
         out = torch.empty(shape, dtype=getattr(torch, dtype.value), device=device)
-        return out, as_tensor(out, "out")
+        # a fresh allocation has no pending writes to order against: the direct (non-DLPack) read is exact
+        return out, as_tensor(out, "out", same_stream_framework="torch")
     if framework in ("cupy", "jax", "other"):
         if device_id is None:
             raise ValueError(f"empty({framework!r}, ...) allocates on a GPU: pass device_id")

@@ -26,6 +26,9 @@ def current_stream(framework: str, device_id: int) -> int:
     if framework == "torch":
         import torch
 
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # ~0.3 us; the public path takes ~5 us
+        if raw is not None:
+            return int(raw(device_id))
         return int(torch.cuda.current_stream(device_id).cuda_stream)
     import cupy
 

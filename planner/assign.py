@@ -89,15 +89,21 @@ def assign_items(
 
 def _linear(costs: np.ndarray, h: int, p: int) -> Assignment:
     g = costs.shape[0]
-    n = g * h
-    ends = np.add.accumulate(costs)
-    per_head = float(ends[-1])
-    ends -= 0.5 * costs  # midpoints
+    mid = np.add.accumulate(costs)
+    per_head = float(mid[-1])
+    mid -= 0.5 * costs  # cost laid out before each group's midpoint, within one head
     # Item (head k, group j) has its midpoint at k * per_head + mid[j] along the line; CTA c starts at the first item
-    # whose midpoint is at or past c * total / P.
-    mid = np.add.outer(np.arange(h) * per_head, ends).reshape(-1)
-    indptr = np.searchsorted(mid, np.arange(p + 1) * (h * per_head / p))
-    indptr[p] = n
+    # whose midpoint is at or past c * total / P: the head by division, the group by bisection.
+    x = np.arange(p + 1, dtype=np.float64)
+    x *= h / p  # in units of per_head
+    head = x.astype(np.int64)  # floor (x >= 0)
+    x -= head
+    x *= per_head
+    indptr = mid.searchsorted(x)
+    head *= g
+    indptr += head
+    np.minimum(indptr, g * h, out=indptr)
+    indptr[p] = g * h
     return Assignment(indptr, None, None, "linear")
 
 

@@ -116,17 +116,25 @@ def _choose(rows, n: np.ndarray, stats, h: int, p: int, gr: int, cost: CostModel
     # >= min_blocks); in tokens, n > that * gr is sufficient, and split_counts uses the same test.
     thresholds = [max(m, 2 * min_blocks - 1) * gr for m in blocks]
     whole = ns.searchsorted(thresholds, side="right")  # tiles at or below each threshold stay whole
-    # Exact piece counts of the tiles any candidate cuts (the longest ones: few in decode), [candidate, tile].
+    # Exact piece counts of the tiles any candidate cuts (the longest ones), per candidate. In decode there are few:
+    # plain Python then beats a dozen small NumPy calls.
     first_cut = int(whole[0])  # thresholds ascend, so whole does
     long_n = ns[first_cut:]
-    nb = long_n + (gr - 1)
-    nb //= gr
-    mcol = np.array(blocks)[:, None]
-    k = nb + (mcol - 1)
-    k //= mcol
-    np.minimum(k, nb // min_blocks, out=k)
-    k[long_n <= np.array(thresholds)[:, None]] = 1  # below this candidate's threshold: whole
-    pieces_all = np.add.reduce(k, axis=1).tolist()
+    if long_n.shape[0] <= 32:
+        lens = long_n.tolist()
+        pieces_all = [
+            sum(min(-(-((v + gr - 1) // gr) // m), ((v + gr - 1) // gr) // min_blocks) if v > thr else 1 for v in lens)
+            for m, thr in zip(blocks, thresholds, strict=True)
+        ]
+    else:
+        nb = long_n + (gr - 1)
+        nb //= gr
+        mcol = np.array(blocks)[:, None]
+        k = nb + (mcol - 1)
+        k //= mcol
+        np.minimum(k, nb // min_blocks, out=k)
+        k[long_n <= np.array(thresholds)[:, None]] = 1  # below this candidate's threshold: whole
+        pieces_all = np.add.reduce(k, axis=1).tolist()
     whole = whole.tolist()
     small = ns.searchsorted([m * gr // 2 for m in blocks], side="right").tolist()  # tiles of at most half a chunk
     r_max = float(np.maximum.reduce(rows) if isinstance(rows, np.ndarray) else rows)

@@ -135,31 +135,34 @@ def query_tiles(
     if decode:
         qo = np.ones(b, dtype=np.int64)
 
+    qo = qo.astype(np.int64, copy=False)
+    kv = kv.astype(np.int64, copy=False)
     rows_b = qo * g
     nt_b = rows_b + (br - 1)
     nt_b //= br
-    ends = np.add.accumulate(nt_b, dtype=np.int64)
+    ends = np.add.accumulate(nt_b)
     n_tiles = int(ends[-1]) if b else 0
-    req = np.repeat(np.arange(b), nt_b)
-    index = np.arange(n_tiles) - (ends - nt_b).take(req)
+    # Per-request values are spread over the tiles with repeat (cheaper than gathers by a tile->request index).
+    req = np.arange(b).repeat(nt_b)
+    index = np.arange(n_tiles)
+    index -= (ends - nt_b).repeat(nt_b)
     row0 = index * br
-    row1 = np.minimum(row0 + br, rows_b.take(req))
-    rows = row1 - row0
-    kv_t = kv.take(req)
-    if causal or w >= 0:
-        shift = (kv - qo).take(req)  # token i sits at KV position i + shift
+    rows = rows_b.repeat(nt_b)
+    rows -= row0  # packed rows from the tile's first to the request's end
+    np.minimum(rows, br, out=rows)
     if causal:
-        row1 -= 1
-        row1 //= g  # last token of the tile
-        end = row1 + 1
-        end += shift
-        np.minimum(end, kv_t, out=end)
+        # token i sees j <= i + kv - qo; the tile's last token is (row0 + rows - 1) // g. The end is never past
+        # kv (the last token is at most qo - 1) and is clipped at 0 (more queries than keys).
+        end = row0 + rows
+        end -= 1
+        end //= g
+        end += (kv - qo + 1).repeat(nt_b)
         np.maximum(end, 0, out=end)
     else:
-        end = kv_t
+        end = kv.repeat(nt_b)
     if w >= 0:
         start = row0 // g  # first token of the tile
-        start += shift - w
+        start += (kv - qo - w).repeat(nt_b)
         np.maximum(start, 0, out=start)
         np.minimum(start, end, out=start)
     else:
