@@ -165,7 +165,7 @@ def run_case(ctx: Context, case, use_fi: bool) -> None:
     ]
     reference = None
     if use_fi:
-        for backend in ("fa2", "fa3"):
+        for backend in _fi_backends():
             m, out = ctx.measure(NAME, case.id, "flashinfer", backend, partial(prepare_fi, inp, backend), flops=flops)
             if reference is None and out is not None:
                 reference = (m, out)
@@ -192,9 +192,18 @@ def warm(ctx: Context, cases) -> None:
     for layout in sorted({c.layout for c in cases}):
         tiny = replace(next(c for c in cases if c.layout == layout), id="warm", lengths=Lengths("const", 2, 200))
         inp = inputs.prefill_inputs(tiny)
-        for backend in ("fa2", "fa3"):
+        for backend in _fi_backends():
             warm_one(ctx, f"flashinfer {backend} ({layout})", _run_once(inp, backend))
     inputs.free()
+
+
+def _fi_backends() -> tuple[str, ...]:
+    """FlashInfer prefill backends to run: both, or those in $CUINFER_BENCH_FI_PREFILL (e.g. "fa2": its sm90 module
+    takes ~100 s to JIT-compile, more than a short GPU call can spare)."""
+    import os
+
+    chosen = os.environ.get("CUINFER_BENCH_FI_PREFILL", "fa2,fa3")
+    return tuple(b for b in ("fa2", "fa3") if b in chosen.split(","))
 
 
 def _run_once(inp, backend: str):

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cuinfer.planner import PlanLayout, WorkPlan, pack
-from cuinfer.planner.layout import used_words
+from cuinfer.planner import PlanLayout, WorkPlan, pack, used_words
 
 
 class PlanBuffer:

@@ -6,7 +6,7 @@ into one int32 buffer at the fixed offsets of a ``PlanLayout`` (docs/internals.m
 """
 
 from .assign import Assignment, assign_items, cta_loads
-from .cost import CostModel
+from .cost import DEFAULT_COST, CostModel
 from .layout import (
     HEADER_WORDS,
     PLAN_MAGIC,
@@ -17,6 +17,7 @@ from .layout import (
     check_fits,
     pack,
     unpack,
+    used_words,
     workspace_bytes,
     workspace_offsets,
 )
@@ -27,6 +28,7 @@ from .work import WorkPlan, plan_work
 __all__ = [
     "Assignment",
     "CostModel",
+    "DEFAULT_COST",
     "DEFAULT_MIN_CHUNK",
     "HEADER_WORDS",
     "PLAN_MAGIC",
@@ -47,6 +49,7 @@ __all__ = [
     "query_tiles",
     "split_ranges",
     "unpack",
+    "used_words",
     "workspace_bytes",
     "workspace_offsets",
 ]

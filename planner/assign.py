@@ -1,32 +1,39 @@
-"""Assigning work items to CTAs: largest first to the least-loaded CTA, in a constant number of NumPy calls.
+"""Assigning work items to CTAs: largest first to the least-loaded CTA, in a bounded number of NumPy calls.
 
-Items come in *groups*: a group is one KV chunk of one query tile and holds ``H = num_kv_heads`` items of equal cost
+Items come in *groups*: a group is one KV piece of one query tile and holds ``H = num_kv_heads`` items of equal cost
 (one per KV head). The *natural order* of the ``n = G*H`` items is head major: item ``i`` is group ``i % G`` of head
 ``i // G``. The result lists each CTA's items contiguously (CTA-major), the form the persistent kernel reads.
 
 The paper's schedule is LPT (longest processing time first): sort the items by cost and pop each onto the CTA with
-the smallest load (a heap). A Python heap loop over ~1000 items costs ~1 ms; exact LPT in blocks of NumPy calls needs
-about ``n / P`` rounds. This module gets LPT's balance in a fixed number of calls, choosing among:
+the smallest load (a heap). A Python heap loop over ~1000 items costs ~1 ms here, and exact LPT in blocks of NumPy
+calls needs about ``n / P`` blocks. This module reaches LPT's balance (within ~1 % on PERF.md's cases) by choosing:
 
 - ``one-wave`` (``n <= P``): item ``i`` on CTA ``i``. The makespan is the largest item whatever we do.
 - ``linear``: when the items are small next to the mean load (``x_max * LINEAR_ITEMS_PER_CTA <= mean``) or nearly
   equal (``x_max <= NEAR_EQUAL * x_min``), the items in natural order are cut into ``P`` consecutive runs of about
   ``mean`` each (an item goes to the run holding its midpoint). A load is off ``mean`` by at most half an item at each
-  end, and near-equal items get ``floor`` or ``ceil(n/P)`` each, which is optimal. No sort, which matters for prefill
-  (tens of thousands of items), and a CTA's items are neighbours (same head, adjacent tiles: KV shared in L2).
-- ``sorted``: items sorted by cost, largest first, placed two ways; the one with the smaller makespan is kept.
+  end, and (nearly) equal items get ``floor`` or ``ceil(n/P)`` each, which is optimal. No sort, which matters for
+  prefill (tens of thousands of items), and a CTA's items are neighbours (same head, adjacent tiles: KV in L2).
+- sorted by cost, largest first, the better of:
 
-  * ``snake``: deal the sorted items in rounds of ``P``, alternating direction (CTA 0..P-1, then P-1..0, ...). In
-    round 1 the largest remaining item meets the CTA that got the smallest first item, exactly as LPT does, and so on:
-    for broad length distributions (uniform, log-normal) it is within a percent or two of LPT.
-  * ``fill``: LPT's first round (the ``P`` largest items one per CTA), then the rest, still largest first, laid along
-    the CTAs from the least loaded up, each CTA taking a stretch as long as its gap to the *water level* ``T`` (where
-    the gaps exactly hold the remaining cost; a CTA whose gap is under half the smallest item is left out, as LPT would
-    never reach it). An item goes to the CTA whose stretch holds its midpoint. This is LPT's shape when a few big
-    items (a long request's chunks) sit among many small ones (D8, D9), where the snake would keep feeding the CTAs
-    that hold the big items.
+  * ``snake``: deal in rounds of ``P``, alternating direction (CTA 0..P-1, then P-1..0, ...): in round 1 the largest
+    remaining item meets the CTA that got the smallest first item, as in LPT. For broad length distributions
+    (uniform, log-normal) it is within a percent or two of LPT; its order depends only on ``(n, P, H)`` and is cached.
+  * ``fill``: LPT's first rounds exactly (round 0, then up to ``FILL_EXACT_ROUNDS`` rounds of the next items onto the
+    least-loaded CTAs while LPT would make the same choices and the items are big next to what is left per CTA), then
+    the rest, still largest first, laid along the CTAs from the least loaded up, each CTA taking a stretch as long as
+    its gap to the *water level* (where the gaps exactly hold the remaining cost; a CTA whose gap is under the
+    smallest item is left out: LPT would reach it last). An item goes to the CTA whose stretch holds its midpoint.
+    This is LPT's shape when a long request's pieces sit among many short requests (D8, D9), where the snake keeps
+    feeding the CTAs that hold the pieces.
 
-Every mode keeps Graham's list-scheduling bound: max load <= mean + largest item (tests check it).
+  The snake is computed first (a few calls) and kept when within ``SNAKE_GOOD`` of the lower bound
+  ``max(x_max, mean)``; the fill is kept only when it beats the snake.
+
+Graham's list-scheduling bound, max load <= mean + largest item, holds for every result: the snake and one-wave are
+round-based (a CTA gets at most one item per round, so it carries at most the largest item of each round, and the
+mean carries at least the smallest of each full round), the linear cut is off the mean by at most one item, and a
+fill is only kept when it beats the snake.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ LINEAR_ITEMS_PER_CTA = 16
 #: Items within this ratio of each other are "nearly equal": the linear cut is optimal for them.
 NEAR_EQUAL = 1.1
 #: The snake deal is kept without trying the fill when its makespan is within this factor of the lower bound.
-SNAKE_GOOD = 1.02
+SNAKE_GOOD = 1.03
 #: The fill places items exactly as LPT for at most this many rounds after the first ...
 FILL_EXACT_ROUNDS = 4
 #: ... while the next item is more than 1/FILL_BIG of what is left per CTA (smaller items fill within a few %).

@@ -138,6 +138,18 @@ def _item_rows(plan, qo_lens, g: int, br: int) -> np.ndarray:
     return np.minimum(br, total - tile * br).astype(np.float64)
 
 
+def calibrate(reps: int = 3000) -> float:
+    """Median time (us) of one small NumPy call on this host (``np.add.reduce`` of 128 floats): the unit the plan
+    path is made of. A quiet 2.1 GHz core of the development VM does it in ~1.1 us; scale the results by it."""
+    x = np.arange(128, dtype=np.float64)
+    ts = np.empty(reps, dtype=np.int64)
+    for i in range(reps):
+        t0 = time.perf_counter_ns()
+        np.add.reduce(x)
+        ts[i] = time.perf_counter_ns() - t0
+    return float(np.median(ts)) / 1000.0
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m cuinfer.planner.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--ctas", type=int, default=264, help="persistent CTAs (default 264 = 132 SMs x 2)")
@@ -145,7 +157,7 @@ def main(argv=None) -> None:
     ap.add_argument("--trials", type=int, default=3, help="trials per case; the best median is kept (default 3)")
     args = ap.parse_args(argv)
     print(f"plan path: kv lengths from pages + plan_work + pack; {args.ctas} CTAs; median of {args.reps} calls, "
-          f"best of {args.trials} trials")  # fmt: skip
+          f"best of {args.trials} trials; host: one small NumPy call = {calibrate():.2f} us")  # fmt: skip
     head = f"{'case':34s} {'median':>8s} {'p10':>7s} {'p90':>7s}  {'mode':8s} {'chunk':>6s} {'items':>6s} "
     print(head + f"{'merge':>6s} {'balance':>8s} {'effic.':>7s}")
     for name, kind, largs in CASES:

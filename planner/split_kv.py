@@ -1,24 +1,29 @@
-"""Split-KV: whether, and how finely, to cut the tiles' KV ranges into chunks that different CTAs process.
+"""Split-KV: whether, and how finely, to cut the tiles' KV ranges into pieces that different CTAs process.
 
-Splitting lets a few long requests spread over many CTAs, at a price: each chunk writes a float32 partial state to
+Splitting lets a few long requests spread over many CTAs, at a price: each piece writes a float32 partial state to
 the workspace and a merge pass combines them. ``choose_chunk_size`` is a pure function of the tiles' row counts and
-KV ranges, the number of KV heads and of CTAs. It picks ONE chunk size ``C`` (a multiple of the kernel's KV granule:
-its KV tile or page size); ``chunk_counts`` cuts every range longer than ``C`` into ``ceil(blocks / (C/granule))``
-nearly equal pieces, and ``split_ranges`` places their boundaries on granule multiples.
+KV lengths, the number of KV heads and of CTAs. It picks ONE chunk size ``C`` (a multiple of the kernel's KV granule:
+its KV tile or page size); ``split_counts`` cuts every tile longer than ``C`` into ``ceil(blocks / (C/granule))``
+nearly equal pieces (no piece under ``min_chunk``), and ``split_ranges`` puts their boundaries on granule multiples.
 
 The decision, with ``M`` = mean CTA load = total cost / P (costs from ``CostModel``, P = num_ctas):
 
-1. No split if no range has ``2 * min_chunk`` tokens, or if the batch already balances: the estimated makespan
-   without splitting is within ``BALANCED_EFFICIENCY`` of ``M``.
-2. Else candidates ``C = f * M / beta`` for ``f`` in ``CANDIDATE_FRACTIONS`` (at least ``min_chunk``, rounded up to
-   the granule) are scored by their estimated makespan plus ``split_fixed`` (the merge's one-time cost); the best
-   wins if it beats not splitting by ``MIN_GAIN``. A candidate adding more than ``MAX_EXTRA_ITEMS_PER_CTA * P`` items
-   is skipped, which bounds the plan's size for CUDA-graph capacities (``layout.capacity_bound``).
+1. No split if the batch already balances: ``M`` is at least ``BALANCED_EFFICIENCY`` of the estimated makespan
+   without splitting (D5-D7), or if no tile is long enough to give two pieces of ``min_chunk``.
+2. Else candidates ``C = f * M / beta`` for ``f`` in ``CANDIDATE_FRACTIONS`` (at least ``min_chunk`` and the capacity
+   floor below, rounded up to the granule) are scored by their estimated makespan plus ``split_fixed`` (the merge's
+   one-time cost); the best wins if it beats not splitting by ``MIN_GAIN``.
 
 The makespan estimate of ``n`` items (largest ``x_max``, smallest ``x_min``) over ``P`` CTAs is
-``max(x_max, min(ceil(n/P) * x_max, M + x_min))``: ``ceil(n/P) * x_max`` is exact for equal items (waves: 133 equal
-items on 132 CTAs take two item times, not 1.01), and ``M + x_min`` is Graham's bound for LPT when the last item to
-finish is a small one, which is the case when many small items fill the gaps.
+``max(x_max, min(ceil(n/P) * x_max, M + x_min), ceil(n_big/P) * x_big)``. ``ceil(n/P) * x_max`` is exact for equal
+items (waves: 133 equal items on 132 CTAs take two item times, not 1.01); ``M + x_min`` is Graham's bound for LPT when
+the last item to finish is a small one, the usual case when many small items fill the gaps; the last term counts the
+*big* items (the pieces, and whole tiles over half a chunk, mean cost ``x_big``): with more than P of them some CTA
+gets two (pigeonhole). Piece counts are exact for every candidate (a few long tiles in decode).
+
+Capacity floor (a proof, used by ``layout.capacity_bound``): a tile of ``nb`` blocks cut at ``m`` blocks adds
+``k - 1 < nb / m`` items, and ``nb < n / granule + 2``, so ``m >= H * (sum(n) / granule + 2T) / (8 * P)`` adds fewer
+than ``MAX_EXTRA_ITEMS_PER_CTA * P = 8 * P`` items, whatever the lengths.
 
 Worked examples (Llama-3-8B decode: 8 KV heads, 4 rows per tile, granule 16; costs in KV tokens, so an unsplit item
 of 1024 tokens costs 1024 + 4 + 64 = 1092; a piece also pays 2 per row for its partial state):
@@ -30,16 +35,19 @@ of 1024 tokens costs 1024 + 4 + 64 = 1092; a piece also pays 2 per row for its p
 - D1 on 132 CTAs: 128 items, M = 1059, estimate 1092 (97 %): no split. Splitting cannot beat one wave here.
 - D4, 1 x 32768 on 132 CTAs: M = 1990. f = 1 (C = 2000) gives 17 pieces: 136 items, two waves of 2004: 4008.
   f = 0.5 (C = 1008) gives 33 pieces: 264 items, exactly two waves of ~1069: 2138 + 128. f = 0.5 wins.
-- D8, 127 x 1024 + 1 x 32768 on 264 CTAs: M = 5198, unsplit estimate 32836 (16 %). f = 1 (C = 5200): 7 pieces of
-  4681; 1072 items, estimate M' + 1092 = 6300 + 128: split; the pieces land on their own CTAs, the 1024s fill around.
+- D9 (zipf, four requests of 39-68 K tokens among 124 short ones) on 132 CTAs: M = 16.5 K. f = 1 cuts the four into
+  16 pieces of ~13 K; with the whole 12.6 K tile that is 17 x 8 = 136 big items for 132 CTAs: two waves, ~26 K.
+  f = 0.5 (C = 8208) gives 264 big items of ~7.5 K, two exact waves: ~16.6 K. f = 0.5 wins (LPT then reaches 99 %).
 
 ``min_chunk`` (default 256 tokens, ``DEFAULT_MIN_CHUNK``) is the smallest piece: below that a piece's fixed latency
 (``gamma``, ~64 tokens) and its partial-state write and merge read (~2 tokens per row) stop being small next to its
-KV work. ``chunk_counts`` caps the pieces of a range so none is shorter than ``min_chunk`` (up to granule rounding).
+KV work.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 
 import numpy as np
@@ -104,64 +112,65 @@ def _choose(rows, n: np.ndarray, stats, h: int, p: int, gr: int, cost: CostModel
     if mean0 >= BALANCED_EFFICIENCY * e0:
         return None
     min_blocks = max(-(-int(min_chunk) // gr), 1)
-    ns = np.sort(n)
-    prefix = np.add.accumulate(ns)
+    # Plain Python from here: a handful of candidates over sorted lengths, where each NumPy call would cost more
+    # than the work it does (decode has ~100 tiles; prefill batches rarely get past the balance check above).
+    ns = sorted(n.tolist())
+    prefix = list(itertools.accumulate(ns))
     n_sum = float(prefix[-1])
     n_max = float(ns[-1])
     # Capacity rule (provable): a tile of nb blocks cut at m adds k - 1 < nb / m items and nb < n / gr + 2, so
     # m >= H * (sum(n) / gr + 2T) / (MAX_EXTRA_ITEMS_PER_CTA * P) keeps the added items under that many per CTA.
     m_cap = math.ceil(h * (n_sum / gr + 2 * n_tiles) / (MAX_EXTRA_ITEMS_PER_CTA * p))
     blocks = sorted({max(min_blocks, m_cap, math.ceil(f * mean0 / cost.beta / gr)) for f in CANDIDATE_FRACTIONS})
-    # A tile is cut when it has more than max(m, 2*min_blocks - 1) granules of KV (it then gives >= 2 pieces of
-    # >= min_blocks); in tokens, n > that * gr is sufficient, and split_counts uses the same test.
-    thresholds = [max(m, 2 * min_blocks - 1) * gr for m in blocks]
-    whole = ns.searchsorted(thresholds, side="right")  # tiles at or below each threshold stay whole
-    # Exact piece counts of the tiles any candidate cuts (the longest ones), per candidate. In decode there are few:
-    # plain Python then beats a dozen small NumPy calls.
-    first_cut = int(whole[0])  # thresholds ascend, so whole does
-    long_n = ns[first_cut:]
-    if long_n.shape[0] <= 32:
-        lens = long_n.tolist()
-        pieces_all = [
-            sum(min(-(-((v + gr - 1) // gr) // m), ((v + gr - 1) // gr) // min_blocks) if v > thr else 1 for v in lens)
-            for m, thr in zip(blocks, thresholds, strict=True)
-        ]
-    else:
-        nb = long_n + (gr - 1)
-        nb //= gr
-        mcol = np.array(blocks)[:, None]
-        k = nb + (mcol - 1)
-        k //= mcol
-        np.minimum(k, nb // min_blocks, out=k)
-        k[long_n <= np.array(thresholds)[:, None]] = 1  # below this candidate's threshold: whole
-        pieces_all = np.add.reduce(k, axis=1).tolist()
-    whole = whole.tolist()
-    small = ns.searchsorted([m * gr // 2 for m in blocks], side="right").tolist()  # tiles of at most half a chunk
     r_max = float(np.maximum.reduce(rows) if isinstance(rows, np.ndarray) else rows)
     fixed = cost.alpha * r_max + cost.gamma  # an item's cost apart from its KV (largest rows)
+    x_part = cost.partial_row * r_max
+    # A tile is cut at m when it has more than max(m, 2*min_blocks - 1) granules of KV (it then gives >= 2 pieces
+    # of >= min_blocks); in tokens, n > that * gr is sufficient, and split_counts uses the same test.
+    thresholds = [max(m, 2 * min_blocks - 1) * gr for m in blocks]
+    whole = [bisect.bisect_right(ns, thr) for thr in thresholds]  # tiles 0..i-1 (sorted) stay whole
+    pieces_all = _piece_counts(ns, blocks, thresholds, whole, gr, min_blocks)
     best_e, best = e0 * (1.0 - MIN_GAIN), None
-    for m, thr, i, pieces, j in zip(blocks, thresholds, whole, pieces_all, small, strict=True):
+    for m, thr, i, pieces in zip(blocks, thresholds, whole, pieces_all, strict=True):
         n_cut = n_tiles - i
         if n_cut == 0:
             continue
-        pieces -= i - first_cut  # pieces of the cut tiles only
         kv_whole, longest_whole = (float(prefix[i - 1]), float(ns[i - 1])) if i else (0.0, 0.0)
-        kv_cut = n_sum - kv_whole
         added = pieces - n_cut
+        x_max = max(cost.beta * min(m * gr, n_max) + fixed + x_part, cost.beta * longest_whole + fixed)
+        work = h * (total0 + added * fixed + pieces * x_part)
+        e = estimate_makespan(h * (n_tiles + added), work, x_max, x0min, p)
         # Big items: the pieces and the whole tiles over half a chunk. With more than P of them some CTA gets two:
         # they come in waves (pigeonhole), each about the mean big item.
-        n_big = pieces + max(i - j, 0)
-        kv_big = kv_cut + (kv_whole - (float(prefix[j - 1]) if j else 0.0) if i > j else 0.0)
-        big = (cost.beta * kv_big + pieces * cost.partial_row * r_max) / n_big + fixed
-        x_piece = cost.beta * min(m * gr, n_max) + fixed + cost.partial_row * r_max
-        x_max = max(x_piece, cost.beta * longest_whole + fixed)
-        work = h * (total0 + added * fixed + pieces * cost.partial_row * r_max)
-        e = estimate_makespan(h * (n_tiles + added), work, x_max, x0min, p)
-        e = max(e, math.ceil(h * n_big / p) * big)
-        e += cost.split_fixed
+        j = min(bisect.bisect_right(ns, m * gr // 2), i)  # tiles of at most half a chunk
+        n_big = pieces + i - j
+        kv_big = n_sum - (float(prefix[j - 1]) if j else 0.0)
+        big = (cost.beta * kv_big + pieces * x_part) / n_big + fixed
+        e = max(e, math.ceil(h * n_big / p) * big) + cost.split_fixed
         if e < best_e:
             best_e, best = e, (m, thr)
     return best
+
+
+def _piece_counts(ns: list, blocks: list, thresholds: list, whole: list, gr: int, min_blocks: int) -> list:
+    """Pieces of the tiles each candidate cuts: sum of ``min(ceil(nb / m), nb // min_blocks)`` over the tiles above
+    its threshold (``ns`` sorted). Python for a few long tiles, one 2-D NumPy pass for many."""
+    first = whole[0]  # thresholds ascend, so the smallest candidate cuts the most tiles
+    if len(ns) - first <= 8:
+        out = []
+        for m, i in zip(blocks, whole, strict=True):
+            nbs = [(v + gr - 1) // gr for v in ns[i:]]
+            out.append(sum(min(-(-nb // m), nb // min_blocks) for nb in nbs))
+        return out
+    long_n = np.array(ns[first:])
+    nb = long_n + (gr - 1)
+    nb //= gr
+    mcol = np.array(blocks)[:, None]
+    k = nb + (mcol - 1)
+    k //= mcol
+    np.minimum(k, nb // min_blocks, out=k)
+    k[long_n <= np.array(thresholds)[:, None]] = 0  # below this candidate's threshold: not cut
+    return np.add.reduce(k, axis=1).tolist()
 
 
 def split_counts(n: np.ndarray, kv_start, kv_end: np.ndarray, chunk_blocks: int, threshold: int, granule: int,
