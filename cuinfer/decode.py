@@ -230,6 +230,7 @@ class BatchDecode:
         self._buffers: Buffers | None = None
         self._generation = 0
         self._static: dict = {}
+        self._launch_state: _LaunchState | None = None
         self._ctas: dict = {}
         self._device_id: int | None | bool = False  # False: not asked yet
 
@@ -525,49 +526,22 @@ class BatchDecode:
         self, call: Call, plan: _Plan, tq: Tensor, q_strides: tuple[int, int], kv: KV, to: Tensor,
         tl: Tensor | None, want_lse: bool, k_scale: float | None, v_scale: float | None,
     ) -> None:  # fmt: skip
-        from cuinfer.merge import launch_merge_partials, merge_partials_rows_per_block
-
-        buf, off, opts, work = self._buffers, plan.offsets, plan.options, plan.work
-        key = plan.key(want_lse)
-        kernel = get_kernel(decode_spec(key), key.name_expr(), call.device_id)
-        d = plan.head_dim
-        partial_o, partial_lse = buf.partial_pointers(d)
-        cap = opts.logits_soft_cap
-        scale = opts.sm_scale * (1.0 if k_scale is None else float(k_scale))
-        params = DecodeParams.pack(
-            q=tq.ptr, k=kv.k_ptr, v=kv.v_ptr, o=to.ptr, lse=0 if tl is None else tl.ptr,
-            partial_o=partial_o, partial_lse=partial_lse,
-            page_indptr=buf.ptr(off["page_indptr"]), page_indices=buf.ptr(off["page_indices"]),
-            kv_lens=buf.ptr(off["kv_lens"]),
-            **{name: buf.ptr(off[name]) for name in (
-                "work_indptr", "item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end",
-                "item_partial")},
-            q_stride_b=q_strides[0], q_stride_h=q_strides[1],
-            k_stride_page=kv.k_strides[0], k_stride_slot=kv.k_strides[1], k_stride_head=kv.k_strides[2],
-            v_stride_page=kv.v_strides[0], v_stride_slot=kv.v_strides[1], v_stride_head=kv.v_strides[2],
-            o_stride_b=to.strides[0], o_stride_h=to.strides[1],
-            lse_stride_b=0 if tl is None else tl.strides[0], lse_stride_h=0 if tl is None else tl.strides[1],
-            rope_log2_theta_bits=int(np.float64(math.log2(opts.rope_theta)).view(np.int64)),
-            rope_rcp_scale_bits=int(np.float64(1.0 / opts.rope_scale).view(np.int64)),
-            page_size=plan.page_size, num_qo_heads=plan.num_qo_heads, window_left=opts.window_left,
-            logits_scale=scale * (1.0 if cap > 0 else _LOG2E), cap_log2=cap * _LOG2E,
-            rcp_cap=1.0 / cap if cap > 0 else 0.0, v_scale=1.0 if v_scale is None else float(v_scale),
+        # The host path of run() is on the critical path of every decode step: everything fixed by the plan (kernels,
+        # plan-buffer pointers, options, grids) is prepared once per plan, and the parameter structs are rebuilt
+        # only when an array pointer, a stride, a scale or the stream changes.
+        st = self._launch_state
+        if st is None or st.plan is not plan or st.want_lse != want_lse or st.device_id != call.device_id:
+            st = self._launch_state = _LaunchState(self, plan, want_lse, call.device_id)
+        dyn = (
+            tq.ptr, q_strides, kv.k_ptr, kv.v_ptr, kv.k_strides, kv.v_strides, to.ptr, to.strides,
+            None if tl is None else (tl.ptr, tl.strides), k_scale, v_scale,
         )  # fmt: skip
-        kernel.launch(work.num_ctas, plan.config.threads, (params,), smem_bytes=plan.config.smem_bytes,
-                      stream=call.stream)  # fmt: skip
-        max_merge = buf.fixed_layout[0].capacity.max_merge if self.use_cuda_graph else work.n_merge
-        if max_merge == 0:
-            return
-        from cuinfer.device import device_info
-
-        per_block = merge_partials_rows_per_block(plan.o_dtype, d)
-        grid = max(1, min(16 * device_info(call.device_id).sm_count, -(-max_merge // per_block)))
-        launch_merge_partials(
-            device_id=call.device_id, stream=call.stream, num_targets_ptr=buf.ptr(1),
-            merge_indptr_ptr=buf.ptr(off["merge_indptr"]), merge_src_ptr=buf.ptr(off["merge_src"]),
-            merge_dst_token_ptr=buf.ptr(off["merge_dst_token"]), merge_dst_head_ptr=buf.ptr(off["merge_dst_head"]),
-            partial_o_ptr=partial_o, partial_lse_ptr=partial_lse, o=to, lse=tl, grid=grid,
-        )  # fmt: skip
+        if dyn != st.dyn:
+            st.repack(tq, q_strides, kv, to, tl, k_scale, v_scale)
+            st.dyn = dyn
+        st.kernel.launch(st.num_ctas, st.threads, (st.params,), smem_bytes=st.smem_bytes, stream=call.stream)
+        if st.merge_params is not None:
+            st.merge_kernel.launch(st.merge_grid, st.merge_threads, (st.merge_params,), stream=call.stream)
 
     def _run_reference(self, plan: _Plan, q, kv_cache, out, lse, return_lse, k_scale, v_scale):
         tq = as_tensor(q, "q")
@@ -582,6 +556,71 @@ class BatchDecode:
             **_reference_options(plan.options), k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
         return _host_outputs(o, lse64, plan.o_dtype, out, lse, return_lse or lse is not None)
+
+
+class _LaunchState:
+    """What run() launches for one plan: kernels, grids and the static part of the parameter structs."""
+
+    def __init__(self, w: BatchDecode, plan: _Plan, want_lse: bool, device_id: int) -> None:
+        from cuinfer.device import device_info
+        from cuinfer.merge import merge_partials_kernel, merge_partials_rows_per_block
+
+        self.plan, self.want_lse, self.device_id, self.dyn = plan, want_lse, device_id, None
+        buf, off, opts, work = w._buffers, plan.offsets, plan.options, plan.work
+        key = plan.key(want_lse)
+        self.kernel = get_kernel(decode_spec(key), key.name_expr(), device_id)
+        self.num_ctas, self.threads, self.smem_bytes = work.num_ctas, plan.config.threads, plan.config.smem_bytes
+        d = plan.head_dim
+        partial_o, partial_lse = buf.partial_pointers(d)
+        cap = opts.logits_soft_cap
+        self.sm_scale, self.cap = opts.sm_scale, cap
+        self.static = dict(
+            partial_o=partial_o, partial_lse=partial_lse,
+            page_indptr=buf.ptr(off["page_indptr"]), page_indices=buf.ptr(off["page_indices"]),
+            kv_lens=buf.ptr(off["kv_lens"]),
+            **{name: buf.ptr(off[name]) for name in (
+                "work_indptr", "item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end",
+                "item_partial")},
+            rope_log2_theta_bits=int(np.float64(math.log2(opts.rope_theta)).view(np.int64)),
+            rope_rcp_scale_bits=int(np.float64(1.0 / opts.rope_scale).view(np.int64)),
+            page_size=plan.page_size, num_qo_heads=plan.num_qo_heads, window_left=opts.window_left,
+            cap_log2=cap * _LOG2E, rcp_cap=1.0 / cap if cap > 0 else 0.0,
+        )  # fmt: skip
+        max_merge = buf.fixed_layout[0].capacity.max_merge if w.use_cuda_graph else work.n_merge
+        self.merge_params = None
+        self.merge_kernel = None
+        if max_merge:
+            per_block = merge_partials_rows_per_block(plan.o_dtype, d)
+            self.merge_kernel, self.merge_threads = merge_partials_kernel(plan.o_dtype, d, device_id)
+            self.merge_grid = max(1, min(16 * device_info(device_id).sm_count, -(-max_merge // per_block)))
+            self.merge_static = dict(
+                num_targets=buf.ptr(1), merge_indptr=buf.ptr(off["merge_indptr"]), merge_src=buf.ptr(off["merge_src"]),
+                merge_dst_token=buf.ptr(off["merge_dst_token"]), merge_dst_head=buf.ptr(off["merge_dst_head"]),
+                partial_o=partial_o, partial_lse=partial_lse,
+            )  # fmt: skip
+        self.has_merge = bool(max_merge)
+
+    def repack(self, tq: Tensor, q_strides, kv: KV, to: Tensor, tl: Tensor | None, k_scale, v_scale) -> None:
+        from cuinfer.merge_specs import MergePartialsParams
+
+        scale = self.sm_scale * (1.0 if k_scale is None else float(k_scale))
+        self.params = DecodeParams.pack(
+            **self.static,
+            q=tq.ptr, k=kv.k_ptr, v=kv.v_ptr, o=to.ptr, lse=0 if tl is None else tl.ptr,
+            q_stride_b=q_strides[0], q_stride_h=q_strides[1],
+            k_stride_page=kv.k_strides[0], k_stride_slot=kv.k_strides[1], k_stride_head=kv.k_strides[2],
+            v_stride_page=kv.v_strides[0], v_stride_slot=kv.v_strides[1], v_stride_head=kv.v_strides[2],
+            o_stride_b=to.strides[0], o_stride_h=to.strides[1],
+            lse_stride_b=0 if tl is None else tl.strides[0], lse_stride_h=0 if tl is None else tl.strides[1],
+            logits_scale=scale * (1.0 if self.cap > 0 else _LOG2E),
+            v_scale=1.0 if v_scale is None else float(v_scale),
+        )  # fmt: skip
+        if self.has_merge:
+            self.merge_params = MergePartialsParams.pack(
+                **self.merge_static, o=to.ptr, lse=0 if tl is None else tl.ptr,
+                o_s0=to.strides[0], o_s1=to.strides[1],
+                lse_s0=0 if tl is None else tl.strides[0], lse_s1=0 if tl is None else tl.strides[1],
+            )  # fmt: skip
 
 
 def _reference_options(o: _Options) -> dict:

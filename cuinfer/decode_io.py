@@ -145,7 +145,10 @@ class KV:
 def check_aligned(name: str, t: Tensor, dims: tuple[int, ...]) -> None:
     """16-byte vector access: base address and the strides of ``dims`` must be multiples of 16 bytes."""
     validate.check_last_dim_contiguous(name, t)
-    bad = [t.strides[d] for d in dims if t.shape[d] > 1 and (t.strides[d] * t.dtype.itemsize) % 16]
+    item = t.dtype.itemsize
+    bad = False
+    for d in dims:
+        bad = bad or (t.shape[d] > 1 and (t.strides[d] * item) % 16 != 0)
     if t.ptr % 16 or bad:
         raise ValueError(
             f"{name} must start on a 16-byte boundary with rows 16-byte aligned (the kernels read 16-byte vectors) "

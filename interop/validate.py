@@ -143,8 +143,9 @@ def check_cuda(name: str, t: Any) -> None:
 def check_same_device(names: Sequence[str], tensors: Sequence[Any]) -> None:
     """All ``tensors`` live on one device (kernels read every pointer from one GPU)."""
     ts = [_tensor(n, t) for n, t in zip(names, tensors, strict=True)]
+    first = (ts[0].device_type, ts[0].device_id)
     for n, t in zip(names[1:], ts[1:], strict=True):
-        if t.device != ts[0].device:
+        if (t.device_type, t.device_id) != first:
             _fail(
                 ", ".join(names),
                 "must be on one device",
