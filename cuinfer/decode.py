@@ -231,6 +231,7 @@ class BatchDecode:
         self._generation = 0
         self._static: dict = {}
         self._launch_state: _LaunchState | None = None
+        self._kv_memo: tuple | None = None
         self._ctas: dict = {}
         self._device_id: int | None | bool = False  # False: not asked yet
 
@@ -437,8 +438,7 @@ class BatchDecode:
             return self._run_reference(plan, q, kv_cache, out, lse, return_lse, k_scale, v_scale)
         call, tq = begin(q, "q")
         self._check_q(plan, tq)
-        kv = paged_kv(call.tensor, kv_cache, self.kv_layout, gpu=True)
-        self._check_kv(plan, kv)
+        kv = self._kv_for(call, plan, kv_cache)
         if plan.device_id is None or plan.device_id != call.device_id:
             raise ValueError(
                 f"q is on cuda:{call.device_id} but plan() was made for "
@@ -458,6 +458,19 @@ class BatchDecode:
         if not want_lse:
             return o_user
         return o_user, (lse if lse is not None else call.give(tl))
+
+    def _kv_for(self, call: Call, plan: _Plan, kv_cache: Any) -> KV:
+        """The cache's view, validated. A serving loop passes the same cache object every step: when it is the same
+        torch / CuPy object (of the caller's framework) with the same pointer and shape as last time, and the plan is
+        the same, the parsed and checked view is reused (saves ~20 us of host time per step)."""
+        fp = _cache_fingerprint(kv_cache, call.framework)
+        memo = self._kv_memo
+        if fp is not None and memo is not None and memo[0] is kv_cache and memo[1] == fp and memo[2] is plan:
+            return memo[3]
+        kv = paged_kv(call.tensor, kv_cache, self.kv_layout, gpu=True)
+        self._check_kv(plan, kv)
+        self._kv_memo = None if fp is None else (kv_cache, fp, plan, kv)
+        return kv
 
     def _check_q(self, plan: _Plan, tq: Tensor) -> None:
         validate.check_ndim("q", tq, 3, hint="q is [batch_size, num_qo_heads, head_dim]")
@@ -556,6 +569,23 @@ class BatchDecode:
             **_reference_options(plan.options), k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
         return _host_outputs(o, lse64, plan.o_dtype, out, lse, return_lse or lse is not None)
+
+
+def _cache_fingerprint(x: Any, framework: str) -> tuple | None:
+    """(pointer, shape, strides) of a torch / CuPy cache of the caller's framework, or None (no reuse)."""
+    if isinstance(x, (tuple, list)):
+        if len(x) != 2:
+            return None
+        a, b = _cache_fingerprint(x[0], framework), _cache_fingerprint(x[1], framework)
+        return None if a is None or b is None else (a, b)
+    fw = type(x).__module__.split(".")[0]
+    if fw != framework:
+        return None
+    if fw == "torch":
+        return (x.data_ptr(), tuple(x.shape), x.stride(), x.dtype)
+    if fw == "cupy":
+        return (x.data.ptr, x.shape, x.strides, x.dtype)
+    return None
 
 
 class _LaunchState:

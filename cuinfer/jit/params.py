@@ -6,6 +6,7 @@ the launch signature, and a ``static_assert`` on size and alignment catches any 
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +43,9 @@ class ParamStruct:
             seen.add(field)
 
         object.__setattr__(self, "_names", tuple(f for f, _ in self.fields))
+        getter = operator.itemgetter(*self._names)
+        # itemgetter of one name returns the bare value, not a 1-tuple
+        object.__setattr__(self, "_getter", getter if len(self._names) > 1 else (lambda v: (getter(v),)))
         object.__setattr__(self, "_dtype", np.dtype([(f, _KINDS[k][1]) for f, k in self.fields], align=True))
 
     @property
@@ -72,7 +76,7 @@ class ParamStruct:
         One tuple assignment (a few microseconds): this runs on every launch, on the host path of ``run()``.
         """
         try:
-            row = tuple(values[f] for f in self._names)
+            row = self._getter(values)  # operator.itemgetter: the field tuple in one C call
         except KeyError:
             row = None
         if row is None or len(values) != len(self._names):
