@@ -98,16 +98,25 @@ def tile_config(tile_q: int, tile_kv: int, head_dim_vo: int, stages: int = 2) ->
     return TileConfig(tile_q, tile_kv, warps_q, warps_kv, tile_kv // (16 * warps_kv), stages)
 
 
+TABLE_ITEMS, TABLE_FIELDS = 16, 10  # PrefillTraits::kTableItems / kTableFields (cross-item item table)
+
+
 def smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool, elem_bytes: int = 2) -> int:
-    """Dynamic shared memory of one CTA; mirrors PrefillTraits::kSmemBytes."""
+    """Dynamic shared memory of one CTA; mirrors PrefillTraits::kSmemBytes.
+
+    One warp per row block (``warps_kv == 1``) runs the cross-item pipeline: no epilogue staging, an item table;
+    otherwise the epilogue stages every warp's state over the tile buffers.
+    """
+    cross = cfg.warps_kv == 1
     q = cfg.tile_q * head_dim_qk * elem_bytes
     kv = cfg.stages * cfg.tile_kv * (head_dim_qk + head_dim_vo) * elem_bytes
     rows_per_thread = cfg.tile_kv // (cfg.threads // 8)
     page = cfg.threads * rows_per_thread * 8 if paged else 0
     main = q + kv + page
-    epi = cfg.warps_kv * cfg.tile_q * (head_dim_vo + 8) * 4 + cfg.warps_kv * cfg.tile_q * 8
+    epi = 0 if cross else cfg.warps_kv * cfg.tile_q * (head_dim_vo + 8) * 4 + cfg.warps_kv * cfg.tile_q * 8
     info = (8 + 4 * cfg.warps_q * cfg.warps_kv) * 4
-    return max(main, epi) + info
+    table = TABLE_ITEMS * TABLE_FIELDS * 4 if cross else 0
+    return max(main, epi) + info + table
 
 
 @dataclass(frozen=True)

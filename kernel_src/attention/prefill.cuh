@@ -23,6 +23,19 @@
 // the 64-bit offsets in a thread-private smem slot, and reuses them for the V copy of the same tile (K and V caches
 // share strides). Any page size works (rows are gathered one by one); NHD / HND / 5-D cache / (k, v) tuple are only
 // different base pointers and strides.
+//
+// Across items (WARPS_KV == 1, every long-prefill tile): a CTA runs many short items (P3: ~18 per CTA), and an item
+// that starts cold waits for its metadata (two dependent global reads), then for Q and its first K tile from DRAM, and
+// ends with an epilogue of three barriers: several microseconds per item with the tensor cores of this CTA idle. So
+//   * the facts of the next 16 items are resolved at once into an smem table (one item per thread, one wait);
+//   * the item's last KV iteration issues the NEXT item's Q and first K/V tile (Q and that buffer are free once every
+//     warp has passed the barrier before P.V), so they land during the last P.V and the epilogue; paged: the page
+//     numbers of that tile are read where the loop would read those of the tile past the item's end;
+//   * the epilogue normalises o in registers and stores it straight to global memory (no smem, no barrier).
+// The K/V buffer index runs on across items: the next item's first tile goes into the buffer after the last one.
+//
+// Causal boundary tiles: 16-key slices that are masked for every row of a warp skip their Q.K^T and P.V MMAs (with
+// 4 heads packed per token a 128-row tile spans 32 tokens, so half of a 64-key boundary tile is typically dead).
 #pragma once
 #include "common/mma.cuh"
 #include "common/swizzle.cuh"
@@ -40,6 +53,12 @@ __device__ __forceinline__ void cp_async_16(u32 smem, const void* gmem, bool val
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+// Commits this thread's uncommitted copies as a group, then waits for all of its groups.
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
+
+template <bool B> struct Bool {
+  static constexpr bool value = B;
+};
 
 // n / d for n < 2^31 with a host-computed multiplier (round-up method): q = (umulhi(n, mul) + n) >> shift.
 __device__ __forceinline__ u32 fast_div(u32 n, u32 mul, u32 shift) { return (__umulhi(n, mul) + n) >> shift; }
@@ -109,15 +128,33 @@ struct PrefillTraits {
   static constexpr int kPageOff = kVOff + kStages * kVBytes;
   static constexpr int kPageBytes = kPaged ? kThreads * kKVRowsPerThread * 8 : 0;
   static constexpr int kMainBytes = kPageOff + kPageBytes;
-  // Epilogue staging (overlays everything): fp32 o rows padded by 8 floats (conflict-free float2 stores), then (m, d).
+  // Cross-item pipeline (see the header): one warp per row block, so the epilogue needs no cross-warp merge.
+  // (CUINFER_PREFILL_NO_CROSS_ITEM / _NO_SLICE_SKIP switch the two optimisations off: A/B runs of bench/tune_prefill.)
+#ifdef CUINFER_PREFILL_NO_CROSS_ITEM
+  static constexpr bool kCrossItem = false;
+#else
+  static constexpr bool kCrossItem = kWarpsKV == 1;
+#endif
+#ifdef CUINFER_PREFILL_NO_SLICE_SKIP
+  static constexpr bool kSliceSkip = false;
+#else
+  static constexpr bool kSliceSkip = true;
+#endif
+  // Epilogue staging (WARPS_KV > 1 only; overlays everything): fp32 o rows padded by 8 floats (conflict-free float2
+  // stores), then (m, d).
   static constexpr int kEpiPitch = kHeadDimVO + 8;
-  static constexpr int kEpiOBytes = kWarpsKV * kTileQ * kEpiPitch * 4;
-  static constexpr int kEpiBytes = kEpiOBytes + kWarpsKV * kTileQ * 2 * 4;
+  static constexpr int kEpiOBytes = kCrossItem ? 0 : kWarpsKV * kTileQ * kEpiPitch * 4;
+  static constexpr int kEpiBytes = kCrossItem ? 0 : kEpiOBytes + kWarpsKV * kTileQ * 2 * 4;
   // Item facts used only occasionally inside the KV loop (copy addresses, boundary masks) live in smem, not in
   // registers, which the accumulators fill: kInfoInts per item + 4 per warp, after everything else.
   static constexpr int kInfoInts = 8;
   static constexpr int kInfoOff = kMainBytes > kEpiBytes ? kMainBytes : kEpiBytes;
-  static constexpr int kSmemBytes = kInfoOff + (kInfoInts + 4 * kWarpsQ * kWarpsKV) * 4;
+  // Cross-item: the resolved facts of up to kTableItems consecutive items of this CTA, kTableFields ints each
+  // (16: d256 paged 64-row tiles still fit a 100 KB-smem GPU).
+  static constexpr int kTableItems = 16;
+  static constexpr int kTableFields = 10;
+  static constexpr int kTableOff = kInfoOff + (kInfoInts + 4 * kWarpsQ * kWarpsKV) * 4;
+  static constexpr int kSmemBytes = kTableOff + (kCrossItem ? kTableItems * kTableFields * 4 : 0);
 
   static_assert(is_same<DTypeKV, half>::value || is_same<DTypeKV, __nv_bfloat16>::value, "q/k/v are fp16 or bf16");
   static_assert(kTileQ % (16 * kWarpsQ) == 0 && kMmaQ >= 1, "TILE_Q must be a multiple of 16 * WARPS_Q");
@@ -125,14 +162,67 @@ struct PrefillTraits {
   static_assert(kTileKV % kRowsPerPass == 0, "TILE_KV must be a multiple of threads / 8");
   static_assert(kStages >= 2, "the pipeline refills the buffer of the previous tile: at least 2 stages");
   static_assert(kHeadDimVO % 8 == 0, "epilogue writes 8 elements per thread");
+  static_assert(kTableItems <= kThreads, "the item table is filled one item per thread");
 };
+
+namespace prefill {
+// Fields of an item-table entry (cross-item path).
+enum : int { kFReq, kFRow0, kFKvHead, kFKvStart, kFKvEnd, kFPartial, kFQoBase, kFQoLen, kFKvBase, kFKvLen };
+
+// S (+)= Q K^T for one KV tile: MMA_Q row blocks x MMA_KV 16-key slices of this warp. GUARD: slices >= `live` hold
+// only keys masked in every row of the warp (causal boundary tile) and are skipped; their scores stay 0 and the
+// mask turns them into -inf.
+template <class C, bool GUARD>
+__device__ __forceinline__ void qk_tile(float (&s)[C::kMmaQ][2 * C::kMmaKV][4], u32 q_lane, u32 k_stage, int live) {
+  using T = typename C::DTypeKV;
+  using LdQK = LdmatrixAddr<C::kChunksQK>;
+#pragma unroll
+  for (int kk = 0; kk < C::kHeadDimQK / 16; ++kk) {
+    u32 a[C::kMmaQ][4];
+#pragma unroll
+    for (int mq = 0; mq < C::kMmaQ; ++mq) mma::ldmatrix_x4(a[mq], LdQK::at(q_lane, kk, mq * 16));
+#pragma unroll
+    for (int nn = 0; nn < C::kMmaKV; ++nn) {
+      if (!GUARD || nn < live) {
+        u32 bk[4];
+        mma::ldmatrix_x4(bk, LdQK::at(k_stage, kk, nn * 16));
+#pragma unroll
+        for (int mq = 0; mq < C::kMmaQ; ++mq) mma::mma_m16n16k16<T>(s[mq][2 * nn], s[mq][2 * nn + 1], a[mq], bk);
+      }
+    }
+  }
+}
+
+// O += P V for one KV tile; GUARD: slices >= `live` have P = 0 exactly (masked) and are skipped.
+template <class C, bool GUARD>
+__device__ __forceinline__ void pv_tile(float (&o)[C::kMmaQ][C::kHeadDimVO / 8][4],
+                                        const u32 (&pa)[C::kMmaQ][C::kMmaKV][4], u32 v_stage, int live) {
+  using T = typename C::DTypeKV;
+  using LdVO = LdmatrixAddr<C::kChunksVO>;
+#pragma unroll
+  for (int kk = 0; kk < C::kMmaKV; ++kk) {
+    if (!GUARD || kk < live) {
+#pragma unroll
+      for (int dn = 0; dn < C::kHeadDimVO / 16; ++dn) {
+        u32 bv[4];
+        mma::ldmatrix_x4_trans(bv, LdVO::at(v_stage, dn, kk * 16));
+#pragma unroll
+        for (int mq = 0; mq < C::kMmaQ; ++mq) mma::mma_m16n16k16<T>(o[mq][2 * dn], o[mq][2 * dn + 1], pa[mq][kk], bv);
+      }
+    }
+  }
+}
+}  // namespace prefill
 
 template <class C>
 __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_constant__ PrefillParams p) {
   using T = typename C::DTypeKV;
   using DTypeO = typename C::DTypeO;
-  constexpr int MMA_Q = C::kMmaQ, MMA_KV = C::kMmaKV, DQK = C::kHeadDimQK, DVO = C::kHeadDimVO;
+  constexpr int MMA_Q = C::kMmaQ, MMA_KV = C::kMmaKV, DVO = C::kHeadDimVO;
   constexpr int NT = C::kThreads, TILE_Q = C::kTileQ, TILE_KV = C::kTileKV, STAGES = C::kStages;
+  constexpr bool XI = C::kCrossItem;
+  constexpr int KR = C::kKVRowsPerThread;
+  constexpr int NF = C::kTableFields;
 
   extern __shared__ __align__(128) unsigned char smem[];
   const u32 smem_base = mma::smem_addr(smem);
@@ -140,6 +230,8 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
   const u32 k_smem = smem_base + C::kKOff;
   const u32 v_smem = smem_base + C::kVOff;
   i64* page_off = reinterpret_cast<i64*>(smem + C::kPageOff);
+  int* info = reinterpret_cast<int*>(smem + C::kInfoOff);
+  int* table = reinterpret_cast<int*>(smem + C::kTableOff);
 
   const int tid = static_cast<int>(threadIdx.x), lane = static_cast<int>(threadIdx.x % 32u);
   const int wq = static_cast<int>((threadIdx.x / 32u) % C::kWarpsQ), wkv = static_cast<int>(threadIdx.x / 32u / C::kWarpsQ);
@@ -167,35 +259,11 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
   const int* qo_indptr = static_cast<const int*>(p.qo_indptr);
   const int* kv_indptr = static_cast<const int*>(p.kv_indptr);
   const int* work_indptr = static_cast<const int*>(p.work_indptr);
+  const int* kv_indices = static_cast<const int*>(p.kv_indices);
 
-  // (item_end is re-read each time: one register less across the KV loop.)
-  for (int item = work_indptr[blockIdx.x]; item < prefill::reload_i32(work_indptr, blockIdx.x + 1); ++item) {
-    const int b = static_cast<const int*>(p.item_req)[item];
-    const int tile = static_cast<const int*>(p.item_qo_tile)[item];
-    const int kvh = static_cast<const int*>(p.item_kv_head)[item];
-    const int kv_start = static_cast<const int*>(p.item_kv_start)[item];
-    const int kv_end = static_cast<const int*>(p.item_kv_end)[item];
-
-    const int qo_base = qo_indptr[b];
-    const int qo_len = qo_indptr[b + 1] - qo_base;
-    const int kv_base = kv_indptr[b];  // ragged: first kv row; paged: first page-table entry
-    int kv_len;
-    if constexpr (C::kPaged) {
-      const int num_pages = kv_indptr[b + 1] - kv_base;
-      kv_len = num_pages > 0 ? (num_pages - 1) * p.page_size + static_cast<const int*>(p.kv_last_page_len)[b] : 0;
-    } else {
-      kv_len = kv_indptr[b + 1] - kv_base;
-    }
-    const int packed_rows = qo_len * g;
-    const int row0 = tile * TILE_Q;
-    const int valid_rows = min(TILE_Q, packed_rows - row0);
-    const int q_shift = kv_len - qo_len;  // query token i sits at kv position i + q_shift
-    int* info = reinterpret_cast<int*>(smem + C::kInfoOff);
-    if (tid == 0) {
-      info[0] = kv_base, info[1] = kvh, info[2] = q_shift, info[3] = kv_len, info[4] = row0, info[5] = b;
-    }
-
-    // ---- Q tile -> smem (part of the first cp.async group) ----
+  // ---- copies (addresses are rebuilt from a few ints at every copy instead of keeping 64-bit pointers live) ----
+  // Q rows [row0, row0 + valid_rows) of the tile (packed rows of request rows from qo_base, KV head kvh).
+  auto load_q = [&](int row0, int valid_rows, int qo_base, int kvh) {
 #pragma unroll
     for (int i = 0; i < C::kQRowsPerThread; ++i) {
       const int r = cp_row + i * C::kRowsPerPass;
@@ -211,78 +279,174 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         }
       }
     }
-
-    // ---- KV tile copies ----
-    // (Addresses are rebuilt from a few ints at every copy instead of keeping 64-bit pointers live across the loop.)
-    // K rows of tile `t` into buffer `stage`; paged: remember each row's offset for the matching V copy.
-    // Paged: the page-table entries of a thread's rows of tile `key0` (one read each; 0 past kv_end). The loop reads
-    // them one tile early, during P.V, so that the K copy at the top of the next iteration does not wait on them.
-    constexpr int KR = C::kKVRowsPerThread;
-    auto read_pages = [&](int key0, int kv_base, int (&pages)[KR]) {
-      const int rem = kv_end - key0 - cp_row;
+  };
+  // Paged: the page-table entries of a thread's rows of the tile at `key0` (one read each; 0 past kv_end). The loop
+  // reads them one tile early, during P.V, so that the K copy at the top of the next iteration does not wait on them.
+  auto read_pages = [&](int key0, int kv_base, int kv_end, int (&pages)[KR]) {
+    const int rem = kv_end - key0 - cp_row;
 #pragma unroll
-      for (int i = 0; i < KR; ++i) {
-        const int key = key0 + cp_row + i * C::kRowsPerPass;
-        const u32 pg = prefill::fast_div(static_cast<u32>(key), p.page_mul, p.page_shift);
-        pages[i] = i * C::kRowsPerPass < rem ? prefill::ldg_i32(static_cast<const int*>(p.kv_indices) + kv_base + pg) : 0;
+    for (int i = 0; i < KR; ++i) {
+      const int key = key0 + cp_row + i * C::kRowsPerPass;
+      const u32 pg = prefill::fast_div(static_cast<u32>(key), p.page_mul, p.page_shift);
+      pages[i] = i * C::kRowsPerPass < rem ? prefill::ldg_i32(kv_indices + kv_base + pg) : 0;
+    }
+  };
+  // K rows of the tile at `key0` into buffer `stage`; paged: remember each row's offset for the matching V copy.
+  auto load_k = [&](int key0, int stage, int kv_base, int kvh, int kv_end, const int (&pages)[KR]) {
+    const int rem = kv_end - key0 - cp_row;  // row i of this thread is valid iff i * kRowsPerPass < rem
+    // Ragged: one 64-bit address per tile, rows kRowsPerPass apart are a constant stride further.
+    const T* row0 = k_ptr + (static_cast<i64>(kv_base + key0 + cp_row) * p.k_stride_n +
+                             static_cast<i64>(kvh) * p.k_stride_h + cp_chunk * 8);
+#pragma unroll
+    for (int i = 0; i < KR; ++i) {
+      const bool valid = i * C::kRowsPerPass < rem;
+      const T* src;
+      if constexpr (C::kPaged) {
+        i64 off = 0;
+        if (valid) {
+          const int key = key0 + cp_row + i * C::kRowsPerPass;
+          const int pg = static_cast<int>(prefill::fast_div(static_cast<u32>(key), p.page_mul, p.page_shift));
+          off = static_cast<i64>(pages[i]) * p.k_stride_page + static_cast<i64>(key - pg * p.page_size) * p.k_stride_n +
+                static_cast<i64>(kvh) * p.k_stride_h;
+        }
+        page_off[i * NT + tid] = off;
+        src = k_ptr + off + cp_chunk * 8;
+      } else {
+        src = valid ? row0 + static_cast<i64>(i * C::kRowsPerPass) * p.k_stride_n : k_ptr;
       }
-    };
-    int pages[KR];
-    auto load_k = [&](int key0, int stage, int kv_base, int kvh) {
-      const int rem = kv_end - key0 - cp_row;  // row i of this thread is valid iff i * kRowsPerPass < rem
-      // Ragged: one 64-bit address per tile, rows kRowsPerPass apart are a constant stride further.
-      const T* row0 = k_ptr + (static_cast<i64>(kv_base + key0 + cp_row) * p.k_stride_n +
-                               static_cast<i64>(kvh) * p.k_stride_h + cp_chunk * 8);
+      const u32 dst = k_smem + stage * C::kKBytes + cp_qk_dst + i * kPassQK;
 #pragma unroll
-      for (int i = 0; i < C::kKVRowsPerThread; ++i) {
-        const bool valid = i * C::kRowsPerPass < rem;
-        const T* src;
-        if constexpr (C::kPaged) {
-          i64 off = 0;
-          if (valid) {
-            const int key = key0 + cp_row + i * C::kRowsPerPass;
-            const int pg = static_cast<int>(prefill::fast_div(static_cast<u32>(key), p.page_mul, p.page_shift));
-            off = static_cast<i64>(pages[i]) * p.k_stride_page + static_cast<i64>(key - pg * p.page_size) * p.k_stride_n +
-                  static_cast<i64>(kvh) * p.k_stride_h;
+      for (int c = 0; c < C::kChunksQK / 8; ++c) prefill::cp_async_16(dst + c * 128, src + c * 64, valid);
+    }
+  };
+  auto load_v = [&](int key0, int stage, int kv_base, int kvh, int kv_end) {
+    const int rem = kv_end - key0 - cp_row;
+    const T* row0 = v_ptr + (static_cast<i64>(kv_base + key0 + cp_row) * p.v_stride_n +
+                             static_cast<i64>(kvh) * p.v_stride_h + cp_chunk * 8);
+#pragma unroll
+    for (int i = 0; i < KR; ++i) {
+      const bool valid = i * C::kRowsPerPass < rem;
+      const T* src;
+      if constexpr (C::kPaged) {
+        src = v_ptr + page_off[i * NT + tid] + cp_chunk * 8;
+      } else {
+        src = valid ? row0 + static_cast<i64>(i * C::kRowsPerPass) * p.v_stride_n : v_ptr;
+      }
+      const u32 dst = v_smem + stage * C::kVBytes + cp_vo_dst + i * kPassVO;
+#pragma unroll
+      for (int c = 0; c < C::kChunksVO / 8; ++c) prefill::cp_async_16(dst + c * 128, src + c * 64, valid);
+    }
+  };
+
+  // Cross-item: Q and the first K/V tile of the item in table slot `ns` into buffer `st`. Commits the group Q + K (the
+  // one the item's first iteration waits for) and leaves V in the caller's next group, like the prologue.
+  // Paged: `pages` holds that tile's page numbers (read_first_pages).
+  auto issue_first = [&](int ns, int st, const int (&pages)[KR]) {
+    const int* e = table + ns * NF;
+    const int row0 = e[prefill::kFRow0], kvh = e[prefill::kFKvHead];
+    const int kv_start = e[prefill::kFKvStart], kv_end = e[prefill::kFKvEnd], kv_base = e[prefill::kFKvBase];
+    load_q(row0, min(TILE_Q, e[prefill::kFQoLen] * g - row0), e[prefill::kFQoBase], kvh);
+    if (kv_start < kv_end) load_k(kv_start, st, kv_base, kvh, kv_end, pages);
+    prefill::cp_async_commit();
+    if (kv_start < kv_end) load_v(kv_start, st, kv_base, kvh, kv_end);
+  };
+  // Paged, cross-item: the page numbers of the first tile of the item in table slot `ns`.
+  auto read_first_pages = [&](int ns, int (&pages)[KR]) {
+    const int* e = table + ns * NF;
+    read_pages(e[prefill::kFKvStart], e[prefill::kFKvBase], e[prefill::kFKvEnd], pages);
+  };
+
+  int stage = 0;  // buffer of the next KV tile; runs on across items (the next item's first tile follows the last)
+  // (item_end, and on the cross-item path the item's table slot, are re-derived each time: fewer registers across the
+  // KV loop.)
+  for (int item = work_indptr[blockIdx.x]; item < prefill::reload_i32(work_indptr, blockIdx.x + 1); ++item) {
+    int b, row0, kvh, kv_start, kv_end, qo_base, qo_len, kv_base, kv_len;
+    bool has_next = false;  // cross-item: the next item is in the table, and this one starts it
+    // cross-item: the item's table slot (items of a CTA fill the table kTableItems at a time)
+    const int slot = XI ? (item - prefill::reload_i32(work_indptr, blockIdx.x)) % C::kTableItems : 0;
+    if constexpr (XI) {
+      const int item_end = prefill::reload_i32(work_indptr, blockIdx.x + 1);
+      if (slot == 0) {
+        // Resolve the facts of the next kTableItems items, one per thread: two dependent reads, paid once.
+        __syncthreads();  // every warp is done with the previous entries (epilogue)
+        if (tid < min(C::kTableItems, item_end - item)) {
+          const int it = item + tid;
+          int* e = table + tid * NF;
+          const int eb = static_cast<const int*>(p.item_req)[it];
+          const int qb = qo_indptr[eb], kb = kv_indptr[eb];
+          int len;
+          if constexpr (C::kPaged) {
+            const int num_pages = kv_indptr[eb + 1] - kb;
+            len = num_pages > 0 ? (num_pages - 1) * p.page_size + static_cast<const int*>(p.kv_last_page_len)[eb] : 0;
+          } else {
+            len = kv_indptr[eb + 1] - kb;
           }
-          page_off[i * NT + tid] = off;
-          src = k_ptr + off + cp_chunk * 8;
-        } else {
-          src = valid ? row0 + static_cast<i64>(i * C::kRowsPerPass) * p.k_stride_n : k_ptr;
+          e[prefill::kFReq] = eb;
+          e[prefill::kFRow0] = static_cast<const int*>(p.item_qo_tile)[it] * TILE_Q;
+          e[prefill::kFKvHead] = static_cast<const int*>(p.item_kv_head)[it];
+          e[prefill::kFKvStart] = static_cast<const int*>(p.item_kv_start)[it];
+          e[prefill::kFKvEnd] = static_cast<const int*>(p.item_kv_end)[it];
+          e[prefill::kFPartial] = static_cast<const int*>(p.item_partial)[it];
+          e[prefill::kFQoBase] = qb;
+          e[prefill::kFQoLen] = qo_indptr[eb + 1] - qb;
+          e[prefill::kFKvBase] = kb;
+          e[prefill::kFKvLen] = len;
         }
-        const u32 dst = k_smem + stage * C::kKBytes + cp_qk_dst + i * kPassQK;
-#pragma unroll
-        for (int c = 0; c < C::kChunksQK / 8; ++c) prefill::cp_async_16(dst + c * 128, src + c * 64, valid);
+        __syncthreads();
       }
-    };
-    auto load_v = [&](int key0, int stage, int kv_base, int kvh) {
-      const int rem = kv_end - key0 - cp_row;
-      const T* row0 = v_ptr + (static_cast<i64>(kv_base + key0 + cp_row) * p.v_stride_n +
-                               static_cast<i64>(kvh) * p.v_stride_h + cp_chunk * 8);
-#pragma unroll
-      for (int i = 0; i < C::kKVRowsPerThread; ++i) {
-        const bool valid = i * C::kRowsPerPass < rem;
-        const T* src;
-        if constexpr (C::kPaged) {
-          src = v_ptr + page_off[i * NT + tid] + cp_chunk * 8;
-        } else {
-          src = valid ? row0 + static_cast<i64>(i * C::kRowsPerPass) * p.v_stride_n : v_ptr;
-        }
-        const u32 dst = v_smem + stage * C::kVBytes + cp_vo_dst + i * kPassVO;
-#pragma unroll
-        for (int c = 0; c < C::kChunksVO / 8; ++c) prefill::cp_async_16(dst + c * 128, src + c * 64, valid);
+      const int* e = table + slot * NF;
+      b = e[prefill::kFReq], row0 = e[prefill::kFRow0], kvh = e[prefill::kFKvHead];
+      kv_start = e[prefill::kFKvStart], kv_end = e[prefill::kFKvEnd];
+      qo_base = e[prefill::kFQoBase], qo_len = e[prefill::kFQoLen];
+      kv_base = e[prefill::kFKvBase], kv_len = e[prefill::kFKvLen];
+      has_next = slot + 1 < C::kTableItems && item + 1 < item_end;
+    } else {
+      b = static_cast<const int*>(p.item_req)[item];
+      row0 = static_cast<const int*>(p.item_qo_tile)[item] * TILE_Q;
+      kvh = static_cast<const int*>(p.item_kv_head)[item];
+      kv_start = static_cast<const int*>(p.item_kv_start)[item];
+      kv_end = static_cast<const int*>(p.item_kv_end)[item];
+      qo_base = qo_indptr[b];
+      qo_len = qo_indptr[b + 1] - qo_base;
+      kv_base = kv_indptr[b];  // ragged: first kv row; paged: first page-table entry
+      if constexpr (C::kPaged) {
+        const int num_pages = kv_indptr[b + 1] - kv_base;
+        kv_len = num_pages > 0 ? (num_pages - 1) * p.page_size + static_cast<const int*>(p.kv_last_page_len)[b] : 0;
+      } else {
+        kv_len = kv_indptr[b + 1] - kv_base;
       }
-    };
+    }
+    const int packed_rows = qo_len * g;
+    const int valid_rows = min(TILE_Q, packed_rows - row0);
+    const int q_shift = kv_len - qo_len;  // query token i sits at kv position i + q_shift
+    if (tid == 0) {
+      info[0] = kv_base, info[1] = kvh, info[2] = q_shift, info[3] = kv_len, info[4] = row0, info[5] = b;
+      // cross-item: the next item's table slot, 0 when this item does not start it (slot 0 starts itself)
+      info[6] = has_next ? slot + 1 : 0;
+    }
 
-    // Prologue: tiles 0 .. STAGES-2 (Q rides in the first group).
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-      if (kv_start + s * TILE_KV < kv_end) {
-        if constexpr (C::kPaged) read_pages(kv_start + s * TILE_KV, kv_base, pages);
-        load_k(kv_start + s * TILE_KV, s, kv_base, kvh);
+    // ---- prologue: Q + tile 0 (already issued by the previous item on the cross-item path, except at the start of
+    // a table), then tiles 1 .. STAGES-2, into the buffers after `stage`. Groups: Q+K0, V0, K1, V1, ...
+    int pages[KR];
+    if (!XI || slot == 0) {
+      load_q(row0, valid_rows, qo_base, kvh);
+      if (kv_start < kv_end) {
+        if constexpr (C::kPaged) read_pages(kv_start, kv_base, kv_end, pages);
+        load_k(kv_start, stage, kv_base, kvh, kv_end, pages);
       }
       prefill::cp_async_commit();
-      if (kv_start + s * TILE_KV < kv_end) load_v(kv_start + s * TILE_KV, s, kv_base, kvh);
+      if (kv_start < kv_end) load_v(kv_start, stage, kv_base, kvh, kv_end);
+      prefill::cp_async_commit();
+    }
+#pragma unroll
+    for (int s = 1; s < STAGES - 1; ++s) {
+      const int st = stage + s >= STAGES ? stage + s - STAGES : stage + s;
+      if (kv_start + s * TILE_KV < kv_end) {
+        if constexpr (C::kPaged) read_pages(kv_start + s * TILE_KV, kv_base, kv_end, pages);
+        load_k(kv_start + s * TILE_KV, st, kv_base, kvh, kv_end, pages);
+      }
+      prefill::cp_async_commit();
+      if (kv_start + s * TILE_KV < kv_end) load_v(kv_start + s * TILE_KV, st, kv_base, kvh, kv_end);
       prefill::cp_async_commit();
     }
 
@@ -324,11 +488,16 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
     const float x_scale = (C::kSoftCap || C::kAlibi) ? kLog2e : p.sm_scale_log2;
 
     if constexpr (C::kPaged) {
-      if (kv_start + (STAGES - 1) * TILE_KV < kv_end) read_pages(kv_start + (STAGES - 1) * TILE_KV, kv_base, pages);
+      // Pages of tile STAGES-1, which the first iteration copies; past the item's end (cross-item), those of the
+      // next item's first tile instead, which the last iteration copies (pages[] is not touched in between).
+      if (kv_start + (STAGES - 1) * TILE_KV < kv_end) {
+        read_pages(kv_start + (STAGES - 1) * TILE_KV, kv_base, kv_end, pages);
+      } else if (XI && has_next) {
+        read_first_pages(slot + 1, pages);
+      }
     }
 
     // Loop over KV tiles by first key (key0) and buffer (stage); the tile STAGES-1 ahead starts at `ahead`.
-    int stage = 0;
     for (int key0 = kv_start; key0 < kv_end; key0 += TILE_KV) {
       const int ahead = key0 + (STAGES - 1) * TILE_KV;
       const int wkey0 = key0 + warp_col0;  // first key of this warp's slice
@@ -336,7 +505,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
       __syncthreads();
       {
         const int st = stage == 0 ? STAGES - 1 : stage - 1;  // buffer of the previous tile == of the tile ahead
-        if (ahead < kv_end) load_k(ahead, st, info[0], info[1]);
+        if (ahead < kv_end) load_k(ahead, st, info[0], info[1], kv_end, pages);
         prefill::cp_async_commit();
       }
       // Fully masked for this warp (all keys past every row's limit, or before every row's window): skip the math.
@@ -344,6 +513,9 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
       const bool skip = wkey0 >= wb[1] || (C::kWindow && wkey0 + MMA_KV * 16 <= wb[3]);
       u32 pa[MMA_Q][MMA_KV][4];  // P as bf16/fp16 A fragments (packed before the V copy is issued: half the registers)
       if (!skip) {
+        const bool need_mask = C::kCustomMask || wkey0 + MMA_KV * 16 > wb[0] || (C::kWindow && wkey0 < wb[2]);
+        // 16-key slices holding a key that some row of this warp may see (wb[1] > wkey0 here: >= 1)
+        const int live = C::kSliceSkip ? min(MMA_KV, (wb[1] - wkey0 + 15) >> 4) : MMA_KV;
         float s[MMA_Q][2 * MMA_KV][4];
         // ---- S = Q K^T ----
 #pragma unroll
@@ -355,22 +527,13 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
           }
         }
         const u32 k_stage = k_lane + stage * C::kKBytes;
-#pragma unroll
-        for (int kk = 0; kk < DQK / 16; ++kk) {
-          u32 a[MMA_Q][4];
-#pragma unroll
-          for (int mq = 0; mq < MMA_Q; ++mq) mma::ldmatrix_x4(a[mq], LdQK::at(q_lane, kk, mq * 16));
-#pragma unroll
-          for (int nn = 0; nn < MMA_KV; ++nn) {
-            u32 bk[4];
-            mma::ldmatrix_x4(bk, LdQK::at(k_stage, kk, nn * 16));
-#pragma unroll
-            for (int mq = 0; mq < MMA_Q; ++mq) mma::mma_m16n16k16<T>(s[mq][2 * nn], s[mq][2 * nn + 1], a[mq], bk);
-          }
+        if (live < MMA_KV) {
+          prefill::qk_tile<C, true>(s, q_lane, k_stage, live);
+        } else {
+          prefill::qk_tile<C, false>(s, q_lane, k_stage, live);
         }
 
         // ---- logits transform (variant) and mask ----
-        const bool need_mask = C::kCustomMask || wkey0 + MMA_KV * 16 > wb[0] || (C::kWindow && wkey0 < wb[2]);
         if (C::kAlibi || C::kSoftCap || need_mask) {
           const int q_shift = info[2];
           // Packed row of this thread's element (mq = 0, h = 0); rows + 16 mq + 8 h hold elements 2h, 2h+1.
@@ -476,125 +639,196 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         }
       }
 
+      // Cross-item: this is the item's last tile and the next item is in the table. (Read before the barrier: once
+      // past it, thread 0 may already be writing the next item's info.)
+      const int start_next = XI && key0 + TILE_KV >= kv_end ? info[6] : 0;  // table slot of the next item
       prefill::cp_async_wait<2 * STAGES - 3>();
       __syncthreads();
       {
         const int st = stage == 0 ? STAGES - 1 : stage - 1;
-        if (ahead < kv_end) load_v(ahead, st, info[0], info[1]);
+        if (ahead < kv_end) load_v(ahead, st, info[0], info[1], kv_end);
+        if constexpr (XI) {
+          // Every warp is done with Q and with this tile's K (barrier above), and the buffer after this one is free
+          // (its tile ended two barriers ago): start the next item's Q and first tile now, to land during P.V.
+          if (start_next) issue_first(start_next, stage + 1 == STAGES ? 0 : stage + 1, pages);
+        }
         prefill::cp_async_commit();
         if constexpr (C::kPaged) {
-          if (ahead + TILE_KV < kv_end) read_pages(ahead + TILE_KV, info[0], pages);
+          if (ahead + TILE_KV < kv_end) {
+            read_pages(ahead + TILE_KV, info[0], kv_end, pages);
+          } else if (XI && ahead < kv_end && info[6]) {
+            // The first tile past the end (not the last iteration: thread 0 is still in this item): the next item's
+            // first tile, copied by the last iteration.
+            read_first_pages(info[6], pages);
+          }
         }
       }
       if (!skip) {
         // ---- O += P V ----
         const u32 v_stage = v_lane + stage * C::kVBytes;
-#pragma unroll
-        for (int kk = 0; kk < MMA_KV; ++kk) {
-#pragma unroll
-          for (int dn = 0; dn < DVO / 16; ++dn) {
-            u32 bv[4];
-            mma::ldmatrix_x4_trans(bv, LdVO::at(v_stage, dn, kk * 16));
-#pragma unroll
-            for (int mq = 0; mq < MMA_Q; ++mq) mma::mma_m16n16k16<T>(o[mq][2 * dn], o[mq][2 * dn + 1], pa[mq][kk], bv);
-          }
+        // (recomputed rather than kept across the barrier; only this warp writes its bounds)
+        const int live =
+            C::kSliceSkip ? min(MMA_KV, (info[C::kInfoInts + 4 * (tid / 32) + 1] - wkey0 + 15) >> 4) : MMA_KV;
+        if (live < MMA_KV) {
+          prefill::pv_tile<C, true>(o, pa, v_stage, live);
+        } else {
+          prefill::pv_tile<C, false>(o, pa, v_stage, live);
         }
       }
       stage = stage + 1 == STAGES ? 0 : stage + 1;
     }
 
-    // ---- epilogue: stage (o, m, d) of every warp in smem, merge across WARPS_KV, write 16-byte vectors ----
-    prefill::cp_async_wait<0>();
-    __syncthreads();
-    float* epi_o = reinterpret_cast<float*>(smem);
-    float* epi_md = reinterpret_cast<float*>(smem + C::kEpiOBytes);
-    {
+    if constexpr (XI) {
+      const int e_slot = (item - prefill::reload_i32(work_indptr, blockIdx.x)) % C::kTableItems;
+      const int* e = table + e_slot * NF;
+      // An item without KV tiles starts the next one here (after its own Q copy, issued by the item before, landed).
+      // (Facts re-read from the table rather than kept live across the loop.)
+      if (e[prefill::kFKvStart] >= e[prefill::kFKvEnd] && e_slot + 1 < C::kTableItems &&
+          item + 1 < prefill::reload_i32(work_indptr, blockIdx.x + 1)) {
+        prefill::cp_async_wait_all();
+        issue_first(e_slot + 1, stage, pages);  // (pages: read before the loop)
+        prefill::cp_async_commit();
+      }
+
+      // ---- epilogue in registers: normalise, store o (or the fp32 partial state) and lse straight to global ----
+      const int e_row0 = e[prefill::kFRow0], e_partial = e[prefill::kFPartial];
+      const int e_rows = min(TILE_Q, e[prefill::kFQoLen] * g - e_row0);
+      const int e_kvh = e[prefill::kFKvHead], e_qo_base = e[prefill::kFQoBase];
       // Thread coordinates recomputed from threadIdx (cheaper than keeping them live across the loop).
-      const u32 e_lane = threadIdx.x % 32u, e_warp = threadIdx.x / 32u;
-      const u32 e_slot0 = (e_warp / C::kWarpsQ) * TILE_Q + (e_warp % C::kWarpsQ) * MMA_Q * 16 + e_lane / 4;
+      const int e_lane = static_cast<int>(threadIdx.x % 32u);
+      const int e_r0 = static_cast<int>(threadIdx.x / 32u) * MMA_Q * 16 + e_lane / 4;
 #pragma unroll
       for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int slot = e_slot0 + mq * 16 + 8 * h;
-          float* dst = epi_o + slot * C::kEpiPitch + 2 * (e_lane % 4);
-#pragma unroll
-          for (int j = 0; j < DVO / 8; ++j) {
-            *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[mq][j][2 * h], o[mq][j][2 * h + 1]);
-          }
           const float d = mma::quad_sum(row_sum[mq][h]);
-          if (e_lane % 4 == 0) {
-            // Store m in base-2 units; an empty row (d = 0) stores -inf so the merge ignores it.
-            epi_md[slot * 2] = d > 0.f ? row_max[mq][h] * x_scale : neg_inf();
-            epi_md[slot * 2 + 1] = d;
+          const float inv = d > 0.f ? 1.f / d : 0.f;
+          const float lse = d > 0.f ? row_max[mq][h] * x_scale + log2f(d) : neg_inf();
+          const int r = e_r0 + mq * 16 + 8 * h;
+          if (r < e_rows) {
+            if (e_partial < 0) {
+              const int pr = e_row0 + r;
+              const int token = static_cast<int>(prefill::fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
+              const int head = e_kvh * g + (pr - token * g);
+              const i64 row = e_qo_base + token;
+              DTypeO* dst = static_cast<DTypeO*>(p.o) + row * p.o_stride_n + head * p.o_stride_h + 2 * (e_lane % 4);
+#pragma unroll
+              for (int j = 0; j < DVO / 8; ++j) {
+                const float lo = o[mq][j][2 * h] * inv, hi = o[mq][j][2 * h + 1] * inv;
+                if constexpr (sizeof(DTypeO) == 2) {
+                  *reinterpret_cast<u32*>(dst + j * 8) = mma::pack2<DTypeO>(lo, hi);
+                } else {
+                  dst[j * 8] = from_float<DTypeO>(lo), dst[j * 8 + 1] = from_float<DTypeO>(hi);
+                }
+              }
+              if (e_lane % 4 == 0 && p.lse != nullptr) {
+                static_cast<float*>(p.lse)[row * p.lse_stride_n + head * p.lse_stride_h] = lse;
+              }
+            } else {
+              float* dst = static_cast<float*>(p.partial_o) + static_cast<i64>(e_partial + r) * DVO + 2 * (e_lane % 4);
+#pragma unroll
+              for (int j = 0; j < DVO / 8; ++j) {
+                *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[mq][j][2 * h] * inv, o[mq][j][2 * h + 1] * inv);
+              }
+              if (e_lane % 4 == 0) static_cast<float*>(p.partial_lse)[e_partial + r] = lse;
+            }
           }
         }
       }
-    }
-    __syncthreads();
-
-    // Item facts needed only here are re-read rather than kept live across the KV loop.
-    const int e_partial = prefill::reload_i32(p.item_partial, item);
-    const int e_kvh = prefill::reload_i32(p.item_kv_head, item);
-    const int e_row0 = prefill::reload_i32(p.item_qo_tile, item) * TILE_Q;
-    const int e_req = prefill::reload_i32(p.item_req, item);
-    const int e_qo_base = prefill::reload_i32(p.qo_indptr, e_req);
-    const int e_rows = min(TILE_Q, (prefill::reload_i32(p.qo_indptr, e_req + 1) - e_qo_base) * g - e_row0);
-    constexpr int VPR = DVO / 8;  // 8-element vectors per row
-    for (int idx = threadIdx.x; idx < e_rows * VPR; idx += NT) {
-      const int r = idx / VPR, cv = idx % VPR;
-      float m_all = neg_inf();
+    } else {
+      // ---- epilogue: stage (o, m, d) of every warp in smem, merge across WARPS_KV, write 16-byte vectors ----
+      prefill::cp_async_wait<0>();
+      __syncthreads();
+      float* epi_o = reinterpret_cast<float*>(smem);
+      float* epi_md = reinterpret_cast<float*>(smem + C::kEpiOBytes);
+      {
+        // Thread coordinates recomputed from threadIdx (cheaper than keeping them live across the loop).
+        const u32 e_lane = threadIdx.x % 32u, e_warp = threadIdx.x / 32u;
+        const u32 e_slot0 = (e_warp / C::kWarpsQ) * TILE_Q + (e_warp % C::kWarpsQ) * MMA_Q * 16 + e_lane / 4;
 #pragma unroll
-      for (int w = 0; w < C::kWarpsKV; ++w) m_all = fmaxf(m_all, epi_md[(w * TILE_Q + r) * 2]);
-      float acc[8];
+        for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] = 0.f;
-      float d_all = 0.f;
-      if (m_all != neg_inf()) {
+          for (int h = 0; h < 2; ++h) {
+            const int slot_r = e_slot0 + mq * 16 + 8 * h;
+            float* dst = epi_o + slot_r * C::kEpiPitch + 2 * (e_lane % 4);
 #pragma unroll
-        for (int w = 0; w < C::kWarpsKV; ++w) {
-          const int slot = w * TILE_Q + r;
-          const float wt = exp2f(epi_md[slot * 2] - m_all);  // -inf (empty warp slice) -> 0
-          d_all += epi_md[slot * 2 + 1] * wt;
-          const float4 lo = *reinterpret_cast<const float4*>(epi_o + slot * C::kEpiPitch + cv * 8);
-          const float4 hi = *reinterpret_cast<const float4*>(epi_o + slot * C::kEpiPitch + cv * 8 + 4);
-          acc[0] += lo.x * wt, acc[1] += lo.y * wt, acc[2] += lo.z * wt, acc[3] += lo.w * wt;
-          acc[4] += hi.x * wt, acc[5] += hi.y * wt, acc[6] += hi.z * wt, acc[7] += hi.w * wt;
+            for (int j = 0; j < DVO / 8; ++j) {
+              *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[mq][j][2 * h], o[mq][j][2 * h + 1]);
+            }
+            const float d = mma::quad_sum(row_sum[mq][h]);
+            if (e_lane % 4 == 0) {
+              // Store m in base-2 units; an empty row (d = 0) stores -inf so the merge ignores it.
+              epi_md[slot_r * 2] = d > 0.f ? row_max[mq][h] * x_scale : neg_inf();
+              epi_md[slot_r * 2 + 1] = d;
+            }
+          }
         }
       }
-      const float inv = d_all > 0.f ? 1.f / d_all : 0.f;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] *= inv;
-      const float lse = d_all > 0.f ? m_all + log2f(d_all) : neg_inf();
+      __syncthreads();
 
-      if (e_partial < 0) {
-        const int pr = e_row0 + r;
-        const int token = static_cast<int>(prefill::fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
-        const int head = e_kvh * g + (pr - token * g);
-        const i64 row = e_qo_base + token;
-        DTypeO* dst = static_cast<DTypeO*>(p.o) + row * p.o_stride_n + head * p.o_stride_h + cv * 8;
-        if constexpr (sizeof(DTypeO) == 2) {
-          uint4 packed;
-          packed.x = mma::pack2<DTypeO>(acc[0], acc[1]);
-          packed.y = mma::pack2<DTypeO>(acc[2], acc[3]);
-          packed.z = mma::pack2<DTypeO>(acc[4], acc[5]);
-          packed.w = mma::pack2<DTypeO>(acc[6], acc[7]);
-          *reinterpret_cast<uint4*>(dst) = packed;
+      // Item facts needed only here are re-read rather than kept live across the KV loop.
+      const int e_partial = prefill::reload_i32(p.item_partial, item);
+      const int e_kvh = prefill::reload_i32(p.item_kv_head, item);
+      const int e_row0 = prefill::reload_i32(p.item_qo_tile, item) * TILE_Q;
+      const int e_req = prefill::reload_i32(p.item_req, item);
+      const int e_qo_base = prefill::reload_i32(p.qo_indptr, e_req);
+      const int e_rows = min(TILE_Q, (prefill::reload_i32(p.qo_indptr, e_req + 1) - e_qo_base) * g - e_row0);
+      constexpr int VPR = DVO / 8;  // 8-element vectors per row
+      for (int idx = threadIdx.x; idx < e_rows * VPR; idx += NT) {
+        const int r = idx / VPR, cv = idx % VPR;
+        float m_all = neg_inf();
+#pragma unroll
+        for (int w = 0; w < C::kWarpsKV; ++w) m_all = fmaxf(m_all, epi_md[(w * TILE_Q + r) * 2]);
+        float acc[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+        float d_all = 0.f;
+        if (m_all != neg_inf()) {
+#pragma unroll
+          for (int w = 0; w < C::kWarpsKV; ++w) {
+            const int sl = w * TILE_Q + r;
+            const float wt = exp2f(epi_md[sl * 2] - m_all);  // -inf (empty warp slice) -> 0
+            d_all += epi_md[sl * 2 + 1] * wt;
+            const float4 lo = *reinterpret_cast<const float4*>(epi_o + sl * C::kEpiPitch + cv * 8);
+            const float4 hi = *reinterpret_cast<const float4*>(epi_o + sl * C::kEpiPitch + cv * 8 + 4);
+            acc[0] += lo.x * wt, acc[1] += lo.y * wt, acc[2] += lo.z * wt, acc[3] += lo.w * wt;
+            acc[4] += hi.x * wt, acc[5] += hi.y * wt, acc[6] += hi.z * wt, acc[7] += hi.w * wt;
+          }
+        }
+        const float inv = d_all > 0.f ? 1.f / d_all : 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] *= inv;
+        const float lse = d_all > 0.f ? m_all + log2f(d_all) : neg_inf();
+
+        if (e_partial < 0) {
+          const int pr = e_row0 + r;
+          const int token = static_cast<int>(prefill::fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
+          const int head = e_kvh * g + (pr - token * g);
+          const i64 row = e_qo_base + token;
+          DTypeO* dst = static_cast<DTypeO*>(p.o) + row * p.o_stride_n + head * p.o_stride_h + cv * 8;
+          if constexpr (sizeof(DTypeO) == 2) {
+            uint4 packed;
+            packed.x = mma::pack2<DTypeO>(acc[0], acc[1]);
+            packed.y = mma::pack2<DTypeO>(acc[2], acc[3]);
+            packed.z = mma::pack2<DTypeO>(acc[4], acc[5]);
+            packed.w = mma::pack2<DTypeO>(acc[6], acc[7]);
+            *reinterpret_cast<uint4*>(dst) = packed;
+          } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) dst[e] = from_float<DTypeO>(acc[e]);
+          }
+          if (cv == 0 && p.lse != nullptr) {
+            static_cast<float*>(p.lse)[row * p.lse_stride_n + head * p.lse_stride_h] = lse;
+          }
         } else {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) dst[e] = from_float<DTypeO>(acc[e]);
+          float* dst = static_cast<float*>(p.partial_o) + static_cast<i64>(e_partial + r) * DVO + cv * 8;
+          *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+          *reinterpret_cast<float4*>(dst + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
+          if (cv == 0) static_cast<float*>(p.partial_lse)[e_partial + r] = lse;
         }
-        if (cv == 0 && p.lse != nullptr) {
-          static_cast<float*>(p.lse)[row * p.lse_stride_n + head * p.lse_stride_h] = lse;
-        }
-      } else {
-        float* dst = static_cast<float*>(p.partial_o) + static_cast<i64>(e_partial + r) * DVO + cv * 8;
-        *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
-        *reinterpret_cast<float4*>(dst + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
-        if (cv == 0) static_cast<float*>(p.partial_lse)[e_partial + r] = lse;
       }
+      __syncthreads();  // the next item's copies overwrite the staging area
     }
-    __syncthreads();  // the next item's copies overwrite the staging area
   }
 }
 

@@ -7,7 +7,9 @@ The issue's "done when" list -- batch {1, 12, 17}, query lengths {1, 17, 37, 127
 named cases so that every value appears and the suite stays around two minutes (each distinct kernel costs ~1-2 s of
 NVRTC on first use; the float64 reference of the largest case ~2 s). Split-KV (partials + merge), NHD / HND, the
 (k, v) tuple cache, q sliced from a fused QKV tensor, 3 pipeline stages, every KV tile, window / soft cap / ALiBi /
-custom masks and empty requests have a case each.
+custom masks and empty requests have a case each. Cases planned for one SM (``num_sms=1``: 2 CTAs of ~100 items
+each) drive the kernel's cross-item pipeline: table refills every 16 items, the next item's Q and first tile issued
+from the last iteration (paged: its page numbers copied ahead), items with no keys in between, split items.
 
 Outputs are poisoned: ``out=`` / ``lse=`` and the split-KV workspace are NaN before each run, so an element the kernel
 never writes fails. Tolerance, in units u of the output dtype's rounding (2^-8 bf16, 2^-11 fp16):
@@ -50,6 +52,8 @@ B17 = (
 B12_SHORT = ((1, 17, 37, 1, 17, 37, 1, 17, 37, 17, 1, 37), (54, 97, 512, 54, 97, 54, 97, 512, 97, 97, 54, 512))
 QO_GT_KV = ((37, 127, 17, 5), (17, 54, 1, 97))  # causal: the first qo - kv rows of a request see no key
 EMPTY = ((0, 5, 3, 0, 17), (7, 0, 9, 0, 54))  # a request with no query, one with no keys, an empty one
+# Causal, some qo > kv (whole query tiles with no key: empty items between full ones), 28 tiles of 128 rows at 32:8.
+QO_MIX = ((37, 127, 17, 5, 300, 64, 1, 200), (17, 54, 1, 97, 300, 640, 2000, 150))
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class Case:
     mask: bool = False  # random custom mask
     opts: dict = field(default_factory=dict)
     loose: float = 1.0
+    sms: int | None = None  # num_sms: plan for this many SMs (many items per CTA)
 
 
 CASES = [
@@ -111,6 +116,12 @@ CASES = [
     ),
     pytest.param(Case(B12_SHORT, mask=True, tiles=(32,)), id="custom-mask-q32"),
     pytest.param(Case(B12_SHORT, (4, 4), page=16, mask=True, causal=False, dtype="fp16"), id="custom-mask-p16"),
+    # --- many items per CTA: the cross-item pipeline ------------------------------------------------------------------
+    pytest.param(Case(B12, sms=1), id="one-sm-b12mix-ragged"),
+    pytest.param(Case(QO_MIX, page=16, sms=1), id="one-sm-qo>kv-mix-p16"),
+    pytest.param(Case(QO_MIX, split=256, sms=1), id="one-sm-qo>kv-mix-split256"),
+    pytest.param(Case(QO_MIX, page=5, dtype="fp16", tiles=(128, 32, 3), sms=1), id="one-sm-qo>kv-mix-p5-3stages"),
+    pytest.param(Case(QO_MIX, (28, 4), (256, 256), page=1, tiles=(128,), sms=1), id="one-sm-d256-8warps-p1"),
 ]
 
 
@@ -199,7 +210,7 @@ def _run_case(fw, c: Case, h: dict):
     w = BatchPrefill(paged=c.page is not None, kv_layout=c.layout)
     kw = dict(
         num_qo_heads=hq, num_kv_heads=hkv, head_dim=dqk, head_dim_vo=dvo, causal=c.causal, q_dtype=dt,
-        custom_mask=h.get("mask"), fixed_split_size=c.split, tile_sizes=c.tiles, **c.opts,
+        custom_mask=h.get("mask"), fixed_split_size=c.split, tile_sizes=c.tiles, num_sms=c.sms, **c.opts,
     )  # fmt: skip
     if c.page is None:
         w.plan(h["qo_indptr"], h["kv_indptr"], **kw)
@@ -365,6 +376,7 @@ def _canary_main() -> None:
         Case(small, (8, 2), page=5, split=16),
         Case(small, (8, 8), (64, 64), page=16, tiles=(16,)),
         Case(small, (4, 2), (256, 256), causal=False, tiles=(64,)),
+        Case(small, (8, 2), page=5, sms=1),  # several items per CTA: the cross-item pipeline
     ):
         h = _build(rng, c)
         ref_o, ref_lse = _reference(c, h)

@@ -1,0 +1,281 @@
+"""Tuning sweep for the FA2-class prefill kernel on P1-P6: configurations x cases -> TFLOP/s, in one GPU call.
+
+python -m bench.tune_prefill            cuinfer configurations (table), outputs checked against the first one
+python -m bench.tune_prefill --fi       FlashInfer fa2 on the same cases (waits for --fi-warm's JIT, up to a deadline)
+python -m bench.tune_prefill --fi-warm  JIT-compile FlashInfer's fa2 prefill modules (run it in the background first)
+
+A configuration is a kernel variant and forced ``tile_sizes=(query tile, kv tile, stages)``. Variants: ``new`` (the
+kernel of this checkout), ``noxi`` / ``noskip`` (the same with the cross-item pipeline / the causal slice skipping
+compiled out: ``-DCUINFER_PREFILL_NO_CROSS_ITEM`` / ``_NO_SLICE_SKIP``) and ``base``: a saved copy of an earlier
+kernel, ``.peers/prefill_base.cu`` (skipped when absent). Every module is compiled up front in parallel processes
+into the disk cache. Timing is PERF.md's: CUDA events, L2 flushed (512 MB write) before every timed run, median of
+``ROUNDS x ITERS`` runs taken round-robin over the configurations (drift hits them alike). Not a standard suite: it
+picks the tile policy and checks kernel changes.
+
+Last run (H200, 2026-11-29; base = the kernel before the cross-item pipeline; TFLOP/s, noise ~ +-3 %):
+
+                     P1     P2     P3     P4     P5     P6
+    base q128k64s2      343    344    273    337    305    205
+    new q128k64s2       345    349    293    328    313    225
+    noxi q128k64s2      340    344    274    322    303    200
+    noskip q128k64s2    343    350    297    328    308    209
+    new q128k32s2       285    286    250    271    257    189
+    new q128k32s3       284    285    240    268    256    188
+    new q128k32s4       282    277    240    272    250    184
+
+Outputs of new / noxi / noskip were bit-identical to base on every case. The cross-item pipeline is the gain on the
+many-item cases (P3 +7 %, P6 +12 % over noxi); 32-key tiles lose ~17 % whatever the depth: the policy's 128 x 64 x 2
+stays. (FlashInfer's fa2 JIT did not finish inside that call's budget: start --fi-warm earlier or give it ~2 min.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+
+from bench import inputs
+from bench.cases import PREFILL_CASES, prefill_flops
+
+BASE_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".peers", "prefill_base.cu")
+VARIANT_FLAGS = {
+    "new": (),
+    "noxi": ("-DCUINFER_PREFILL_NO_CROSS_ITEM",),
+    "noskip": ("-DCUINFER_PREFILL_NO_SLICE_SKIP",),
+    "base": (),
+}
+# (variant, (query tile, kv tile, stages)); the first is the reference the others' outputs are compared with.
+CONFIGS = (
+    ("base", (128, 64, 2)),
+    ("new", (128, 64, 2)),
+    ("noxi", (128, 64, 2)),
+    ("noskip", (128, 64, 2)),
+    ("new", (128, 32, 2)),
+    ("new", (128, 32, 3)),
+    ("new", (128, 32, 4)),
+)
+ROUNDS, ITERS, WARMUP = 3, 8, 2
+ARCH = os.environ.get("CUINFER_TUNE_ARCH", "sm_90a")
+FI_MARKER = "/tmp/cuinfer-tune-fi-warm.done"
+
+
+def _name(variant: str, tiles: tuple) -> str:
+    return f"{variant} q{tiles[0]}k{tiles[1]}s{tiles[2]}"
+
+
+def spec_for(key, variant: str):
+    """The KernelSpec of ``key`` for a variant (a distinct name, so the caches keep them apart)."""
+    from cuinfer.prefill_specs import prefill_spec
+
+    spec = prefill_spec(key)
+    if variant == "new":
+        return spec
+    extra = dict(source=BASE_SOURCE) if variant == "base" else dict(extra_options=VARIANT_FLAGS[variant])
+    return dataclasses.replace(spec, name=f"tune-{variant}/{spec.name}", **extra)
+
+
+def _keys(variant: str, tiles: tuple):
+    from cuinfer.prefill_specs import MASK_CAUSAL, PrefillKernelKey, tile_config
+
+    cfg = tile_config(tiles[0], tiles[1], 128, tiles[2])
+    return [PrefillKernelKey("bfloat16", "bfloat16", 128, 128, cfg, paged, MASK_CAUSAL, False, False)
+            for paged in (False, True)]  # fmt: skip
+
+
+def _compile(job) -> tuple[bool, str]:
+    from cuinfer.jit import get_compiled
+
+    variant, tiles = job
+    out = []
+    try:
+        for key in _keys(variant, tiles):
+            mod = get_compiled(spec_for(key, variant), ARCH)
+            r = next(iter(mod.resources.values()))
+            out.append(
+                f"{'paged' if key.paged else 'ragged'} {r.registers} regs, spills {r.spill_stores}/{r.spill_loads}"
+            )
+    except Exception as ex:  # noqa: BLE001 - a configuration that does not build is dropped, with the reason
+        return False, f"{_name(variant, tiles)}: FAILED {str(ex)[:2000]}"
+    return True, f"{_name(variant, tiles)}: " + "; ".join(out)
+
+
+def configs() -> list[tuple[str, tuple]]:
+    return [c for c in CONFIGS if c[0] != "base" or os.path.exists(BASE_SOURCE)]
+
+
+def precompile(cfgs) -> list:
+    """Build every configuration into the disk cache in parallel processes; returns those that built."""
+    t0 = time.perf_counter()
+    ok = []
+    with ProcessPoolExecutor(max_workers=min(len(cfgs), os.cpu_count() or 4), mp_context=get_context("spawn")) as ex:
+        for cfg, (built, line) in zip(cfgs, ex.map(_compile, cfgs), strict=True):
+            print("  " + line)
+            if built:
+                ok.append(cfg)
+    print(f"compiled {len(cfgs)} configurations in {time.perf_counter() - t0:.1f} s", flush=True)
+    return ok
+
+
+def _cuinfer_runner(inp, variant: str, tiles: tuple):
+    import cuinfer.prefill as cp
+
+    case, s = inp.case, inp.case.shape
+    cp.prefill_spec = lambda key: spec_for(key, variant)  # plan() (occupancy) and run() look kernels up here
+    kw = dict(num_qo_heads=s.num_qo_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim, causal=case.causal,
+              q_dtype=s.dtype, kv_dtype=s.dtype, tile_sizes=tiles)  # fmt: skip
+    w = cp.BatchPrefill(paged=case.layout == "paged", kv_layout=s.kv_layout)
+    if case.layout == "paged":
+        t = inp.kv.table
+        w.plan(inp.qo_indptr, t.kv_indptr, t.kv_indices, t.kv_last_page_len, page_size=s.page_size, **kw)
+
+        def run():
+            cp.prefill_spec = lambda key: spec_for(key, variant)
+            return w.run(inp.q, inp.kv.cache)
+    else:
+        w.plan(inp.qo_indptr, inp.qo_indptr, **kw)
+
+        def run():
+            cp.prefill_spec = lambda key: spec_for(key, variant)
+            return w.run(inp.q, inp.k, inp.v)
+
+    work = w._plan.work
+    info = f"{work.num_ctas} CTAs, {work.n_items} items ({work.assign_mode}), {work.n_merge} merged rows"
+    return run, info
+
+
+def _time_round_robin(timer, runs: list, rounds: int, iters: int) -> list[list[float]]:
+    torch = timer._torch
+    samples: list[list[float]] = [[] for _ in runs]
+    for _ in range(rounds):
+        for i, fn in enumerate(runs):
+            samples[i] += list(_samples(timer, torch, fn, iters))
+    return samples
+
+
+def _samples(timer, torch, fn, iters: int):
+    for _ in range(WARMUP):
+        fn()
+    torch.cuda.synchronize()
+    for _ in range(iters):
+        timer.flush_l2()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        yield start.elapsed_time(end) * 1e-3
+
+
+def tune(case_ids: list[str] | None) -> None:
+    from bench.timing import CudaTimer, cuda_torch
+
+    torch = cuda_torch()
+    print(f"{torch.cuda.get_device_name(0)}; configurations: {', '.join(_name(*c) for c in configs())}", flush=True)
+    cfgs = precompile(configs())
+    names = [_name(v, t) for v, t in cfgs]
+    timer = CudaTimer()
+    table: dict[str, dict[str, float]] = {n: {} for n in names}
+    for case in PREFILL_CASES:
+        if case_ids and case.id not in case_ids:
+            continue
+        inp = inputs.prefill_inputs(case)
+        flops = prefill_flops(inp.lens, inp.lens, case.shape, case.causal)
+        runs, ref = [], None
+        for (variant, tiles), name in zip(cfgs, names, strict=True):
+            run, info = _cuinfer_runner(inp, variant, tiles)
+            out = run().float()
+            torch.cuda.synchronize()
+            if ref is None:
+                ref = out
+                check = "reference"
+            else:
+                diff = (out - ref).abs()
+                check = f"max |diff| {diff.max().item():.2e} (mean {diff.mean().item():.1e})"
+                if not torch.isfinite(out).all() or diff.max().item() > 0.05:
+                    check += "  <-- MISMATCH"
+            print(f"  {case.id} {name}: {info}; {check}", flush=True)
+            runs.append(run)
+        samples = _time_round_robin(timer, runs, ROUNDS, ITERS)
+        for name, ts in zip(names, samples, strict=True):
+            table[name][case.id] = flops / statistics.median(ts) / 1e12
+        best = max(names, key=lambda n: table[n][case.id])
+        print(f"{case.id}: " + ", ".join(f"{n} {table[n][case.id]:.0f}" for n in names) + f"  (best {best})",
+              flush=True)  # fmt: skip
+        del runs, ref
+        inputs.free()
+    ids = [c.id for c in PREFILL_CASES if not case_ids or c.id in case_ids]
+    width = max(len(n) for n in names)
+    print("\nTFLOP/s (median, L2 flushed)")
+    print(" " * width + "".join(f"{i:>7}" for i in ids))
+    for n in names:
+        print(n.ljust(width) + "".join(f"{table[n].get(i, float('nan')):7.0f}" for i in ids))
+
+
+def _fi_prepared(inp):
+    from bench.prefill import prepare_fi
+
+    return prepare_fi(inp, "fa2")
+
+
+def fi_warm() -> None:
+    """JIT-compile FlashInfer's fa2 modules (ragged and paged) on a tiny batch; then drop the marker file."""
+    from bench.cases import Lengths
+
+    t0 = time.perf_counter()
+    for layout in ("ragged", "paged"):
+        case = next(c for c in PREFILL_CASES if c.layout == layout)
+        tiny = dataclasses.replace(case, id="warm", lengths=Lengths("const", 2, 200))
+        _fi_prepared(inputs.prefill_inputs(tiny)).run()
+        print(f"FlashInfer fa2 {layout} ready after {time.perf_counter() - t0:.0f} s", flush=True)
+    with open(FI_MARKER, "w") as fh:
+        fh.write("ok\n")
+
+
+def fi(case_ids: list[str] | None, wait_s: float) -> None:
+    from bench.timing import CudaTimer, cuda_torch
+
+    torch = cuda_torch()
+    deadline = time.monotonic() + wait_s
+    while not os.path.exists(FI_MARKER) and time.monotonic() < deadline:
+        time.sleep(1.0)
+    if not os.path.exists(FI_MARKER):
+        print(f"FlashInfer JIT not ready after {wait_s:.0f} s: no FI rows", flush=True)
+        return
+    timer = CudaTimer()
+    for case in PREFILL_CASES:
+        if case_ids and case.id not in case_ids:
+            continue
+        inp = inputs.prefill_inputs(case)
+        flops = prefill_flops(inp.lens, inp.lens, case.shape, case.causal)
+        prep = _fi_prepared(inp)
+        ts = _time_round_robin(timer, [prep.run], ROUNDS, ITERS)[0]
+        print(f"{case.id}: FI fa2 {flops / statistics.median(ts) / 1e12:.0f} TFLOP/s", flush=True)
+        del prep
+        torch.cuda.synchronize()
+        inputs.free()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fi", action="store_true", help="time FlashInfer fa2 instead of the cuinfer configurations")
+    ap.add_argument("--fi-warm", action="store_true", help="only JIT-compile FlashInfer's fa2 modules")
+    ap.add_argument("--fi-wait", type=float, default=60.0, help="seconds --fi waits for --fi-warm (default 60)")
+    ap.add_argument("--cases", default=None, help="comma-separated case ids (default: P1-P6)")
+    args = ap.parse_args(argv)
+    ids = None if args.cases is None else [c.strip().upper() for c in args.cases.split(",")]
+    if args.fi_warm:
+        fi_warm()
+    elif args.fi:
+        fi(ids, args.fi_wait)
+    else:
+        tune(ids)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
