@@ -13,6 +13,7 @@ dtypes the GPU would produce (o in ``o_dtype``, lse float32).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.interop.dtypes import DType, as_dtype
 from cuinfer.jit import get_kernel, register
 from cuinfer.planner import layout as plan_layout
+from cuinfer.planner.decode_plan import decode_planner
 from cuinfer.planner.work import WorkPlan, plan_work
 
 register("decode", all_specs)
@@ -101,6 +103,7 @@ class _Plan:
     offsets: dict | None = None  # word offsets of the plan arrays and of the page table
     device_id: int | None = None
     uploaded_on: int | None = None  # stream the current device copy was made on
+    kv_range: tuple[int, int] = (0, 0)  # (min, max) of kv_lens
 
     def key(self, lse: bool) -> DecodeKernelKey:
         o = self.options
@@ -141,49 +144,112 @@ def _check_options(
     return _Options(scale, cap, int(window_left), pos, float(rope_scale), float(rope_theta))
 
 
+_I32 = np.dtype(np.int32)
+_INT32_MAX = 2**31 - 1
+# plan()'s arguments that do not depend on the page table, in order (memoised per wrapper).
+_STATIC = (
+    "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "q_dtype", "kv_dtype", "o_dtype", "sm_scale",
+    "logits_soft_cap", "window_left", "pos_encoding", "rope_scale", "rope_theta", "variant",
+)  # fmt: skip
+
+
 def _page_table(kv_indptr, kv_indices, kv_last_page_len, page_size: int):
-    """Host int32 (indptr, indices, last, kv_lens, max_page). NumPy int32 inputs take a fast path of a few vectorised
-    checks (plan() runs every step); anything else, or any failed check, goes through the interop validators, which
-    raise the error that names the argument."""
-    fast = all(
-        isinstance(a, np.ndarray) and a.dtype == np.int32 and a.ndim == 1
-        for a in (kv_indptr, kv_indices, kv_last_page_len)
+    """Host int32 ``(indptr, indices, last, kv_lens, max_page, (kv_min, kv_max))``. 1-D NumPy int32 inputs take a
+    fast path of three reductions (plan() runs every step); anything else, or a failed check, goes through the
+    interop validators, which raise the error that names the argument."""
+    if (
+        type(kv_indptr) is np.ndarray and type(kv_indices) is np.ndarray and type(kv_last_page_len) is np.ndarray
+        and kv_indptr.dtype is _I32 and kv_indices.dtype is _I32 and kv_last_page_len.dtype is _I32
+    ):  # fmt: skip
+        fast = _page_table_fast(kv_indptr, kv_indices, kv_last_page_len, page_size)
+        if fast is not None:
+            return fast
+    indptr = validate.check_indptr("kv_indptr", kv_indptr)
+    batch = indptr.shape[0] - 1
+    indices = validate.check_index_array("kv_indices", kv_indices, min_len=int(indptr[-1]))
+    last = validate.check_index_array(
+        "kv_last_page_len", kv_last_page_len, length=batch, hint="one entry per request (len(kv_indptr) - 1)"
     )
-    if fast:
-        indptr, indices, last = kv_indptr, kv_indices, kv_last_page_len
-        batch = indptr.shape[0] - 1
-        nnz = int(indptr[-1]) if batch >= 0 else 0
-        pages = np.diff(indptr)
-        used = indices[:nnz]
-        fast = (
-            batch >= 0
-            and indptr[0] == 0
-            and last.shape[0] == batch
-            and indices.shape[0] >= nnz
-            and (pages.min(initial=0) >= 0)
-            and (used.min(initial=0) >= 0)
-            and not np.count_nonzero((pages > 0) & ((last - 1).view(np.uint32) >= page_size))
+    pages = np.diff(indptr)
+    bad = (pages > 0) & ((last < 1) | (last > page_size))
+    if np.any(bad):
+        b = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"kv_last_page_len[{b}] must be in [1, page_size={page_size}] for a request with pages but is "
+            f"{int(last[b])}; it counts the tokens in the request's last page"
         )
-    if not fast:
-        indptr = validate.check_indptr("kv_indptr", kv_indptr)
-        batch = indptr.shape[0] - 1
-        indices = validate.check_index_array("kv_indices", kv_indices, min_len=int(indptr[-1]))
-        last = validate.check_index_array(
-            "kv_last_page_len", kv_last_page_len, length=batch, hint="one entry per request (len(kv_indptr) - 1)"
-        )
-        pages = np.diff(indptr)
-        bad = (pages > 0) & ((last < 1) | (last > page_size))
-        if np.any(bad):
-            b = int(np.flatnonzero(bad)[0])
-            raise ValueError(
-                f"kv_last_page_len[{b}] must be in [1, page_size={page_size}] for a request with pages but is "
-                f"{int(last[b])}; it counts the tokens in the request's last page"
-            )
-        nnz = int(indptr[-1])
-        used = indices[:nnz]
+    nnz = int(indptr[-1])
     kv_lens = np.maximum(pages * page_size + (last - page_size), 0).astype(np.int32, copy=False)
-    max_page = int(used.max()) if nnz else -1
-    return indptr, indices, last, kv_lens, max_page
+    max_page = int(indices[:nnz].max()) if nnz else -1
+    kv_range = (int(kv_lens.min()), int(kv_lens.max())) if batch else (0, 0)
+    return indptr, indices, last, kv_lens, max_page, kv_range
+
+
+def _page_table_fast(indptr, indices, last, page_size: int):
+    """The validators' checks in two reductions, or None when any fails (the slow path then names the problem).
+
+    With ``lp = last - page_size`` in ``[1 - page_size, 0]``, ``kv_lens = pages * page_size + lp`` is above
+    ``-page_size`` exactly when no request has a negative page count (``<= 0`` only for requests without pages, whose
+    length is 0). One reduction over the rows ``[lp, kv, -lp, -kv]`` gives all four bounds; the page indices seen as
+    uint32 are below 2**31 exactly when none is negative, and their max is the largest page the plan reads.
+    """
+    if indptr.ndim != 1 or indices.ndim != 1 or last.ndim != 1:
+        return None
+    batch = indptr.shape[0] - 1
+    if batch < 1 or last.shape[0] != batch or indptr[0] != 0:
+        return None
+    nnz = int(indptr[-1])
+    if indices.shape[0] < nnz:
+        return None
+    ps = _const32(page_size)  # a 0-d operand: NumPy calls with Python scalars cost about twice as much
+    rows = np.empty((4, batch), dtype=np.int32)
+    lp, kv = rows[0], rows[1]
+    np.subtract(last, ps, out=lp)
+    np.subtract(indptr[1:], indptr[:-1], out=kv)  # pages
+    np.multiply(kv, ps, out=kv)
+    np.add(kv, lp, out=kv)
+    np.negative(rows[:2], out=rows[2:])
+    lp_hi, kv_hi, lp_lo, kv_lo = np.maximum.reduce(rows, axis=1).tolist()
+    if lp_hi > 0 or lp_lo >= page_size or kv_lo >= page_size:  # (lp_lo, kv_lo are the negated minima)
+        return None
+    kv_lo = -kv_lo
+    if kv_lo < 0:  # requests without pages have length 0
+        np.maximum(kv, 0, out=kv)
+        kv_lo = 0
+    max_page = int(np.maximum.reduce(indices[:nnz].view(np.uint32))) if nnz else -1
+    if max_page > _INT32_MAX:
+        return None
+    return indptr, indices, last, kv, max_page, (kv_lo, kv_hi)
+
+
+@functools.lru_cache(maxsize=64)
+def _const32(v: int) -> np.ndarray:
+    c = np.array(v, dtype=np.int32)
+    c.flags.writeable = False
+    return c
+
+
+def _fill_words(plan: _Plan, host: np.ndarray, lay, off: dict, generation: int, memos: dict) -> None:
+    """Pack the work plan and the page table into ``host`` at the word offsets ``off``; ``memos`` keeps the memo of
+    ``planner.pack`` per host buffer and layout."""
+    memo = memos.get(id(host))
+    if memo is None or memo[0] is not host or memo[1] is not lay:
+        if len(memos) >= 8:
+            memos.clear()
+        memo = memos[id(host)] = (host, lay, {})
+    plan_layout.pack(plan.work, lay, host, generation=generation, memo=memo[2])
+    b = plan.batch
+    o = off["page_indptr"]
+    host[o : o + b + 1] = plan.kv_indptr
+    o = off["kv_lens"]
+    host[o : o + b] = plan.kv_lens
+    nnz = int(plan.kv_indptr[-1])
+    o = off["page_indices"]
+    host[o : o + nnz] = plan.kv_indices[:nnz]
+
+
+class _FixedLayout:
+    fixed_layout = None
 
 
 # ---- the wrapper -----------------------------------------------------------------------------------------------
@@ -234,32 +300,40 @@ class BatchDecode:
         self._kv_memo: tuple | None = None
         self._ctas: dict = {}
         self._device_id: int | None | bool = False  # False: not asked yet
+        self._rows_memo: tuple | None = None
+        self._ctas_memo: tuple | None = None
+        self._planner_memo: tuple | None = None
+        self._offsets: dict = {}  # (layout, batch capacity) -> word offsets of plan + page table
+        self._pack_memo: dict = {}  # id(host buffer) -> (buffer, layout, planner.pack memo)
+        self._host_holder = _FixedLayout()  # graph-mode layout of host-only packs (_pack_host without a GPU)
 
     # -- planning --------------------------------------------------------------------------------------------------
 
-    def _host_plan(self, kv_indptr, kv_indices, kv_last_page_len, **static) -> _Plan:
-        """Validate and resolve the arguments of plan(); the parts that do not depend on the page table are memoised
-        (plan() runs every generation step with the same heads, dtypes and options)."""
+    def _host_plan(self, kv_indptr, kv_indices, kv_last_page_len, static: tuple) -> _Plan:
+        """Validate and resolve the arguments of plan() (``static``: the values named in ``_STATIC``); the parts that
+        do not depend on the page table are memoised (plan() runs every step with the same heads, dtypes, options)."""
         try:
-            key = tuple(static.items())
-            facts = self._static.get(key)
+            facts, memo = self._static.get(static), True
         except TypeError:  # an unhashable argument: no memo
-            key, facts = None, None
+            facts, memo = None, False
         if facts is None:
-            facts = self._static_facts(**static)
-            if key is not None:
-                self._static[key] = facts
+            facts = self._static_facts(**dict(zip(_STATIC, static, strict=True)))
+            if memo:
+                self._static[static] = facts
         num_qo_heads, num_kv_heads, head_dim, page_size, qd, kvd, od, opts, config = facts
-        indptr, indices, last, kv_lens, max_page = _page_table(kv_indptr, kv_indices, kv_last_page_len, page_size)
+        table = _page_table(kv_indptr, kv_indices, kv_last_page_len, page_size)
+        indptr, indices, last, kv_lens, max_page, kv_range = table
         if self.use_cuda_graph and indptr.shape[0] - 1 > self.max_batch_size:
             raise ValueError(
                 f"the plan has {indptr.shape[0] - 1} requests but the wrapper was built with max_batch_size="
                 f"{self.max_batch_size} for CUDA graphs; build it with a larger max_batch_size"
             )
-        return _Plan(
+        plan = _Plan(
             indptr.shape[0] - 1, num_qo_heads, num_kv_heads, head_dim, page_size, qd, kvd, od, opts, config,
             indptr, indices, last, kv_lens, max_page,
         )  # fmt: skip
+        plan.kv_range = kv_range
+        return plan
 
     def _static_facts(
         self, *, num_qo_heads, num_kv_heads, head_dim, page_size, q_dtype, kv_dtype, o_dtype, sm_scale,
@@ -296,10 +370,14 @@ class BatchDecode:
     def _num_ctas(self, plan: _Plan, num_sms: int | None, device_id: int | None) -> int:
         """The persistent grid: CTAs per SM from shared memory and threads (registers are bounded at compile time by
         the same count, ``DecodeConfig.min_blocks``), times the SM count; no kernel is compiled to plan."""
+        memo = self._ctas_memo  # the last answer, compared by identity (hashing the config costs a microsecond)
+        if memo is not None and memo[0] is plan.config and memo[1] == num_sms and memo[2] == device_id:
+            return memo[3]
         key = (plan.config, num_sms, device_id)
         n = self._ctas.get(key)
         if n is None:
             n = self._ctas[key] = self._count_ctas(plan, num_sms, device_id)
+        self._ctas_memo = (plan.config, num_sms, device_id, n)
         return n
 
     @staticmethod
@@ -318,12 +396,27 @@ class BatchDecode:
         if fixed_split_size is not None and (int(fixed_split_size) != fixed_split_size or fixed_split_size < 1):
             raise ValueError(f"fixed_split_size must be a positive number of KV tokens but is {fixed_split_size}")
         tile = plan.config.tile_kv
+        if fixed_split_size is None and plan.num_qo_heads // plan.num_kv_heads <= plan.config.rows_per_tile:
+            # One query tile per request: the decode planner of this configuration, straight (plan_work would pick
+            # the same one after checking its arguments).
+            memo = self._planner_memo
+            window = plan.options.window_left
+            if memo is None or memo[0] is not plan.config or memo[1] != num_ctas or memo[2] != window:
+                planner = decode_planner(
+                    plan.num_kv_heads, plan.num_qo_heads // plan.num_kv_heads, plan.config.rows_per_tile, num_ctas,
+                    tile, window,
+                )  # fmt: skip
+                memo = self._planner_memo = (plan.config, num_ctas, window, planner)
+            if plan.batch:
+                work = memo[3].plan(plan.kv_lens, *plan.kv_range)
+                if work is not None:
+                    return work
         granule = math.gcd(int(fixed_split_size), tile) if fixed_split_size is not None else tile
         return plan_work(
             None, plan.kv_lens, num_kv_heads=plan.num_kv_heads, group_size=plan.num_qo_heads // plan.num_kv_heads,
             tile_rows=plan.config.rows_per_tile, num_ctas=num_ctas, kv_granule=granule,
             window_left=plan.options.window_left,
-            fixed_split_size=None if fixed_split_size is None else int(fixed_split_size),
+            fixed_split_size=None if fixed_split_size is None else int(fixed_split_size), kv_range=plan.kv_range,
         )  # fmt: skip
 
     def workspace_size(
@@ -334,12 +427,9 @@ class BatchDecode:
         num_sms: int | None = None, fixed_split_size: int | None = None,
     ) -> int:  # fmt: skip
         """Exact workspace bytes ``plan()`` with these arguments needs for its split-KV partial states."""
-        plan = self._host_plan(
-            kv_indptr, kv_indices, kv_last_page_len, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
-            head_dim=head_dim, page_size=page_size, q_dtype=q_dtype, kv_dtype=kv_dtype, o_dtype=o_dtype,
-            sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left, pos_encoding=pos_encoding,
-            rope_scale=rope_scale, rope_theta=rope_theta, variant=variant,
-        )  # fmt: skip
+        static = (num_qo_heads, num_kv_heads, head_dim, page_size, q_dtype, kv_dtype, o_dtype, sm_scale,
+                  logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant)  # fmt: skip
+        plan = self._host_plan(kv_indptr, kv_indices, kv_last_page_len, static)
         work = self._work(plan, self._num_ctas(plan, num_sms, self._device_or_none()), fixed_split_size)
         return plan_layout.workspace_bytes(work, plan.head_dim)
 
@@ -361,40 +451,69 @@ class BatchDecode:
     ) -> None:  # fmt: skip
         """Plan one decode step. Index arrays may be lists, NumPy arrays, host tensors or device arrays (one
         device-to-host copy). Raises before anything reaches the GPU when the inputs or the workspace do not fit."""
-        plan = self._host_plan(
-            kv_indptr, kv_indices, kv_last_page_len, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
-            head_dim=head_dim, page_size=page_size, q_dtype=q_dtype, kv_dtype=kv_dtype, o_dtype=o_dtype,
-            sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left, pos_encoding=pos_encoding,
-            rope_scale=rope_scale, rope_theta=rope_theta, variant=variant,
-        )  # fmt: skip
+        static = (num_qo_heads, num_kv_heads, head_dim, page_size, q_dtype, kv_dtype, o_dtype, sm_scale,
+                  logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant)  # fmt: skip
+        plan = self._host_plan(kv_indptr, kv_indices, kv_last_page_len, static)
         device_id = self._device_or_none()
-        plan.work = self._work(plan, self._num_ctas(plan, num_sms, device_id), fixed_split_size)
-        rows = plan.work.num_partial_rows
-        if rows > partial_rows_capacity(self.workspace_bytes, plan.head_dim):
-            need = plan_layout.workspace_bytes(plan.work, plan.head_dim)
+        plan.work = work = self._work(plan, self._num_ctas(plan, num_sms, device_id), fixed_split_size)
+        rows = work.num_partial_rows
+        if rows and rows > self._partial_capacity(plan.head_dim):
+            need = plan_layout.workspace_bytes(work, plan.head_dim)
             self.workspace_bytes = fit_workspace("BatchDecode", self.workspace_bytes, need, rows,
                                                  can_grow=self._grow_workspace)  # fmt: skip
         if device_id is not None:
             self._pack(plan, device_id)
         self._plan = plan
 
+    def _partial_capacity(self, head_dim: int) -> int:
+        """Partial rows the workspace holds (memoised per size)."""
+        key = (self.workspace_bytes, head_dim)
+        memo = self._rows_memo
+        if memo is None or memo[0] != key:
+            memo = self._rows_memo = (key, partial_rows_capacity(*key))
+        return memo[1]
+
     def _pack(self, plan: _Plan, device_id: int) -> None:
-        work = plan.work
         buf = self._buffers
         if buf is None or buf.device_id != device_id:
             buf = self._buffers = Buffers(device_id, self.workspace_bytes, self.use_cuda_graph)
         buf.ensure_workspace(self.workspace_bytes)
+        lay, off, total = self._words_layout(plan, buf)
+        buf.ensure(total)
+        host = buf.next_host()
+        self._generation += 1
+        _fill_words(plan, host, lay, off, self._generation, self._pack_memo)
+        plan.words, plan.words_used, plan.offsets, plan.device_id = host, total, off, device_id
+        plan.uploaded_on = None
+
+    def _pack_host(self, host: np.ndarray | None = None) -> np.ndarray:
+        """Pack the current plan into ``host`` (a NumPy int32 buffer, allocated when None) exactly as plan() packs
+        it into the pinned buffer on a GPU: the plan-side packing without a device (tests, benchmarks). Like the
+        pinned buffers, ``host`` must not be written by anything else between packs (fields the shape of the plan
+        fixes are not rewritten when it already holds them): pass None for a fresh buffer."""
+        plan = self._plan
+        holder = self._buffers if self._buffers is not None else self._host_holder
+        lay, off, total = self._words_layout(plan, holder)
+        if host is None or host.shape[0] < total:
+            host = np.zeros(total, dtype=np.int32)
+        _fill_words(plan, host, lay, off, self._generation + 1, self._pack_memo)
+        return host
+
+    def _words_layout(self, plan: _Plan, holder) -> tuple:
+        """``(plan layout, word offsets of the plan arrays and the page table, words in use)``. CUDA-graph mode fixes
+        the layout at the first plan (kept on ``holder.fixed_layout``); otherwise it follows each plan (cached)."""
         batch, nnz = plan.batch, int(plan.kv_indptr[-1])
         if self.use_cuda_graph:
             heads = (plan.num_kv_heads, plan.num_qo_heads // plan.num_kv_heads, plan.config)
-            if buf.fixed_layout is None:
+            if holder.fixed_layout is None:
                 cap = plan_layout.capacity_bound(
                     self.max_batch_size, self.max_batch_size, plan.num_kv_heads, heads[1], plan.config.rows_per_tile,
-                    work.num_ctas,
+                    plan.work.num_ctas,
                 )  # fmt: skip
                 # Page indices: room for twice the first plan's pages (at least 64 Ki), fixed from then on.
-                buf.fixed_layout = (plan_layout.PlanLayout.for_capacity(**cap.__dict__), heads, max(2 * nnz, 1 << 16))
-            lay, fixed_heads, page_cap = buf.fixed_layout
+                lay = plan_layout.PlanLayout.for_capacity(**cap.__dict__)
+                holder.fixed_layout = (lay, heads, max(2 * nnz, 1 << 16))
+            lay, fixed_heads, page_cap = holder.fixed_layout
             if heads != fixed_heads:
                 raise ValueError(
                     "with use_cuda_graph=True every plan() must keep the head configuration and kernel of the first "
@@ -407,22 +526,20 @@ class BatchDecode:
                 )
             b_cap = self.max_batch_size
         else:
-            lay = plan_layout.PlanLayout.for_plan(work)
+            lay = plan_layout.PlanLayout.for_plan(plan.work)
             page_cap, b_cap = nnz, batch
-        off = dict(lay.offsets)
-        off["page_indptr"] = pos = lay.total_words
-        off["kv_lens"] = pos = _align4(pos + b_cap + 1)
-        off["page_indices"] = pos = _align4(pos + b_cap)
-        total = _align4(pos + max(page_cap, 1))
-        buf.ensure(total)
-        host = buf.next_host()
-        self._generation += 1
-        plan_layout.pack(work, lay, host, generation=self._generation)
-        host[off["page_indptr"] : off["page_indptr"] + batch + 1] = plan.kv_indptr
-        host[off["kv_lens"] : off["kv_lens"] + batch] = plan.kv_lens
-        host[off["page_indices"] : off["page_indices"] + nnz] = plan.kv_indices[:nnz]
-        plan.words, plan.words_used, plan.offsets, plan.device_id = host, total, off, device_id
-        plan.uploaded_on = None
+        key = (id(lay), b_cap)  # the layout is kept in the value: its id stays unique while the entry lives
+        hit = self._offsets.get(key)
+        if hit is None or hit[0] is not lay:
+            off = dict(lay.offsets)
+            off["page_indptr"] = pos = lay.total_words
+            off["kv_lens"] = pos = _align4(pos + b_cap + 1)
+            off["page_indices"] = _align4(pos + b_cap)
+            if len(self._offsets) >= 64:
+                self._offsets.clear()
+            hit = self._offsets[key] = (lay, off)
+        off = hit[1]
+        return lay, off, _align4(off["page_indices"] + max(page_cap, 1))
 
     # -- running ---------------------------------------------------------------------------------------------------
 

@@ -101,6 +101,12 @@ class BatchPrefill:
         self._ctas: dict = {}
         self._fixed: tuple | None = None  # graph mode: (layout, config, heads, capacities)
         self._generation = 0
+        self._static: dict = {}  # host_plan's memo of the arguments other than index arrays and masks
+        self._device_id: int | None | bool = False  # False: not asked yet
+        self._limits_memo: tuple | None = None
+        self._ctas_memo: tuple | None = None
+        self._offsets: dict = {}
+        self._pack_memo: dict = {}  # id(host buffer) -> (buffer, layout, planner.pack memo)
 
     # -- planning --------------------------------------------------------------------------------------------------
 
@@ -108,10 +114,24 @@ class BatchPrefill:
         graph = self.use_cuda_graph
         return host_plan(
             self.paged, *args, **kwargs, max_batch_size=self.max_batch_size if graph else None,
-            fixed_config=None if self._fixed is None else self._fixed[1],
+            fixed_config=None if self._fixed is None else self._fixed[1], memo=self._static,
         )  # fmt: skip
 
     def _num_ctas(self, plan: PrefillPlan, num_sms: int | None, device_id: int | None) -> int:
+        # The last answer, compared by identity (building the kernel key costs microseconds): same memoised
+        # arguments, tiles, mask presence, SM count and device.
+        memo = self._ctas_memo
+        has_mask = plan.mask_bytes is not None
+        if (
+            memo is not None and plan.static is not None and memo[0] is plan.static and memo[1] is plan.config
+            and memo[2] == (has_mask, num_sms, device_id)
+        ):  # fmt: skip
+            return memo[3]
+        n = self._count_ctas(plan, num_sms, device_id)
+        self._ctas_memo = (plan.static, plan.config, (has_mask, num_sms, device_id), n)
+        return n
+
+    def _count_ctas(self, plan: PrefillPlan, num_sms: int | None, device_id: int | None) -> int:
         key = (plan.key(self.paged), num_sms, device_id)
         n = self._ctas.get(key)
         if n is None:
@@ -135,21 +155,33 @@ class BatchPrefill:
             fixed_split_size = positive("fixed_split_size", fixed_split_size)
         tile = plan.config.tile_kv
         granule = math.gcd(fixed_split_size, tile) if fixed_split_size is not None else tile
+        qo_lens, qo_range = plan.qo_lens, plan.qo_range
+        if qo_lens is None:
+            qo_lens, qo_range = np.diff(plan.qo_indptr), None
         return plan_work(
-            np.diff(plan.qo_indptr), plan.kv_lens, num_kv_heads=plan.num_kv_heads,
+            qo_lens, plan.kv_lens, num_kv_heads=plan.num_kv_heads,
             group_size=plan.num_qo_heads // plan.num_kv_heads, tile_rows=plan.config.tile_q, num_ctas=num_ctas,
             kv_granule=granule, causal=plan.options.causal, window_left=plan.options.window_left,
-            fixed_split_size=fixed_split_size,
+            fixed_split_size=fixed_split_size, kv_range=None if qo_range is None else plan.kv_range, qo_range=qo_range,
         )  # fmt: skip
 
     def _device_or_none(self) -> int | None:
-        from cuinfer.device import current_device_id, gpu_available
+        """The GPU plans are made for (None without one); asked once per wrapper, so plan() stays cheap."""
+        if self._device_id is False:
+            from cuinfer.device import current_device_id, gpu_available
 
-        if not gpu_available():
-            return None
-        return int(self.device) if self.device is not None else current_device_id()
+            gpu = gpu_available()
+            self._device_id = None if not gpu else int(self.device) if self.device is not None else current_device_id()
+        return self._device_id
 
     def _limits(self, device_id: int | None) -> DeviceLimits:
+        memo = self._limits_memo
+        if memo is None or memo[0] != device_id:
+            memo = self._limits_memo = (device_id, self._device_limits(device_id))
+        return memo[1]
+
+    @staticmethod
+    def _device_limits(device_id: int | None) -> DeviceLimits:
         if device_id is None:
             return DeviceLimits()
         from cuinfer.device import device_info
@@ -197,14 +229,16 @@ class BatchPrefill:
         """Plan one batch. Index arrays may be lists, NumPy arrays, host tensors or device arrays (one device-to-host
         copy). ``tile_sizes=(query_tile, kv_tile[, stages])`` overrides the tile policy (tests, tuning).
         Raises before anything reaches the GPU when the inputs or the workspace do not fit."""
-        device_id = self._device_or_none()
-        plan = self._host_plan(
-            qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads=num_qo_heads,
+        device_id = self._device_id if self._device_id is not False else self._device_or_none()
+        plan = host_plan(
+            self.paged, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads=num_qo_heads,
             num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, causal=causal,
             custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, head_dim_vo=head_dim_vo, q_dtype=q_dtype,
             kv_dtype=kv_dtype, o_dtype=o_dtype, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
             window_left=window_left, pos_encoding=pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta,
             variant=variant, tile_sizes=tile_sizes, limits=self._limits(device_id),
+            max_batch_size=self.max_batch_size if self.use_cuda_graph else None,
+            fixed_config=None if self._fixed is None else self._fixed[1], memo=self._static,
         )  # fmt: skip
         plan.work = self._work(plan, self._num_ctas(plan, num_sms, device_id), fixed_split_size)
         if device_id is not None:
@@ -216,12 +250,36 @@ class BatchPrefill:
         buf = self._buffers
         if buf is None or buf.device_id != device_id:
             buf = self._buffers = Buffers(device_id, self.workspace_bytes, self.use_cuda_graph)
-        need = plan_layout.workspace_bytes(work, plan.head_dim_vo)
-        if work.num_partial_rows > partial_rows_capacity(self.workspace_bytes, plan.head_dim_vo):
-            self.workspace_bytes = fit_workspace("BatchPrefill", self.workspace_bytes, need, work.num_partial_rows,
+        rows = work.num_partial_rows
+        if rows and rows > partial_rows_capacity(self.workspace_bytes, plan.head_dim_vo):
+            need = plan_layout.workspace_bytes(work, plan.head_dim_vo)
+            self.workspace_bytes = fit_workspace("BatchPrefill", self.workspace_bytes, need, rows,
                                                  can_grow=self._grow_workspace)  # fmt: skip
         buf.ensure_workspace(self.workspace_bytes)
-        batch = plan.batch
+        lay, off, total = self._words_layout(plan)
+        buf.ensure(total)
+        host = buf.next_host()
+        self._generation += 1
+        self._fill_words(plan, host, lay, off, self._generation)
+        plan.words, plan.words_used, plan.offsets, plan.device_id = host, total, off, device_id
+        plan.uploaded_on = None
+
+    def _pack_host(self, host: np.ndarray | None = None) -> np.ndarray:
+        """Pack the current plan into ``host`` (a NumPy int32 buffer, allocated when None) exactly as plan() packs
+        it into the pinned buffer on a GPU: the plan-side packing without a device (tests, benchmarks). Like the
+        pinned buffers, ``host`` must not be written by anything else between packs (fields the shape of the plan
+        fixes are not rewritten when it already holds them): pass None for a fresh buffer."""
+        plan = self._plan
+        lay, off, total = self._words_layout(plan)
+        if host is None or host.shape[0] < total:
+            host = np.zeros(total, dtype=np.int32)
+        self._fill_words(plan, host, lay, off, self._generation + 1)
+        return host
+
+    def _words_layout(self, plan: PrefillPlan) -> tuple:
+        """``(plan layout, word offsets of the plan arrays and the index arrays, words in use)``. CUDA-graph mode fixes
+        the layout and capacities at the first plan; otherwise they follow each plan."""
+        work = plan.work
         n_pages = int(plan.kv_indptr[-1]) if self.paged else 0
         n_mask = 0 if plan.mask_bytes is None else plan.mask_bytes.shape[0]
         if self.use_cuda_graph:
@@ -250,30 +308,48 @@ class BatchPrefill:
             b_cap = self.max_batch_size
         else:
             lay = plan_layout.PlanLayout.for_plan(work)
-            page_cap, mask_cap, b_cap = n_pages, n_mask, batch
-        off = dict(lay.offsets)
-        pos = lay.total_words
-        for name, size in (("qo_indptr", b_cap + 1), ("kv_indptr", b_cap + 1), ("kv_last_page_len", b_cap),
-                           ("mask_indptr", b_cap + 1), ("kv_indices", max(page_cap, 1)),
-                           ("mask", max(-(-mask_cap // 4), 1))):  # fmt: skip
-            off[name] = pos
-            pos = _align4(pos + size)
-        buf.ensure(pos)
-        host = buf.next_host()
-        self._generation += 1
-        plan_layout.pack(work, lay, host, generation=self._generation)
-        host[off["qo_indptr"] : off["qo_indptr"] + batch + 1] = plan.qo_indptr
-        host[off["kv_indptr"] : off["kv_indptr"] + batch + 1] = plan.kv_indptr
+            page_cap, mask_cap, b_cap = n_pages, n_mask, plan.batch
+        # The index arrays follow the plan arrays.
+        key = (id(lay), b_cap, page_cap, mask_cap)  # (the layout is kept in the value: its id stays unique)
+        hit = self._offsets.get(key)
+        if hit is None or hit[0] is not lay:
+            off = dict(lay.offsets)
+            pos = lay.total_words
+            for name, size in (("qo_indptr", b_cap + 1), ("kv_indptr", b_cap + 1), ("kv_last_page_len", b_cap),
+                               ("mask_indptr", b_cap + 1), ("kv_indices", max(page_cap, 1)),
+                               ("mask", max(-(-mask_cap // 4), 1))):  # fmt: skip
+                off[name] = pos
+                pos = _align4(pos + size)
+            if len(self._offsets) >= 64:
+                self._offsets.clear()
+            hit = self._offsets[key] = (lay, off, pos)
+        return hit
+
+    def _fill_words(self, plan: PrefillPlan, host: np.ndarray, lay, off: dict, generation: int) -> None:
+        """Pack the work plan and the index arrays (and the packed mask) into ``host`` at the word offsets ``off``."""
+        memo = self._pack_memo.get(id(host))  # see planner.pack: per host buffer and layout
+        if memo is None or memo[0] is not host or memo[1] is not lay:
+            if len(self._pack_memo) >= 8:
+                self._pack_memo.clear()
+            memo = self._pack_memo[id(host)] = (host, lay, {})
+        plan_layout.pack(plan.work, lay, host, generation=generation, memo=memo[2])
+        batch = plan.batch
+        o = off["qo_indptr"]
+        host[o : o + batch + 1] = plan.qo_indptr
+        o = off["kv_indptr"]
+        host[o : o + batch + 1] = plan.kv_indptr
         if self.paged:
-            host[off["kv_last_page_len"] : off["kv_last_page_len"] + batch] = plan.kv_last_page_len
-            host[off["kv_indices"] : off["kv_indices"] + n_pages] = plan.kv_indices[:n_pages]
+            n_pages = int(plan.kv_indptr[-1])
+            o = off["kv_last_page_len"]
+            host[o : o + batch] = plan.kv_last_page_len
+            o = off["kv_indices"]
+            host[o : o + n_pages] = plan.kv_indices[:n_pages]
         if plan.mask_bytes is not None:
+            n_mask = plan.mask_bytes.shape[0]
             host[off["mask_indptr"] : off["mask_indptr"] + batch + 1] = plan.mask_indptr
             words = np.zeros(-(-n_mask // 4) * 4, dtype=np.uint8)
             words[:n_mask] = plan.mask_bytes
             host[off["mask"] : off["mask"] + words.shape[0] // 4] = words.view(np.int32)
-        plan.words, plan.words_used, plan.offsets, plan.device_id = host, pos, off, device_id
-        plan.uploaded_on = None
 
     # -- running ---------------------------------------------------------------------------------------------------
 

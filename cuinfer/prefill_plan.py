@@ -3,6 +3,7 @@ K/V views, and reference-path outputs. No GPU needed; ``cuinfer.prefill`` builds
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,7 @@ from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.interop.dtypes import DType, as_dtype
 from cuinfer.planner.tiles import kv_lens_from_pages
 from cuinfer.planner.work import WorkPlan
-from cuinfer.prefill_policy import check_head_dims, choose_tiles
+from cuinfer.prefill_policy import check_head_dims, choose_tiles, query_tile
 from cuinfer.prefill_specs import MASK_CAUSAL, MASK_CUSTOM, MASK_WINDOW, PrefillKernelKey, TileConfig
 
 POS_ENCODINGS = ("none", "alibi", "rope_llama")
@@ -94,6 +95,10 @@ class PrefillPlan:
     offsets: dict | None = None
     device_id: int | None = None
     uploaded_on: int | None = None
+    qo_lens: np.ndarray | None = None  # qo_indptr[b+1] - qo_indptr[b]
+    qo_range: tuple[int, int] = (0, 0)  # (min, max) of qo_lens
+    kv_range: tuple[int, int] = (0, 0)  # (min, max) of kv_lens
+    static: tuple | None = None  # the memoised facts of plan()'s arguments this plan was made from
 
     @property
     def nnz_qo(self) -> int:
@@ -203,17 +208,69 @@ def host_array(x: Any, name: str) -> np.ndarray:
     return np.asarray(x)
 
 
+_STATIC = (
+    "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "causal", "head_dim_vo", "q_dtype", "kv_dtype",
+    "o_dtype", "sm_scale", "logits_soft_cap", "window_left", "pos_encoding", "rope_scale", "rope_theta", "variant",
+    "tile_sizes",
+)  # fmt: skip
+_I32 = np.dtype(np.int32)
+_INT32_MAX = 2**31 - 1
+
+
 def host_plan(
-paged: bool, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, *, num_qo_heads, num_kv_heads, head_dim,
+    paged: bool, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, *, num_qo_heads, num_kv_heads, head_dim,
     page_size, causal, custom_mask, packed_custom_mask, head_dim_vo, q_dtype, kv_dtype, o_dtype, sm_scale,
     logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant, tile_sizes, limits,
-    max_batch_size: int | None = None, fixed_config: TileConfig | None = None,
+    max_batch_size: int | None = None, fixed_config: TileConfig | None = None, memo: dict | None = None,
 ) -> PrefillPlan:  # fmt: skip
     """Validate everything ``plan()`` receives and gather the facts of one plan (no GPU needed).
 
     ``max_batch_size`` (CUDA-graph mode) bounds the batch; ``fixed_config`` (CUDA-graph mode after the first plan)
-    replaces the tile policy.
+    replaces the tile policy. ``memo`` (a wrapper's dict) keeps what depends on the arguments other than the index
+    arrays and masks (plan() runs every batch with the same heads, dtypes and options).
     """
+    static = (
+        paged, num_qo_heads, num_kv_heads, head_dim, page_size, causal, head_dim_vo, q_dtype, kv_dtype, o_dtype,
+        sm_scale, logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant, tile_sizes, limits,
+    )  # fmt: skip
+    try:
+        facts = None if memo is None else memo.get(static)
+    except TypeError:  # an unhashable argument (a list of tile sizes, say): no memo
+        facts, memo = None, None
+    if facts is None:
+        facts = _static_facts(paged, *static[1:])
+        if memo is not None:
+            memo[static] = facts
+    hq, hkv, d, dvo, ps, qd, kvd, od, opts = facts[:9]
+    arrays = _index_arrays_fast(paged, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, ps)
+    if arrays is None:
+        arrays = _index_arrays(paged, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, ps)
+    qo, kvi, indices, last, qo_lens, kv_lens, max_page, qo_range, kv_range = arrays
+    batch = qo.shape[0] - 1
+    mask_bytes, mask_indptr = None, None
+    if custom_mask is not None or packed_custom_mask is not None:
+        mask_bytes, mask_indptr = custom_mask_bytes(custom_mask, packed_custom_mask, qo_lens, kv_lens)
+    if max_batch_size is not None and batch > max_batch_size:
+        raise ValueError(
+            f"the plan has {batch} requests but the wrapper was built with max_batch_size={max_batch_size} "
+            "for CUDA graphs; build it with a larger max_batch_size"
+        )
+    if fixed_config is not None:
+        config = fixed_config
+    else:
+        config = _tiles_for(facts, int(qo[-1]) * (hq // hkv) / max(batch, 1), paged, limits, memo is not None)
+    plan = PrefillPlan(
+        batch, hq, hkv, d, dvo, ps, qd, kvd, od, opts, config, qo, kvi, indices, last, kv_lens, max_page,
+        mask_bytes, mask_indptr,
+    )  # fmt: skip
+    plan.qo_lens, plan.qo_range, plan.kv_range, plan.static = qo_lens, qo_range, kv_range, facts
+    return plan
+
+
+def _static_facts(
+    paged, num_qo_heads, num_kv_heads, head_dim, page_size, causal, head_dim_vo, q_dtype, kv_dtype, o_dtype, sm_scale,
+    logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant, tile_sizes, limits,
+) -> tuple:  # fmt: skip
     hq, hkv = positive("num_qo_heads", num_qo_heads), positive("num_kv_heads", num_kv_heads)
     d = positive("head_dim", head_dim)
     dvo = d if head_dim_vo is None else positive("head_dim_vo", head_dim_vo)
@@ -223,7 +280,6 @@ paged: bool, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, *, num_qo_heads
             f"num_qo_heads ({hq}) must be a multiple of num_kv_heads ({hkv}) for grouped-query attention; "
             "query head h reads kv head h // (num_qo_heads // num_kv_heads)"
         )
-    g = hq // hkv
     qd = half_dtype("q_dtype", q_dtype)
     kvd = half_dtype("kv_dtype", qd if kv_dtype is None else kv_dtype)
     od = half_dtype("o_dtype", qd if o_dtype is None else o_dtype)
@@ -235,11 +291,35 @@ paged: bool, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, *, num_qo_heads
     opts = check_options(
         causal, sm_scale, logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant, d
     )
+    ps = positive("page_size", page_size) if paged else 1
+    tq, tkv, stages = parse_tile_sizes(tile_sizes)
+    return hq, hkv, d, dvo, ps, qd, kvd, od, opts, (tq, tkv, stages), {}  # the last: tile configs by query tile
+
+
+def _tiles_for(facts: tuple, avg: float, paged: bool, limits, memo: bool) -> TileConfig:
+    """``choose_tiles`` for this batch. The policy reads the average packed query length only through
+    ``query_tile(avg, head_dim_vo)`` (or not at all when the query tile is forced), so that is the memo key (in the
+    facts of the other arguments, ``facts[10]``)."""
+    d, dvo, opts, (tq, tkv, stages), configs = facts[2], facts[3], facts[8], facts[9], facts[10]
+    key = query_tile(avg, dvo) if tq is None else None
+    config = configs.get(key) if memo else None
+    if config is None:
+        config = choose_tiles(
+            avg, d, dvo, paged=paged, limits=limits, tile_q=tq, tile_kv=tkv, stages=stages,
+            variant=opts.logits_soft_cap > 0 or opts.pos_encoding == "alibi",
+        )  # fmt: skip
+        if memo:
+            configs[key] = config
+    return config
+
+
+def _index_arrays(paged: bool, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, ps: int) -> tuple:
+    """The validators' path: ``(qo_indptr, kv_indptr, kv_indices, last, qo_lens, kv_lens, max_page, qo_range,
+    kv_range)``, raising the error that names the argument."""
     qo = validate.check_indptr("qo_indptr", qo_indptr)
     batch = qo.shape[0] - 1
     hint = f"one entry per request plus the leading 0, like qo_indptr ({qo.shape[0]} entries)"
     if paged:
-        ps = positive("page_size", page_size)
         kvi = validate.check_indptr("kv_indptr", kv_indptr, length=qo.shape[0], hint=hint)
         if kv_indices is None or kv_last_page_len is None:
             raise ValueError(
@@ -262,31 +342,68 @@ paged: bool, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, *, num_qo_heads
         used = indices[: int(kvi[-1])]
         max_page = int(used.max()) if used.size else -1
     else:
-        ps = 1
         kvi = validate.check_indptr("kv_indptr", kv_indptr, length=qo.shape[0], hint=hint)
         indices = last = None
         kv_lens = np.diff(kvi).astype(np.int32)
         max_page = -1
     qo_lens = np.diff(qo)
-    mask_bytes, mask_indptr = custom_mask_bytes(custom_mask, packed_custom_mask, qo_lens, kv_lens)
-    if max_batch_size is not None and batch > max_batch_size:
-        raise ValueError(
-            f"the plan has {batch} requests but the wrapper was built with max_batch_size={max_batch_size} "
-            "for CUDA graphs; build it with a larger max_batch_size"
-        )
-    if fixed_config is not None:
-        config = fixed_config
-    else:
-        avg = float(qo_lens.sum()) * g / max(batch, 1)
-        tq, tkv, stages = parse_tile_sizes(tile_sizes)
-        config = choose_tiles(
-            avg, d, dvo, paged=paged, limits=limits, tile_q=tq, tile_kv=tkv, stages=stages,
-            variant=opts.logits_soft_cap > 0 or opts.pos_encoding == "alibi",
-        )  # fmt: skip
-    return PrefillPlan(
-        batch, hq, hkv, d, dvo, ps, qd, kvd, od, opts, config, qo, kvi, indices, last, kv_lens, max_page,
-        mask_bytes, mask_indptr,
-    )  # fmt: skip
+    ranges = [(int(a.min()), int(a.max())) if batch else (0, 0) for a in (qo_lens, kv_lens)]
+    return qo, kvi, indices, last, qo_lens, kv_lens, max_page, ranges[0], ranges[1]
+
+
+def _index_arrays_fast(paged: bool, qo, kvi, indices, last, ps: int) -> tuple | None:
+    """``_index_arrays`` for 1-D NumPy int32 inputs in one reduction over the rows ``[qo_lens, kv_lens, lp, -qo_lens,
+    -kv_lens, -lp]`` (``lp = last - page_size``, see ``decode._page_table_fast``), or None: the validators' path
+    then runs and names whatever is wrong."""
+    arrays = (qo, kvi, indices, last) if paged else (qo, kvi)
+    for a in arrays:
+        if type(a) is not np.ndarray or a.dtype is not _I32 or a.ndim != 1:
+            return None
+    batch = qo.shape[0] - 1
+    if batch < 1 or kvi.shape[0] != batch + 1 or qo[0] != 0 or kvi[0] != 0:
+        return None
+    r = 3 if paged else 2
+    rows = np.empty((2 * r, batch), dtype=np.int32)
+    qo_lens, kv_lens = rows[0], rows[1]
+    np.subtract(qo[1:], qo[:-1], out=qo_lens)
+    np.subtract(kvi[1:], kvi[:-1], out=kv_lens)
+    max_page = -1
+    if paged:
+        nnz = int(kvi[-1])
+        if last.shape[0] != batch or indices.shape[0] < nnz:
+            return None
+        c = _const32(ps)
+        np.subtract(last, c, out=rows[2])
+        np.multiply(kv_lens, c, out=kv_lens)
+        kv_lens += rows[2]
+        if nnz:
+            max_page = int(np.maximum.reduce(indices[:nnz].view(np.uint32)))
+            if max_page > _INT32_MAX:
+                return None
+    np.negative(rows[:r], out=rows[r:])
+    hi = np.maximum.reduce(rows, axis=1).tolist()
+    qo_hi, kv_hi, qo_lo, kv_lo = hi[0], hi[1], -hi[r], -hi[r + 1]
+    if qo_lo < 0:
+        return None
+    if paged:
+        lp_hi, lp_lo = hi[2], -hi[r + 2]
+        if lp_hi > 0 or lp_lo <= -ps or kv_lo <= -ps:
+            return None
+        if kv_lo < 0:  # requests without pages have length 0
+            np.maximum(kv_lens, 0, out=kv_lens)
+            kv_lo = 0
+        return qo, kvi, indices, last, qo_lens, kv_lens, max_page, (qo_lo, qo_hi), (kv_lo, kv_hi)
+    if kv_lo < 0:
+        return None
+    return qo, kvi, None, None, qo_lens, kv_lens, -1, (qo_lo, qo_hi), (kv_lo, kv_hi)
+
+
+@functools.lru_cache(maxsize=64)
+def _const32(v: int) -> np.ndarray:
+    """A 0-d int32 operand (NumPy calls with a Python scalar cost about twice as much on small arrays)."""
+    c = np.array(v, dtype=np.int32)
+    c.flags.writeable = False
+    return c
 
 
 def check_ragged_shapes(ks: tuple, vs: tuple, plan: PrefillPlan, layout: str) -> None:

@@ -1,12 +1,15 @@
 """Pure-NumPy work planner (imports nothing but numpy).
 
 ``plan_work`` turns sequence lengths into a ``WorkPlan``: work items (query tile x KV head x KV chunk) balanced over a
-fixed number of persistent CTAs, where split items put their partial states, and the merge list. ``pack`` writes it
-into one int32 buffer at the fixed offsets of a ``PlanLayout`` (docs/internals.md, "Work plans").
+fixed number of persistent CTAs, where split items put their partial states, and the merge list (decode batches: the
+lane cut of ``decode_plan``, one ``DecodePlanner`` per configuration). ``pack`` writes it into one int32 buffer at the
+fixed offsets of a ``PlanLayout`` (docs/internals.md, "Work plans").
 """
 
 from .assign import Assignment, assign_items, cta_loads
 from .cost import DEFAULT_COST, CostModel
+from .decode_plan import DecodePlanner, decode_planner
+from .lanes import Lanes, lanes_of
 from .layout import (
     HEADER_WORDS,
     PLAN_MAGIC,
@@ -30,7 +33,9 @@ __all__ = [
     "CostModel",
     "DEFAULT_COST",
     "DEFAULT_MIN_CHUNK",
+    "DecodePlanner",
     "HEADER_WORDS",
+    "Lanes",
     "PLAN_MAGIC",
     "PlanCapacity",
     "PlanLayout",
@@ -42,7 +47,9 @@ __all__ = [
     "check_fits",
     "choose_chunk_size",
     "cta_loads",
+    "decode_planner",
     "kv_lens_from_pages",
+    "lanes_of",
     "pack",
     "plan_work",
     "qo_lens_from_indptr",

@@ -70,11 +70,12 @@ class Assignment:
 
 
 def assign_items(
-    costs: np.ndarray, num_heads: int, num_ctas: int, stats: tuple[float, float, float] | None = None
-) -> Assignment:
-    """Assign ``num_heads`` items of each group cost in ``costs`` (float64, all > 0) to ``num_ctas`` CTAs.
+    costs: np.ndarray, num_heads: int, num_ctas: int, stats: tuple[float, float, float] | None = None,
+    prefix: np.ndarray | None = None,
+) -> Assignment:  # fmt: skip
+    """Assign ``num_heads`` items of each group cost in ``costs`` (float64 or int64, all > 0) to ``num_ctas`` CTAs.
 
-    ``stats`` is ``(sum, max, min)`` of ``costs`` when the caller already has it.
+    ``stats`` is ``(sum, max, min)`` of ``costs`` and ``prefix`` their running sum when the caller already has them.
     """
     g = costs.shape[0]
     h = int(num_heads)
@@ -90,17 +91,29 @@ def assign_items(
         indptr //= 2 * p
         return Assignment(indptr, None, None, "linear")
     if cmax * LINEAR_ITEMS_PER_CTA * p <= h * total or cmax <= NEAR_EQUAL * cmin:
-        return _linear(costs, h, p)
-    return _sorted(costs, h, p, total)
+        return _linear(costs, h, p, prefix)
+    return _sorted(costs.astype(np.float64, copy=False), h, p, total)
 
 
-def _linear(costs: np.ndarray, h: int, p: int) -> Assignment:
+def _linear(costs: np.ndarray, h: int, p: int, prefix: np.ndarray | None = None) -> Assignment:
     g = costs.shape[0]
-    mid = np.add.accumulate(costs)
+    mid = np.add.accumulate(costs) if prefix is None else prefix  # (the caller's prefix is not needed after)
     per_head = float(mid[-1])
-    mid -= 0.5 * costs  # cost laid out before each group's midpoint, within one head
+    if costs.dtype.kind == "f":
+        mid -= 0.5 * costs  # cost laid out before each group's midpoint, within one head
+    else:  # integer costs: twice that, exactly (the targets below are doubled to match)
+        mid += mid
+        mid -= costs
+        per_head *= 2
     # Item (head k, group j) has its midpoint at k * per_head + mid[j] along the line; CTA c starts at the first item
     # whose midpoint is at or past c * total / P: the head by division, the group by bisection.
+    if p % h == 0:  # P/H CTAs per head, the same cut in every head: one bisection of P/H + 1 points
+        frac, heads = _per_head_cuts(p, h)
+        cut = mid.searchsorted(frac * per_head)
+        indptr = np.empty(p + 1, dtype=np.int64)
+        np.add(heads * g, cut[:-1], out=indptr[:p].reshape(h, p // h))
+        indptr[p] = g * h
+        return Assignment(indptr, None, None, "linear")
     x = np.arange(p + 1, dtype=np.float64)
     x *= h / p  # in units of per_head
     head = x.astype(np.int64)  # floor (x >= 0)
@@ -112,6 +125,17 @@ def _linear(costs: np.ndarray, h: int, p: int) -> Assignment:
     np.minimum(indptr, g * h, out=indptr)
     indptr[p] = g * h
     return Assignment(indptr, None, None, "linear")
+
+
+@functools.lru_cache(maxsize=64)
+def _per_head_cuts(p: int, h: int):
+    """``(c / q for c = 0..q, the column [0, 1, ..., H-1])`` with ``q = P / H`` CTAs per head (read-only)."""
+    q = p // h
+    frac = np.arange(q + 1, dtype=np.float64)
+    frac /= q
+    heads = np.arange(h, dtype=np.int64)[:, None]
+    frac.flags.writeable = heads.flags.writeable = False
+    return frac, heads
 
 
 def _sorted(costs: np.ndarray, h: int, p: int, total: float) -> Assignment:

@@ -1,9 +1,13 @@
-"""Micro-benchmark of the whole host plan path: ``python -m cuinfer.planner.bench``.
+"""Micro-benchmark of the host plan path: ``python -m cuinfer.planner.bench``.
 
-The path timed is what ``plan()`` does every generation step: KV lengths from ``kv_indptr`` / ``kv_last_page_len``
-(decode; prefill also takes ``qo_indptr``), ``plan_work``, and ``pack`` into an int32 buffer whose layout was fixed
-up front from ``capacity_bound`` (CUDA-graph mode). Each case reports the median, 10th and 90th percentile of single
-calls (``time.perf_counter_ns``) after warm-up, the assignment mode, the chunk size and the balance achieved.
+Two tables. *planner*: KV lengths from ``kv_indptr`` / ``kv_last_page_len`` (decode; prefill also takes
+``qo_indptr``), ``plan_work``, and ``pack`` into an int32 buffer whose layout was fixed up front from
+``capacity_bound`` (CUDA-graph mode), with the assignment mode, chunk size and balance achieved. *public plan()*:
+the whole public call ``BatchDecode.plan`` / ``BatchPrefill.plan`` (validation, options, tile policy, grid, planner)
+plus the packing of plan and page table into a NumPy stand-in for the pinned buffer, for PERF.md's plan targets,
+and for decode also a serving loop (every length one token longer per step: the decode plan's cached structure is
+rebuilt when a cut crosses a request edge). Medians, 10th and 90th percentiles of single calls
+(``time.perf_counter_ns``) after warm-up.
 
 Shapes: Llama-3.1-8B (32 query heads, 8 KV heads: group 4), page size 16, ``num_ctas`` = 132 SMs x 2. Lengths follow
 PERF.md with the seeds of ``bench/cases.py`` (zipf: ``rng.zipf(1.5)`` scaled to the mean, clipped to
@@ -150,23 +154,125 @@ def calibrate(reps: int = 3000) -> float:
     return float(np.median(ts)) / 1000.0
 
 
+# --- the public plan(): what PERF.md's plan targets measure --------------------------------------------------------
+
+# (name, kind, lengths args, target us): bench/cases.py PLAN_CASES
+PUBLIC_CASES = (
+    ("plan-D6 decode 128 x 2048", "decode", ("const", 128, 2048, 6), 50.0),
+    ("plan-D8 decode 128 onelong 1024", "decode", ("onelong", 128, 1024, 8), 50.0),
+    ("plan-D9 decode 128 zipf 2048", "decode", ("zipf", 128, 2048, 9), 50.0),
+    ("plan-P64 prefill 64 uniform[512,2048]", "prefill", ("uniform", 64, 0, 301, 512, 2048), 80.0),
+)
+
+
+def page_table(lens: np.ndarray, seed: int):
+    """``(kv_indptr, kv_indices, kv_last_page_len)`` int32 of ``lens`` (page 16) over a pool shuffled by the seed, as
+    ``bench/cases.py`` builds them."""
+    lens = np.asarray(lens, dtype=np.int64)
+    pages = (lens + PAGE - 1) // PAGE
+    indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+    indices = np.random.default_rng(seed + 7919).permutation(int(indptr[-1])).astype(np.int32)
+    last = ((lens - 1) % PAGE + 1).astype(np.int32)
+    return indptr, indices, last
+
+
+def public_step(kind: str, lens: np.ndarray, seed: int, *, steps: int = 1):
+    """``(step, wrapper)``: ``step()`` runs the public ``BatchDecode.plan`` / ``BatchPrefill.plan`` (paged, causal,
+    Llama-3.1-8B heads, bf16; the host part: without a GPU nothing is uploaded) and packs the plan into a NumPy int32
+    buffer standing in for the pinned plan buffer (``_pack_host``: the same packing plan() does on a GPU).
+    ``steps > 1`` cycles through that many consecutive batches, every length one token longer than the last (a
+    serving loop, where the decode plan's cached structure is sometimes rebuilt)."""
+    from cuinfer.decode import BatchDecode  # the runtime, imported here only: the planner needs nothing but NumPy
+    from cuinfer.prefill import BatchPrefill
+
+    heads = dict(num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=128, page_size=PAGE)
+    tables = [page_table(lens + i, seed) for i in range(steps)]
+    qo = [np.concatenate([[0], np.cumsum(lens + i)]).astype(np.int32) for i in range(steps)]
+    if kind == "decode":
+        w = BatchDecode()
+        calls = [lambda t=t: w.plan(*t, **heads, q_dtype="bfloat16") for t in tables]
+    else:
+        w = BatchPrefill(paged=True)
+        calls = [
+            lambda t=t, q=q: w.plan(q, *t, **heads, causal=True, q_dtype="bfloat16")
+            for t, q in zip(tables, qo, strict=True)
+        ]
+    calls[0]()
+    box = [w._pack_host()]
+    turn = [0]
+
+    def step():
+        calls[turn[0]]()
+        turn[0] = (turn[0] + 1) % steps
+        box[0] = w._pack_host(box[0])
+
+    return step, w
+
+
+def time_calls(fn, reps: int, trials: int) -> np.ndarray:
+    """``(median, p10, p90)`` in us of single calls, the trial with the best median."""
+    for _ in range(min(200, reps)):
+        fn()
+    best = None
+    for _ in range(trials):
+        ts = np.empty(reps, dtype=np.int64)
+        for i in range(reps):
+            t0 = time.perf_counter_ns()
+            fn()
+            ts[i] = time.perf_counter_ns() - t0
+        us = np.percentile(ts, [50, 10, 90]) / 1000.0
+        if best is None or us[0] < best[0]:
+            best = us
+    return best
+
+
+def run_public(reps: int, trials: int) -> list:
+    """Rows ``(name, (median, p10, p90) of plan()+pack, median of plan() alone, target, mode, items)``."""
+    rows = []
+    for name, kind, largs, target in PUBLIC_CASES:
+        lens = lengths(*largs)
+        variants = [(name, 1)] + ([(name.split()[0] + " serving, +1 token/step", 64)] if kind == "decode" else [])
+        for label, steps in variants:
+            step, w = public_step(kind, lens, largs[3], steps=steps)
+            both = time_calls(step, reps, trials)
+            work = w._plan.work
+            plan_only = time_calls(lambda w=w: w.plan(w._plan.kv_indptr, w._plan.kv_indices, w._plan.kv_last_page_len,
+                                                      num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS,
+                                                      head_dim=128, page_size=PAGE, q_dtype="bfloat16"),
+                                   reps, 1)[0] if kind == "decode" and steps == 1 else float("nan")  # fmt: skip
+            rows.append((label, both, plan_only, target, work.assign_mode, work.n_items))
+    return rows
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m cuinfer.planner.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--ctas", type=int, default=264, help="persistent CTAs (default 264 = 132 SMs x 2)")
     ap.add_argument("--reps", type=int, default=2000, help="timed single calls per trial (default 2000)")
     ap.add_argument("--trials", type=int, default=3, help="trials per case; the best median is kept (default 3)")
+    ap.add_argument("--only", choices=("planner", "public"), help="run one of the two tables")
     args = ap.parse_args(argv)
-    print(f"plan path: kv lengths from pages + plan_work + pack; {args.ctas} CTAs; median of {args.reps} calls, "
-          f"best of {args.trials} trials; host: one small NumPy call = {calibrate():.2f} us")  # fmt: skip
-    head = f"{'case':34s} {'median':>8s} {'p10':>7s} {'p90':>7s}  {'mode':8s} {'chunk':>6s} {'items':>6s} "
-    print(head + f"{'merge':>6s} {'balance':>8s} {'effic.':>7s}")
-    for name, kind, largs in CASES:
-        lens = lengths(*largs)
-        r = run_case(kind, lens, num_ctas=args.ctas, reps=args.reps, trials=args.trials)
-        print(
-            f"{name:34s} {r['median']:6.1f}us {r['p10']:5.1f}us {r['p90']:5.1f}us  {r['mode']:8s} {r['chunk']:6d} "
-            f"{r['items']:6d} {r['merge']:6d} {r['balance']:8.3f} {r['efficiency']:7.3f}"
-        )
+    print(f"host: one small NumPy call = {calibrate():.2f} us (a quiet core of the development VM: ~1.1 us)")
+    if args.only != "public":
+        print(f"\nplanner: kv lengths from pages + plan_work + pack; {args.ctas} CTAs, page 16; median of {args.reps} "
+              f"calls, best of {args.trials} trials")  # fmt: skip
+        head = f"{'case':34s} {'median':>8s} {'p10':>7s} {'p90':>7s}  {'mode':8s} {'chunk':>6s} {'items':>6s} "
+        print(head + f"{'merge':>6s} {'balance':>8s} {'effic.':>7s}")
+        for name, kind, largs in CASES:
+            lens = lengths(*largs)
+            r = run_case(kind, lens, num_ctas=args.ctas, reps=args.reps, trials=args.trials)
+            print(
+                f"{name:34s} {r['median']:6.1f}us {r['p10']:5.1f}us {r['p90']:5.1f}us  {r['mode']:8s} "
+                f"{r['chunk']:6d} {r['items']:6d} {r['merge']:6d} {r['balance']:8.3f} {r['efficiency']:7.3f}"
+            )
+    if args.only != "planner":
+        print("\npublic plan(): BatchDecode / BatchPrefill.plan() (host part, no GPU: validation, policy, planner) + "
+              "packing into a NumPy stand-in for the pinned buffer; 264 CTAs (H200 grid)")  # fmt: skip
+        print(f"{'case':40s} {'median':>8s} {'p10':>7s} {'p90':>7s} {'plan()':>8s} {'target':>7s}  {'mode':8s} "
+              f"{'items':>6s}")  # fmt: skip
+        for label, both, plan_only, target, mode, items in run_public(max(200, args.reps // 4), args.trials):
+            p = f"{plan_only:6.1f}us" if plan_only == plan_only else f"{'-':>8s}"
+            print(f"{label:40s} {both[0]:6.1f}us {both[1]:5.1f}us {both[2]:5.1f}us {p} {target:5.0f}us  {mode:8s} "
+                  f"{items:6d}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ which CTA gets which item), never correctness.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -37,6 +37,7 @@ class CostModel:
     gamma: float = 64.0
     partial_row: float = 2.0
     split_fixed: float = 128.0
+    integral: bool = field(default=False, init=False, compare=False, repr=False)  # set from the terms
 
     def __post_init__(self) -> None:
         # gamma > 0 keeps every item's cost positive (an empty tile still costs its launch), which the assignment
@@ -55,6 +56,8 @@ class CostModel:
                     f"CostModel.{name} must be finite and {need}, got {value!r}; use the default "
                     f"{getattr(CostModel, name)!r} unless you have calibrated the kernels"
                 )
+        # alpha, beta, gamma whole numbers: the costs of whole tiles can be int64 (faster prefix sums)
+        object.__setattr__(self, "integral", all(float(v).is_integer() for v in (self.alpha, self.beta, self.gamma)))
 
     def item_cost(self, rows, kv_tokens, split=False):
         """Cost of items with ``rows`` packed query rows over ``kv_tokens`` KV tokens (arrays broadcast)."""

@@ -29,14 +29,16 @@ with ``n_items`` past ``num_ctas``), ``item_req``, ``item_qo_tile``, ``item_kv_h
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .split_kv import MAX_EXTRA_ITEMS_PER_CTA
-from .work import WorkPlan
+from .workplan import WorkPlan, _heads, put_field
 
 HEADER_WORDS = 16
+_I32 = np.dtype(np.int32)
 PLAN_MAGIC = 0x504C4E01  # "PLN" + version 1
 #: Workspace arrays start on this boundary (bytes).
 WORKSPACE_ALIGN = 256
@@ -88,10 +90,17 @@ class PlanLayout:
     capacity: PlanCapacity
     offsets: dict  # array name -> word offset
     total_words: int
+    # the header words that depend on the layout alone (magic, capacities), read-only
+    header: np.ndarray = field(compare=False, repr=False)
 
     @classmethod
     def for_capacity(cls, max_items: int, max_ctas: int, max_merge: int, max_merge_src: int) -> PlanLayout:
-        cap = PlanCapacity(int(max_items), int(max_ctas), int(max_merge), int(max_merge_src))
+        """The layout of these capacities (cached: a decode batch keeps its sizes over many steps)."""
+        return _layout_for(int(max_items), int(max_ctas), int(max_merge), int(max_merge_src))
+
+    @classmethod
+    def _build(cls, max_items: int, max_ctas: int, max_merge: int, max_merge_src: int) -> PlanLayout:
+        cap = PlanCapacity(max_items, max_ctas, max_merge, max_merge_src)
         for name in ("max_items", "max_ctas", "max_merge", "max_merge_src"):
             if getattr(cap, name) < 0:
                 raise ValueError(f"PlanLayout.for_capacity: {name} must be >= 0, got {getattr(cap, name)}")
@@ -102,13 +111,21 @@ class PlanLayout:
         for name, by, extra in _ARRAYS:
             offsets[name] = pos
             pos = _align4(pos + getattr(cap, by) + extra)
-        return cls(cap, offsets, pos)
+        header = np.array([0] * 8 + [max_items, max_ctas, max_merge, max_merge_src, 0, 0, 0, 0], dtype=np.int32)
+        header[7] = PLAN_MAGIC
+        header.flags.writeable = False
+        return cls(cap, offsets, pos, header)
 
     @classmethod
     def for_plan(cls, plan: WorkPlan) -> PlanLayout:
         """The tight layout of one plan (no CUDA graph: the layout may follow each plan)."""
-        c = capacity_of(plan)
-        return cls.for_capacity(c.max_items, c.max_ctas, c.max_merge, c.max_merge_src)
+        blocks = plan.pack_blocks  # plans of one structure share it: remember their layout there
+        lay = None if blocks is None else blocks.get("tight")
+        if lay is None:
+            lay = _layout_for(plan.n_items, plan.num_ctas, plan.n_merge, plan.n_merge_src)
+            if blocks is not None:
+                blocks["tight"] = lay
+        return lay
 
     @property
     def nbytes(self) -> int:
@@ -124,6 +141,11 @@ class PlanLayout:
     def empty(self) -> np.ndarray:
         """A zeroed host buffer of this layout (pinned buffers come from ``cuinfer.plan_buffer``)."""
         return np.zeros(self.total_words, dtype=np.int32)
+
+
+@functools.lru_cache(maxsize=128)
+def _layout_for(max_items: int, max_ctas: int, max_merge: int, max_merge_src: int) -> PlanLayout:
+    return PlanLayout._build(max_items, max_ctas, max_merge, max_merge_src)
 
 
 def capacity_of(plan: WorkPlan) -> PlanCapacity:
@@ -211,34 +233,73 @@ def check_fits(plan: WorkPlan, layout: PlanLayout) -> None:
         raise _too_small("partial-state rows", plan.n_merge_src, cap.max_merge_src, "max_merge_src")
 
 
-def pack(plan: WorkPlan, layout: PlanLayout, out: np.ndarray, *, generation: int = 0) -> np.ndarray:
-    """Write ``plan`` into ``out`` (int32, at least ``layout.total_words``), one slice assignment per array."""
-    if out.dtype != np.int32 or out.ndim != 1 or out.shape[0] < layout.total_words:
+def pack(
+    plan: WorkPlan, layout: PlanLayout, out: np.ndarray, *, generation: int = 0, memo: dict | None = None
+) -> np.ndarray:
+    """Write ``plan`` into ``out`` (int32, at least ``layout.total_words``), one slice assignment per array.
+
+    ``memo`` (a dict the caller keeps per buffer *and* layout, empty when either changes, and nothing else writes into
+    the plan arrays of that buffer) lets fields whose content depends on the plan's shape alone (all partials -1, all
+    starts 0, the heads of a natural order) be skipped when the buffer already holds them.
+
+    Plans that carry ``pack_blocks`` (decode plans of a cached structure) are written as two memoised blocks, the
+    words ``[0, item_kv_start)`` (header, ``work_indptr``, ``item_req``, ``item_qo_tile``, ``item_kv_head``) and
+    ``[item_partial, end of the merge list)``, plus the two KV-range arrays and header words 5-6: four copies.
+    """
+    if (out.dtype is not _I32 and out.dtype != _I32) or out.ndim != 1 or out.shape[0] < layout.total_words:
         raise ValueError(
             f"pack needs a 1-D int32 buffer of at least {layout.total_words} words, got dtype {out.dtype} and shape "
             f"{out.shape}; allocate it with layout.empty() or cuinfer.plan_buffer.PlanBuffer"
         )
+    blocks = plan.pack_blocks
+    if blocks is not None:
+        # A plan of the same structure was packed into this layout before (so it fits): two block copies, the KV
+        # ranges and the header words that change. (The layout is kept in the entry: its id stays unique.)
+        hit = blocks.get(id(layout))
+        if hit is not None and hit[0] is layout:
+            _, head, o2, tail, patch, o_s, o_e, n = hit
+            out[: head.shape[0]] = head
+            out[5] = plan.chunk_size
+            out[6] = generation
+            lane = plan.lane_cuts
+            if lane is None:  # natural order (equal decode requests): [H, G] broadcasts
+                h, starts, ends = plan.num_kv_heads, plan.group_kv_start, plan.group_kv_end
+                if isinstance(starts, np.ndarray):
+                    out[o_s : o_s + n].reshape(h, -1)[:] = starts
+                out[o_e : o_e + n].reshape(h, -1)[:] = ends
+            else:  # each item's request's range, then the cut positions scattered over the starts and ends
+                kv, starts, cut, ranges = lane
+                if isinstance(starts, np.ndarray):
+                    _gather(out[o_s : o_s + n], starts, ranges.item_req)
+                _gather(out[o_e : o_e + n], kv, ranges.item_req)
+                out[o_s : o_e + n][patch] = cut.take(ranges.patch_cut)
+            out[o2 : o2 + tail.shape[0]] = tail
+            if memo:
+                memo.clear()
+            return out
     check_fits(plan, layout)
     cap = layout.capacity
     off = layout.offsets
     n = plan.n_items
+    h, g = plan.num_kv_heads, plan.n_groups
     p = plan.num_ctas
     nm = plan.n_merge
     ns = plan.n_merge_src
-    out[:HEADER_WORDS] = (
-        n, nm, plan.num_partial_rows, p, ns, plan.chunk_size, generation, PLAN_MAGIC,
-        cap.max_items, cap.max_ctas, cap.max_merge, cap.max_merge_src, 0, 0, 0, 0,
-    )  # fmt: skip
+    out[:HEADER_WORDS] = layout.header
+    out[0], out[1], out[2], out[3] = n, nm, plan.num_partial_rows, p
+    out[4], out[5], out[6] = ns, plan.chunk_size, generation
     o = off["work_indptr"]
     out[o : o + p + 1] = plan.work_indptr
-    out[o + p + 1 : o + cap.max_ctas + 1] = n
-    h, g = plan.num_kv_heads, plan.n_groups
-    for name, (values, per_group) in plan.item_fields().items():
+    if cap.max_ctas > p:
+        out[o + p + 1 : o + cap.max_ctas + 1] = n
+    for name, item in plan.item_fields().items():
         o = off[name]
-        if per_group:
-            out[o : o + n].reshape(h, g)[:] = values
-        else:
-            out[o : o + n] = values
+        if memo is not None:
+            key = (o, n, _shape_only(item, h, g))
+            if key[2] is not None and memo.get(name) == key:
+                continue  # the buffer holds it already
+            memo[name] = key
+        put_field(out[o : o + n], item, h, g)
     o = off["merge_indptr"]
     if nm:
         out[o : o + nm + 1] = plan.merge_indptr
@@ -250,7 +311,40 @@ def pack(plan: WorkPlan, layout: PlanLayout, out: np.ndarray, *, generation: int
         out[o : o + nm] = plan.merge_dst_head
     else:
         out[o] = 0
+    if blocks is not None:
+        o_s, o_e, o2 = off["item_kv_start"], off["item_kv_end"], off["item_partial"]
+        tail = out[o2 : used_words(plan, layout)].copy()
+        patch, lane = None, plan.lane_cuts
+        if lane is not None:  # item positions of the cut starts and ends in out[o_s : o_e + n]
+            patch = lane[3].patch.copy()
+            patch[patch >= n] += o_e - o_s - n
+            patch.flags.writeable = False
+        # Without a window every start but the cut ones is 0: the starts travel with the head block.
+        starts = plan.group_kv_start if lane is None else lane[1]
+        head = out[: o_s if isinstance(starts, np.ndarray) else o_e].copy()
+        head.flags.writeable = tail.flags.writeable = False
+        if len(blocks) >= 8:
+            blocks.clear()
+        blocks[id(layout)] = (layout, head, o2, tail, patch, o_s, o_e, n)
     return out
+
+
+def _shape_only(field: tuple, h: int, g: int):
+    """A key for an item field whose values follow from the plan's shape alone (None for the others)."""
+    kind, values, _ = field
+    if kind == "fill" or (kind == "group" and not isinstance(values, np.ndarray)):
+        return ("fill", int(values))
+    if kind == "group" and values is _heads(h):
+        return ("heads", h, g)
+    return None
+
+
+def _gather(out: np.ndarray, values: np.ndarray, index: np.ndarray) -> None:
+    """``out[:] = values[index]`` in one call when the dtypes match."""
+    if values.dtype == out.dtype:
+        values.take(index, out=out, mode="wrap")  # indices are in range: no checks, no buffering
+    else:
+        out[:] = values.take(index)
 
 
 def used_words(plan: WorkPlan, layout: PlanLayout) -> int:

@@ -1,4 +1,8 @@
-"""Split-KV: whether, and how finely, to cut the tiles' KV ranges into pieces that different CTAs process.
+"""Split-KV in the tile pipeline: whether, and how finely, to cut the tiles' KV ranges into pieces.
+
+(Decode batches with one tile per request and more requests than lanes of ``H`` CTAs are split by the lane cut of
+``decode_plan.py`` instead; this chunk policy serves prefill, decode batches of few requests (D1-D4) and decode with
+several query tiles per request. ``estimate_makespan``, ``BALANCED_EFFICIENCY`` and ``MIN_GAIN`` are shared.)
 
 Splitting lets a few long requests spread over many CTAs, at a price: each piece writes a float32 partial state to
 the workspace and a merge pass combines them. ``choose_chunk_size`` is a pure function of the tiles' row counts and
@@ -35,7 +39,8 @@ of 1024 tokens costs 1024 + 4 + 64 = 1092; a piece also pays 2 per row for its p
 - D1 on 132 CTAs: 128 items, M = 1059, estimate 1092 (97 %): no split. Splitting cannot beat one wave here.
 - D4, 1 x 32768 on 132 CTAs: M = 1990. f = 1 (C = 2000) gives 17 pieces: 136 items, two waves of 2004: 4008.
   f = 0.5 (C = 1008) gives 33 pieces: 264 items, exactly two waves of ~1069: 2138 + 128. f = 0.5 wins.
-- D9 (zipf, four requests of 39-68 K tokens among 124 short ones) on 132 CTAs: M = 16.5 K. f = 1 cuts the four into
+- D9 through this policy (zipf, four requests of 39-68 K tokens among 124 short ones) on 132 CTAs (decode now
+  takes the lane cut): M = 16.5 K. f = 1 cuts the four into
   16 pieces of ~13 K; with the whole 12.6 K tile that is 17 x 8 = 136 big items for 132 CTAs: two waves, ~26 K.
   f = 0.5 (C = 8208) gives 264 big items of ~7.5 K, two exact waves: ~16.6 K. f = 0.5 wins (LPT then reaches 99 %).
 

@@ -18,12 +18,13 @@ writes o = 0 and lse = -inf for its rows. Every ``start <= end``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Tiles:
     """One entry per query tile, in request order then tile order.
 
@@ -38,6 +39,16 @@ class Tiles:
     rows: np.ndarray | int  # [T] packed rows in the tile (<= tile_rows)
     kv_start: np.ndarray | int  # [T] first KV token the tile attends to
     kv_end: np.ndarray  # [T] one past the last (kv_start <= kv_end)
+    # When ``rows`` is the scalar tile_rows but each request's last tile is shorter: (those tiles, their rows).
+    last_rows: tuple | None = None
+
+    def row_array(self):
+        """``rows`` with the last tiles' rows in (an array, or the scalar when every tile has it)."""
+        if self.last_rows is None:
+            return self.rows
+        rows = np.full(self.count, self.rows, dtype=self.last_rows[1].dtype)
+        rows[self.last_rows[0]] = self.last_rows[1]
+        return rows
 
 
 def at(x, idx: np.ndarray):
@@ -127,10 +138,18 @@ def query_tiles(
         if b and int(qo.max()) == 1 and int(qo.min()) == 1:
             qo = None  # decode
 
+    return tiles_of(qo, kv, g, br, causal, w)
+
+
+def tiles_of(qo, kv: np.ndarray, g: int, br: int, causal: bool, w: int, qo_min: int | None = None) -> Tiles:
+    """``query_tiles`` on checked arrays (``qo`` None: decode); ``qo_min`` is ``qo.min()`` when the caller has it."""
+    b = kv.shape[0]
     if qo is None and g <= br:
         # Decode: one tile of g rows per request; causal changes nothing (the only token is the last one).
         start = np.maximum(kv - (w + 1), 0) if w >= 0 else 0
         return Tiles(count=b, decode=True, req=np.arange(b), index=0, rows=g, kv_start=start, kv_end=kv)
+    if qo is not None and w < 0 and br % g == 0 and b:
+        return _whole_token_tiles(qo, kv, g, br, causal, int(qo.min()) if qo_min is None else qo_min)
     decode = qo is None
     if decode:
         qo = np.ones(b, dtype=np.int64)
@@ -168,3 +187,84 @@ def query_tiles(
     else:
         start = 0
     return Tiles(count=n_tiles, decode=decode, req=req, index=index, rows=rows, kv_start=start, kv_end=end)
+
+
+def _whole_token_tiles(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: bool, qo_min: int) -> Tiles:
+    """Tiles that hold whole tokens (``Br % g == 0``, ``t = Br / g`` tokens each) and no window, in about fifteen
+    NumPy calls (on request and tile arrays alike they cost ~1 us each, so every call counts).
+
+    Tile ``j`` of the batch (the ``index``-th of request ``b``) holds tokens ``[index*t, min((index+1)*t, qo))``;
+    causal, it sees keys below ``kv - qo + min((index+1)*t, qo)``, which is ``(j+1)*t + c_b`` with
+    ``c_b = kv_b - qo_b - first_b * t`` (``first_b`` its first tile), except the request's last tile, which sees all
+    ``kv_b``. Rows are ``Br`` except in each request's last tile (``last_rows``).
+    """
+    t = br // g
+    b = qo.shape[0]
+    dtype = np.int32 if kv.dtype == np.int32 and qo.dtype == np.int32 else np.int64  # int32 packs without a cast
+    qo = qo.astype(dtype, copy=False)
+    kv = kv.astype(dtype, copy=False)
+    c_t1, c_t, c_br, c_g = _consts(dtype, t - 1, t, br, g)
+    nt = qo + c_t1
+    nt //= c_t
+    ends = np.add.accumulate(nt)
+    n = int(ends[-1])
+    if dtype == np.int32 and not 0 <= (n + 1) * t < 2**31:  # (absurd sizes) the tile line does not fit int32
+        return _whole_token_tiles(qo.astype(np.int64), kv.astype(np.int64), g, br, causal, qo_min)
+    # Per-request values spread over the tiles by ONE repeat of stacked rows: [request, first tile, c].
+    per_req = np.empty((3 if causal else 2, b), dtype=dtype)
+    per_req[0] = _arange(b, dtype)
+    first = np.subtract(ends, nt, out=per_req[1])
+    clip = False
+    if causal:
+        c = np.subtract(kv, qo, out=per_req[2])
+        clip = bool(np.minimum.reduce(c) < 0)  # more queries than keys: the first tiles see nothing
+        c -= first * c_t
+    spread = per_req.repeat(nt, axis=1)
+    req = spread[0]
+    index = np.subtract(_ramp_to(n + 1, dtype)[:n], spread[1])
+    has = None if qo_min > 0 else nt > 0  # requests without query tokens have no tile
+    last = ends - 1 if has is None else (ends - 1)[has]
+    short = nt * c_br
+    short -= qo * c_g  # rows the last tile lacks: Br * tiles - packed rows
+    if has is not None:
+        short = short[has]
+    if causal:
+        end = np.multiply(_ramp_to(n + 1, dtype)[1:], c_t)
+        end += spread[2]
+        end[last] = kv if has is None else kv[has]  # the last tile sees all the keys (the others end below kv)
+        if clip:
+            np.maximum(end, 0, out=end)
+    else:
+        end = kv.repeat(nt)
+    return Tiles(
+        count=n, decode=False, req=req, index=index, rows=br, kv_start=0, kv_end=end, last_rows=(last, c_br - short)
+    )
+
+
+_RAMPS: dict = {}
+
+
+def _ramp_to(n: int, dtype) -> np.ndarray:
+    """``arange(n)`` as a read-only slice of a cached, growing ramp."""
+    r = _RAMPS.get(dtype)
+    if r is None or r.shape[0] < n:
+        r = np.arange(max(n, 2 * (0 if r is None else r.shape[0]), 4096), dtype=dtype)
+        r.flags.writeable = False
+        _RAMPS[dtype] = r
+    return r[:n]
+
+
+@functools.lru_cache(maxsize=64)
+def _consts(dtype, *values) -> tuple:
+    """0-d operands (NumPy calls with Python scalars cost about twice as much on small arrays)."""
+    out = tuple(np.array(v, dtype=dtype) for v in values)
+    for c in out:
+        c.flags.writeable = False
+    return out
+
+
+@functools.lru_cache(maxsize=32)
+def _arange(count: int, dtype) -> np.ndarray:
+    r = np.arange(count, dtype=dtype)
+    r.flags.writeable = False
+    return r

@@ -1,155 +1,58 @@
 """``plan_work``: sequence lengths in, a ``WorkPlan`` out (the arrays of docs/internals.md, "Work plans").
 
-Pipeline: query tiles and their KV ranges (``tiles``), the split decision (``split_kv``), the chunks, their costs
-(``cost``), CTA assignment (``assign``), partial-state blocks and the merge list (``merge``).
+Decode batches with one tile per request go to ``decode_plan`` (the lane cut). The tile pipeline: query tiles and
+their KV ranges (``tiles``), the split decision (``split_kv``), the chunks, their costs (``cost``), CTA assignment
+(``assign``), partial-state blocks and the merge list (``merge``).
 
 A ``WorkPlan`` keeps its items compactly: per *group* (one KV chunk of one query tile: ``H`` items, one per KV head)
 arrays plus the assignment. The per-item arrays of the contract (``item_req`` ...) are properties built on first use;
-``layout.pack`` writes them straight into the plan buffer (a broadcast per array in natural order), which is what
+``layout.pack`` writes them straight into the plan buffer (``item_fields``: one NumPy call per array), which is what
 keeps ``plan()`` in tens of microseconds on a small host CPU.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import numpy as np
 
 from .assign import assign_items
 from .cost import DEFAULT_COST, CostModel
+from .decode_plan import decode_planner
 from .merge import split_layout
 from .split_kv import DEFAULT_MIN_CHUNK, _choose, fixed_counts, split_counts, split_ranges
-from .tiles import at, query_tiles
+from .tiles import as_lengths, at, tiles_of
+from .workplan import WorkPlan, put_field  # noqa: F401  (re-exported: the plan type lives with plan_work)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 _ZERO1 = np.zeros(1, dtype=np.int64)
 
 
-@dataclass(frozen=True, eq=False)
-class WorkPlan:
-    """A schedule of work items over ``num_ctas`` persistent CTAs (integer NumPy arrays; the packed form is int32).
+def _tile_costs(tiles, n: np.ndarray, cost: CostModel) -> np.ndarray:
+    """One head's cost of each whole tile: ``beta * kv + alpha * rows + gamma``, in int64 when the terms are whole
+    numbers (the default model: the prefix sum of the assignment is faster on integers)."""
+    rows, fix = tiles.rows, tiles.last_rows
+    if not isinstance(rows, np.ndarray) and cost.integral:
+        costs = np.add(n, _const64(int(cost.alpha) * rows + int(cost.gamma)))  # int64
+        if cost.beta != 1:
+            costs += n * int(cost.beta)
+            costs -= n
+        if fix is not None:  # the last tiles' missing rows
+            short = rows - fix[1]
+            if cost.alpha != 1:
+                short *= int(cost.alpha)
+            costs[fix[0]] -= short
+        return costs
+    costs = n * cost.beta
+    costs += tiles.row_array() * cost.alpha + cost.gamma
+    return costs
 
-    Items: CTA ``c`` runs ``work_indptr[c]:work_indptr[c+1]``; item ``i`` is group ``item_group[i]`` for KV head
-    ``item_head[i]``, or, when those are ``None``, group ``i % G`` for head ``i // G`` (natural order).
-    """
 
-    num_ctas: int
-    num_kv_heads: int
-    work_indptr: np.ndarray  # [num_ctas + 1]
-    group_req: np.ndarray  # [G] request
-    group_tile: np.ndarray | int  # [G] query tile within the request (0 for decode)
-    group_kv_start: np.ndarray | int  # [G] KV range [start, end) (start 0 for all: an int)
-    group_kv_end: np.ndarray
-    group_partial: np.ndarray | None  # [G] partial row of head 0's block, -1 unsplit (None: nothing split)
-    group_partial_stride: np.ndarray | None  # [G] rows between consecutive heads' blocks (0 unsplit)
-    item_group: np.ndarray | None  # [n] (None: natural order)
-    item_head: np.ndarray | None
-    merge_indptr: np.ndarray  # [n_merge + 1]
-    merge_src: np.ndarray  # [n_merge_src] partial rows, KV order within an output row
-    merge_dst_token: np.ndarray  # [n_merge] global query token
-    merge_dst_head: np.ndarray  # [n_merge] query head
-    num_partial_rows: int
-    chunk_size: int  # KV chunk the tiles were split at (0: none)
-    assign_mode: str  # see assign.py
-
-    @property
-    def n_groups(self) -> int:
-        return int(self.group_req.shape[0])
-
-    @property
-    def n_items(self) -> int:
-        if self.item_group is not None:
-            return int(self.item_group.shape[0])
-        return self.n_groups * self.num_kv_heads
-
-    @classmethod
-    def from_items(cls, num_ctas: int, work_indptr, items: dict, merge: dict, num_partial_rows: int,
-                   chunk_size: int = 0, assign_mode: str = "explicit") -> WorkPlan:  # fmt: skip
-        """A plan from explicit per-item arrays (``items[name]`` for the six item arrays, ``merge[name]`` for the
-        four merge arrays), e.g. read back from a packed buffer."""
-        n = len(items["item_req"])
-        heads = np.asarray(items["item_kv_head"], dtype=np.int64)
-        return cls(
-            num_ctas=num_ctas,
-            num_kv_heads=int(heads.max()) + 1 if n else 1,
-            work_indptr=np.asarray(work_indptr, dtype=np.int64),
-            group_req=np.asarray(items["item_req"], dtype=np.int64),
-            group_tile=np.asarray(items["item_qo_tile"], dtype=np.int64),
-            group_kv_start=np.asarray(items["item_kv_start"], dtype=np.int64),
-            group_kv_end=np.asarray(items["item_kv_end"], dtype=np.int64),
-            group_partial=np.asarray(items["item_partial"], dtype=np.int64),
-            group_partial_stride=np.zeros(n, dtype=np.int64),
-            item_group=np.arange(n),
-            item_head=heads,
-            merge_indptr=np.asarray(merge["merge_indptr"], dtype=np.int64),
-            merge_src=np.asarray(merge["merge_src"], dtype=np.int64),
-            merge_dst_token=np.asarray(merge["merge_dst_token"], dtype=np.int64),
-            merge_dst_head=np.asarray(merge["merge_dst_head"], dtype=np.int64),
-            num_partial_rows=int(num_partial_rows),
-            chunk_size=int(chunk_size),
-            assign_mode=assign_mode,
-        )
-
-    @property
-    def n_merge(self) -> int:
-        return int(self.merge_dst_token.shape[0])
-
-    @property
-    def n_merge_src(self) -> int:
-        return int(self.merge_src.shape[0])
-
-    # --- per-item arrays of the contract (CTA-major), built on first use -------------------------------------------
-    def item_fields(self):
-        """``{name: (values, per_group)}`` for the six item arrays: ``per_group`` True means ``values`` has one
-        entry per group and the items (natural order) are its head-major broadcast; else one entry per item."""
-        return self._fields
-
-    @functools.cached_property
-    def _fields(self):
-        h = self.num_kv_heads
-        split = self.group_partial is not None
-        if self.item_group is None:
-            heads = np.arange(h)[:, None]
-            part = (self.group_partial + heads * self.group_partial_stride) if split else None
-            return {
-                "item_req": (self.group_req, True),
-                "item_qo_tile": (self.group_tile, True),
-                "item_kv_head": (heads, True),
-                "item_kv_start": (self.group_kv_start, True),
-                "item_kv_end": (self.group_kv_end, True),
-                "item_partial": (part if split else -1, True),
-            }
-        idx, head = self.item_group, self.item_head
-        part = -1
-        if split:
-            part = self.group_partial.take(idx)
-            part += head * self.group_partial_stride.take(idx)
-        fields = {
-            "item_req": (self.group_req.take(idx), False),
-            "item_qo_tile": (at(self.group_tile, idx), False),
-            "item_kv_head": (head, False),
-            "item_kv_start": (at(self.group_kv_start, idx), False),
-            "item_kv_end": (self.group_kv_end.take(idx), False),
-            "item_partial": (part, False),
-        }
-        return fields
-
-    def _item(self, name: str) -> np.ndarray:
-        values, per_group = self._fields[name]
-        out = np.empty(self.n_items, dtype=np.int32)
-        if per_group:
-            out.reshape(self.num_kv_heads, self.n_groups)[:] = values
-        else:
-            out[:] = values
-        return out
-
-    item_req = property(lambda self: self._item("item_req"))
-    item_qo_tile = property(lambda self: self._item("item_qo_tile"))
-    item_kv_head = property(lambda self: self._item("item_kv_head"))
-    item_kv_start = property(lambda self: self._item("item_kv_start"))
-    item_kv_end = property(lambda self: self._item("item_kv_end"))
-    item_partial = property(lambda self: self._item("item_partial"))
+@functools.lru_cache(maxsize=16)
+def _const64(v: int) -> np.ndarray:
+    c = np.array(v, dtype=np.int64)
+    c.flags.writeable = False
+    return c
 
 
 def plan_work(
@@ -167,6 +70,8 @@ def plan_work(
     disable_split: bool = False,
     cost: CostModel = DEFAULT_COST,
     min_chunk: int = DEFAULT_MIN_CHUNK,
+    kv_range: tuple[int, int] | None = None,
+    qo_range: tuple[int, int] | None = None,
 ) -> WorkPlan:
     """Plan one batch: ``qo_lens[b]`` query tokens (``None``: decode, one each) attend ``kv_lens[b]`` KV tokens.
 
@@ -174,6 +79,11 @@ def plan_work(
     ``num_ctas`` persistent CTAs run the items; chunk boundaries fall on multiples of ``kv_granule`` (the kernel's KV
     tile or page size). ``fixed_split_size`` (a multiple of ``kv_granule``) cuts every KV range at multiples of itself;
     ``disable_split`` never splits. ``min_chunk`` is the smallest piece the automatic policy cuts (tokens).
+    ``kv_range = (min, max)`` of ``kv_lens`` and ``qo_range`` of ``qo_lens`` when the caller has them (those lengths
+    then must be 1-D integer NumPy arrays, already checked non-negative): saves their reductions.
+
+    Decode batches (``qo_lens`` None or all ones) with ``group_size <= tile_rows`` take the lane plan of
+    ``decode_plan.py``; everything else the tile pipeline below.
     """
     h, g, br, p, gr = int(num_kv_heads), int(group_size), int(tile_rows), int(num_ctas), int(kv_granule)
     if min(h, g, br, p, gr) < 1:
@@ -192,15 +102,39 @@ def plan_work(
                 f"fixed_split_size={fixed_split_size} must be a positive multiple of kv_granule={gr} (the kernel's KV "
                 f"tile / page size, so chunk boundaries fall on page boundaries); use {lo} or {lo + gr}"
             )
+    if kv_range is None:
+        kv = as_lengths(kv_lens, "kv_lens")
+        kv_lo = kv_hi = None
+    else:
+        kv, (kv_lo, kv_hi) = kv_lens, kv_range
+    qo = qo_lo = None
+    if qo_lens is not None:
+        if qo_range is None:
+            qo = as_lengths(qo_lens, "qo_lens")
+            qo_lo, qo_hi = (int(qo.min()), int(qo.max())) if qo.shape[0] else (0, 0)
+        else:
+            qo, (qo_lo, qo_hi) = qo_lens, qo_range
+        if qo.shape[0] != kv.shape[0]:
+            raise ValueError(
+                f"qo_lens has {qo.shape[0]} requests but kv_lens has {kv.shape[0]}; give one length per request in both"
+            )
+        if qo_lo == 1 and qo_hi == 1:
+            qo = None  # every request has one query token: decode
+    if qo is None and g <= br and fixed_split_size is None and kv.shape[0]:
+        planner = decode_planner(h, g, br, p, gr, int(window_left), bool(disable_split), cost, int(min_chunk))
+        plan = planner.plan(kv, kv_lo, kv_hi)
+        if plan is not None:
+            return plan
 
-    tiles = query_tiles(qo_lens, kv_lens, group_size=g, tile_rows=br, causal=causal, window_left=window_left)
+    tiles = tiles_of(qo, kv, g, br, bool(causal), int(window_left), qo_lo)
     rows, start, end = tiles.rows, tiles.kv_start, tiles.kv_end
     n = end - start if isinstance(start, np.ndarray) else end
-    costs = n * cost.beta  # one tile, one head, unsplit
-    costs += rows * cost.alpha + cost.gamma
-    stats = None
+    costs = _tile_costs(tiles, n, cost)
+    stats = prefix = None
     if tiles.count:
-        stats = (float(np.add.reduce(costs)), float(np.maximum.reduce(costs)), float(np.minimum.reduce(costs)))
+        # The prefix sum serves the linear assignment (the usual one for prefill) and gives the total.
+        prefix = np.add.accumulate(costs)
+        stats = (float(prefix[-1]), float(np.maximum.reduce(costs)), float(np.minimum.reduce(costs)))
 
     # --- split decision: which tiles are cut, into how many pieces -----------------------------------------------
     counts = None  # pieces per tile (None: nothing is split)
@@ -229,6 +163,7 @@ def plan_work(
         num_partial = 0
         merge = (_ZERO1, _EMPTY, _EMPTY, _EMPTY)
     else:
+        rows = tiles.row_array()
         owner, piece, g_start, g_end = split_ranges(start, end, counts, piece_granule)
         g_req, g_tile = tiles.req.take(owner), at(tiles.index, owner)
         g_rows = at(rows, owner)
@@ -241,9 +176,9 @@ def plan_work(
         # Partial blocks: split tile t owns H*k*r rows from base[t]; head hh, piece j at base + (hh*k + j)*r.
         token_start = None
         if not tiles.decode:
-            qo = np.asarray(qo_lens, dtype=np.int64)
-            token_start = np.add.accumulate(qo)
-            token_start -= qo
+            q64 = qo.astype(np.int64)
+            token_start = np.add.accumulate(q64)
+            token_start -= q64
         base_split, num_partial, merge = split_layout(
             split, ks, at(rows, split), tiles.req.take(split), at(tiles.index, split), token_start,
             num_heads=h, group_size=g, tile_rows=br,
@@ -255,7 +190,7 @@ def plan_work(
         g_pbase += piece * g_rows
         g_pbase[~is_split] = -1
 
-    asg = assign_items(costs, h, p, stats)
+    asg = assign_items(costs, h, p, stats, prefix if counts is None else None)
     return WorkPlan(
         num_ctas=p,
         num_kv_heads=h,

@@ -67,17 +67,20 @@ def _emulate(w: BatchDecode, q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_sta
 
 
 @pytest.mark.parametrize(
-    ("lens", "heads", "tc", "split", "window"),
+    ("lens", "heads", "tc", "split", "window", "sms"),
     [
-        pytest.param((1, 17, 513, 4097, 300), (32, 8), None, None, -1, id="tc-auto"),
-        pytest.param((1, 17, 513, 4097, 300), (32, 32), None, 256, -1, id="cc-split256"),
-        pytest.param((5, 2000, 0, 700), (28, 4), True, 128, -1, id="tc-g7-split-empty"),
-        pytest.param((5, 2000, 40), (64, 2), True, 512, -1, id="tc-g32-two-qo-tiles"),
-        pytest.param((5, 2000, 40), (40, 8), False, None, 100, id="cc-g5-window"),
-        pytest.param((9000,), (16, 1), None, None, -1, id="single-long-auto-split"),
+        pytest.param((1, 17, 513, 4097, 300), (32, 8), None, None, -1, 7, id="tc-auto"),
+        pytest.param((1, 17, 513, 4097, 300), (32, 32), None, 256, -1, 7, id="cc-split256"),
+        pytest.param((5, 2000, 0, 700), (28, 4), True, 128, -1, 7, id="tc-g7-split-empty"),
+        pytest.param((5, 2000, 40), (64, 2), True, 512, -1, 7, id="tc-g32-two-qo-tiles"),
+        pytest.param((5, 2000, 40), (40, 8), False, None, 100, 7, id="cc-g5-window"),
+        pytest.param((9000,), (16, 1), None, None, -1, 7, id="single-long-auto-split"),
+        # 40 requests, 8 KV heads on 54 (81) CTAs: a lane cut with a partial lane of 6 (1) CTAs, and a window
+        pytest.param((1, 900, 7, 300, 9000, 64, 700, 33) * 5, (32, 8), None, None, 5000, 27, id="lanes-window"),
+        pytest.param((1, 900, 7, 300, 9000, 64, 700, 33) * 5, (24, 8), False, None, -1, 27, id="lanes-cuda-cores"),
     ],
 )
-def test_plan_contract_reproduces_the_reference(rng, lens, heads, tc, split, window):
+def test_plan_contract_reproduces_the_reference(rng, lens, heads, tc, split, window, sms):
     hq, hkv = heads
     d, ps = 64, 16
     lens = np.asarray(lens)
@@ -87,9 +90,11 @@ def test_plan_contract_reproduces_the_reference(rng, lens, heads, tc, split, win
     last = np.where(pages > 0, lens - (pages - 1) * ps, 1).astype(np.int32)
     w = BatchDecode(use_tensor_cores=tc)
     w.plan(indptr, indices, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=ps, q_dtype="float16",
-           fixed_split_size=split, window_left=window, num_sms=7)  # fmt: skip
+           fixed_split_size=split, window_left=window, num_sms=sms)  # fmt: skip
     if split is not None:
         assert w._plan.work.num_partial_rows > 0
+    if len(lens) == 40:
+        assert w._plan.work.assign_mode == "lanes" and w._plan.work.num_partial_rows > 0
     q = rng.standard_normal((lens.shape[0], hq, d))
     k = rng.standard_normal((int(lens.sum()), hkv, d))
     v = rng.standard_normal((int(lens.sum()), hkv, d))

@@ -1,0 +1,399 @@
+"""The decode plan (one query tile per request): a lane-level linear cut of the batch, in a few dozen NumPy calls.
+
+Decode has ``qo_len = 1``, so with ``g <= Br`` each request is one tile whose ``H`` items (one per KV head) cost the
+same: ``cost = beta * kv_tokens + alpha * g + gamma``. The planner works on requests and *lanes* (``lanes.py``: sets
+of ``H`` CTAs that run all heads of the same requests), so every array it touches has ``B`` or ``P / H`` entries.
+NumPy calls on such small arrays cost ~1 us each whatever their size, so the count of calls is the cost.
+
+**No split** when the batch already balances (the mean CTA load is at least ``BALANCED_EFFICIENCY`` of the estimated
+makespan ``split_kv.estimate_makespan``, e.g. D5-D7), or splitting would not gain ``MIN_GAIN``: equal requests take
+the exact ``floor/ceil(n/P)`` cut (cached per size), others ``assign.assign_items``. A batch that should be split but
+has no more requests than lanes (D1-D4: each request needs a lane or more) goes to the tile pipeline's equal pieces
+(``split_kv``), which suit that shape better.
+
+**Split: a linear cut of lanes** (stream-K). Lay the requests end to end on a line, each ``o = (alpha*g + gamma) /
+beta`` tokens of fixed cost then its KV tokens, and cut it into lanes of equal load ``T``: lane ``l`` runs everything
+between its two cuts, so a request that straddles a cut is split there into two pieces (one partial state each,
+merged after). The balance no longer depends on the request lengths and no sort is needed.
+
+- Loads: a lane holds its stretch of the line plus ``o + xp`` for a cut piece it starts with and ``xp`` for one it
+  ends with (``xp = partial_row * g / beta``, a partial state), so ``T = (line + (lanes - 1) * (o + 2 xp)) / width``
+  (``width``: full lanes plus the partial lane's weight) and cut ``l`` sits at ``l * (T - o - 2 xp) + o + xp``.
+  ``T >= 2 (o + xp) + min_chunk + granule``: pieces inside a long request are at least ``min_chunk`` and two cuts
+  never meet (small batches use fewer lanes).
+- A cut inside a request is rounded to the nearest multiple of ``kv_granule`` (the kernel's KV tile), and moves to
+  the request's start or end when a piece there would be under ``min_chunk / 2``: a lane gains or loses at most
+  ``min_chunk / 2 + granule / 2`` tokens at each end. (The line is shifted by ``-granule / 2`` instead of adding it
+  to each position, which also sends a cut within ``granule / 2`` of a request's end to the next request's start:
+  the same lane boundary.)
+- Split or not: the cut is kept when ``beta * T + split_fixed`` (the merge) beats the unsplit estimate by ``MIN_GAIN``.
+- Graham's bound (max load <= mean + largest item) is checked: by a sufficient test on ``T``, the slack above and the
+  largest piece (at least ``T - o - 2 xp - granule`` when the longest request spans two cuts), else from the loads;
+  a plan that misses it is reassigned item by item (``assign_items``) with the same pieces (mode ``lanes-...``).
+- At most ``lanes - 1 < P / H`` cuts: fewer than ``P`` added items, within ``capacity_bound``'s ``8 * P``.
+
+Worked example, D8 (one request of 32768 tokens and 127 of 1024; 8 KV heads, g = 4, 264 CTAs = 33 lanes, granule
+64): o = 68, xp = 8; the line is 32768 + 127*1024 + 128*68 = 171,520 tokens, T = 5279 and the cuts are 5195 apart.
+The long request fills lanes 0-5 and part of lane 6 (pieces cut at 5184, 10368, ...); 20 more cuts fall inside
+1024-token requests and split them, the rest moved to request edges. CTA loads 5084-5340: balance 0.985 (LPT over
+chunks of the long request reached 0.955: whole 1092-token requests cannot fill the lanes next to its pieces).
+D9 (zipf): 39 cuts inside requests, loads 8219-8332, balance 0.993.
+
+**Caches.** What depends only on where the cuts fall (which request, moved to its start, inside it) -- the groups,
+each lane's CTA-major item lists with their requests, heads and partial rows, the merge list -- is cached as a
+``_Structure``; a cut crosses a request edge only every few steps of a serving loop (every length + 1). A step that
+keeps its structure computes only the cut positions; ``layout.pack`` then writes everything else from two memoised
+blocks (``WorkPlan.pack_blocks``) and the items' KV ranges straight from ``(kv, cut)`` (``WorkPlan.lane_cuts``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from .assign import assign_items
+from .cost import DEFAULT_COST, CostModel
+from .lanes import expand, lanes_of
+from .merge import split_layout
+from .split_kv import BALANCED_EFFICIENCY, DEFAULT_MIN_CHUNK, MIN_GAIN
+from .workplan import WorkPlan
+
+_EMPTY32 = np.zeros(0, dtype=np.int32)
+_ZERO1 = np.zeros(1, dtype=np.int32)
+
+
+class DecodePlanner:
+    """Plans decode batches of one configuration (one query tile per request: ``group_size <= tile_rows``).
+
+    Everything that depends on the configuration alone (cost terms, lanes, thresholds, NumPy constants) is computed
+    here once, so planning a step is one call on arrays of the batch size. ``decode_planner(...)`` caches one per
+    configuration; ``plan_work`` uses it for decode batches.
+    """
+
+    def __init__(
+        self, *, num_kv_heads: int, group_size: int, tile_rows: int, num_ctas: int, kv_granule: int,
+        window_left: int = -1, disable_split: bool = False, cost: CostModel, min_chunk: int,
+    ) -> None:  # fmt: skip
+        h, g, p, gr = num_kv_heads, group_size, num_ctas, kv_granule
+        self.h, self.g, self.br, self.p, self.gr = h, g, tile_rows, p, gr
+        self.window = window_left + 1 if window_left >= 0 else 0  # KV tokens a window keeps (0: no window)
+        self.split = not disable_split
+        self.beta, self.fixed = cost.beta, cost.alpha * g + cost.gamma
+        self.split_fixed = cost.split_fixed
+        self.cost = cost
+        self.lanes = lanes = lanes_of(p, h)
+        self.n_lanes, self.width = lanes.count, lanes.width
+        # The line is in whole KV tokens: a request's fixed cost o and a partial state xp rounded to tokens.
+        self.o, self.xp = o, xp = round(self.fixed / cost.beta), round(cost.partial_row * g / cost.beta)
+        # A lane's load: its stretch of the line, plus o + xp for a cut piece it starts with and xp for one it ends
+        # with (every inner lane has both when the cuts fall inside requests); at least min_chunk + granule of KV.
+        self.extra = (lanes.count - 1) * (o + 2 * xp)
+        self.min_lane = 2 * (o + xp) + min_chunk + gr
+        self.half = half = max(min_chunk // 2, 1)
+        self.c_round, self.c_gr, self.c_half64, self.c_half32 = _consts(gr, half)
+        self.fold = gr // 2 if half >= gr // 2 else 0  # the rounding offset, folded into the line (see _cut)
+        # Graham's bound test: a lane is off its share by at most two moved cuts and two cut pieces' fixed costs,
+        # times the heads a CTA of the partial lane runs.
+        self.slack = (2 * half + gr + 2 * (o + 2 * xp)) * (-(-h // lanes.rest) if lanes.rest else 1)
+
+    def plan(self, kv: np.ndarray, kv_min: int | None = None, kv_max: int | None = None):
+        """The ``WorkPlan`` of KV lengths ``kv`` (1-D non-negative integers, at least one request), or None when the
+        batch should be split but has no more requests than lanes (the tile pipeline's equal pieces suit that
+        better). ``kv_min`` / ``kv_max`` are ``kv.min()`` / ``kv.max()`` when the caller has them."""
+        h, p, b = self.h, self.p, kv.shape[0]
+        lo = int(kv.min()) if kv_min is None else kv_min
+        hi = int(kv.max()) if kv_max is None else kv_max
+        w = self.window
+        if w:
+            n = np.minimum(kv, w)  # the window's KV tokens, ending at the last one
+            s = kv - n
+            lo, hi = min(lo, w), min(hi, w)
+        else:
+            n, s = kv, 0
+        beta, fixed = self.beta, self.fixed
+        prefix = None if lo == hi else np.add.accumulate(n, dtype=np.int64)
+        n_sum = b * lo if prefix is None else int(prefix[-1])
+        total = beta * n_sum + b * fixed  # one head's work
+        x_max = beta * hi + fixed
+        e0 = max(x_max, min(-(-h * b // p) * x_max, h * total / p + beta * lo + fixed))  # split_kv.estimate_makespan
+        if self.split and h * total < BALANCED_EFFICIENCY * e0 * p:
+            if b <= self.n_lanes:
+                return None  # each request needs a lane or more: cut it into equal pieces (the tile pipeline's policy)
+            length = n_sum + b * self.o
+            lane_len = max((length + self.extra) / self.width, self.min_lane)
+            if beta * lane_len + self.split_fixed < (1.0 - MIN_GAIN) * e0:
+                if prefix is None:
+                    prefix = np.add.accumulate(n, dtype=np.int64)
+                plan = self._cut(kv, s, prefix, lane_len, length, hi)
+                if plan is not None:
+                    return plan
+
+        # --- no split: every request whole, in natural (head-major) order ----------------------------------------
+        blocks = None
+        if prefix is None:
+            indptr, mode = _equal_indptr(h * b, p), "linear"
+            group, head = None, None
+            blocks = _blocks(("equal", b, h, p))
+        else:
+            costs = n * beta
+            costs += fixed
+            asg = assign_items(costs, h, p, (total, x_max, beta * lo + fixed))
+            indptr, group, head, mode = asg.work_indptr, asg.group, asg.head, asg.mode
+        return WorkPlan(
+            num_ctas=p, num_kv_heads=h, work_indptr=indptr, group_req=_arange(b), group_tile=0, group_kv_start=s,
+            group_kv_end=kv, group_partial=None, group_partial_stride=None, item_group=group, item_head=head,
+            merge_indptr=_ZERO1, merge_src=_EMPTY32, merge_dst_token=_EMPTY32, merge_dst_head=_EMPTY32,
+            num_partial_rows=0, chunk_size=0, assign_mode=mode, pack_blocks=blocks,
+        )  # fmt: skip
+
+    def _cut(self, kv, s, prefix, lane_len: float, length: int, n_max: int):
+        """The lane cut (module docstring), or None when it would not cut anything."""
+        b, o, xp, gr, h = kv.shape[0], self.o, self.xp, self.gr, self.h
+        # Cut l (l = 1..m) at l * step + o + xp on the line: lane 0 holds lane_len - xp of it, the inner lanes
+        # lane_len less the fixed costs of their two cut pieces, the last lane the rest.
+        step = int(lane_len) - (o + 2 * xp)
+        fold = self.fold
+        # (a cut within granule/2 of the line's end would only leave the last lane empty: not made)
+        m = min(self.n_lanes - 1, -(-(length - o - xp - fold) // step) - 1)
+        if m < 1:
+            return None
+        # Request b ends at prefix[b] + (b + 1) * o on the line (its o fixed tokens, then its KV tokens); kept
+        # shifted by -(o + xp) so that the cuts are plain multiples of step.
+        # The line is also shifted by -granule/2, which rounds the positions below to the nearest multiple instead
+        # of down: a cut then lands in the next request when it is within granule/2 of a request's end, which
+        # moves it to that request's start instead of the end before, the same lane boundary (half >= granule/2).
+        line_end = prefix + _ramp(b, o, o + xp + fold)
+        cuts = _ramp(m, 1) * step
+        req = line_end.searchsorted(cuts, "right")  # the request each cut falls in
+        end = kv.take(req)
+        pos = line_end.take(req)
+        pos -= cuts  # tokens from the cut to the request's end
+        np.subtract(end, pos, out=pos)  # the cut's KV position (negative: inside the request's fixed part)
+        # Round to the granule (0-d operands: NumPy calls with Python scalars cost twice as much at this size).
+        if not fold:
+            pos += self.c_round
+        if gr & (gr - 1):
+            pos //= self.c_gr
+            pos *= self.c_gr
+        else:
+            pos &= self.c_gr  # -gr
+        # A cut that would leave a piece under min_chunk / 2 moves to that edge of the request instead.
+        keeps_start = pos >= (s.take(req) + self.c_half32 if isinstance(s, np.ndarray) else self.c_half64)
+        inside = end - self.c_half32
+        inside = pos <= inside
+        inside &= keeps_start
+        st = _structure(b, req, keeps_start, inside, self.lanes, h, self.g, self.br)
+        cut = pos[inside]
+        ranges = st.ranges
+        g_start = g_end = None  # built from (kv, starts, cut) when asked: pack writes the item ranges directly
+        # Graham's bound, max load <= mean + largest item: the largest item is at least step - granule when the
+        # longest request spans two cuts (the piece between them), else take it; the loads when the test fails.
+        mean = (length + st.n_cut * (o + 2 * xp)) * h / self.p
+        if n_max >= 2 * (step + o) + gr:
+            x_big = step - gr + o
+        else:
+            g_start, g_end = ranges.group_ranges(kv, s, cut)
+            x_big = float(np.maximum.reduce(g_end - g_start)) + o
+        wi, ig, ih, fixed_items, blocks, mode = st.wi, st.ig, st.ih, st.fixed_items, st.blocks, "lanes"
+        if lane_len + self.slack > mean + x_big:
+            if g_end is None:
+                g_start, g_end = ranges.group_ranges(kv, s, cut)
+            costs = _piece_costs(g_start, g_end, ranges.right, o, xp)
+            worst = _worst_load(costs, wi, ig, self.p)
+            if worst > float(np.add.reduce(costs)) * h / self.p + float(np.maximum.reduce(costs)) + 1e-6:
+                asg = assign_items(costs, h, self.p)
+                wi, ig, ih, fixed_items, blocks = asg.work_indptr, asg.group, asg.head, None, None
+                mode = "lanes-" + asg.mode
+                if ig is None:  # natural order: item i is group i % G of head i // G
+                    ih, ig = np.divmod(np.arange(h * ranges.g_req.shape[0]), ranges.g_req.shape[0])
+        return WorkPlan(
+            num_ctas=self.p, num_kv_heads=h, work_indptr=wi, group_req=ranges.g_req, group_tile=0,
+            group_kv_start=g_start, group_kv_end=g_end, group_partial=st.g_part, group_partial_stride=st.g_stride,
+            item_group=ig, item_head=ih, merge_indptr=st.merge[0], merge_src=st.merge[1],
+            merge_dst_token=st.merge[2], merge_dst_head=st.merge[3], num_partial_rows=st.rows_partial,
+            chunk_size=max(step // gr * gr, gr), assign_mode=mode, item_values=fixed_items, pack_blocks=blocks,
+            lane_cuts=None if blocks is None else (kv, s, cut, ranges),
+        )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=32)
+def decode_planner(
+    num_kv_heads: int, group_size: int, tile_rows: int, num_ctas: int, kv_granule: int, window_left: int = -1,
+    disable_split: bool = False, cost: CostModel = DEFAULT_COST, min_chunk: int = DEFAULT_MIN_CHUNK,
+) -> DecodePlanner:  # fmt: skip
+    """The (cached) ``DecodePlanner`` of a configuration; arguments as ``plan_work``'s (validated there)."""
+    return DecodePlanner(
+        num_kv_heads=num_kv_heads, group_size=group_size, tile_rows=tile_rows, num_ctas=num_ctas,
+        kv_granule=kv_granule, window_left=window_left, disable_split=disable_split, cost=cost, min_chunk=min_chunk,
+    )  # fmt: skip
+
+
+def _piece_costs(g_start, g_end, right, o: float, xp: float) -> np.ndarray:
+    """Cost / beta of each group: its KV tokens, the fixed part, and a partial state when its request is cut."""
+    costs = (g_end - g_start).astype(np.float64)
+    costs += o
+    split = np.zeros(g_end.shape[0], dtype=bool)
+    split[right] = True
+    split[right - 1] = True
+    costs += xp * split
+    return costs
+
+
+def _worst_load(costs: np.ndarray, wi: np.ndarray, ig: np.ndarray, p: int) -> float:
+    """The largest CTA load (cost / beta) of an assignment."""
+    cta = np.repeat(np.arange(p), np.diff(wi))
+    return float(np.bincount(cta, weights=costs.take(ig), minlength=p).max())
+
+
+class LaneRanges:
+    """How the pieces' KV ranges follow from the cut positions, for one structure: group ``g`` is a piece of request
+    ``g_req[g]``; cut ``i`` starts group ``right[i]`` and ends group ``right[i] - 1``; every other range is the
+    request's (window start, length). ``item_req`` is each item's request (CTA-major, int64), and ``patch`` /
+    ``patch_cut`` the item positions whose start (``[0, n)``) or end (``[n, 2n)``) is a cut, and which cut."""
+
+    def __init__(self, g_req: np.ndarray, right: np.ndarray, ig: np.ndarray) -> None:
+        self.g_req, self.right, self.right_m1 = g_req, right, right - 1
+        self.item_req = g_req.take(ig)
+        cut_of = np.full(g_req.shape[0], -1, dtype=np.int64)
+        cut_of[right] = np.arange(right.shape[0])
+        starts = cut_of.take(ig)
+        cut_of[:] = -1
+        cut_of[self.right_m1] = np.arange(right.shape[0])
+        ends = cut_of.take(ig)
+        sp, ep = np.flatnonzero(starts >= 0), np.flatnonzero(ends >= 0)
+        self.patch = np.concatenate([sp, ep + ig.shape[0]])
+        self.patch_cut = np.concatenate([starts.take(sp), ends.take(ep)])
+        for a in (self.g_req, self.right, self.right_m1, self.item_req, self.patch, self.patch_cut):
+            a.flags.writeable = False
+
+    def group_ranges(self, kv: np.ndarray, starts, cut: np.ndarray) -> tuple:
+        """``(group_kv_start, group_kv_end)`` of the pieces."""
+        g_end = kv.take(self.g_req)
+        g_end[self.right_m1] = cut  # a cut ends the piece before it ...
+        g_start = starts.take(self.g_req) if isinstance(starts, np.ndarray) else np.zeros_like(g_end)
+        g_start[self.right] = cut  # ... and starts the one after it
+        return g_start, g_end
+
+
+class _Structure:
+    """The cached facts of one lane structure (see ``_structure``)."""
+
+    __slots__ = ("ranges", "g_part", "g_stride", "wi", "ig", "ih", "fixed_items", "merge", "rows_partial", "n_cut",
+                 "blocks")  # fmt: skip
+
+
+_STRUCTURES: dict = {}
+_STRUCTURE_CACHE_SIZE = 64
+
+
+def _structure(b, req, keeps_start, inside, lanes, h, g, br) -> _Structure:
+    """Everything that depends only on where the cuts fall (which request, moved to its start, inside it): the
+    groups' requests and ranges (``LaneRanges``), the CTA-major item lists with their requests, heads and partial
+    rows, the merge list, the partial rows in all, the number of cuts and the pack memo. Cached (read-only)."""
+    key = (b, h, g, br, lanes.num_ctas, req.tobytes(), keeps_start.tobytes(), inside.tobytes())
+    hit = _STRUCTURES.get(key)
+    if hit is not None:
+        return hit
+    cut_req = req[inside]
+    # First group of the lane after each cut: groups run in line order, one per request plus one per cut inside a
+    # request, so it is req (+1 unless the cut moved to req's start) + the cuts inside requests before it.
+    gidx = np.add.accumulate(inside, dtype=np.int64)
+    gidx -= inside
+    gidx += req
+    gidx += keeps_start
+    pieces = np.bincount(cut_req, minlength=b)
+    pieces += 1
+    n_groups = b + cut_req.shape[0]
+    g_req = np.arange(b).repeat(pieces)
+    right = cut_req + np.arange(1, cut_req.shape[0] + 1)  # group index of the piece right of each cut
+    split = np.flatnonzero(pieces > 1)
+    ks = pieces.take(split)
+    # Partial rows: split request t owns H*k*g rows from base[t]; head hh, piece j at base + (hh*k + j)*g.
+    base, rows_partial, merge = split_layout(split, ks, g, split, 0, None, num_heads=h, group_size=g, tile_rows=br)
+    first = np.add.accumulate(pieces) - pieces
+    piece = np.arange(n_groups) - first.repeat(pieces)
+    k = pieces.repeat(pieces)
+    req_base = np.full(b, -1, dtype=np.int64)
+    req_base[split] = base
+    g_part = req_base.repeat(pieces) + piece * g
+    g_stride = k * g
+    whole = k == 1
+    g_part[whole] = -1
+    g_stride[whole] = 0
+    gptr = np.full(lanes.count + 1, n_groups, dtype=np.int64)
+    gptr[0] = 0
+    gptr[1 : gidx.shape[0] + 1] = gidx
+    wi, ig, ih = expand(gptr, lanes)
+    item_part = g_part.take(ig)
+    item_part += ih * g_stride.take(ig)
+    st = _Structure()
+    st.ranges = LaneRanges(g_req, right, ig)
+    st.fixed_items = {
+        "item_req": g_req.take(ig).astype(np.int32),
+        "item_kv_head": ih.astype(np.int32),
+        "item_partial": item_part.astype(np.int32),
+    }
+    st.merge = tuple(a.astype(np.int32) for a in merge)
+    for a in (g_part, g_stride, *st.fixed_items.values(), *st.merge):
+        a.flags.writeable = False
+    st.g_part, st.g_stride, st.wi, st.ig, st.ih = g_part, g_stride, wi, ig, ih
+    st.rows_partial, st.n_cut, st.blocks = rows_partial, int(cut_req.shape[0]), {}
+    if len(_STRUCTURES) >= _STRUCTURE_CACHE_SIZE:
+        _STRUCTURES.pop(next(iter(_STRUCTURES)))
+    _STRUCTURES[key] = st
+    return st
+
+
+@functools.lru_cache(maxsize=64)
+def _ramp(count: int, step: int, minus: int = 0) -> np.ndarray:
+    """``step * [1, 2, ..., count] - minus`` (int64, read-only)."""
+    r = np.arange(1, count + 1, dtype=np.int64)
+    r *= step
+    r -= minus
+    r.flags.writeable = False
+    return r
+
+
+@functools.lru_cache(maxsize=16)
+def _consts(gr: int, half: int) -> tuple:
+    """0-d constants of the cut rounding: ``(gr // 2, gr (or -gr as a mask when a power of two), half, half)``."""
+    out = (
+        np.array(gr // 2, dtype=np.int64),
+        np.array(gr if gr & (gr - 1) else -gr, dtype=np.int64),
+        np.array(half, dtype=np.int64),
+        np.array(half, dtype=np.int32),
+    )
+    for c in out:
+        c.flags.writeable = False
+    return out
+
+
+_BLOCKS: dict = {}
+
+
+def _blocks(key: tuple) -> dict:
+    """The pack-block memo of a plan shape (see ``WorkPlan.pack_blocks``)."""
+    hit = _BLOCKS.get(key)
+    if hit is None:
+        if len(_BLOCKS) >= 64:
+            _BLOCKS.pop(next(iter(_BLOCKS)))
+        hit = _BLOCKS[key] = {}
+    return hit
+
+
+@functools.lru_cache(maxsize=64)
+def _arange(count: int) -> np.ndarray:
+    r = np.arange(count, dtype=np.int32)
+    r.flags.writeable = False
+    return r
+
+
+@functools.lru_cache(maxsize=64)
+def _equal_indptr(n: int, p: int) -> np.ndarray:
+    """Equal items: CTA ``c`` starts at the first item whose midpoint ``i + 1/2`` reaches ``c * n / P``."""
+    indptr = np.arange(0, 2 * n * (p + 1), 2 * n)
+    indptr += p - 1
+    indptr //= 2 * p
+    indptr.flags.writeable = False
+    return indptr

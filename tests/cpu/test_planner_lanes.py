@@ -1,0 +1,189 @@
+"""The decode lane plan (``planner/decode_plan.py``, ``planner/lanes.py``) and the pack memos it relies on.
+
+Property tests over decode batches with more requests than lanes (the lane plan's domain, which the batches of
+test_planner.py rarely reach), the cached structures checked against a fresh computation over consecutive "serving"
+steps (every length +1), and the packed buffer of memoised packs checked word for word against a full pack.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cuinfer.planner import PlanLayout, capacity_bound, pack, plan_work
+from cuinfer.planner import decode_plan as dp
+from cuinfer.planner.lanes import expand, lanes_of
+from cuinfer.planner.layout import used_words
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from test_planner import check_plan
+
+ARRAYS = ("work_indptr", "item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end", "item_partial",
+          "merge_indptr", "merge_src", "merge_dst_token", "merge_dst_head")  # fmt: skip
+
+
+@st.composite
+def many_requests(draw):
+    """A decode batch of 20-300 requests (lengths from one of four shapes) and a configuration."""
+    b = draw(st.integers(20, 300))
+    shape = draw(st.sampled_from(["uniform", "onelong", "zipf", "short"]))
+    seed = draw(st.integers(0, 2**31))
+    rng = np.random.default_rng(seed)
+    if shape == "uniform":
+        kv = rng.integers(0, 6000, b)
+    elif shape == "onelong":
+        kv = np.full(b, draw(st.integers(1, 3000)))
+        kv[draw(st.integers(0, b - 1))] = draw(st.integers(20000, 200000))
+    elif shape == "zipf":
+        kv = np.clip(rng.zipf(1.5, b) * draw(st.integers(50, 3000)), 0, 300000)
+    else:
+        kv = rng.integers(0, 300, b)
+    h = draw(st.integers(1, 8))
+    cfg = dict(
+        num_kv_heads=h,
+        group_size=draw(st.integers(1, 8)),
+        tile_rows=16,
+        num_ctas=draw(st.integers(1, 300)),
+        kv_granule=draw(st.sampled_from([1, 16, 48, 64, 128])),
+        window_left=draw(st.one_of(st.just(-1), st.just(-1), st.integers(0, 5000))),
+    )
+    return kv.astype(np.int32), cfg
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(many_requests())
+def test_lane_plans_are_valid(batch):
+    kv, cfg = batch
+    plan = plan_work(None, kv, **cfg)
+    check_plan(plan, None, kv, **cfg)  # coverage, granule boundaries, partial blocks, merge list, Graham's bound
+    event(f"mode={plan.assign_mode}")
+
+
+def _fresh(monkeypatch):
+    """Empty every cache the decode plan keeps (structures, pack blocks, ramps)."""
+    monkeypatch.setattr(dp, "_STRUCTURES", {})
+    monkeypatch.setattr(dp, "_BLOCKS", {})
+    dp.decode_planner.cache_clear()
+    dp._ramp.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        pytest.param(("onelong", 128, -1, 264), id="D8-264ctas"),
+        pytest.param(("zipf", 128, -1, 132), id="D9-132ctas-partial-lane"),
+        pytest.param(("few-long", 77, 12000, 131), id="window-odd-ctas"),
+    ],
+)
+def test_cached_structure_equals_a_fresh_plan(shape, monkeypatch):
+    """Consecutive steps (every length + 1) reuse the cached structure when the cuts stay put; every plan must equal
+    the plan of the same lengths computed with empty caches."""
+    dist, b, window, ctas = shape
+    rng = np.random.default_rng(7)
+    if dist == "onelong":
+        kv = np.full(b, 1024)
+        kv[0] = 32 * 1024
+    elif dist == "zipf":
+        kv = np.clip(rng.zipf(1.5, b) * 512, 16, 131072)
+    else:  # a window of 12001 tokens over requests of up to 30000
+        kv = rng.integers(100, 2000, b)
+        kv[[5, 40, 41]] = 30000
+    kv = kv.astype(np.int32)
+    cfg = dict(num_kv_heads=8, group_size=4, tile_rows=16, num_ctas=ctas, kv_granule=64, window_left=window)
+    plans = [plan_work(None, kv + step, **cfg) for step in range(12)]
+    assert all(p.assign_mode == "lanes" for p in plans), [p.assign_mode for p in plans]
+    _fresh(monkeypatch)
+    for step, plan in enumerate(plans):
+        fresh = plan_work(None, kv + step, **cfg)
+        for name in ARRAYS:
+            np.testing.assert_array_equal(getattr(plan, name), getattr(fresh, name), err_msg=f"step {step} {name}")
+        assert (plan.num_partial_rows, plan.chunk_size) == (fresh.num_partial_rows, fresh.chunk_size)
+
+
+@pytest.mark.parametrize("window", [pytest.param(-1, id="no-window"), pytest.param(500, id="window")])
+@pytest.mark.parametrize("dist", ["equal", "onelong", "uniform"])
+def test_memoised_packs_equal_full_packs(dist, window):
+    """The pack blocks (lane plans, equal requests) and the shape memo give the words a full pack writes, in a tight
+    layout and a CUDA-graph one, over consecutive steps that keep and change the structure."""
+    rng = np.random.default_rng(11)
+    b = 97
+    kv = {"equal": np.full(b, 1500), "onelong": np.full(b, 700), "uniform": rng.integers(50, 4000, b)}[dist]
+    kv = kv.astype(np.int32)
+    if dist == "onelong":
+        kv[3] = 40000
+    cfg = dict(num_kv_heads=4, group_size=5, tile_rows=16, num_ctas=50, kv_granule=64, window_left=window)
+    graph = PlanLayout.for_capacity(**capacity_bound(b, b, 4, 5, 16, 50).__dict__)
+    memo_bufs = {}
+    for step in range(10):
+        plan = plan_work(None, kv + 3 * step, **cfg)
+        for lay in (PlanLayout.for_plan(plan), graph):
+            buf, memo = memo_bufs.get(id(lay), (None, None))
+            if buf is None or memo[0] is not lay:
+                buf = np.full(lay.total_words, 0x7EADBEEF, dtype=np.int32)
+                memo = (lay, {})
+                memo_bufs[id(lay)] = (buf, memo)
+            pack(plan, lay, buf, generation=step, memo=memo[1])
+            blocks, plan.pack_blocks = plan.pack_blocks, None
+            ref = np.full(lay.total_words, 0x7EADBEEF, dtype=np.int32)
+            pack(plan, lay, ref, generation=step)
+            plan.pack_blocks = blocks
+            words = _read_words(plan, lay)
+            np.testing.assert_array_equal(buf[words], ref[words], err_msg=f"step {step} {plan.assign_mode}")
+            assert used_words(plan, lay) <= lay.total_words
+
+
+def _read_words(plan, lay) -> np.ndarray:
+    """Indices of the words a kernel reads: the header and each array up to its count."""
+    off, n, nm = lay.offsets, plan.n_items, plan.n_merge
+    parts = [np.arange(16), off["work_indptr"] + np.arange(plan.num_ctas + 1)]
+    parts += [off[a] + np.arange(n) for a in ARRAYS[1:7]]
+    parts += [off["merge_indptr"] + np.arange(nm + 1)]
+    if nm:
+        parts += [off["merge_src"] + np.arange(plan.n_merge_src)]
+        parts += [off[a] + np.arange(nm) for a in ("merge_dst_token", "merge_dst_head")]
+    return np.concatenate(parts)
+
+
+@pytest.mark.parametrize(
+    "ctas, heads, per_cta",
+    [
+        pytest.param(264, 8, None, id="33-full-lanes"),
+        pytest.param(132, 8, (2, 2, 2, 2), id="partial-4ctas-2heads"),
+        pytest.param(131, 8, (3, 3, 2), id="partial-3ctas"),
+        pytest.param(5, 8, (2, 2, 2, 1, 1), id="only-a-partial-lane"),
+    ],
+)
+def test_lane_expansion(ctas, heads, per_cta):
+    """Full lane l: CTA l*H + h runs head h of the lane's groups; the partial lane's CTA j runs heads j, j+r, ..."""
+    lanes = lanes_of(ctas, heads)
+    rng = np.random.default_rng(3)
+    sizes = rng.integers(0, 5, lanes.count)
+    gptr = np.concatenate([[0], np.cumsum(sizes)])
+    wi, ig, ih = expand(gptr, lanes)
+    assert wi.shape == (ctas + 1,) and wi[0] == 0 and wi[-1] == heads * gptr[-1]
+    for c in range(ctas):
+        lane, j = divmod(c, heads)
+        items = slice(wi[c], wi[c + 1])
+        groups = np.arange(gptr[lane], gptr[lane + 1])
+        if lane < lanes.full:
+            np.testing.assert_array_equal(ig[items], groups)
+            assert np.all(ih[items] == j)
+        else:
+            hs = np.arange(j, heads, lanes.rest)
+            assert hs.shape[0] == per_cta[j]
+            np.testing.assert_array_equal(ig[items], np.tile(groups, hs.shape[0]))
+            np.testing.assert_array_equal(ih[items], hs.repeat(groups.shape[0]))
+    if per_cta is not None:
+        assert lanes.weight == pytest.approx(1.0 / max(per_cta))
+
+
+def test_graham_fallback_reassigns_the_pieces(monkeypatch):
+    """When the loads of a lane cut would break Graham's bound, the same pieces are assigned item by item."""
+    kv = np.full(60, 900, dtype=np.int32)
+    kv[0] = 50000
+    cfg = dict(num_kv_heads=8, group_size=4, tile_rows=16, num_ctas=132, kv_granule=64)
+    planner = dp.decode_planner(8, 4, 16, 132, 64)
+    monkeypatch.setattr(planner, "slack", 1e12)  # take the exact test ...
+    monkeypatch.setattr(dp, "_worst_load", lambda *a: float("inf"))  # ... and fail it
+    plan = planner.plan(kv)
+    assert plan.assign_mode.startswith("lanes-") and plan.pack_blocks is None
+    check_plan(plan, None, kv, **cfg)
