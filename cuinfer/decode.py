@@ -22,7 +22,16 @@ import numpy as np
 
 from cuinfer import reference
 from cuinfer.calls import Call, begin, is_host
-from cuinfer.decode_io import KV, Buffers, check_aligned, fit_workspace, paged_kv, partial_rows_capacity
+from cuinfer.decode_io import (
+    KV,
+    Buffers,
+    buffer_settings,
+    check_aligned,
+    check_page_table,
+    fit_workspace,
+    paged_kv,
+    partial_rows_capacity,
+)
 from cuinfer.decode_policy import DecodeConfig, ctas_per_sm, decode_config
 from cuinfer.decode_specs import POS_ENCODINGS, DecodeKernelKey, DecodeParams, all_specs, decode_spec
 from cuinfer.interop import validate
@@ -166,18 +175,7 @@ def _page_table(kv_indptr, kv_indices, kv_last_page_len, page_size: int):
             return fast
     indptr = validate.check_indptr("kv_indptr", kv_indptr)
     batch = indptr.shape[0] - 1
-    indices = validate.check_index_array("kv_indices", kv_indices, min_len=int(indptr[-1]))
-    last = validate.check_index_array(
-        "kv_last_page_len", kv_last_page_len, length=batch, hint="one entry per request (len(kv_indptr) - 1)"
-    )
-    pages = np.diff(indptr)
-    bad = (pages > 0) & ((last < 1) | (last > page_size))
-    if np.any(bad):
-        b = int(np.flatnonzero(bad)[0])
-        raise ValueError(
-            f"kv_last_page_len[{b}] must be in [1, page_size={page_size}] for a request with pages but is "
-            f"{int(last[b])}; it counts the tokens in the request's last page"
-        )
+    indices, last, pages = check_page_table(indptr, kv_indices, kv_last_page_len, page_size)
     nnz = int(indptr[-1])
     kv_lens = np.maximum(pages * page_size + (last - page_size), 0).astype(np.int32, copy=False)
     max_page = int(indices[:nnz].max()) if nnz else -1
@@ -278,19 +276,9 @@ class BatchDecode:
     ) -> None:
         self.kv_layout = _layout_name(kv_layout)
         self.use_tensor_cores = use_tensor_cores
-        self.use_cuda_graph = bool(use_cuda_graph)
-        if self.use_cuda_graph and (max_batch_size is None or int(max_batch_size) < 1):
-            raise ValueError(
-                f"use_cuda_graph=True needs max_batch_size >= 1 (the plan buffers are sized once) but got "
-                f"{max_batch_size}"
-            )
-        self.max_batch_size = None if max_batch_size is None else int(max_batch_size)
-        ws = DEFAULT_WORKSPACE_BYTES if workspace_bytes is None else int(workspace_bytes)
-        if ws < 0:
-            raise ValueError(f"workspace_bytes must be >= 0 but is {workspace_bytes}")
-        self.workspace_bytes = ws
-        # no explicit size and no CUDA graph (whose pointers must stay fixed): grow the workspace as plans need
-        self._grow_workspace = workspace_bytes is None and not self.use_cuda_graph
+        self.use_cuda_graph, self.max_batch_size, self.workspace_bytes, self._grow_workspace = buffer_settings(
+            use_cuda_graph, max_batch_size, workspace_bytes, DEFAULT_WORKSPACE_BYTES
+        )
         self.device = device
         self._plan: _Plan | None = None
         self._buffers: Buffers | None = None

@@ -14,6 +14,45 @@ from cuinfer.interop.arrays import Tensor
 from cuinfer.planner import layout as plan_layout
 
 
+def buffer_settings(
+    use_cuda_graph: bool, max_batch_size: int | None, workspace_bytes: int | None, default_workspace: int
+) -> tuple[bool, int | None, int, bool]:
+    """The plan/run wrappers' shared constructor rules -> (graph, max_batch_size, workspace bytes, may grow).
+
+    CUDA graphs size every buffer once, so they need ``max_batch_size``; without an explicit ``workspace_bytes`` (and
+    without graphs, whose pointers must stay fixed) the workspace grows as plans need.
+    """
+    graph = bool(use_cuda_graph)
+    if graph and (max_batch_size is None or int(max_batch_size) < 1):
+        raise ValueError(
+            f"use_cuda_graph=True needs max_batch_size >= 1 (the plan buffers are sized once) but got {max_batch_size}"
+        )
+    ws = default_workspace if workspace_bytes is None else int(workspace_bytes)
+    if ws < 0:
+        raise ValueError(f"workspace_bytes must be >= 0 but is {workspace_bytes}")
+    return graph, None if max_batch_size is None else int(max_batch_size), ws, workspace_bytes is None and not graph
+
+
+def check_page_table(
+    indptr: np.ndarray, kv_indices: Any, kv_last_page_len: Any, page_size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Validate a CSR page table whose ``indptr`` is already checked -> (indices, last_page_len, pages per request)."""
+    batch = indptr.shape[0] - 1
+    indices = validate.check_index_array("kv_indices", kv_indices, min_len=int(indptr[-1]))
+    last = validate.check_index_array(
+        "kv_last_page_len", kv_last_page_len, length=batch, hint="one entry per request (len(kv_indptr) - 1)"
+    )
+    pages = np.diff(indptr)
+    bad = (pages > 0) & ((last < 1) | (last > page_size))
+    if np.any(bad):
+        b = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"kv_last_page_len[{b}] must be in [1, page_size={page_size}] for a request with pages but is "
+            f"{int(last[b])}; it counts the tokens in the request's last page"
+        )
+    return indices, last, pages
+
+
 def fit_workspace(wrapper: str, current: int, need: int, rows: int, *, can_grow: bool) -> int:
     """Workspace bytes to use for a plan needing ``need``: ``current`` when it fits, else a larger size when the
     wrapper may grow (no workspace_bytes given, no CUDA graph), else a ValueError with the exact figure."""

@@ -21,7 +21,15 @@ import numpy as np
 
 from cuinfer import reference
 from cuinfer.calls import Call, begin, is_host
-from cuinfer.decode_io import KV, Buffers, check_aligned, fit_workspace, paged_kv, partial_rows_capacity
+from cuinfer.decode_io import (
+    KV,
+    Buffers,
+    buffer_settings,
+    check_aligned,
+    fit_workspace,
+    paged_kv,
+    partial_rows_capacity,
+)
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.interop.dtypes import DType
@@ -82,19 +90,9 @@ class BatchPrefill:
         self.paged = bool(paged)
         self.kv_layout = layout_name(kv_layout)
         self.backend = backend
-        self.use_cuda_graph = bool(use_cuda_graph)
-        if self.use_cuda_graph and (max_batch_size is None or int(max_batch_size) < 1):
-            raise ValueError(
-                f"use_cuda_graph=True needs max_batch_size >= 1 (the plan buffers are sized once) but got "
-                f"{max_batch_size}"
-            )
-        self.max_batch_size = None if max_batch_size is None else int(max_batch_size)
-        ws = DEFAULT_WORKSPACE_BYTES if workspace_bytes is None else int(workspace_bytes)
-        if ws < 0:
-            raise ValueError(f"workspace_bytes must be >= 0 but is {workspace_bytes}")
-        self.workspace_bytes = ws
-        # no explicit size and no CUDA graph (whose pointers must stay fixed): grow the workspace as plans need
-        self._grow_workspace = workspace_bytes is None and not self.use_cuda_graph
+        self.use_cuda_graph, self.max_batch_size, self.workspace_bytes, self._grow_workspace = buffer_settings(
+            use_cuda_graph, max_batch_size, workspace_bytes, DEFAULT_WORKSPACE_BYTES
+        )
         self.device = device
         self._plan: PrefillPlan | None = None
         self._buffers: Buffers | None = None

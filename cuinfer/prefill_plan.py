@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from cuinfer import reference
-from cuinfer.decode_io import KV, check_aligned
+from cuinfer.decode_io import KV, check_aligned, check_page_table
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.interop.dtypes import DType, as_dtype
@@ -326,18 +326,7 @@ def _index_arrays(paged: bool, qo_indptr, kv_indptr, kv_indices, kv_last_page_le
                 "a paged BatchPrefill needs kv_indices and kv_last_page_len in plan(); pass the page table (or "
                 "build BatchPrefill(paged=False) for ragged k/v)"
             )
-        indices = validate.check_index_array("kv_indices", kv_indices, min_len=int(kvi[-1]))
-        last = validate.check_index_array(
-            "kv_last_page_len", kv_last_page_len, length=batch, hint="one entry per request (len(kv_indptr) - 1)"
-        )
-        pages = np.diff(kvi)
-        bad = (pages > 0) & ((last < 1) | (last > ps))
-        if np.any(bad):
-            b = int(np.flatnonzero(bad)[0])
-            raise ValueError(
-                f"kv_last_page_len[{b}] must be in [1, page_size={ps}] for a request with pages but is "
-                f"{int(last[b])}; it counts the tokens in the request's last page"
-            )
+        indices, last, pages = check_page_table(kvi, kv_indices, kv_last_page_len, ps)
         kv_lens = kv_lens_from_pages(kvi, last, ps).astype(np.int32)
         used = indices[: int(kvi[-1])]
         max_page = int(used.max()) if used.size else -1
