@@ -27,17 +27,21 @@ from cuinfer.decode_io import (
     Buffers,
     buffer_settings,
     check_aligned,
+    check_out_dtype,
     check_page_table,
     fit_workspace,
+    host_outputs,
     paged_kv,
     partial_rows_capacity,
+    prepare_outputs,
 )
 from cuinfer.decode_policy import DecodeConfig, ctas_per_sm, decode_config
-from cuinfer.decode_specs import POS_ENCODINGS, DecodeKernelKey, DecodeParams, all_specs, decode_spec
+from cuinfer.decode_specs import DecodeKernelKey, DecodeParams, all_specs, decode_spec
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.interop.dtypes import DType, as_dtype
 from cuinfer.jit import get_kernel, register
+from cuinfer.options import check_common_options
 from cuinfer.planner import layout as plan_layout
 from cuinfer.planner.decode_plan import decode_planner
 from cuinfer.planner.work import WorkPlan, plan_work
@@ -131,26 +135,11 @@ class _Plan:
 def _check_options(
     sm_scale, logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant, head_dim
 ) -> _Options:
-    if variant is not None:
-        raise NotImplementedError(
-            f"variant={variant!r}: user-defined attention variants are not implemented for decode yet; use the "
-            "built-in options (sm_scale, logits_soft_cap, window_left, pos_encoding)"
-        )
-    pos = getattr(pos_encoding, "value", pos_encoding)
-    pos = pos.lower() if isinstance(pos, str) else pos
-    if pos not in POS_ENCODINGS:
-        raise ValueError(f"pos_encoding must be one of {', '.join(POS_ENCODINGS)} but is {pos_encoding!r}")
-    cap = float(logits_soft_cap or 0.0)
-    if not cap >= 0 or not math.isfinite(cap):
-        raise ValueError(f"logits_soft_cap must be >= 0 (0 disables it) but is {logits_soft_cap}")
-    if int(window_left) != window_left or window_left < -1:
-        raise ValueError(f"window_left must be an integer >= -1 (-1 disables the window) but is {window_left}")
-    if pos == "rope_llama" and not (rope_scale > 0 and rope_theta > 0):
-        raise ValueError(f"rope_scale and rope_theta must be > 0 but are {rope_scale}, {rope_theta}")
-    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
-    if not (scale > 0 and math.isfinite(scale)):
-        raise ValueError(f"sm_scale must be a finite number > 0 (default 1/sqrt(head_dim)) but is {sm_scale}")
-    return _Options(scale, cap, int(window_left), pos, float(rope_scale), float(rope_theta))
+    return _Options(*check_common_options(
+        what="decode", sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
+        pos_encoding=pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta, variant=variant, head_dim=head_dim,
+        builtin_hint="sm_scale, logits_soft_cap, window_left, pos_encoding",
+    ))  # fmt: skip
 
 
 _I32 = np.dtype(np.int32)
@@ -551,7 +540,7 @@ class BatchDecode:
                 f"BatchDecode(device={call.device_id})"
             )
         want_lse = return_lse or lse is not None
-        to, tl = self._outputs(call, plan, out, lse, want_lse, plan.batch)
+        to, tl = prepare_outputs(call, (plan.batch, plan.num_qo_heads, plan.head_dim), plan.o_dtype, out, lse, want_lse)
         validate.check_same_device(("q", "k_cache", "v_cache", "out"), (tq, kv.k, kv.v, to))
         if plan.batch:
             buf = self._buffers
@@ -611,35 +600,6 @@ class BatchDecode:
                 f"0..{kv.num_pages - 1}); the page table passed to plan() does not belong to this cache"
             )
 
-    @staticmethod
-    def _check_out_dtype(plan: _Plan, to: Tensor) -> None:
-        if to.dtype is not plan.o_dtype:
-            raise ValueError(
-                f"out has dtype {to.dtype.value} but plan() was made for o_dtype={plan.o_dtype.value}; pass an "
-                f"out of dtype {plan.o_dtype.value} or call plan() with o_dtype='{to.dtype.value}'"
-            )
-
-    def _outputs(self, call: Call, plan: _Plan, out, lse, want_lse: bool, rows: int) -> tuple[Tensor, Tensor | None]:
-        shape = (rows, plan.num_qo_heads, plan.head_dim)
-        if out is None:
-            to = call.empty(shape, plan.o_dtype)
-        else:
-            to = call.tensor(out, "out")
-            validate.check_shape("out", to, shape)
-            self._check_out_dtype(plan, to)
-            validate.check_writable("out", to)
-            check_aligned("out", to, (0, 1))
-        tl = None
-        if want_lse:
-            if lse is None:
-                tl = call.empty(shape[:2], DType.FLOAT32)
-            else:
-                tl = call.tensor(lse, "lse")
-                validate.check_shape("lse", tl, shape[:2])
-                validate.check_dtype("lse", tl, (DType.FLOAT32,))
-                validate.check_writable("lse", tl)
-        return to, tl
-
     def _launch(
         self, call: Call, plan: _Plan, tq: Tensor, q_strides: tuple[int, int], kv: KV, to: Tensor,
         tl: Tensor | None, want_lse: bool, k_scale: float | None, v_scale: float | None,
@@ -668,7 +628,7 @@ class BatchDecode:
         if out is not None:
             to = as_tensor(out, "out")
             validate.check_shape("out", to, (plan.batch, plan.num_qo_heads, plan.head_dim))
-            self._check_out_dtype(plan, to)
+            check_out_dtype(plan.o_dtype, to)
         o, lse64 = reference.batch_decode_paged(
             tq.numpy(), kv_cache, plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len, kv_layout=self.kv_layout,
             **_reference_options(plan.options), k_scale=k_scale, v_scale=v_scale,
@@ -765,16 +725,7 @@ def _reference_options(o: _Options) -> dict:
     )  # fmt: skip
 
 
-def _host_outputs(o64: np.ndarray, lse64: np.ndarray, o_dtype: DType, out, lse, want_lse: bool):
-    o = o64.astype(o_dtype.numpy)
-    lse32 = lse64.astype(np.float32)
-    if out is not None:
-        out[...] = o
-        o = out
-    if lse is not None:
-        lse[...] = lse32
-        lse32 = lse
-    return (o, lse32) if want_lse else o
+_host_outputs = host_outputs  # used by decode_single
 
 
 # single_decode lives beside the wrapper it drives; re-exported here.

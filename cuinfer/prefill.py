@@ -29,10 +29,10 @@ from cuinfer.decode_io import (
     fit_workspace,
     paged_kv,
     partial_rows_capacity,
+    prepare_outputs,
 )
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
-from cuinfer.interop.dtypes import DType
 from cuinfer.jit import get_kernel, register
 from cuinfer.planner import layout as plan_layout
 from cuinfer.planner.work import WorkPlan, plan_work
@@ -379,7 +379,9 @@ class BatchPrefill:
                 f"{'no GPU' if plan.device_id is None else f'cuda:{plan.device_id}'}; call plan() with "
                 f"BatchPrefill(device={call.device_id})"
             )
-        to, tl = self._outputs(call, plan, out, lse, want_lse)
+        to, tl = prepare_outputs(
+            call, (plan.nnz_qo, plan.num_qo_heads, plan.head_dim_vo), plan.o_dtype, out, lse, want_lse
+        )
         validate.check_same_device(("q", "k", "v", "out"), (tq, kvt.k, kvt.v, to))
         if plan.work.n_items:
             buf = self._buffers
@@ -446,31 +448,6 @@ class BatchPrefill:
                 f"plan() with kv_dtype='{c.k.dtype.value}'"
             )
         return c
-
-    def _outputs(self, call: Call, plan: PrefillPlan, out, lse, want_lse: bool) -> tuple[Tensor, Tensor | None]:
-        shape = (plan.nnz_qo, plan.num_qo_heads, plan.head_dim_vo)
-        if out is None:
-            to = call.empty(shape, plan.o_dtype)
-        else:
-            to = call.tensor(out, "out")
-            validate.check_shape("out", to, shape)
-            if to.dtype is not plan.o_dtype:
-                raise ValueError(
-                    f"out has dtype {to.dtype.value} but plan() was made for o_dtype={plan.o_dtype.value}; pass an "
-                    f"out of dtype {plan.o_dtype.value} or call plan() with o_dtype='{to.dtype.value}'"
-                )
-            validate.check_writable("out", to)
-            check_aligned("out", to, (0, 1))
-        tl = None
-        if want_lse:
-            if lse is None:
-                tl = call.empty(shape[:2], DType.FLOAT32)
-            else:
-                tl = call.tensor(lse, "lse")
-                validate.check_shape("lse", tl, shape[:2])
-                validate.check_dtype("lse", tl, (DType.FLOAT32,))
-                validate.check_writable("lse", tl)
-        return to, tl
 
     def _launch(self, call: Call, plan: PrefillPlan, tq: Tensor, kv: KV, to: Tensor, tl: Tensor | None) -> None:
         from cuinfer.merge import launch_merge_partials, merge_partials_rows_per_block

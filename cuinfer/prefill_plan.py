@@ -4,23 +4,21 @@ K/V views, and reference-path outputs. No GPU needed; ``cuinfer.prefill`` builds
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from cuinfer import reference
-from cuinfer.decode_io import KV, check_aligned, check_page_table
+from cuinfer.decode_io import KV, check_aligned, check_page_table, host_outputs  # noqa: F401 (re-exported)
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.interop.dtypes import DType, as_dtype
+from cuinfer.options import check_common_options
 from cuinfer.planner.tiles import kv_lens_from_pages
 from cuinfer.planner.work import WorkPlan
 from cuinfer.prefill_policy import check_head_dims, choose_tiles, query_tile
 from cuinfer.prefill_specs import MASK_CAUSAL, MASK_CUSTOM, MASK_WINDOW, PrefillKernelKey, TileConfig
-
-POS_ENCODINGS = ("none", "alibi", "rope_llama")
 
 
 def layout_name(kv_layout: Any) -> str:
@@ -39,19 +37,6 @@ def half_dtype(name: str, x: Any) -> DType:
     if dt not in (DType.FLOAT16, DType.BFLOAT16):
         raise ValueError(f"{name} must be float16 or bfloat16 but is {dt.value}")
     return dt
-
-
-def host_outputs(o64: np.ndarray, lse64: np.ndarray, o_dtype: DType, out, lse, want_lse: bool):
-    """Reference results in the dtypes the GPU path returns (o in o_dtype, lse float32), written into out / lse."""
-    o = o64.astype(o_dtype.numpy)
-    lse32 = lse64.astype(np.float32)
-    if out is not None:
-        out[...] = o
-        o = out
-    if lse is not None:
-        lse[...] = lse32
-        lse32 = lse
-    return (o, lse32) if want_lse else o
 
 
 # ---- the facts of one plan --------------------------------------------------------------------------------------
@@ -117,29 +102,17 @@ class PrefillPlan:
 def check_options(
     causal, sm_scale, logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant, head_dim
 ) -> Options:
-    if variant is not None:
-        raise NotImplementedError(
-            f"variant={variant!r}: user-defined attention variants are not implemented for prefill yet; use the "
-            "built-in options (causal, custom_mask, sm_scale, logits_soft_cap, window_left, pos_encoding='alibi')"
-        )
-    pos = getattr(pos_encoding, "value", pos_encoding)
-    pos = pos.lower() if isinstance(pos, str) else pos
-    if pos not in POS_ENCODINGS:
-        raise ValueError(f"pos_encoding must be one of {', '.join(POS_ENCODINGS)} but is {pos_encoding!r}")
-    if pos == "rope_llama":
+    o = check_common_options(
+        what="prefill", sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
+        pos_encoding=pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta, variant=variant, head_dim=head_dim,
+        builtin_hint="causal, custom_mask, sm_scale, logits_soft_cap, window_left, pos_encoding='alibi'",
+    )  # fmt: skip
+    if o.pos_encoding == "rope_llama":
         raise NotImplementedError(
             "pos_encoding='rope_llama' is not implemented in the prefill kernel yet; rotate q and k first with "
             "cuinfer.apply_rope(...) and plan with pos_encoding='none'"
         )
-    cap = float(logits_soft_cap or 0.0)
-    if not cap >= 0 or not math.isfinite(cap):
-        raise ValueError(f"logits_soft_cap must be >= 0 (0 disables it) but is {logits_soft_cap}")
-    if int(window_left) != window_left or window_left < -1:
-        raise ValueError(f"window_left must be an integer >= -1 (-1 disables the window) but is {window_left}")
-    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
-    if not (scale > 0 and math.isfinite(scale)):
-        raise ValueError(f"sm_scale must be a finite number > 0 (default 1/sqrt(head_dim)) but is {sm_scale}")
-    return Options(bool(causal), scale, cap, int(window_left), pos, float(rope_scale), float(rope_theta))
+    return Options(bool(causal), *o)
 
 
 def positive(name: str, v: Any) -> int:

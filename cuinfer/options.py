@@ -1,0 +1,44 @@
+"""The attention options every wrapper accepts (API.md semantics), validated in one place."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+POS_ENCODINGS = ("none", "rope_llama", "alibi")
+
+
+class CommonOptions(NamedTuple):
+    sm_scale: float
+    logits_soft_cap: float
+    window_left: int
+    pos_encoding: str
+    rope_scale: float
+    rope_theta: float
+
+
+def check_common_options(
+    *, what: str, sm_scale: Any, logits_soft_cap: Any, window_left: Any, pos_encoding: Any, rope_scale: Any,
+    rope_theta: Any, variant: Any, head_dim: int, builtin_hint: str,
+) -> CommonOptions:  # fmt: skip
+    """Validate the options shared by decode and prefill (``what`` names the wrapper in messages)."""
+    if variant is not None:
+        raise NotImplementedError(
+            f"variant={variant!r}: user-defined attention variants are not implemented for {what} yet; use the "
+            f"built-in options ({builtin_hint})"
+        )
+    pos = getattr(pos_encoding, "value", pos_encoding)
+    pos = pos.lower() if isinstance(pos, str) else pos
+    if pos not in POS_ENCODINGS:
+        raise ValueError(f"pos_encoding must be one of {', '.join(POS_ENCODINGS)} but is {pos_encoding!r}")
+    cap = float(logits_soft_cap or 0.0)
+    if not cap >= 0 or not math.isfinite(cap):
+        raise ValueError(f"logits_soft_cap must be >= 0 (0 disables it) but is {logits_soft_cap}")
+    if int(window_left) != window_left or window_left < -1:
+        raise ValueError(f"window_left must be an integer >= -1 (-1 disables the window) but is {window_left}")
+    if pos == "rope_llama" and not (rope_scale > 0 and rope_theta > 0):
+        raise ValueError(f"rope_scale and rope_theta must be > 0 but are {rope_scale}, {rope_theta}")
+    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"sm_scale must be a finite number > 0 (default 1/sqrt(head_dim)) but is {sm_scale}")
+    return CommonOptions(scale, cap, int(window_left), pos, float(rope_scale), float(rope_theta))
