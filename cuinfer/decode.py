@@ -35,12 +35,13 @@ from cuinfer.decode_io import (
     partial_rows_capacity,
     prepare_outputs,
 )
+from cuinfer.decode_launch import LaunchState, cache_fingerprint
 from cuinfer.decode_policy import DecodeConfig, ctas_per_sm, decode_config
-from cuinfer.decode_specs import DecodeKernelKey, DecodeParams, all_specs, decode_spec
+from cuinfer.decode_specs import DecodeKernelKey, all_specs
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.interop.dtypes import DType, as_dtype
-from cuinfer.jit import get_kernel, register
+from cuinfer.jit import register
 from cuinfer.options import check_common_options
 from cuinfer.planner import layout as plan_layout
 from cuinfer.planner.decode_plan import decode_planner
@@ -273,7 +274,7 @@ class BatchDecode:
         self._buffers: Buffers | None = None
         self._generation = 0
         self._static: dict = {}
-        self._launch_state: _LaunchState | None = None
+        self._launch_state: LaunchState | None = None
         self._kv_memo: tuple | None = None
         self._ctas: dict = {}
         self._device_id: int | None | bool = False  # False: not asked yet
@@ -557,7 +558,7 @@ class BatchDecode:
         """The cache's view, validated. A serving loop passes the same cache object every step: when it is the same
         torch / CuPy object (of the caller's framework) with the same pointer and shape as last time, and the plan is
         the same, the parsed and checked view is reused (saves ~20 us of host time per step)."""
-        fp = _cache_fingerprint(kv_cache, call.framework)
+        fp = cache_fingerprint(kv_cache, call.framework)
         memo = self._kv_memo
         if fp is not None and memo is not None and memo[0] is kv_cache and memo[1] == fp and memo[2] is plan:
             return memo[3]
@@ -609,7 +610,7 @@ class BatchDecode:
         # only when an array pointer, a stride, a scale or the stream changes.
         st = self._launch_state
         if st is None or st.plan is not plan or st.want_lse != want_lse or st.device_id != call.device_id:
-            st = self._launch_state = _LaunchState(self, plan, want_lse, call.device_id)
+            st = self._launch_state = LaunchState(self, plan, want_lse, call.device_id)
         dyn = (
             tq.ptr, q_strides, kv.k_ptr, kv.v_ptr, kv.k_strides, kv.v_strides, to.ptr, to.strides,
             None if tl is None else (tl.ptr, tl.strides), k_scale, v_scale,
@@ -634,88 +635,6 @@ class BatchDecode:
             **_reference_options(plan.options), k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
         return _host_outputs(o, lse64, plan.o_dtype, out, lse, return_lse or lse is not None)
-
-
-def _cache_fingerprint(x: Any, framework: str) -> tuple | None:
-    """(pointer, shape, strides) of a torch / CuPy cache of the caller's framework, or None (no reuse)."""
-    if isinstance(x, (tuple, list)):
-        if len(x) != 2:
-            return None
-        a, b = _cache_fingerprint(x[0], framework), _cache_fingerprint(x[1], framework)
-        return None if a is None or b is None else (a, b)
-    fw = type(x).__module__.split(".")[0]
-    if fw != framework:
-        return None
-    if fw == "torch":
-        return (x.data_ptr(), tuple(x.shape), x.stride(), x.dtype)
-    if fw == "cupy":
-        return (x.data.ptr, x.shape, x.strides, x.dtype)
-    return None
-
-
-class _LaunchState:
-    """What run() launches for one plan: kernels, grids and the static part of the parameter structs."""
-
-    def __init__(self, w: BatchDecode, plan: _Plan, want_lse: bool, device_id: int) -> None:
-        from cuinfer.device import device_info
-        from cuinfer.merge import merge_partials_kernel, merge_partials_rows_per_block
-
-        self.plan, self.want_lse, self.device_id, self.dyn = plan, want_lse, device_id, None
-        buf, off, opts, work = w._buffers, plan.offsets, plan.options, plan.work
-        key = plan.key(want_lse)
-        self.kernel = get_kernel(decode_spec(key), key.name_expr(), device_id)
-        self.num_ctas, self.threads, self.smem_bytes = work.num_ctas, plan.config.threads, plan.config.smem_bytes
-        d = plan.head_dim
-        partial_o, partial_lse = buf.partial_pointers(d)
-        cap = opts.logits_soft_cap
-        self.sm_scale, self.cap = opts.sm_scale, cap
-        self.static = dict(
-            partial_o=partial_o, partial_lse=partial_lse,
-            page_indptr=buf.ptr(off["page_indptr"]), page_indices=buf.ptr(off["page_indices"]),
-            kv_lens=buf.ptr(off["kv_lens"]),
-            **{name: buf.ptr(off[name]) for name in (
-                "work_indptr", "item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end",
-                "item_partial")},
-            rope_log2_theta_bits=int(np.float64(math.log2(opts.rope_theta)).view(np.int64)),
-            rope_rcp_scale_bits=int(np.float64(1.0 / opts.rope_scale).view(np.int64)),
-            page_size=plan.page_size, num_qo_heads=plan.num_qo_heads, window_left=opts.window_left,
-            cap_log2=cap * _LOG2E, rcp_cap=1.0 / cap if cap > 0 else 0.0,
-        )  # fmt: skip
-        max_merge = buf.fixed_layout[0].capacity.max_merge if w.use_cuda_graph else work.n_merge
-        self.merge_params = None
-        self.merge_kernel = None
-        if max_merge:
-            per_block = merge_partials_rows_per_block(plan.o_dtype, d)
-            self.merge_kernel, self.merge_threads = merge_partials_kernel(plan.o_dtype, d, device_id)
-            self.merge_grid = max(1, min(16 * device_info(device_id).sm_count, -(-max_merge // per_block)))
-            self.merge_static = dict(
-                num_targets=buf.ptr(1), merge_indptr=buf.ptr(off["merge_indptr"]), merge_src=buf.ptr(off["merge_src"]),
-                merge_dst_token=buf.ptr(off["merge_dst_token"]), merge_dst_head=buf.ptr(off["merge_dst_head"]),
-                partial_o=partial_o, partial_lse=partial_lse,
-            )  # fmt: skip
-        self.has_merge = bool(max_merge)
-
-    def repack(self, tq: Tensor, q_strides, kv: KV, to: Tensor, tl: Tensor | None, k_scale, v_scale) -> None:
-        from cuinfer.merge_specs import MergePartialsParams
-
-        scale = self.sm_scale * (1.0 if k_scale is None else float(k_scale))
-        self.params = DecodeParams.pack(
-            **self.static,
-            q=tq.ptr, k=kv.k_ptr, v=kv.v_ptr, o=to.ptr, lse=0 if tl is None else tl.ptr,
-            q_stride_b=q_strides[0], q_stride_h=q_strides[1],
-            k_stride_page=kv.k_strides[0], k_stride_slot=kv.k_strides[1], k_stride_head=kv.k_strides[2],
-            v_stride_page=kv.v_strides[0], v_stride_slot=kv.v_strides[1], v_stride_head=kv.v_strides[2],
-            o_stride_b=to.strides[0], o_stride_h=to.strides[1],
-            lse_stride_b=0 if tl is None else tl.strides[0], lse_stride_h=0 if tl is None else tl.strides[1],
-            logits_scale=scale * (1.0 if self.cap > 0 else _LOG2E),
-            v_scale=1.0 if v_scale is None else float(v_scale),
-        )  # fmt: skip
-        if self.has_merge:
-            self.merge_params = MergePartialsParams.pack(
-                **self.merge_static, o=to.ptr, lse=0 if tl is None else tl.ptr,
-                o_s0=to.strides[0], o_s1=to.strides[1],
-                lse_s0=0 if tl is None else tl.strides[0], lse_s1=0 if tl is None else tl.strides[1],
-            )  # fmt: skip
 
 
 def _reference_options(o: _Options) -> dict:
