@@ -40,9 +40,9 @@ from cuinfer.decode_policy import DecodeConfig, ctas_per_sm, decode_config
 from cuinfer.decode_specs import DecodeKernelKey, all_specs
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
-from cuinfer.interop.dtypes import DType, as_dtype
+from cuinfer.interop.dtypes import DType
 from cuinfer.jit import register
-from cuinfer.options import check_common_options
+from cuinfer.options import check_common_options, half_dtype, kv_layout_name
 from cuinfer.planner import layout as plan_layout
 from cuinfer.planner.decode_plan import decode_planner
 from cuinfer.planner.work import WorkPlan, plan_work
@@ -50,8 +50,6 @@ from cuinfer.planner.work import WorkPlan, plan_work
 register("decode", all_specs)
 
 DEFAULT_WORKSPACE_BYTES = 128 << 20
-_HALF_TYPES = (DType.FLOAT16, DType.BFLOAT16)
-_LAYOUTS = ("NHD", "HND")
 # Host-side occupancy estimate when no GPU is present (H200: 228 KB of shared memory and 132 SMs).
 _DEFAULT_SMEM_PER_SM = 233472
 _DEFAULT_SMS = 132
@@ -62,22 +60,11 @@ def _align4(x: int) -> int:
     return (x + 3) & ~3
 
 
-def _layout_name(kv_layout: Any) -> str:
-    name = getattr(kv_layout, "value", kv_layout)
-    if isinstance(name, str) and name.upper() in _LAYOUTS:
-        return name.upper()
-    raise ValueError(f"kv_layout must be 'NHD' or 'HND' but is {kv_layout!r}")
-
-
 def _half_dtype(name: str, x: Any) -> DType:
-    dt = as_dtype(x)
-    if dt.is_float8:
-        raise NotImplementedError(
-            f"{name}={dt.value}: fp8 KV caches are not implemented in the decode kernels yet; use float16 or bfloat16"
-        )
-    if dt not in _HALF_TYPES:
-        raise ValueError(f"{name} must be float16 or bfloat16 but is {dt.value}")
-    return dt
+    return half_dtype(name, x, what="the decode kernels")
+
+
+_layout_name = kv_layout_name  # decode_single imports it from here
 
 
 # ---- the facts of one plan --------------------------------------------------------------------------------------

@@ -5,7 +5,31 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
+from cuinfer.interop.dtypes import DType, as_dtype
+
 POS_ENCODINGS = ("none", "rope_llama", "alibi")
+KV_LAYOUTS = ("NHD", "HND")
+
+
+def kv_layout_name(kv_layout: Any) -> str:
+    """'NHD' or 'HND' from a string (any case) or an enum whose value is one of them."""
+    name = getattr(kv_layout, "value", kv_layout)
+    if isinstance(name, str) and name.upper() in KV_LAYOUTS:
+        return name.upper()
+    raise ValueError(f"kv_layout must be 'NHD' or 'HND' but is {kv_layout!r}")
+
+
+def half_dtype(name: str, x: Any, *, what: str) -> DType:
+    """A float16 / bfloat16 dtype argument; fp8 is refused as not implemented in ``what`` (e.g. "the decode
+    kernels"), anything else as invalid."""
+    dt = as_dtype(x)
+    if dt.is_float8:
+        raise NotImplementedError(
+            f"{name}={dt.value}: fp8 KV caches are not implemented in {what} yet; use float16 or bfloat16"
+        )
+    if dt not in (DType.FLOAT16, DType.BFLOAT16):
+        raise ValueError(f"{name} must be float16 or bfloat16 but is {dt.value}")
+    return dt
 
 
 class CommonOptions(NamedTuple):

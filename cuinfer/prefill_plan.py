@@ -13,30 +13,19 @@ from cuinfer import reference
 from cuinfer.decode_io import KV, check_aligned, check_page_table, host_outputs  # noqa: F401 (re-exported)
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
-from cuinfer.interop.dtypes import DType, as_dtype
-from cuinfer.options import check_common_options
+from cuinfer.interop.dtypes import DType
+from cuinfer.options import check_common_options, kv_layout_name
+from cuinfer.options import half_dtype as _half_dtype
 from cuinfer.planner.tiles import kv_lens_from_pages
 from cuinfer.planner.work import WorkPlan
 from cuinfer.prefill_policy import check_head_dims, choose_tiles, query_tile
 from cuinfer.prefill_specs import MASK_CAUSAL, MASK_CUSTOM, MASK_WINDOW, PrefillKernelKey, TileConfig
 
-
-def layout_name(kv_layout: Any) -> str:
-    name = getattr(kv_layout, "value", kv_layout)
-    if isinstance(name, str) and name.upper() in ("NHD", "HND"):
-        return name.upper()
-    raise ValueError(f"kv_layout must be 'NHD' or 'HND' but is {kv_layout!r}")
+layout_name = kv_layout_name  # prefill.py imports it from here
 
 
 def half_dtype(name: str, x: Any) -> DType:
-    dt = as_dtype(x)
-    if dt.is_float8:
-        raise NotImplementedError(
-            f"{name}={dt.value}: fp8 KV caches are not implemented in the prefill kernel yet; use float16 or bfloat16"
-        )
-    if dt not in (DType.FLOAT16, DType.BFLOAT16):
-        raise ValueError(f"{name} must be float16 or bfloat16 but is {dt.value}")
-    return dt
+    return _half_dtype(name, x, what="the prefill kernel")
 
 
 # ---- the facts of one plan --------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from cuinfer.reference_util import as_index, as_indptr, kv_layout_name
+from cuinfer.options import kv_layout_name
+from cuinfer.reference_util import as_index, as_indptr
 
 
 @dataclass(frozen=True)

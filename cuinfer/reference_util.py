@@ -10,8 +10,6 @@ from typing import Any
 
 import numpy as np
 
-_LAYOUTS = ("NHD", "HND")
-
 
 def as_f64(x: Any, name: str, ndim: int | None = None) -> np.ndarray:
     """`x` as a float64 NumPy array (bfloat16 / float8 from ml_dtypes included), checking its rank."""
@@ -60,14 +58,6 @@ def as_bool_mask(x: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
             f"True = keep (packed bits go through unpack_custom_mask first)"
         )
     return a.astype(bool) if a.dtype != bool else a
-
-
-def kv_layout_name(kv_layout: Any) -> str:
-    """'NHD' or 'HND' from a string or an enum whose value is one of them."""
-    name = getattr(kv_layout, "value", kv_layout)
-    if isinstance(name, str) and name.upper() in _LAYOUTS:
-        return name.upper()
-    raise ValueError(f"kv_layout must be one of {_LAYOUTS} but is {kv_layout!r}")
 
 
 def check_rope_dims(head_dim: int, rotary_dim: int | None) -> int:
