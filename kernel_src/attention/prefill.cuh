@@ -360,6 +360,15 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
   // (item_end, and on the cross-item path the item's table slot, are re-derived each time: fewer registers across the
   // KV loop.)
   for (int item = work_indptr[blockIdx.x]; item < prefill::reload_i32(work_indptr, blockIdx.x + 1); ++item) {
+#ifdef CUINFER_TRACE
+    // Diagnostic builds only (bench/tune_sched.py): thread 0 stamps each item's start and end (global ns timer).
+    __shared__ unsigned long long trace_t0;  // smem, not a register: the accumulators fill the register file
+    if (tid == 0) {
+      unsigned long long t0;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+      trace_t0 = t0;
+    }
+#endif
     int b, row0, kvh, kv_start, kv_end, qo_base, qo_len, kv_base, kv_len;
     bool has_next = false;  // cross-item: the next item is in the table, and this one starts it
     // cross-item: the item's table slot (items of a CTA fill the table kTableItems at a time)
@@ -829,6 +838,16 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
       }
       __syncthreads();  // the next item's copies overwrite the staging area
     }
+#ifdef CUINFER_TRACE
+    if (tid == 0) {
+      unsigned long long t1;
+      unsigned sm;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      auto* tr = (unsigned long long*)(p.mask_indptr) + 4 * item;  // NOLINT: diagnostic
+      tr[0] = trace_t0, tr[1] = t1, tr[2] = blockIdx.x, tr[3] = sm;
+    }
+#endif
   }
 }
 

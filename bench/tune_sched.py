@@ -1,0 +1,282 @@
+"""Scheduling and per-item cost experiments (GPU machine). Not a standard suite.
+
+python -m bench.tune_sched [trace] [cut] [decode] [prefill]
+
+trace    P1/P2/P3/P6 with the prefill kernel built with -DCUINFER_TRACE: thread 0 of each CTA stamps every item's
+         start and end (%globaltimer), written where mask_indptr points. Prints the per-item cost fit
+         (fixed + per KV tile), the CTAs' end spread and busy fraction, for the planner's assignment and for LPT;
+         saves $OUT/trace.npz.
+cut      D5-D8: the default plan, the same with a 256-CTA grid (num_sms=128: equal items divide exactly), and the
+         forced lane cut (split for exact balance).
+decode   D1-D4 split / unsplit, L2 flushed by a write (the PERF.md method, which leaves the L2 full of dirty lines
+         that the timed kernel must write back) and by a write then a read (clean lines).
+prefill  P1-P6 with the planner's assignment against heap list schedules (items in reverse natural order: each
+         (request, KV head) pair's tiles run together, for L2 reuse; and LPT), and P2/P5 with half the heads.
+
+Findings (H200, 2026-11-29): a prefill item costs ~3.4 us + ~3.0 us per 64-key tile (the fixed part is mostly the
+half-used diagonal tile); the planner's static assignment leaves the CTAs' ends spread by +-2-4 % on P3/P6 (cost
+model error and co-resident CTAs); the L2 working set does not matter (list schedules and half the heads were not
+faster). Equal decode items divided exactly over 256 CTAs beat 264 CTAs with a remainder by ~0.7 %. The D1/D4 L2
+flush by a write costs the next kernel ~5/12 us of write-back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import heapq
+import sys
+
+import numpy as np
+
+
+def _list_schedule(costs_items: np.ndarray, order: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """Items ``order`` (in that order) to the least-loaded CTA; returns CTA-major item ids, indptr, balance."""
+    heap = [(0.0, c) for c in range(p)]
+    owner = np.empty(order.shape[0], dtype=np.int64)
+    for i in order.tolist():
+        load, c = heapq.heappop(heap)
+        owner[i] = c
+        heapq.heappush(heap, (load + float(costs_items[i]), c))
+    loads = np.bincount(owner, weights=costs_items, minlength=p)
+    # CTA-major, each CTA's items in the order it meets them
+    rank = np.empty(order.shape[0], dtype=np.int64)
+    rank[order] = np.arange(order.shape[0])
+    items = np.lexsort((rank, owner))
+    indptr = np.zeros(p + 1, dtype=np.int64)
+    np.cumsum(np.bincount(owner, minlength=p), out=indptr[1:])
+    return items, indptr, float(loads.mean() / loads.max())
+
+
+def _patched_assign(kind: str):
+    from cuinfer.planner import assign
+
+    def fn(costs, num_heads, num_ctas, stats=None, prefix=None):
+        g, h, p = costs.shape[0], int(num_heads), int(num_ctas)
+        n = g * h
+        c_items = np.tile(np.asarray(costs, dtype=np.float64), h)  # natural item i: group i % g, head i // g
+        if kind == "list":
+            order = np.arange(n)[::-1].copy()
+        else:  # lpt
+            order = np.argsort(-c_items, kind="stable")
+        items, indptr, bal = _list_schedule(c_items, order, p)
+        fn.balance = bal
+        return assign.Assignment(indptr, items % g, items // g, kind)
+
+    return fn
+
+
+def prefill(case_ids: list[str]) -> None:
+    import cuinfer.planner.work as work
+    import torch
+
+    from bench import cases, inputs
+    from bench.prefill import prepare_cuinfer
+    from bench.timing import CudaTimer
+
+    timer = CudaTimer()
+    original = work.assign_items
+    todo = [(c, "") for c in cases.PREFILL_CASES if c.id in case_ids]
+    for c in cases.PREFILL_CASES:
+        if c.id in ("P2", "P5") and c.id in case_ids:
+            todo.append((dataclasses.replace(c, shape=dataclasses.replace(c.shape, num_qo_heads=16, num_kv_heads=4)),
+                         " half-heads"))  # fmt: skip
+    for case, tag in todo:
+        inp = inputs.prefill_inputs(case)
+        flops = cases.prefill_flops(inp.lens, shape=case.shape)
+        for kind in ("default", "list", "lpt"):
+            work.assign_items = original if kind == "default" else _patched_assign(kind)
+            try:
+                prep = prepare_cuinfer(inp, "fa2")
+                t = timer.time(prep.run, iters=20, warmup=3)
+                bal = getattr(work.assign_items, "balance", float("nan"))
+                print(f"{case.id}{tag} {kind:8s} {t.us:9.1f} us {flops / t.median_s / 1e12:7.1f} TFLOP/s  "
+                      f"model balance {bal:.3f}", flush=True)  # fmt: skip
+            finally:
+                work.assign_items = original
+            torch.cuda.synchronize()
+        inputs.free()
+
+
+def decode(case_ids: list[str]) -> None:
+    import torch
+
+    import cuinfer
+    from bench import cases, inputs
+
+    dirty = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+    clean = torch.ones(512 << 20, dtype=torch.uint8, device="cuda")
+    by_id = {c.id: c for c in cases.DECODE_CASES}
+    for cid in case_ids:
+        inp = inputs.decode_inputs(by_id[cid])
+        s, kv = inp.case.shape, inp.kv
+        nbytes = cases.decode_bytes(inp.case.lengths.draw(inp.case.seed), s, inp.case.kv_dtype)
+        for split in (None, 1 << 20):
+            w = cuinfer.BatchDecode(use_tensor_cores=True)
+            w.plan(kv.table.kv_indptr, kv.table.kv_indices, kv.table.kv_last_page_len,
+                   num_qo_heads=s.num_qo_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
+                   page_size=s.page_size, q_dtype=s.dtype, fixed_split_size=split)  # fmt: skip
+            for _ in range(3):
+                w.run(inp.q, kv.cache)
+            for mode in ("dirty", "clean"):
+                ts = []
+                for _ in range(25):
+                    dirty.zero_()
+                    if mode == "clean":
+                        clean.sum()
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    w.run(inp.q, kv.cache)
+                    b.record()
+                    b.synchronize()
+                    ts.append(a.elapsed_time(b) * 1e3)
+                t = float(np.median(ts[3:]))
+                print(f"{cid} split {str(split):8s} flush {mode}: {t:7.1f} us {nbytes / t / 1e3:6.0f} GB/s "
+                      f"items {w._plan.work.n_items}", flush=True)  # fmt: skip
+        inputs.free()
+
+
+def decode_cut(case_ids: list[str]) -> None:
+    """Equal-length batches (D5-D7): the whole-request assignment against the forced lane cut (exact balance)."""
+    import cuinfer.planner.decode_plan as dp
+    import torch
+
+    import cuinfer
+    from bench import cases, inputs
+    from bench.timing import CudaTimer
+
+    timer = CudaTimer()
+    by_id = {c.id: c for c in cases.DECODE_CASES}
+    consts = (dp.BALANCED_EFFICIENCY, dp.MIN_GAIN)
+    for cid in case_ids:
+        inp = inputs.decode_inputs(by_id[cid])
+        s, kv = inp.case.shape, inp.kv
+        nbytes = cases.decode_bytes(inp.case.lengths.draw(inp.case.seed), s, inp.case.kv_dtype)
+        for forced, sms in ((False, None), (False, 128), (True, None)):
+            dp.BALANCED_EFFICIENCY, dp.MIN_GAIN = (2.0, -1.0) if forced else consts
+            try:
+                w = cuinfer.BatchDecode()
+                w.plan(kv.table.kv_indptr, kv.table.kv_indices, kv.table.kv_last_page_len,
+                       num_qo_heads=s.num_qo_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
+                       page_size=s.page_size, q_dtype=s.dtype, num_sms=sms)  # fmt: skip
+            finally:
+                dp.BALANCED_EFFICIENCY, dp.MIN_GAIN = consts
+            t = timer.time(functools.partial(w.run, inp.q, kv.cache), iters=30, warmup=3)
+            work = w._plan.work
+            tbs = nbytes / t.median_s / 1e12
+            print(f"{cid} {'cut' if forced else 'def':3s} sms {sms} {t.us:7.1f} us {tbs:5.3f} TB/s items "
+                  f"{work.n_items} ctas {work.num_ctas} merge {work.n_merge} mode {work.assign_mode}")  # fmt: skip
+        torch.cuda.synchronize()
+        inputs.free()
+
+
+class _TracedParams:
+    """Stands in for cuinfer.prefill.PrefillParams: packs with the trace buffer in place of mask_indptr."""
+
+    def __init__(self, real, ptr_of) -> None:
+        self._real, self._ptr_of = real, ptr_of
+
+    def pack(self, **kw):
+        kw["mask_indptr"] = self._ptr_of()
+        return self._real.pack(**kw)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def _prefill_wrapper(inp):
+    import cuinfer
+
+    case, s = inp.case, inp.case.shape
+    heads = dict(num_qo_heads=s.num_qo_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim)
+    dt = dict(q_dtype=s.dtype, kv_dtype=s.dtype)
+    if case.layout == "paged":
+        kv = inp.kv
+        w = cuinfer.BatchPrefill(paged=True, kv_layout=s.kv_layout, backend="fa2")
+        w.plan(inp.qo_indptr, kv.table.kv_indptr, kv.table.kv_indices, kv.table.kv_last_page_len, **heads,
+               page_size=s.page_size, causal=True, **dt)  # fmt: skip
+        return w, lambda: w.run(inp.q, kv.cache)
+    w = cuinfer.BatchPrefill(paged=False, kv_layout=s.kv_layout, backend="fa2")
+    w.plan(inp.qo_indptr, inp.qo_indptr, **heads, causal=True, **dt)
+    return w, lambda: w.run(inp.q, inp.k, inp.v)
+
+
+def trace(case_ids: list[str], out_dir: str | None) -> None:
+    """Per-item start/end stamps of the prefill kernel (built with -DCUINFER_TRACE): per-item time against its KV
+    tiles (fixed + per-tile cost), the CTAs' idle tail, and the makespan against the mean CTA busy time."""
+    import cuinfer.planner.work as work
+    import torch
+
+    import cuinfer.prefill as prefill_mod
+    from bench import cases, inputs
+
+    spec_of, real_params = prefill_mod.prefill_spec, prefill_mod.PrefillParams
+    tbuf = torch.zeros(4 << 20, dtype=torch.int64, device="cuda")
+    prefill_mod.prefill_spec = lambda key: dataclasses.replace(spec_of(key), extra_options=("-DCUINFER_TRACE",))
+    prefill_mod.PrefillParams = _TracedParams(real_params, tbuf.data_ptr)
+    saved = {}
+    original = work.assign_items
+    try:
+        for case in cases.PREFILL_CASES:
+            if case.id not in case_ids:
+                continue
+            inp = inputs.prefill_inputs(case)
+            for kind in ("default", "lpt"):
+                work.assign_items = original if kind == "default" else _patched_assign(kind)
+                w, run = _prefill_wrapper(inp)
+                work.assign_items = original
+                for _ in range(3):
+                    run()
+                tbuf.zero_()
+                torch.cuda.synchronize()
+                run()
+                torch.cuda.synchronize()
+                wp = w._plan.work
+                n = wp.n_items
+                t = tbuf[: 4 * n].view(n, 4).cpu().numpy()
+                tiles = -(-(wp.item_kv_end.astype(np.int64) - wp.item_kv_start) // w._plan.config.tile_kv)
+                tag = f"{case.id}-{kind}"
+                saved[tag] = np.concatenate([t, tiles[:, None]], axis=1)
+                _report(tag, t, tiles, wp.num_ctas)
+            inputs.free()
+    finally:
+        prefill_mod.prefill_spec, prefill_mod.PrefillParams = spec_of, real_params
+    if out_dir:
+        np.savez_compressed(f"{out_dir}/trace.npz", **saved)
+
+
+def _report(tag: str, t: np.ndarray, tiles: np.ndarray, p: int) -> None:
+    start, end, cta = t[:, 0].astype(np.float64), t[:, 1].astype(np.float64), t[:, 2]
+    t0 = start.min()
+    start, end = (start - t0) / 1e3, (end - t0) / 1e3  # us
+    dur = end - start
+    span = end.max()
+    cta_end = np.zeros(p)
+    np.maximum.at(cta_end, cta, end)
+    cta_busy = np.bincount(cta, weights=dur, minlength=p)
+    cta_first = np.full(p, np.inf)
+    np.minimum.at(cta_first, cta, start)
+    a = np.stack([np.ones_like(dur), tiles], axis=1)
+    (fixed, per_tile), *_ = np.linalg.lstsq(a, dur, rcond=None)
+    print(f"{tag}: items {len(dur)} span {span:.1f} us; CTA end mean {cta_end.mean():.1f} min {cta_end.min():.1f} "
+          f"(busy/span {cta_busy.mean() / span:.3f}); first start max {cta_first.max():.1f} us; "
+          f"item = {fixed:.2f} + {per_tile:.3f} x tiles us; tiles mean {tiles.mean():.1f}", flush=True)  # fmt: skip
+    for lo, hi in ((0, 2), (2, 8), (8, 32), (32, 10**9)):
+        m = (tiles >= lo) & (tiles < hi)
+        if m.any():
+            print(f"    tiles [{lo},{hi}): n {m.sum():5d} mean dur {dur[m].mean():7.2f} us, per tile "
+                  f"{(dur[m] / np.maximum(tiles[m], 1)).mean():.3f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    import os
+
+    args = sys.argv[1:] or ["prefill", "decode"]
+    if "trace" in args:
+        trace(["P1", "P2", "P3", "P6"], os.environ.get("OUT"))
+    if "cut" in args:
+        decode_cut(["D5", "D6", "D7", "D8"])
+    if "decode" in args:
+        decode(["D1", "D2", "D3", "D4"])
+    if "prefill" in args:
+        prefill(["P1", "P2", "P3", "P4", "P5", "P6"])
