@@ -13,6 +13,7 @@ dtypes the GPU would produce (o in ``o_dtype``, lse float32).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -105,6 +106,15 @@ class _Plan:
     device_id: int | None = None
     uploaded_on: int | None = None  # stream the current device copy was made on
     kv_range: tuple[int, int] = (0, 0)  # (min, max) of kv_lens
+    nnz: int = 0  # page indices the plan reads (kv_indptr[-1])
+
+    @classmethod
+    def from_fields(cls, fields: dict) -> _Plan:
+        """A plan from a dict holding every field (which the plan then owns): plan() builds one per step from the
+        fields its static arguments fix (memoised by ``_host_plan``), cheaper than the 24-argument ``__init__``."""
+        plan = object.__new__(cls)
+        plan.__dict__ = fields
+        return plan
 
     def key(self, lse: bool) -> DecodeKernelKey:
         o = self.options
@@ -131,6 +141,7 @@ def _check_options(
 
 
 _I32 = np.dtype(np.int32)
+_U32 = np.dtype(np.uint32)
 _INT32_MAX = 2**31 - 1
 # plan()'s arguments that do not depend on the page table, in order (memoised per wrapper).
 _STATIC = (
@@ -140,7 +151,7 @@ _STATIC = (
 
 
 def _page_table(kv_indptr, kv_indices, kv_last_page_len, page_size: int):
-    """Host int32 ``(indptr, indices, last, kv_lens, max_page, (kv_min, kv_max))``. 1-D NumPy int32 inputs take a
+    """Host int32 ``(indptr, indices, last, kv_lens, max_page, (kv_min, kv_max), nnz)``. 1-D NumPy int32 inputs take a
     fast path of three reductions (plan() runs every step); anything else, or a failed check, goes through the
     interop validators, which raise the error that names the argument."""
     if (
@@ -157,7 +168,7 @@ def _page_table(kv_indptr, kv_indices, kv_last_page_len, page_size: int):
     kv_lens = np.maximum(pages * page_size + (last - page_size), 0).astype(np.int32, copy=False)
     max_page = int(indices[:nnz].max()) if nnz else -1
     kv_range = (int(kv_lens.min()), int(kv_lens.max())) if batch else (0, 0)
-    return indptr, indices, last, kv_lens, max_page, kv_range
+    return indptr, indices, last, kv_lens, max_page, kv_range, nnz
 
 
 def _page_table_fast(indptr, indices, last, page_size: int):
@@ -171,10 +182,11 @@ def _page_table_fast(indptr, indices, last, page_size: int):
     if indptr.ndim != 1 or indices.ndim != 1 or last.ndim != 1:
         return None
     batch = indptr.shape[0] - 1
-    if batch < 1 or last.shape[0] != batch or indptr[0] != 0:
+    if batch < 1 or last.shape[0] != batch or indptr.item(0) != 0:
         return None
-    nnz = int(indptr[-1])
-    if indices.shape[0] < nnz:
+    nnz = indptr.item(-1)
+    n_ind = indices.shape[0]
+    if n_ind < nnz:
         return None
     ps = _const32(page_size)  # a 0-d operand: NumPy calls with Python scalars cost about twice as much
     rows = np.empty((4, batch), dtype=np.int32)
@@ -191,10 +203,13 @@ def _page_table_fast(indptr, indices, last, page_size: int):
     if kv_lo < 0:  # requests without pages have length 0
         np.maximum(kv, 0, out=kv)
         kv_lo = 0
-    max_page = int(np.maximum.reduce(indices[:nnz].view(np.uint32))) if nnz else -1
+    if nnz:
+        max_page = int(np.maximum.reduce((indices if n_ind == nnz else indices[:nnz]).view(_U32)))
+    else:
+        max_page = -1
     if max_page > _INT32_MAX:
         return None
-    return indptr, indices, last, kv, max_page, (kv_lo, kv_hi)
+    return indptr, indices, last, kv, max_page, (kv_lo, kv_hi), nnz
 
 
 @functools.lru_cache(maxsize=64)
@@ -218,9 +233,9 @@ def _fill_words(plan: _Plan, host: np.ndarray, lay, off: dict, generation: int, 
     host[o : o + b + 1] = plan.kv_indptr
     o = off["kv_lens"]
     host[o : o + b] = plan.kv_lens
-    nnz = int(plan.kv_indptr[-1])
+    nnz, indices = plan.nnz, plan.kv_indices
     o = off["page_indices"]
-    host[o : o + nnz] = plan.kv_indices[:nnz]
+    host[o : o + nnz] = indices if indices.shape[0] == nnz else indices[:nnz]
 
 
 class _FixedLayout:
@@ -267,8 +282,9 @@ class BatchDecode:
         self._device_id: int | None | bool = False  # False: not asked yet
         self._rows_memo: tuple | None = None
         self._ctas_memo: tuple | None = None
-        self._planner_memo: tuple | None = None
+        self._route_memo: tuple | None = None
         self._offsets: dict = {}  # (layout, batch capacity) -> word offsets of plan + page table
+        self._words_memo: tuple | None = None  # the last (layout, batch capacity, offsets)
         self._pack_memo: dict = {}  # id(host buffer) -> (buffer, layout, planner.pack memo)
         self._host_holder = _FixedLayout()  # graph-mode layout of host-only packs (_pack_host without a GPU)
 
@@ -276,29 +292,38 @@ class BatchDecode:
 
     def _host_plan(self, kv_indptr, kv_indices, kv_last_page_len, static: tuple) -> _Plan:
         """Validate and resolve the arguments of plan() (``static``: the values named in ``_STATIC``); the parts that
-        do not depend on the page table are memoised (plan() runs every step with the same heads, dtypes, options)."""
+        do not depend on the page table are memoised (plan() runs every step with the same heads, dtypes, options)
+        as ``(page_size, the _Plan fields they fix)``."""
         try:
             facts, memo = self._static.get(static), True
         except TypeError:  # an unhashable argument: no memo
             facts, memo = None, False
         if facts is None:
             facts = self._static_facts(**dict(zip(_STATIC, static, strict=True)))
+            names = ("num_qo_heads", "num_kv_heads", "head_dim", "page_size", "q_dtype", "kv_dtype", "o_dtype",
+                     "options", "config")  # fmt: skip
+            fields = dict(zip(names, facts, strict=True))
+            for f in dataclasses.fields(_Plan):  # the defaults: work, words, ..., kv_range, nnz
+                if f.default is not dataclasses.MISSING:
+                    fields[f.name] = f.default
+            facts = (facts[3], fields)
             if memo:
                 self._static[static] = facts
-        num_qo_heads, num_kv_heads, head_dim, page_size, qd, kvd, od, opts, config = facts
-        table = _page_table(kv_indptr, kv_indices, kv_last_page_len, page_size)
-        indptr, indices, last, kv_lens, max_page, kv_range = table
-        if self.use_cuda_graph and indptr.shape[0] - 1 > self.max_batch_size:
+        page_size, fields = facts
+        indptr, indices, last, kv_lens, max_page, kv_range, nnz = _page_table(
+            kv_indptr, kv_indices, kv_last_page_len, page_size
+        )
+        batch = indptr.shape[0] - 1
+        if self.use_cuda_graph and batch > self.max_batch_size:
             raise ValueError(
-                f"the plan has {indptr.shape[0] - 1} requests but the wrapper was built with max_batch_size="
+                f"the plan has {batch} requests but the wrapper was built with max_batch_size="
                 f"{self.max_batch_size} for CUDA graphs; build it with a larger max_batch_size"
             )
-        plan = _Plan(
-            indptr.shape[0] - 1, num_qo_heads, num_kv_heads, head_dim, page_size, qd, kvd, od, opts, config,
-            indptr, indices, last, kv_lens, max_page,
-        )  # fmt: skip
-        plan.kv_range = kv_range
-        return plan
+        fields = fields.copy()
+        fields["batch"] = batch
+        fields["kv_indptr"], fields["kv_indices"], fields["kv_last_page_len"] = indptr, indices, last
+        fields["kv_lens"], fields["max_page"], fields["kv_range"], fields["nnz"] = kv_lens, max_page, kv_range, nnz
+        return _Plan.from_fields(fields)
 
     def _static_facts(
         self, *, num_qo_heads, num_kv_heads, head_dim, page_size, q_dtype, kv_dtype, o_dtype, sm_scale,
@@ -357,25 +382,38 @@ class BatchDecode:
         per_sm = min(ctas_per_sm(plan.config, smem_per_sm=smem, max_threads_per_sm=threads), plan.config.min_blocks)
         return per_sm * (sms if num_sms is None else int(num_sms))
 
-    def _work(self, plan: _Plan, num_ctas: int, fixed_split_size: int | None) -> WorkPlan:
+    def _route(self, plan: _Plan, num_sms: int | None, device_id: int | None) -> tuple:
+        """``(num_ctas, decode planner or None)``: the grid and, with one query tile per request, the decode planner
+        of this configuration (plan_work would pick the same one after checking its arguments). Memoised by
+        identity: ``config`` and ``options`` come from the static memo, one pair per set of static arguments."""
+        memo = self._route_memo
+        if (
+            memo is not None and memo[0] is plan.config and memo[1] is plan.options and memo[2] == num_sms
+            and memo[3] == device_id
+        ):  # fmt: skip
+            return memo[4]
+        num_ctas = self._num_ctas(plan, num_sms, device_id)
+        planner = None
+        g = plan.num_qo_heads // plan.num_kv_heads
+        if g <= plan.config.rows_per_tile:
+            planner = decode_planner(
+                plan.num_kv_heads, g, plan.config.rows_per_tile, num_ctas, plan.config.tile_kv,
+                plan.options.window_left,
+            )  # fmt: skip
+        route = (num_ctas, planner)
+        self._route_memo = (plan.config, plan.options, num_sms, device_id, route)
+        return route
+
+    def _work(self, plan: _Plan, route: tuple, fixed_split_size: int | None) -> WorkPlan:
+        """The work plan on the grid of ``route`` (``_route``): the decode planner's, else the tile pipeline's."""
         if fixed_split_size is not None and (int(fixed_split_size) != fixed_split_size or fixed_split_size < 1):
             raise ValueError(f"fixed_split_size must be a positive number of KV tokens but is {fixed_split_size}")
+        num_ctas, planner = route
+        if fixed_split_size is None and planner is not None and plan.batch:
+            work = planner.plan(plan.kv_lens, *plan.kv_range)
+            if work is not None:
+                return work
         tile = plan.config.tile_kv
-        if fixed_split_size is None and plan.num_qo_heads // plan.num_kv_heads <= plan.config.rows_per_tile:
-            # One query tile per request: the decode planner of this configuration, straight (plan_work would pick
-            # the same one after checking its arguments).
-            memo = self._planner_memo
-            window = plan.options.window_left
-            if memo is None or memo[0] is not plan.config or memo[1] != num_ctas or memo[2] != window:
-                planner = decode_planner(
-                    plan.num_kv_heads, plan.num_qo_heads // plan.num_kv_heads, plan.config.rows_per_tile, num_ctas,
-                    tile, window,
-                )  # fmt: skip
-                memo = self._planner_memo = (plan.config, num_ctas, window, planner)
-            if plan.batch:
-                work = memo[3].plan(plan.kv_lens, *plan.kv_range)
-                if work is not None:
-                    return work
         granule = math.gcd(int(fixed_split_size), tile) if fixed_split_size is not None else tile
         return plan_work(
             None, plan.kv_lens, num_kv_heads=plan.num_kv_heads, group_size=plan.num_qo_heads // plan.num_kv_heads,
@@ -395,7 +433,7 @@ class BatchDecode:
         static = (num_qo_heads, num_kv_heads, head_dim, page_size, q_dtype, kv_dtype, o_dtype, sm_scale,
                   logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant)  # fmt: skip
         plan = self._host_plan(kv_indptr, kv_indices, kv_last_page_len, static)
-        work = self._work(plan, self._num_ctas(plan, num_sms, self._device_or_none()), fixed_split_size)
+        work = self._work(plan, self._route(plan, num_sms, self._device_or_none()), fixed_split_size)
         return plan_layout.workspace_bytes(work, plan.head_dim)
 
     def _device_or_none(self) -> int | None:
@@ -419,8 +457,10 @@ class BatchDecode:
         static = (num_qo_heads, num_kv_heads, head_dim, page_size, q_dtype, kv_dtype, o_dtype, sm_scale,
                   logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant)  # fmt: skip
         plan = self._host_plan(kv_indptr, kv_indices, kv_last_page_len, static)
-        device_id = self._device_or_none()
-        plan.work = work = self._work(plan, self._num_ctas(plan, num_sms, device_id), fixed_split_size)
+        device_id = self._device_id
+        if device_id is False:  # (asked once per wrapper)
+            device_id = self._device_or_none()
+        plan.work = work = self._work(plan, self._route(plan, num_sms, device_id), fixed_split_size)
         rows = work.num_partial_rows
         if rows and rows > self._partial_capacity(plan.head_dim):
             need = plan_layout.workspace_bytes(work, plan.head_dim)
@@ -467,7 +507,7 @@ class BatchDecode:
     def _words_layout(self, plan: _Plan, holder) -> tuple:
         """``(plan layout, word offsets of the plan arrays and the page table, words in use)``. CUDA-graph mode fixes
         the layout at the first plan (kept on ``holder.fixed_layout``); otherwise it follows each plan (cached)."""
-        batch, nnz = plan.batch, int(plan.kv_indptr[-1])
+        batch, nnz = plan.batch, plan.nnz
         if self.use_cuda_graph:
             heads = (plan.num_kv_heads, plan.num_qo_heads // plan.num_kv_heads, plan.config)
             if holder.fixed_layout is None:
@@ -493,17 +533,22 @@ class BatchDecode:
         else:
             lay = plan_layout.PlanLayout.for_plan(plan.work)
             page_cap, b_cap = nnz, batch
-        key = (id(lay), b_cap)  # the layout is kept in the value: its id stays unique while the entry lives
-        hit = self._offsets.get(key)
-        if hit is None or hit[0] is not lay:
-            off = dict(lay.offsets)
-            off["page_indptr"] = pos = lay.total_words
-            off["kv_lens"] = pos = _align4(pos + b_cap + 1)
-            off["page_indices"] = _align4(pos + b_cap)
-            if len(self._offsets) >= 64:
-                self._offsets.clear()
-            hit = self._offsets[key] = (lay, off)
-        off = hit[1]
+        last = self._words_memo  # the previous answer (a serving loop mostly keeps its layout)
+        if last is not None and last[0] is lay and last[1] == b_cap:
+            off = last[2]
+        else:
+            key = (id(lay), b_cap)  # the layout is kept in the value: its id stays unique while the entry lives
+            hit = self._offsets.get(key)
+            if hit is None or hit[0] is not lay:
+                off = dict(lay.offsets)
+                off["page_indptr"] = pos = lay.total_words
+                off["kv_lens"] = pos = _align4(pos + b_cap + 1)
+                off["page_indices"] = _align4(pos + b_cap)
+                if len(self._offsets) >= 64:
+                    self._offsets.clear()
+                hit = self._offsets[key] = (lay, off)
+            off = hit[1]
+            self._words_memo = (lay, b_cap, off)
         return lay, off, _align4(off["page_indices"] + max(page_cap, 1))
 
     # -- running ---------------------------------------------------------------------------------------------------

@@ -40,10 +40,13 @@ chunks of the long request reached 0.955: whole 1092-token requests cannot fill 
 D9 (zipf): 39 cuts inside requests, loads 8219-8332, balance 0.993.
 
 **Caches.** What depends only on where the cuts fall (which request, moved to its start, inside it) -- the groups,
-each lane's CTA-major item lists with their requests, heads and partial rows, the merge list -- is cached as a
-``_Structure``; a cut crosses a request edge only every few steps of a serving loop (every length + 1). A step that
-keeps its structure computes only the cut positions; ``layout.pack`` then writes everything else from two memoised
-blocks (``WorkPlan.pack_blocks``) and the items' KV ranges straight from ``(kv, cut)`` (``WorkPlan.lane_cuts``).
+each lane's CTA-major item lists with their requests, heads and partial rows, the merge list, the plan's other
+fields -- is cached as a ``_Structure``; a cut crosses a request edge only every few steps of a serving loop (every
+length + 1). A step that keeps its structure computes only the cut positions (in int32 when the line fits: one dtype
+for every call) and copies the structure's field dict into its ``WorkPlan``; ``layout.pack`` then writes everything
+else from memoised blocks (``WorkPlan.pack_blocks``; not even copied when the buffer holds them from the previous
+step) and the items' KV ranges straight from ``(kv, pos)`` (``WorkPlan.lane_cuts``): 12 NumPy calls here and 3-4
+in ``pack`` for a D8 or D9 step.
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ from .split_kv import BALANCED_EFFICIENCY, DEFAULT_MIN_CHUNK, MIN_GAIN
 from .workplan import WorkPlan
 
 _EMPTY32 = np.zeros(0, dtype=np.int32)
+_I32 = np.dtype(np.int32)
+_INT32_MAX = 2**31 - 1
 _ZERO1 = np.zeros(1, dtype=np.int32)
 
 
@@ -91,8 +96,16 @@ class DecodePlanner:
         self.extra = (lanes.count - 1) * (o + 2 * xp)
         self.min_lane = 2 * (o + xp) + min_chunk + gr
         self.half = half = max(min_chunk // 2, 1)
-        self.c_round, self.c_gr, self.c_half64, self.c_half32 = _consts(gr, half)
+        # 0-d constants of the cut rounding for an int64 and an int32 line: (gr // 2, gr or -gr, half)
+        self.c64, self.c32 = _consts(gr, half, np.int64), _consts(gr, half, np.int32)
+        self.c_half32 = self.c32[2]
+        # Batches of int32 lengths whose line stays below 2**31 (the positions of the line, the cuts and the
+        # rounded cut positions are all within b * (longest + o) + gr + half) keep the line in int32: every NumPy
+        # call of the cut then works on one dtype (mixed int32 / int64 operands cost a cast each).
+        self.int32_room = _INT32_MAX - gr - half
         self.fold = gr // 2 if half >= gr // 2 else 0  # the rounding offset, folded into the line (see _cut)
+        self._last_ramp = (0, None, None)  # the line's ramp of the last batch size (see _cut)
+        self._structures: dict = {}  # _cut's memo of the structures
         # Graham's bound test: a lane is off its share by at most two moved cuts and two cut pieces' fixed costs,
         # times the heads a CTA of the partial lane runs.
         self.slack = (2 * half + gr + 2 * (o + 2 * xp)) * (-(-h // lanes.rest) if lanes.rest else 1)
@@ -104,7 +117,7 @@ class DecodePlanner:
         h, p, b = self.h, self.p, kv.shape[0]
         lo = int(kv.min()) if kv_min is None else kv_min
         hi = int(kv.max()) if kv_max is None else kv_max
-        w = self.window
+        top, w = hi, self.window
         if w:
             n = np.minimum(kv, w)  # the window's KV tokens, ending at the last one
             s = kv - n
@@ -112,8 +125,8 @@ class DecodePlanner:
         else:
             n, s = kv, 0
         beta, fixed = self.beta, self.fixed
-        prefix = None if lo == hi else np.add.accumulate(n, dtype=np.int64)
-        n_sum = b * lo if prefix is None else int(prefix[-1])
+        prefix = None if lo == hi else self._prefix(n, b, top)
+        n_sum = b * lo if prefix is None else prefix.item(-1)
         total = beta * n_sum + b * fixed  # one head's work
         x_max = beta * hi + fixed
         e0 = max(x_max, min(-(-h * b // p) * x_max, h * total / p + beta * lo + fixed))  # split_kv.estimate_makespan
@@ -124,7 +137,7 @@ class DecodePlanner:
             lane_len = max((length + self.extra) / self.width, self.min_lane)
             if beta * lane_len + self.split_fixed < (1.0 - MIN_GAIN) * e0:
                 if prefix is None:
-                    prefix = np.add.accumulate(n, dtype=np.int64)
+                    prefix = self._prefix(n, b, top)
                 plan = self._cut(kv, s, prefix, lane_len, length, hi)
                 if plan is not None:
                     return plan
@@ -147,6 +160,13 @@ class DecodePlanner:
             num_partial_rows=0, chunk_size=0, assign_mode=mode, pack_blocks=blocks,
         )  # fmt: skip
 
+    def _prefix(self, n: np.ndarray, b: int, top: int) -> np.ndarray:
+        """The running sum of ``n`` (window-clipped KV lengths, the longest unclipped ``top``), int32 when the line
+        fits (see ``int32_room``)."""
+        if n.dtype is _I32 and b * (top + self.o) < self.int32_room:
+            return np.add.accumulate(n, dtype=_I32)  # (the default would widen to int64)
+        return np.add.accumulate(n, dtype=np.int64)
+
     def _cut(self, kv, s, prefix, lane_len: float, length: int, n_max: int):
         """The lane cut (module docstring), or None when it would not cut anything."""
         b, o, xp, gr, h = kv.shape[0], self.o, self.xp, self.gr, self.h
@@ -163,58 +183,78 @@ class DecodePlanner:
         # The line is also shifted by -granule/2, which rounds the positions below to the nearest multiple instead
         # of down: a cut then lands in the next request when it is within granule/2 of a request's end, which
         # moves it to that request's start instead of the end before, the same lane boundary (half >= granule/2).
-        line_end = prefix + _ramp(b, o, o + xp + fold)
-        cuts = _ramp(m, 1) * step
+        dt = prefix.dtype  # int32 or int64 (see _prefix); the ramp, the cuts and the constants follow it
+        ramp = self._last_ramp  # (b, dtype, ramp): batches keep their size over the steps of a serving loop
+        if ramp[0] != b or ramp[1] is not dt:
+            ramp = self._last_ramp = (b, dt, _ramp(b, o, o + xp + fold, dt))
+        line_end = prefix + ramp[2]
+        cuts = np.arange(step, step * (m + 1), step, dtype=dt)  # step * [1..m] in one call
         req = line_end.searchsorted(cuts, "right")  # the request each cut falls in
         end = kv.take(req)
         pos = line_end.take(req)
         pos -= cuts  # tokens from the cut to the request's end
         np.subtract(end, pos, out=pos)  # the cut's KV position (negative: inside the request's fixed part)
         # Round to the granule (0-d operands: NumPy calls with Python scalars cost twice as much at this size).
+        c_round, c_gr, c_half = self.c32 if dt is _I32 else self.c64
         if not fold:
-            pos += self.c_round
+            pos += c_round
         if gr & (gr - 1):
-            pos //= self.c_gr
-            pos *= self.c_gr
+            pos //= c_gr
+            pos *= c_gr
         else:
-            pos &= self.c_gr  # -gr
+            pos &= c_gr  # -gr
         # A cut that would leave a piece under min_chunk / 2 moves to that edge of the request instead.
-        keeps_start = pos >= (s.take(req) + self.c_half32 if isinstance(s, np.ndarray) else self.c_half64)
-        inside = end - self.c_half32
-        inside = pos <= inside
-        inside &= keeps_start
-        st = _structure(b, req, keeps_start, inside, self.lanes, h, self.g, self.br)
-        cut = pos[inside]
+        keeps_start = pos >= (s.take(req) + self.c_half32 if isinstance(s, np.ndarray) else c_half)
+        fits = end - self.c_half32
+        fits = pos <= fits  # leaves min_chunk / 2 before the end: the cut is inside when it also keeps_start
+        # The structure depends on (req, keeps_start, inside = fits & keeps_start); this planner's own memo is keyed
+        # by fits instead (one NumPy call less: a cut moved to a short request's start may make two keys of one
+        # structure, the second found in the shared cache of _structure).
+        key = (b, req.tobytes(), keeps_start.tobytes(), fits.tobytes())
+        st = self._structures.get(key)
+        if st is None:
+            st = _structure(b, req, keeps_start, fits & keeps_start, self.lanes, h, self.g, self.br)
+            memo = self._structures
+            if len(memo) >= _STRUCTURE_CACHE_SIZE:
+                memo.pop(next(iter(memo)), None)
+            memo[key] = st
+        # The cut positions stay in ``pos`` (every cut; ``ranges.cut_idx`` picks those inside requests): pack reads
+        # them from there, so the common step never gathers them.
         ranges = st.ranges
-        g_start = g_end = None  # built from (kv, starts, cut) when asked: pack writes the item ranges directly
         # Graham's bound, max load <= mean + largest item: the largest item is at least step - granule when the
         # longest request spans two cuts (the piece between them), else take it; the loads when the test fails.
         mean = (length + st.n_cut * (o + 2 * xp)) * h / self.p
+        g_start = g_end = None  # built from (kv, starts, pos) when asked: pack writes the item ranges directly
         if n_max >= 2 * (step + o) + gr:
             x_big = step - gr + o
         else:
-            g_start, g_end = ranges.group_ranges(kv, s, cut)
+            g_start, g_end = ranges.group_ranges(kv, s, pos)
             x_big = float(np.maximum.reduce(g_end - g_start)) + o
-        wi, ig, ih, fixed_items, blocks, mode = st.wi, st.ig, st.ih, st.fixed_items, st.blocks, "lanes"
         if lane_len + self.slack > mean + x_big:
             if g_end is None:
-                g_start, g_end = ranges.group_ranges(kv, s, cut)
+                g_start, g_end = ranges.group_ranges(kv, s, pos)
             costs = _piece_costs(g_start, g_end, ranges.right, o, xp)
-            worst = _worst_load(costs, wi, ig, self.p)
+            worst = _worst_load(costs, st.wi, st.ig, self.p)
             if worst > float(np.add.reduce(costs)) * h / self.p + float(np.maximum.reduce(costs)) + 1e-6:
                 asg = assign_items(costs, h, self.p)
-                wi, ig, ih, fixed_items, blocks = asg.work_indptr, asg.group, asg.head, None, None
-                mode = "lanes-" + asg.mode
+                ig, ih = asg.group, asg.head
                 if ig is None:  # natural order: item i is group i % G of head i // G
                     ih, ig = np.divmod(np.arange(h * ranges.g_req.shape[0]), ranges.g_req.shape[0])
-        return WorkPlan(
-            num_ctas=self.p, num_kv_heads=h, work_indptr=wi, group_req=ranges.g_req, group_tile=0,
-            group_kv_start=g_start, group_kv_end=g_end, group_partial=st.g_part, group_partial_stride=st.g_stride,
-            item_group=ig, item_head=ih, merge_indptr=st.merge[0], merge_src=st.merge[1],
-            merge_dst_token=st.merge[2], merge_dst_head=st.merge[3], num_partial_rows=st.rows_partial,
-            chunk_size=max(step // gr * gr, gr), assign_mode=mode, item_values=fixed_items, pack_blocks=blocks,
-            lane_cuts=None if blocks is None else (kv, s, cut, ranges),
-        )  # fmt: skip
+                return WorkPlan(
+                    num_ctas=self.p, num_kv_heads=h, work_indptr=asg.work_indptr, group_req=ranges.g_req,
+                    group_tile=0, group_kv_start=g_start, group_kv_end=g_end, group_partial=st.g_part,
+                    group_partial_stride=st.g_stride, item_group=ig, item_head=ih, merge_indptr=st.merge[0],
+                    merge_src=st.merge[1], merge_dst_token=st.merge[2], merge_dst_head=st.merge[3],
+                    num_partial_rows=st.rows_partial, chunk_size=max(step // gr * gr, gr),
+                    assign_mode="lanes-" + asg.mode,
+                )  # fmt: skip
+        # The common case: every field but the ranges, the chunk and the cuts comes from the structure's template
+        # (a dict copy instead of the dataclass constructor's 22 keyword arguments).
+        fields = st.fields.copy()
+        fields["group_kv_start"], fields["group_kv_end"] = g_start, g_end
+        fields["chunk_size"] = max(step // gr * gr, gr)
+        fields["lane_cuts"] = (kv, s, pos, ranges)
+        return WorkPlan.from_fields(fields)
 
 
 @functools.lru_cache(maxsize=32)
@@ -248,12 +288,13 @@ def _worst_load(costs: np.ndarray, wi: np.ndarray, ig: np.ndarray, p: int) -> fl
 
 class LaneRanges:
     """How the pieces' KV ranges follow from the cut positions, for one structure: group ``g`` is a piece of request
-    ``g_req[g]``; cut ``i`` starts group ``right[i]`` and ends group ``right[i] - 1``; every other range is the
-    request's (window start, length). ``item_req`` is each item's request (CTA-major, int64), and ``patch`` /
-    ``patch_cut`` the item positions whose start (``[0, n)``) or end (``[n, 2n)``) is a cut, and which cut."""
+    ``g_req[g]``; the cut inside a request at ``pos[cut_idx[i]]`` starts group ``right[i]`` and ends group
+    ``right[i] - 1``; every other range is the request's (window start, length). ``item_req`` is each item's request
+    (CTA-major, int64), and ``patch`` / ``patch_pos`` the item positions whose start (``[0, n)``) or end
+    (``[n, 2n)``) is a cut, and that cut's index in ``pos``."""
 
-    def __init__(self, g_req: np.ndarray, right: np.ndarray, ig: np.ndarray) -> None:
-        self.g_req, self.right, self.right_m1 = g_req, right, right - 1
+    def __init__(self, g_req: np.ndarray, right: np.ndarray, ig: np.ndarray, cut_idx: np.ndarray) -> None:
+        self.g_req, self.right, self.right_m1, self.cut_idx = g_req, right, right - 1, cut_idx
         self.item_req = g_req.take(ig)
         cut_of = np.full(g_req.shape[0], -1, dtype=np.int64)
         cut_of[right] = np.arange(right.shape[0])
@@ -263,12 +304,13 @@ class LaneRanges:
         ends = cut_of.take(ig)
         sp, ep = np.flatnonzero(starts >= 0), np.flatnonzero(ends >= 0)
         self.patch = np.concatenate([sp, ep + ig.shape[0]])
-        self.patch_cut = np.concatenate([starts.take(sp), ends.take(ep)])
-        for a in (self.g_req, self.right, self.right_m1, self.item_req, self.patch, self.patch_cut):
+        self.patch_pos = cut_idx.take(np.concatenate([starts.take(sp), ends.take(ep)]))
+        for a in (self.g_req, self.right, self.right_m1, self.cut_idx, self.item_req, self.patch, self.patch_pos):
             a.flags.writeable = False
 
-    def group_ranges(self, kv: np.ndarray, starts, cut: np.ndarray) -> tuple:
-        """``(group_kv_start, group_kv_end)`` of the pieces."""
+    def group_ranges(self, kv: np.ndarray, starts, pos: np.ndarray) -> tuple:
+        """``(group_kv_start, group_kv_end)`` of the pieces, from every cut's position ``pos``."""
+        cut = pos.take(self.cut_idx)
         g_end = kv.take(self.g_req)
         g_end[self.right_m1] = cut  # a cut ends the piece before it ...
         g_start = starts.take(self.g_req) if isinstance(starts, np.ndarray) else np.zeros_like(g_end)
@@ -280,7 +322,7 @@ class _Structure:
     """The cached facts of one lane structure (see ``_structure``)."""
 
     __slots__ = ("ranges", "g_part", "g_stride", "wi", "ig", "ih", "fixed_items", "merge", "rows_partial", "n_cut",
-                 "blocks")  # fmt: skip
+                 "blocks", "fields")  # fmt: skip
 
 
 _STRUCTURES: dict = {}
@@ -328,7 +370,7 @@ def _structure(b, req, keeps_start, inside, lanes, h, g, br) -> _Structure:
     item_part = g_part.take(ig)
     item_part += ih * g_stride.take(ig)
     st = _Structure()
-    st.ranges = LaneRanges(g_req, right, ig)
+    st.ranges = LaneRanges(g_req, right, ig, np.flatnonzero(inside))
     st.fixed_items = {
         "item_req": g_req.take(ig).astype(np.int32),
         "item_kv_head": ih.astype(np.int32),
@@ -339,6 +381,14 @@ def _structure(b, req, keeps_start, inside, lanes, h, g, br) -> _Structure:
         a.flags.writeable = False
     st.g_part, st.g_stride, st.wi, st.ig, st.ih = g_part, g_stride, wi, ig, ih
     st.rows_partial, st.n_cut, st.blocks = rows_partial, int(cut_req.shape[0]), {}
+    # The WorkPlan fields of a plan of this structure but its ranges, chunk size and cuts (see DecodePlanner._cut).
+    st.fields = dict(
+        num_ctas=lanes.num_ctas, num_kv_heads=h, work_indptr=wi, group_req=g_req, group_tile=0, group_kv_start=None,
+        group_kv_end=None, group_partial=g_part, group_partial_stride=g_stride, item_group=ig, item_head=ih,
+        merge_indptr=st.merge[0], merge_src=st.merge[1], merge_dst_token=st.merge[2], merge_dst_head=st.merge[3],
+        num_partial_rows=rows_partial, chunk_size=0, assign_mode="lanes", item_values=st.fixed_items,
+        pack_blocks=st.blocks, lane_cuts=None,
+    )  # fmt: skip
     if len(_STRUCTURES) >= _STRUCTURE_CACHE_SIZE:
         _STRUCTURES.pop(next(iter(_STRUCTURES)))
     _STRUCTURES[key] = st
@@ -346,24 +396,21 @@ def _structure(b, req, keeps_start, inside, lanes, h, g, br) -> _Structure:
 
 
 @functools.lru_cache(maxsize=64)
-def _ramp(count: int, step: int, minus: int = 0) -> np.ndarray:
-    """``step * [1, 2, ..., count] - minus`` (int64, read-only)."""
+def _ramp(count: int, step: int, minus: int = 0, dtype=np.int64) -> np.ndarray:
+    """``step * [1, 2, ..., count] - minus`` (``dtype``, read-only)."""
     r = np.arange(1, count + 1, dtype=np.int64)
     r *= step
     r -= minus
+    r = r.astype(dtype, copy=False)
     r.flags.writeable = False
     return r
 
 
 @functools.lru_cache(maxsize=16)
-def _consts(gr: int, half: int) -> tuple:
-    """0-d constants of the cut rounding: ``(gr // 2, gr (or -gr as a mask when a power of two), half, half)``."""
-    out = (
-        np.array(gr // 2, dtype=np.int64),
-        np.array(gr if gr & (gr - 1) else -gr, dtype=np.int64),
-        np.array(half, dtype=np.int64),
-        np.array(half, dtype=np.int32),
-    )
+def _consts(gr: int, half: int, dtype) -> tuple:
+    """0-d constants of the cut rounding in ``dtype``: ``(gr // 2, gr (or -gr as a mask when a power of two),
+    half)``."""
+    out = tuple(np.array(v, dtype=dtype) for v in (gr // 2, gr if gr & (gr - 1) else -gr, half))
     for c in out:
         c.flags.writeable = False
     return out

@@ -243,8 +243,13 @@ def pack(
     starts 0, the heads of a natural order) be skipped when the buffer already holds them.
 
     Plans that carry ``pack_blocks`` (decode plans of a cached structure) are written as two memoised blocks, the
-    words ``[0, item_kv_start)`` (header, ``work_indptr``, ``item_req``, ``item_qo_tile``, ``item_kv_head``) and
-    ``[item_partial, end of the merge list)``, plus the two KV-range arrays and header words 5-6: four copies.
+    words ``[0, item_kv_start)`` (header, ``work_indptr``, ``item_req``, ``item_qo_tile``, ``item_kv_head``; without
+    a window also the starts, all 0 but the cut ones) and ``[item_partial, end of the merge list)``, plus the KV-range
+    arrays and header words 5-6. When no padding word lies between the blocks and the ranges (tight layouts, whose
+    item count is a multiple of 4) the two blocks are one copy of ``[0, end of the merge list)``, which the ranges
+    then overwrite: three copies for a lane plan without a window (block, ends, cut positions). With a ``memo`` that
+    says the buffer holds the blocks of this structure already (the previous plan packed into it had the same one:
+    most steps of a serving loop) the block copies are skipped; the words they hold do not change between such plans.
     """
     if (out.dtype is not _I32 and out.dtype != _I32) or out.ndim != 1 or out.shape[0] < layout.total_words:
         raise ValueError(
@@ -253,12 +258,18 @@ def pack(
         )
     blocks = plan.pack_blocks
     if blocks is not None:
-        # A plan of the same structure was packed into this layout before (so it fits): two block copies, the KV
+        # A plan of the same structure was packed into this layout before (so it fits): the block copies, the KV
         # ranges and the header words that change. (The layout is kept in the entry: its id stays unique.)
         hit = blocks.get(id(layout))
         if hit is not None and hit[0] is layout:
             _, head, o2, tail, patch, o_s, o_e, n = hit
-            out[: head.shape[0]] = head
+            if memo is None or memo.get("block") is not hit:  # (else the buffer holds these blocks already)
+                out[: head.shape[0]] = head
+                if tail is not None:
+                    out[o2 : o2 + tail.shape[0]] = tail
+                if memo is not None:
+                    memo.clear()
+                    memo["block"] = hit
             out[5] = plan.chunk_size
             out[6] = generation
             lane = plan.lane_cuts
@@ -268,16 +279,18 @@ def pack(
                     out[o_s : o_s + n].reshape(h, -1)[:] = starts
                 out[o_e : o_e + n].reshape(h, -1)[:] = ends
             else:  # each item's request's range, then the cut positions scattered over the starts and ends
-                kv, starts, cut, ranges = lane
+                kv, starts, pos, ranges = lane
                 if isinstance(starts, np.ndarray):
                     _gather(out[o_s : o_s + n], starts, ranges.item_req)
-                _gather(out[o_e : o_e + n], kv, ranges.item_req)
-                out[o_s : o_e + n][patch] = cut.take(ranges.patch_cut)
-            out[o2 : o2 + tail.shape[0]] = tail
-            if memo:
-                memo.clear()
+                if kv.dtype is _I32:  # (_gather, inlined: the common case)
+                    kv.take(ranges.item_req, out=out[o_e : o_e + n], mode="wrap")
+                else:
+                    out[o_e : o_e + n] = kv.take(ranges.item_req)
+                out[patch] = pos.take(ranges.patch_pos)
             return out
     check_fits(plan, layout)
+    if memo:
+        memo.pop("block", None)  # the buffer is about to hold another plan
     cap = layout.capacity
     off = layout.offsets
     n = plan.n_items
@@ -313,19 +326,30 @@ def pack(
         out[o] = 0
     if blocks is not None:
         o_s, o_e, o2 = off["item_kv_start"], off["item_kv_end"], off["item_partial"]
-        tail = out[o2 : used_words(plan, layout)].copy()
+        used = used_words(plan, layout)
         patch, lane = None, plan.lane_cuts
-        if lane is not None:  # item positions of the cut starts and ends in out[o_s : o_e + n]
+        if lane is not None:  # word positions of the cut starts and ends (in out)
             patch = lane[3].patch.copy()
             patch[patch >= n] += o_e - o_s - n
+            patch += o_s
             patch.flags.writeable = False
         # Without a window every start but the cut ones is 0: the starts travel with the head block.
         starts = plan.group_kv_start if lane is None else lane[1]
-        head = out[: o_s if isinstance(starts, np.ndarray) else o_e].copy()
-        head.flags.writeable = tail.flags.writeable = False
+        window = isinstance(starts, np.ndarray)
+        # The head block ends where the first range array the step writes begins, the tail starts after the ends.
+        # When no word between them is left unwritten (no padding after the ranges: tight layout, n a multiple
+        # of 4), one block [0, used) does: the ranges written after it overwrite its stale copies of them.
+        if o_e + n == o2 and (not window or o_s + n == o_e):
+            head, tail = out[:used].copy(), None
+        else:
+            head, tail = out[: o_s if window else o_e].copy(), out[o2:used].copy()
+            tail.flags.writeable = False
+        head.flags.writeable = False
         if len(blocks) >= 8:
             blocks.clear()
-        blocks[id(layout)] = (layout, head, o2, tail, patch, o_s, o_e, n)
+        entry = blocks[id(layout)] = (layout, head, o2, tail, patch, o_s, o_e, n)
+        if memo is not None:
+            memo["block"] = entry  # the buffer holds exactly these blocks now
     return out
 
 

@@ -42,9 +42,10 @@ class WorkPlan:
     # Memo for ``layout.pack``, shared by the plans of one structure: every word but the pieces' KV ranges, the
     # chunk size and the generation depends on the structure alone (None: not cacheable). See ``layout.pack``.
     pack_blocks: dict | None = None
-    # Decode lane plans leave group_kv_start / group_kv_end None and keep ``(kv, starts, cut, ranges)`` here instead:
-    # the KV lengths, the window starts (0: none), the cut positions and the structure's ``LaneRanges``; ``pack``
-    # writes the item ranges from them directly and ``kv_ranges()`` builds the group arrays when asked.
+    # Decode lane plans leave group_kv_start / group_kv_end None and keep ``(kv, starts, pos, ranges)`` here instead:
+    # the KV lengths, the window starts (0: none), every cut's position and the structure's ``LaneRanges`` (which
+    # picks the cuts inside requests); ``pack`` writes the item ranges from them directly and ``kv_ranges()`` builds
+    # the group arrays when asked.
     lane_cuts: tuple | None = None
 
     @property
@@ -56,6 +57,15 @@ class WorkPlan:
         if self.item_group is not None:
             return int(self.item_group.shape[0])
         return self.n_groups * self.num_kv_heads
+
+    @classmethod
+    def from_fields(cls, fields: dict) -> WorkPlan:
+        """A plan whose ``fields`` (a dict with every dataclass field, which the plan then owns) are complete: the
+        decode planner's per-step path (the generated ``__init__`` with its 22 keyword arguments costs more than the
+        rest of a cached step's Python work)."""
+        plan = object.__new__(cls)
+        plan.__dict__ = fields
+        return plan
 
     @classmethod
     def from_items(cls, num_ctas: int, work_indptr, items: dict, merge: dict, num_partial_rows: int,
@@ -107,8 +117,8 @@ class WorkPlan:
     def kv_ranges(self) -> tuple:
         """``(group_kv_start, group_kv_end)``, built on first use for decode lane plans."""
         if self.group_kv_end is None:
-            kv, starts, cut, ranges = self.lane_cuts
-            self.group_kv_start, self.group_kv_end = ranges.group_ranges(kv, starts, cut)
+            kv, starts, pos, ranges = self.lane_cuts
+            self.group_kv_start, self.group_kv_end = ranges.group_ranges(kv, starts, pos)
         return self.group_kv_start, self.group_kv_end
 
     def _build_fields(self) -> dict:

@@ -108,3 +108,104 @@ def test_plan_contract_reproduces_the_reference(rng, lens, heads, tc, split, win
         ref_o[b], ref_lse[b] = ro[0], rl[0]
     np.testing.assert_allclose(o, ref_o, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(lse, ref_lse, rtol=1e-9, atol=1e-9)
+
+
+def _page_table(lens, ps, seed):
+    lens = np.asarray(lens, dtype=np.int64)
+    pages = (lens + ps - 1) // ps
+    indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+    indices = np.random.default_rng(seed).permutation(int(indptr[-1]) + 3)[: indptr[-1]].astype(np.int32)
+    last = np.where(pages > 0, lens - (pages - 1) * ps, 1).astype(np.int32)
+    return indptr, indices, last
+
+
+def _fresh_caches(monkeypatch):
+    """Empty the planner's caches (structures, pack blocks, ramps, planners, merge layouts)."""
+    from cuinfer.planner import decode_plan as dp
+    from cuinfer.planner import merge
+
+    monkeypatch.setattr(dp, "_STRUCTURES", {})
+    monkeypatch.setattr(dp, "_BLOCKS", {})
+    monkeypatch.setattr(merge, "_LAYOUTS", {})
+    dp.decode_planner.cache_clear()
+    dp._ramp.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("dist", "heads", "window"),
+    [
+        pytest.param("onelong", (32, 8), -1, id="D8-like"),
+        pytest.param("zipf", (32, 8), -1, id="D9-like"),
+        pytest.param("zipf", (28, 4), 3000, id="g7-window"),
+    ],
+)
+def test_serving_loop_packs_equal_cold_packs(dist, heads, window, monkeypatch):
+    """A wrapper planning a serving loop (every length + 1 per step) runs on its memos: the static facts, the route,
+    the planner's structures and ramp, the pack blocks (skipped when its buffer holds them). Every step's packed words
+    (plan and page table) must equal those of a new wrapper planning the same step with every cache empty."""
+    rng = np.random.default_rng(17)
+    b = 131
+    if dist == "onelong":
+        lens = np.full(b, 1000)
+        lens[0] = 32000
+    else:
+        lens = np.clip(rng.zipf(1.5, b) * 700, 16, 100000)
+    hq, hkv = heads
+    kw = dict(num_qo_heads=hq, num_kv_heads=hkv, head_dim=128, page_size=16, q_dtype="bfloat16", window_left=window)
+    warm = BatchDecode()
+    box = None
+    modes = set()
+    for step in range(24):
+        table = _page_table(lens + step, 16, step)
+        warm.plan(*table, **kw)
+        box = warm._pack_host(box)  # one buffer over the loop, as a pinned buffer is reused
+        modes.add(warm._plan.work.assign_mode)
+        with monkeypatch.context() as m:
+            _fresh_caches(m)
+            cold = BatchDecode()
+            cold.plan(*table, **kw)
+            ref = cold._pack_host()
+        lay, off, total = warm._words_layout(warm._plan, warm._host_holder)
+        assert (off, total) == cold._words_layout(cold._plan, cold._host_holder)[1:]
+        words = _read_words(warm._plan.work, lay, off, b, int(table[0][-1]))
+        np.testing.assert_array_equal(box[words], ref[words], err_msg=f"step {step}")
+    assert modes == {"lanes"}, modes
+
+
+def _read_words(work, lay, off, b: int, nnz: int) -> np.ndarray:
+    """Indices of the words the kernels read: header, plan arrays up to their counts, page table."""
+    n, nm = work.n_items, work.n_merge
+    parts = [np.arange(16), off["work_indptr"] + np.arange(work.num_ctas + 1)]
+    parts += [off[a] + np.arange(n) for a in ("item_req", "item_qo_tile", "item_kv_head", "item_kv_start",
+                                              "item_kv_end", "item_partial")]  # fmt: skip
+    parts += [off["merge_indptr"] + np.arange(nm + 1)]
+    if nm:
+        parts += [off["merge_src"] + np.arange(work.n_merge_src)]
+        parts += [off[a] + np.arange(nm) for a in ("merge_dst_token", "merge_dst_head")]
+    parts += [off["page_indptr"] + np.arange(b + 1), off["kv_lens"] + np.arange(b)]
+    parts += [off["page_indices"] + np.arange(nnz)]
+    return np.concatenate(parts)
+
+
+def test_route_follows_the_head_configuration():
+    """One wrapper re-planned with other heads, window and grid must plan as a new wrapper does (the grid and the
+    decode planner are memoised per configuration)."""
+    lens = np.full(97, 700)
+    lens[4] = 40000
+    table = _page_table(lens, 16, 1)
+    w = BatchDecode()
+    configs = [
+        dict(num_qo_heads=32, num_kv_heads=8),
+        dict(num_qo_heads=32, num_kv_heads=4),
+        dict(num_qo_heads=32, num_kv_heads=4, window_left=5000),
+        dict(num_qo_heads=32, num_kv_heads=4, num_sms=66),
+        dict(num_qo_heads=32, num_kv_heads=8),
+    ]
+    for cfg in configs:
+        kw = dict(head_dim=128, page_size=16, q_dtype="bfloat16", **cfg)
+        w.plan(*table, **kw)
+        ref = BatchDecode()
+        ref.plan(*table, **kw)
+        a, r = w._plan.work, ref._plan.work
+        assert (a.num_ctas, a.num_kv_heads, a.assign_mode) == (r.num_ctas, r.num_kv_heads, r.assign_mode), cfg
+        np.testing.assert_array_equal(w._pack_host(), ref._pack_host(), err_msg=str(cfg))

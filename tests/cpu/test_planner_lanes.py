@@ -72,6 +72,9 @@ def _fresh(monkeypatch):
         pytest.param(("onelong", 128, -1, 264), id="D8-264ctas"),
         pytest.param(("zipf", 128, -1, 132), id="D9-132ctas-partial-lane"),
         pytest.param(("few-long", 77, 12000, 131), id="window-odd-ctas"),
+        # cuts that land at the start of requests shorter than min_chunk: _cut's memo keys (req, keeps_start, fits)
+        # then give two keys of one structure as the lengths grow
+        pytest.param(("short", 211, -1, 264), id="short-requests"),
     ],
 )
 def test_cached_structure_equals_a_fresh_plan(shape, monkeypatch):
@@ -84,12 +87,15 @@ def test_cached_structure_equals_a_fresh_plan(shape, monkeypatch):
         kv[0] = 32 * 1024
     elif dist == "zipf":
         kv = np.clip(rng.zipf(1.5, b) * 512, 16, 131072)
+    elif dist == "short":
+        kv = rng.integers(17, 251, b)
+        kv[[3, 100]] = 9000
     else:  # a window of 12001 tokens over requests of up to 30000
         kv = rng.integers(100, 2000, b)
         kv[[5, 40, 41]] = 30000
     kv = kv.astype(np.int32)
     cfg = dict(num_kv_heads=8, group_size=4, tile_rows=16, num_ctas=ctas, kv_granule=64, window_left=window)
-    plans = [plan_work(None, kv + step, **cfg) for step in range(12)]
+    plans = [plan_work(None, kv + step, **cfg) for step in range(12 if dist != "short" else 40)]
     assert all(p.assign_mode == "lanes" for p in plans), [p.assign_mode for p in plans]
     _fresh(monkeypatch)
     for step, plan in enumerate(plans):
@@ -187,3 +193,78 @@ def test_graham_fallback_reassigns_the_pieces(monkeypatch):
     plan = planner.plan(kv)
     assert plan.assign_mode.startswith("lanes-") and plan.pack_blocks is None
     check_plan(plan, None, kv, **cfg)
+
+
+@pytest.mark.parametrize(
+    "dist, b, window",
+    [
+        pytest.param("onelong", 131, -1, id="onelong"),
+        pytest.param("few-long", 128, 12000, id="window"),
+        pytest.param("huge", 40, -1, id="line-over-int32"),
+    ],
+)
+def test_int32_line_equals_int64_line(dist, b, window):
+    """int32 lengths whose line fits in int32 are cut in int32 (one dtype for every NumPy call); the plan and its
+    packed words must equal those of the same lengths in int64. Lengths near 2**31 keep an int64 line."""
+    rng = np.random.default_rng(5)
+    if dist == "onelong":
+        kv = np.full(b, 1031)
+        kv[7] = 33001
+    elif dist == "few-long":  # a window of 12001 tokens over requests of up to 30000
+        kv = rng.integers(100, 2000, b)
+        kv[[5, 40, 41]] = 30000
+    else:  # 40 requests of up to 2**31 - 1 tokens: b * (longest + o) is far above 2**31
+        kv = rng.integers(1, 2**30, b)
+        kv[0] = 2**31 - 1
+    cfg = dict(num_kv_heads=8, group_size=4, tile_rows=16, num_ctas=132, kv_granule=64, window_left=window)
+    p32 = plan_work(None, kv.astype(np.int32), **cfg)
+    p64 = plan_work(None, kv.astype(np.int64), **cfg)
+    assert p32.assign_mode == p64.assign_mode == "lanes"
+    line = np.int64 if dist == "huge" else np.int32
+    assert p32.lane_cuts[2].dtype == line and p64.lane_cuts[2].dtype == np.int64
+    check_plan(p32, None, kv.astype(np.int32), **cfg)
+    for name in ARRAYS:
+        np.testing.assert_array_equal(getattr(p32, name), getattr(p64, name), err_msg=name)
+    lay = PlanLayout.for_plan(p32)
+    w32, w64 = lay.empty(), lay.empty()
+    pack(p32, lay, w32)
+    pack(p64, lay, w64)
+    np.testing.assert_array_equal(w32, w64)
+
+
+@pytest.mark.parametrize("window", [pytest.param(-1, id="no-window"), pytest.param(6000, id="window")])
+def test_memo_skipped_blocks_leave_the_same_words(window):
+    """pack with a memo skips the block copies when the buffer holds the blocks of the plan's structure; every word
+    of the buffer (padding included) must equal a pack without the memo, over a serving loop whose structure changes
+    and comes back, plans without blocks in between, two buffers taking turns and a CUDA-graph layout."""
+    rng = np.random.default_rng(3)
+    b = 113
+    onelong = np.full(b, 640, dtype=np.int32)
+    onelong[9] = 30011
+    equal = np.full(b, 1500, dtype=np.int32)
+    uniform = rng.integers(50, 4000, b).astype(np.int32)  # whole requests, item by item: no pack blocks
+    cfg = dict(num_kv_heads=8, group_size=4, tile_rows=16, num_ctas=226, kv_granule=64, window_left=window)
+    graph = PlanLayout.for_capacity(**capacity_bound(b, b, 8, 4, 16, 226).__dict__)
+    steps = [onelong + s for s in range(12)] + [equal, equal + 1, onelong, uniform, onelong + 3, equal + 2]
+    steps += [onelong + 5, uniform, onelong + 5]  # a plan without blocks between two of one structure
+    poison = np.arange(graph.total_words + 4096, dtype=np.int32) * 7919
+    # buffers (two taking turns every third step) x (tight layout, graph layout), each with its memo
+    memo_bufs = {key: poison.copy() for key in ((0, 0), (0, 1), (1, 0), (1, 1))}
+    plain_bufs = {key: poison.copy() for key in memo_bufs}
+    memos = {key: (None, {}) for key in memo_bufs}  # (layout, memo): a new memo when the layout changes
+    modes, skipped = set(), 0
+    for step, kv in enumerate(steps):
+        plan = plan_work(None, kv, **cfg)
+        modes.add(plan.assign_mode)
+        for j, lay in enumerate((PlanLayout.for_plan(plan), graph)):
+            key = (step // 3 % 2, j)
+            if memos[key][0] is not lay:
+                memos[key] = (lay, {})
+            memo = memos[key][1]
+            entry = None if plan.pack_blocks is None else plan.pack_blocks.get(id(lay))
+            skipped += entry is not None and memo.get("block") is entry
+            pack(plan, lay, memo_bufs[key], generation=step, memo=memo)
+            pack(plan, lay, plain_bufs[key], generation=step)
+            np.testing.assert_array_equal(memo_bufs[key], plain_bufs[key], err_msg=f"step {step} {plan.assign_mode}")
+    assert {"lanes", "linear"} <= modes and len(modes) >= 3, modes
+    assert skipped >= 4, skipped
