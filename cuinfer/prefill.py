@@ -35,7 +35,9 @@ from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.jit import get_kernel, register
 from cuinfer.planner import layout as plan_layout
-from cuinfer.planner.work import WorkPlan, plan_work
+from cuinfer.planner.cost import DEFAULT_COST
+from cuinfer.planner.split_kv import DEFAULT_MIN_CHUNK
+from cuinfer.planner.work import WorkPlan, plan_checked, plan_work
 from cuinfer.prefill_plan import (
     PrefillPlan,
     check_ragged_shapes,
@@ -43,6 +45,7 @@ from cuinfer.prefill_plan import (
     host_outputs,
     host_plan,
     layout_name,
+    plan_of,
     positive,
     ragged_kv,
 )
@@ -151,16 +154,25 @@ class BatchPrefill:
     def _work(self, plan: PrefillPlan, num_ctas: int, fixed_split_size: int | None) -> WorkPlan:
         if fixed_split_size is not None:
             fixed_split_size = positive("fixed_split_size", fixed_split_size)
-        tile = plan.config.tile_kv
+        cfg = plan.config
+        tile = cfg.tile_kv
         granule = math.gcd(fixed_split_size, tile) if fixed_split_size is not None else tile
-        qo_lens, qo_range = plan.qo_lens, plan.qo_range
+        opts = plan.options
+        qo_lens = plan.qo_lens
         if qo_lens is None:
-            qo_lens, qo_range = np.diff(plan.qo_indptr), None
-        return plan_work(
-            qo_lens, plan.kv_lens, num_kv_heads=plan.num_kv_heads,
-            group_size=plan.num_qo_heads // plan.num_kv_heads, tile_rows=plan.config.tile_q, num_ctas=num_ctas,
-            kv_granule=granule, causal=plan.options.causal, window_left=plan.options.window_left,
-            fixed_split_size=fixed_split_size, kv_range=None if qo_range is None else plan.kv_range, qo_range=qo_range,
+            return plan_work(
+                np.diff(plan.qo_indptr), plan.kv_lens, num_kv_heads=plan.num_kv_heads,
+                group_size=plan.num_qo_heads // plan.num_kv_heads, tile_rows=cfg.tile_q, num_ctas=num_ctas,
+                kv_granule=granule, causal=opts.causal, window_left=opts.window_left,
+                fixed_split_size=fixed_split_size,
+            )  # fmt: skip
+        # host_plan checked the lengths (1-D, non-negative) and gave their ranges; the rest are positive ints and
+        # fixed_split_size is a multiple of the granule (their gcd): plan_work's checks would only repeat that.
+        (qo_lo, qo_hi), (kv_lo, kv_hi) = plan.qo_range, plan.kv_range
+        return plan_checked(
+            qo_lens, plan.kv_lens, plan.num_kv_heads, plan.num_qo_heads // plan.num_kv_heads, cfg.tile_q, num_ctas,
+            granule, opts.causal, opts.window_left, fixed_split_size, False, DEFAULT_COST, DEFAULT_MIN_CHUNK, kv_lo,
+            kv_hi, qo_lo, qo_hi,
         )  # fmt: skip
 
     def _device_or_none(self) -> int | None:
@@ -228,15 +240,16 @@ class BatchPrefill:
         copy). ``tile_sizes=(query_tile, kv_tile[, stages])`` overrides the tile policy (tests, tuning).
         Raises before anything reaches the GPU when the inputs or the workspace do not fit."""
         device_id = self._device_id if self._device_id is not False else self._device_or_none()
-        plan = host_plan(
-            self.paged, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads=num_qo_heads,
-            num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, causal=causal,
-            custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, head_dim_vo=head_dim_vo, q_dtype=q_dtype,
-            kv_dtype=kv_dtype, o_dtype=o_dtype, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
-            window_left=window_left, pos_encoding=pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta,
-            variant=variant, tile_sizes=tile_sizes, limits=self._limits(device_id),
-            max_batch_size=self.max_batch_size if self.use_cuda_graph else None,
-            fixed_config=None if self._fixed is None else self._fixed[1], memo=self._static,
+        # host_plan's arguments in one tuple, in its order (see plan_of)
+        static = (
+            self.paged, num_qo_heads, num_kv_heads, head_dim, page_size, causal, head_dim_vo, q_dtype, kv_dtype,
+            o_dtype, sm_scale, logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant, tile_sizes,
+            self._limits(device_id),
+        )  # fmt: skip
+        plan = plan_of(
+            static, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, custom_mask, packed_custom_mask,
+            self.max_batch_size if self.use_cuda_graph else None, None if self._fixed is None else self._fixed[1],
+            self._static,
         )  # fmt: skip
         plan.work = self._work(plan, self._num_ctas(plan, num_sms, device_id), fixed_split_size)
         if device_id is not None:

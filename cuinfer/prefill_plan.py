@@ -3,6 +3,7 @@ K/V views, and reference-path outputs. No GPU needed; ``cuinfer.prefill`` builds
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -195,15 +196,20 @@ def host_plan(
         paged, num_qo_heads, num_kv_heads, head_dim, page_size, causal, head_dim_vo, q_dtype, kv_dtype, o_dtype,
         sm_scale, logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant, tile_sizes, limits,
     )  # fmt: skip
-    try:
-        facts = None if memo is None else memo.get(static)
-    except TypeError:  # an unhashable argument (a list of tile sizes, say): no memo
-        facts, memo = None, None
-    if facts is None:
-        facts = _static_facts(paged, *static[1:])
-        if memo is not None:
-            memo[static] = facts
-    hq, hkv, d, dvo, ps, qd, kvd, od, opts = facts[:9]
+    return plan_of(static, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, custom_mask, packed_custom_mask,
+                   max_batch_size, fixed_config, memo)  # fmt: skip
+
+
+def plan_of(
+    static: tuple, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, custom_mask=None, packed_custom_mask=None,
+    max_batch_size: int | None = None, fixed_config: TileConfig | None = None, memo: dict | None = None,
+) -> PrefillPlan:  # fmt: skip
+    """``host_plan`` with the arguments other than index arrays and masks already in one tuple, ``(paged, num_qo_heads,
+    ..., tile_sizes, limits)`` in ``host_plan``'s order (``BatchPrefill.plan`` builds it directly: a call with two
+    dozen keywords costs microseconds)."""
+    facts = _facts(static, memo)
+    paged = static[0]
+    hq, hkv, ps = facts[0], facts[1], facts[4]
     arrays = _index_arrays_fast(paged, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, ps)
     if arrays is None:
         arrays = _index_arrays(paged, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, ps)
@@ -220,13 +226,42 @@ def host_plan(
     if fixed_config is not None:
         config = fixed_config
     else:
-        config = _tiles_for(facts, int(qo[-1]) * (hq // hkv) / max(batch, 1), paged, limits, memo is not None)
-    plan = PrefillPlan(
-        batch, hq, hkv, d, dvo, ps, qd, kvd, od, opts, config, qo, kvi, indices, last, kv_lens, max_page,
-        mask_bytes, mask_indptr,
-    )  # fmt: skip
-    plan.qo_lens, plan.qo_range, plan.kv_range, plan.static = qo_lens, qo_range, kv_range, facts
+        config = _tiles_for(facts, qo.item(-1) * (hq // hkv) / max(batch, 1), paged, static[-1], memo is not None)
+    # The dataclass __init__ with its 27 fields costs microseconds: the fields are set in a copy of the dict the
+    # other arguments fix (facts[11], all fields in: no resize while the rest go in).
+    fields = facts[11].copy()
+    fields["batch"], fields["config"], fields["max_page"] = batch, config, max_page
+    fields["qo_indptr"], fields["kv_indptr"], fields["kv_indices"], fields["kv_last_page_len"] = qo, kvi, indices, last
+    fields["qo_lens"], fields["kv_lens"], fields["qo_range"], fields["kv_range"] = qo_lens, kv_lens, qo_range, kv_range
+    fields["mask_bytes"], fields["mask_indptr"] = mask_bytes, mask_indptr
+    plan = object.__new__(PrefillPlan)
+    plan.__dict__ = fields
     return plan
+
+
+_PLAN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(PrefillPlan) if f.default is not dataclasses.MISSING}
+_LAST = "last"  # memo key of the last (arguments, facts) pair: an identity-fast tuple comparison, no hashing
+
+
+def _facts(static: tuple, memo: dict | None) -> tuple:
+    """``_static_facts(*static)``, through the wrapper's memo when the arguments are hashable."""
+    if memo is None:
+        return _static_facts(*static)
+    last = memo.get(_LAST)
+    if last is not None:
+        try:
+            if last[0] == static:  # (the same objects as last time: compared by identity)
+                return last[1]
+        except ValueError:  # an array among the arguments: its truth value is ambiguous
+            pass
+    try:
+        facts = memo.get(static)
+    except TypeError:  # an unhashable argument (a list of tile sizes, say): no memo
+        return _static_facts(*static)
+    if facts is None:
+        facts = memo[static] = _static_facts(*static)
+    memo[_LAST] = (static, facts)
+    return facts
 
 
 def _static_facts(
@@ -255,7 +290,15 @@ def _static_facts(
     )
     ps = positive("page_size", page_size) if paged else 1
     tq, tkv, stages = parse_tile_sizes(tile_sizes)
-    return hq, hkv, d, dvo, ps, qd, kvd, od, opts, (tq, tkv, stages), {}  # the last: tile configs by query tile
+    # the last two: tile configs by query tile, and the PrefillPlan fields these arguments fix (with every other
+    # field present, see plan_of)
+    fields = {f.name: _PLAN_DEFAULTS.get(f.name) for f in dataclasses.fields(PrefillPlan)}
+    facts = (hq, hkv, d, dvo, ps, qd, kvd, od, opts, (tq, tkv, stages), {}, fields)
+    fields.update(
+        num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, head_dim_vo=dvo, page_size=ps, q_dtype=qd, kv_dtype=kvd,
+        o_dtype=od, options=opts, static=facts,
+    )  # fmt: skip
+    return facts
 
 
 def _tiles_for(facts: tuple, avg: float, paged: bool, limits, memo: bool) -> TileConfig:
@@ -306,12 +349,14 @@ def _index_arrays_fast(paged: bool, qo, kvi, indices, last, ps: int) -> tuple | 
     """``_index_arrays`` for 1-D NumPy int32 inputs in one reduction over the rows ``[qo_lens, kv_lens, lp, -qo_lens,
     -kv_lens, -lp]`` (``lp = last - page_size``, see ``decode._page_table_fast``), or None: the validators' path
     then runs and names whatever is wrong."""
-    arrays = (qo, kvi, indices, last) if paged else (qo, kvi)
-    for a in arrays:
-        if type(a) is not np.ndarray or a.dtype is not _I32 or a.ndim != 1:
-            return None
+    nd = np.ndarray
+    if type(qo) is not nd or type(kvi) is not nd or qo.dtype is not _I32 or kvi.dtype is not _I32:
+        return None
+    if paged and (type(indices) is not nd or type(last) is not nd or indices.dtype is not _I32
+                  or last.dtype is not _I32 or indices.ndim != 1 or last.ndim != 1):  # fmt: skip
+        return None
     batch = qo.shape[0] - 1
-    if batch < 1 or kvi.shape[0] != batch + 1 or qo[0] != 0 or kvi[0] != 0:
+    if batch < 1 or qo.ndim != 1 or kvi.shape != qo.shape or qo[0] != 0 or kvi[0] != 0:
         return None
     r = 3 if paged else 2
     rows = np.empty((2 * r, batch), dtype=np.int32)

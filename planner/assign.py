@@ -75,7 +75,9 @@ def assign_items(
 ) -> Assignment:  # fmt: skip
     """Assign ``num_heads`` items of each group cost in ``costs`` (float64 or int64, all > 0) to ``num_ctas`` CTAs.
 
-    ``stats`` is ``(sum, max, min)`` of ``costs`` and ``prefix`` their running sum when the caller already has them.
+    ``stats`` is ``(sum, max, min)`` of ``costs`` and ``prefix`` their running sum when the caller already has them
+    (``G`` entries, or ``G + 1`` with a leading 0; it may be overwritten). ``max`` and ``min`` may be bounds that
+    make the same decisions (``plan_work``'s ``_bounds``).
     """
     g = costs.shape[0]
     h = int(num_heads)
@@ -97,21 +99,30 @@ def assign_items(
 
 def _linear(costs: np.ndarray, h: int, p: int, prefix: np.ndarray | None = None) -> Assignment:
     g = costs.shape[0]
-    mid = np.add.accumulate(costs) if prefix is None else prefix  # (the caller's prefix is not needed after)
-    per_head = float(mid[-1])
+    # (the caller's prefix is not needed after: it may be overwritten)
     if costs.dtype.kind == "f":
+        mid = np.add.accumulate(costs) if prefix is None else prefix[-g:]
+        per_head = float(mid[-1])
         mid -= 0.5 * costs  # cost laid out before each group's midpoint, within one head
-    else:  # integer costs: twice that, exactly (the targets below are doubled to match)
+    elif prefix is not None and prefix.shape[0] == g + 1:  # a running sum after a leading 0: one add
+        mid = prefix[1:] + prefix[:-1]  # integer costs: twice the midpoint, exactly (the targets are doubled too)
+        per_head = 2.0 * float(prefix[-1])
+    else:
+        mid = np.add.accumulate(costs) if prefix is None else prefix
+        per_head = 2.0 * float(mid[-1])
         mid += mid
         mid -= costs
-        per_head *= 2
     # Item (head k, group j) has its midpoint at k * per_head + mid[j] along the line; CTA c starts at the first item
     # whose midpoint is at or past c * total / P: the head by division, the group by bisection.
     if p % h == 0:  # P/H CTAs per head, the same cut in every head: one bisection of P/H + 1 points
-        frac, heads = _per_head_cuts(p, h)
-        cut = mid.searchsorted(frac * per_head)
-        indptr = np.empty(p + 1, dtype=np.int64)
-        np.add(heads * g, cut[:-1], out=indptr[:p].reshape(h, p // h))
+        frac, head, col = _per_head_cuts(p, h)
+        keys = frac * per_head
+        if mid.dtype.kind == "i" and per_head < 2.0**53:
+            # Integer midpoints below 2**53 (exact as floats): mid >= key exactly when mid >= ceil(key), and an
+            # integer bisection skips the float copy of mid that a float key costs.
+            keys = np.ceil(keys, out=keys).astype(np.int64)
+        indptr = mid.searchsorted(keys).take(col)  # CTA c = k * P/H + i starts at cut i of head k
+        indptr += head * g
         indptr[p] = g * h
         return Assignment(indptr, None, None, "linear")
     x = np.arange(p + 1, dtype=np.float64)
@@ -129,13 +140,14 @@ def _linear(costs: np.ndarray, h: int, p: int, prefix: np.ndarray | None = None)
 
 @functools.lru_cache(maxsize=64)
 def _per_head_cuts(p: int, h: int):
-    """``(c / q for c = 0..q, the column [0, 1, ..., H-1])`` with ``q = P / H`` CTAs per head (read-only)."""
+    """``(c / q for c = 0..q, c // q and c % q for c = 0..P)`` with ``q = P / H`` CTAs per head (read-only): CTA
+    ``c`` is the ``c % q``-th cut of head ``c // q``."""
     q = p // h
     frac = np.arange(q + 1, dtype=np.float64)
     frac /= q
-    heads = np.arange(h, dtype=np.int64)[:, None]
-    frac.flags.writeable = heads.flags.writeable = False
-    return frac, heads
+    head, col = np.divmod(np.arange(p + 1, dtype=np.int64), q)
+    frac.flags.writeable = head.flags.writeable = col.flags.writeable = False
+    return frac, head, col
 
 
 def _sorted(costs: np.ndarray, h: int, p: int, total: float) -> Assignment:

@@ -39,15 +39,24 @@ class Tiles:
     rows: np.ndarray | int  # [T] packed rows in the tile (<= tile_rows)
     kv_start: np.ndarray | int  # [T] first KV token the tile attends to
     kv_end: np.ndarray  # [T] one past the last (kv_start <= kv_end)
-    # When ``rows`` is the scalar tile_rows but each request's last tile is shorter: (those tiles, their rows).
-    last_rows: tuple | None = None
+    # When ``rows`` is the scalar tile_rows but each request's last tile is shorter: one past each such tile (so
+    # ``last_end - 1`` are the tiles) and the rows it lacks (``rows - short`` are its rows).
+    last_end: np.ndarray | None = None
+    short: np.ndarray | None = None
+
+    @property
+    def last_rows(self) -> tuple | None:
+        """``(last tiles, their rows)`` when ``rows`` is a scalar but those tiles are shorter, else None."""
+        if self.last_end is None:
+            return None
+        return self.last_end - 1, self.rows - self.short
 
     def row_array(self):
         """``rows`` with the last tiles' rows in (an array, or the scalar when every tile has it)."""
-        if self.last_rows is None:
+        if self.last_end is None:
             return self.rows
-        rows = np.full(self.count, self.rows, dtype=self.last_rows[1].dtype)
-        rows[self.last_rows[0]] = self.last_rows[1]
+        rows = np.full(self.count, self.rows, dtype=self.req.dtype)
+        rows[self.last_end - 1] = self.rows - self.short
         return rows
 
 
@@ -58,6 +67,11 @@ def at(x, idx: np.ndarray):
 
 def as_lengths(x, name: str) -> np.ndarray:
     """A 1-D integer array of non-negative per-request lengths (NumPy, list, or host tensor)."""
+    return lengths_and_range(x, name)[0]
+
+
+def lengths_and_range(x, name: str) -> tuple[np.ndarray, int, int]:
+    """``(as_lengths(x, name), min, max)`` (``(.., 0, 0)`` when empty): the planner needs the range anyway."""
     a = np.asarray(x)
     if a.ndim != 1:
         raise ValueError(f"{name} must be a 1-D array with one length per request, got shape {a.shape}")
@@ -65,10 +79,13 @@ def as_lengths(x, name: str) -> np.ndarray:
         if a.size and (a.dtype.kind != "f" or not np.all(a == np.floor(a))):
             raise ValueError(f"{name} must hold integers, got dtype {a.dtype}; pass an int32 or int64 array")
         a = a.astype(np.int64)
-    if a.size and a.min() < 0:
+    if not a.size:
+        return a, 0, 0
+    lo = int(np.minimum.reduce(a))
+    if lo < 0:
         i = int(np.argmin(a))
         raise ValueError(f"{name} must be >= 0, got {name}[{i}] = {int(a[i])}")
-    return a
+    return a, lo, int(np.maximum.reduce(a))
 
 
 def qo_lens_from_indptr(qo_indptr) -> np.ndarray:
@@ -196,62 +213,88 @@ def _whole_token_tiles(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: 
     Tile ``j`` of the batch (the ``index``-th of request ``b``) holds tokens ``[index*t, min((index+1)*t, qo))``;
     causal, it sees keys below ``kv - qo + min((index+1)*t, qo)``, which is ``(j+1)*t + c_b`` with
     ``c_b = kv_b - qo_b - first_b * t`` (``first_b`` its first tile), except the request's last tile, which sees all
-    ``kv_b``. Rows are ``Br`` except in each request's last tile (``last_rows``).
+    ``kv_b``. Rows are ``Br`` except in each request's last tile (``last_end``, ``short``).
     """
     t = br // g
     b = qo.shape[0]
-    dtype = np.int32 if kv.dtype == np.int32 and qo.dtype == np.int32 else np.int64  # int32 packs without a cast
-    qo = qo.astype(dtype, copy=False)
-    kv = kv.astype(dtype, copy=False)
-    c_t1, c_t, c_br, c_g = _consts(dtype, t - 1, t, br, g)
+    dtype = qo.dtype
+    if dtype is not _I32 or kv.dtype is not _I32:  # int32 packs without a cast; anything else goes to int64
+        dtype = _I32 if dtype == _I32 and kv.dtype == _I32 else _I64
+        qo, kv = qo.astype(dtype, copy=False), kv.astype(dtype, copy=False)
+    line = _LINES.get((br, g, dtype))  # constants, ramps
+    if line is None or line[0].shape[0] < b:
+        line = _line(br, g, dtype, b)
+    c_t1, c_t, c_br, c_g = line[2]  # (int64 tile counts: repeat wants intp)
     nt = qo + c_t1
     nt //= c_t
     ends = np.add.accumulate(nt)
     n = int(ends[-1])
-    if dtype == np.int32 and not 0 <= (n + 1) * t < 2**31:  # (absurd sizes) the tile line does not fit int32
-        return _whole_token_tiles(qo.astype(np.int64), kv.astype(np.int64), g, br, causal, qo_min)
-    # Per-request values spread over the tiles by ONE repeat of stacked rows: [request, first tile, c].
+    if dtype is _I32 and not 0 <= (n + 1) * t < 2**31:  # (absurd sizes) the tile line does not fit int32
+        return _whole_token_tiles(qo.astype(_I64), kv.astype(_I64), g, br, causal, qo_min)
+    if line[0].shape[0] < n:
+        line = _line(br, g, dtype, n)
+    ramp, steps = line[0], line[1]
+    # Per-request values spread over the tiles by ONE repeat of stacked rows: [request, first tile, c]; the tile
+    # arrays are then computed in place in the rows of the spread.
     per_req = np.empty((3 if causal else 2, b), dtype=dtype)
-    per_req[0] = _arange(b, dtype)
+    per_req[0] = ramp[:b]
     first = np.subtract(ends, nt, out=per_req[1])
-    clip = False
     if causal:
         c = np.subtract(kv, qo, out=per_req[2])
-        clip = bool(np.minimum.reduce(c) < 0)  # more queries than keys: the first tiles see nothing
         c -= first * c_t
     spread = per_req.repeat(nt, axis=1)
-    req = spread[0]
-    index = np.subtract(_ramp_to(n + 1, dtype)[:n], spread[1])
+    req, index = spread[0], spread[1]
+    np.subtract(ramp[:n], index, out=index)
     has = None if qo_min > 0 else nt > 0  # requests without query tokens have no tile
-    last = ends - 1 if has is None else (ends - 1)[has]
+    last_end = ends if has is None else ends[has]  # one past each request's last tile
     short = nt * c_br
     short -= qo * c_g  # rows the last tile lacks: Br * tiles - packed rows
     if has is not None:
         short = short[has]
     if causal:
-        end = np.multiply(_ramp_to(n + 1, dtype)[1:], c_t)
-        end += spread[2]
-        end[last] = kv if has is None else kv[has]  # the last tile sees all the keys (the others end below kv)
-        if clip:
-            np.maximum(end, 0, out=end)
+        end = spread[2]
+        end += steps[:n]  # (j+1)*t + c_b
+        # The last tile sees all the keys (the others end below kv): written through the flat spread, where word
+        # 2n - 1 + last_end is that tile's end.
+        spread.reshape(-1)[2 * n - 1 :][last_end] = kv if has is None else kv[has]
+        # More queries than keys: the first tiles see nothing (a clamp over the tiles is cheaper than finding out
+        # whether any request needs it: a reduction costs more than this pass)
+        np.maximum(end, 0, out=end)
     else:
         end = kv.repeat(nt)
-    return Tiles(
-        count=n, decode=False, req=req, index=index, rows=br, kv_start=0, kv_end=end, last_rows=(last, c_br - short)
-    )
+    tiles = object.__new__(Tiles)  # (the dataclass __init__ costs a microsecond)
+    tiles.__dict__ = {
+        "count": n, "decode": False, "req": req, "index": index, "rows": br, "kv_start": 0, "kv_end": end,
+        "last_end": last_end, "short": short,
+    }  # fmt: skip
+    return tiles
 
 
-_RAMPS: dict = {}
+_I32 = np.dtype(np.int32)
+_I64 = np.dtype(np.int64)
 
 
-def _ramp_to(n: int, dtype) -> np.ndarray:
-    """``arange(n)`` as a read-only slice of a cached, growing ramp."""
-    r = _RAMPS.get(dtype)
-    if r is None or r.shape[0] < n:
-        r = np.arange(max(n, 2 * (0 if r is None else r.shape[0]), 4096), dtype=dtype)
-        r.flags.writeable = False
-        _RAMPS[dtype] = r
-    return r[:n]
+_LINES: dict = {}
+
+
+def _line(br: int, g: int, dtype, n: int) -> tuple:
+    """``(arange(m), (arange(m) + 1) * t, 0-d int64 (t - 1, t, Br, g))`` for ``t = Br / g``, ``m >= n``: what
+    ``_whole_token_tiles`` reads, read-only, cached per ``(Br, g, dtype)`` and grown by doubling."""
+    t = br // g
+    old = _LINES.get((br, g, dtype))
+    m = max(n, 2 * (0 if old is None else old[0].shape[0]), 4096)
+    ramp = np.arange(m, dtype=np.int64)
+    steps = ramp + 1
+    steps *= t
+    if dtype is _I32:  # (only the first n with (n + 1) * t < 2**31 are ever read)
+        np.minimum(steps, 2**31 - 1, out=steps)
+        np.minimum(ramp, 2**31 - 1, out=ramp)
+    ramp, steps = ramp.astype(dtype), steps.astype(dtype)
+    ramp.flags.writeable = steps.flags.writeable = False
+    if len(_LINES) >= 32:
+        _LINES.clear()
+    line = _LINES[(br, g, dtype)] = (ramp, steps, _consts(_I64, t - 1, t, br, g))
+    return line
 
 
 @functools.lru_cache(maxsize=64)
@@ -261,10 +304,3 @@ def _consts(dtype, *values) -> tuple:
     for c in out:
         c.flags.writeable = False
     return out
-
-
-@functools.lru_cache(maxsize=32)
-def _arange(count: int, dtype) -> np.ndarray:
-    r = np.arange(count, dtype=dtype)
-    r.flags.writeable = False
-    return r

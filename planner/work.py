@@ -12,16 +12,17 @@ keeps ``plan()`` in tens of microseconds on a small host CPU.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
 
-from .assign import assign_items
+from .assign import LINEAR_ITEMS_PER_CTA, assign_items
 from .cost import DEFAULT_COST, CostModel
 from .decode_plan import decode_planner
 from .merge import split_layout
 from .split_kv import DEFAULT_MIN_CHUNK, _choose, fixed_counts, split_counts, split_ranges
-from .tiles import as_lengths, at, tiles_of
+from .tiles import _whole_token_tiles, at, lengths_and_range, tiles_of
 from .workplan import WorkPlan, put_field  # noqa: F401  (re-exported: the plan type lives with plan_work)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -31,21 +32,52 @@ _ZERO1 = np.zeros(1, dtype=np.int64)
 def _tile_costs(tiles, n: np.ndarray, cost: CostModel) -> np.ndarray:
     """One head's cost of each whole tile: ``beta * kv + alpha * rows + gamma``, in int64 when the terms are whole
     numbers (the default model: the prefix sum of the assignment is faster on integers)."""
-    rows, fix = tiles.rows, tiles.last_rows
+    rows = tiles.rows
     if not isinstance(rows, np.ndarray) and cost.integral:
-        costs = np.add(n, _const64(int(cost.alpha) * rows + int(cost.gamma)))  # int64
+        last = tiles.last_end
+        buf = np.empty(tiles.count + 1, dtype=np.int64)  # word 0 lets ``last_end`` index the last tiles directly
+        costs = buf[1:]
+        np.add(n, _const64(int(cost.alpha) * rows + int(cost.gamma)), out=costs)
         if cost.beta != 1:
             costs += n * int(cost.beta)
             costs -= n
-        if fix is not None:  # the last tiles' missing rows
-            short = rows - fix[1]
+        if last is not None:  # the last tiles' missing rows
+            short = tiles.short
             if cost.alpha != 1:
-                short *= int(cost.alpha)
-            costs[fix[0]] -= short
+                short = short * int(cost.alpha)
+            buf[last] -= short
         return costs
     costs = n * cost.beta
     costs += tiles.row_array() * cost.alpha + cost.gamma
     return costs
+
+
+def _exact_stats(costs: np.ndarray, total: float) -> tuple:
+    return total, float(np.maximum.reduce(costs)), float(np.minimum.reduce(costs))
+
+
+def _bounds(costs: np.ndarray, total: float, kv_hi: int | None, br: int, h: int, p: int, cost: CostModel):
+    """``(sum, hi, lo)`` in place of the exact ``(sum, max, min)`` of the tile costs where they make the same
+    decisions, or None. Saves the two reductions over the costs (a few microseconds of the plan path).
+
+    ``hi = beta * kv_hi + alpha * Br + gamma`` is at least every cost (a tile sees at most its request's keys and
+    has at most Br rows; exact arithmetic for integral models) and ``lo = min(costs[0], costs[-1])`` at least the
+    smallest. Given when those two tiles differ (so the costs are not all equal and ``hi > lo``) and
+    ``hi * LINEAR_ITEMS_PER_CTA * P <= H * sum``: ``assign_items`` then takes the linear cut, as with the exact
+    values (its first test holds for the larger ``hi``, its equal-costs test fails for both). The split policy's
+    makespan estimate grows with the largest and the smallest cost, so "no split" under these bounds is "no split"
+    exactly (with the default constants it always is: every tile is under 1/16 of a CTA's load); anything else is
+    decided again on the exact values (``plan_checked``).
+    """
+    if kv_hi is None or not cost.integral:
+        return None
+    hi = float(cost.beta * kv_hi + cost.alpha * br + cost.gamma)
+    if hi * LINEAR_ITEMS_PER_CTA * p > h * total:
+        return None
+    c0, c1 = float(costs[0]), float(costs[-1])
+    if c0 == c1:
+        return None
+    return total, hi, min(c0, c1)
 
 
 @functools.lru_cache(maxsize=16)
@@ -103,44 +135,65 @@ def plan_work(
                 f"tile / page size, so chunk boundaries fall on page boundaries); use {lo} or {lo + gr}"
             )
     if kv_range is None:
-        kv = as_lengths(kv_lens, "kv_lens")
-        kv_lo = kv_hi = None
+        kv, kv_lo, kv_hi = lengths_and_range(kv_lens, "kv_lens")
     else:
         kv, (kv_lo, kv_hi) = kv_lens, kv_range
     qo = qo_lo = None
     if qo_lens is not None:
         if qo_range is None:
-            qo = as_lengths(qo_lens, "qo_lens")
-            qo_lo, qo_hi = (int(qo.min()), int(qo.max())) if qo.shape[0] else (0, 0)
+            qo, qo_lo, qo_hi = lengths_and_range(qo_lens, "qo_lens")
         else:
             qo, (qo_lo, qo_hi) = qo_lens, qo_range
         if qo.shape[0] != kv.shape[0]:
             raise ValueError(
                 f"qo_lens has {qo.shape[0]} requests but kv_lens has {kv.shape[0]}; give one length per request in both"
             )
-        if qo_lo == 1 and qo_hi == 1:
-            qo = None  # every request has one query token: decode
+    else:
+        qo_hi = None
+    fs = None if fixed_split_size is None else int(fixed_split_size)
+    return plan_checked(qo, kv, h, g, br, p, gr, bool(causal), int(window_left), fs, bool(disable_split), cost,
+                        int(min_chunk), kv_lo, kv_hi, qo_lo, qo_hi)  # fmt: skip
+
+
+def plan_checked(
+    qo: np.ndarray | None, kv: np.ndarray, h: int, g: int, br: int, p: int, gr: int, causal: bool, w: int,
+    fixed_split_size: int | None, disable_split: bool, cost: CostModel, min_chunk: int, kv_lo: int | None,
+    kv_hi: int | None, qo_lo: int | None, qo_hi: int | None,
+) -> WorkPlan:  # fmt: skip
+    """``plan_work`` on arguments it has checked (Python ints and bools, 1-D NumPy lengths, ``fixed_split_size`` a
+    multiple of ``gr``, ``qo_lo`` / ``qo_hi`` the range of ``qo`` when given, ``kv_lo`` / ``kv_hi`` that of ``kv`` or
+    None): the wrappers' plan() calls it directly, having validated all of that already."""
+    if qo is not None and qo_lo == 1 and qo_hi == 1:
+        qo = None  # every request has one query token: decode
     if qo is None and g <= br and fixed_split_size is None and kv.shape[0]:
-        planner = decode_planner(h, g, br, p, gr, int(window_left), bool(disable_split), cost, int(min_chunk))
+        planner = decode_planner(h, g, br, p, gr, w, disable_split, cost, min_chunk)
         plan = planner.plan(kv, kv_lo, kv_hi)
         if plan is not None:
             return plan
 
-    tiles = tiles_of(qo, kv, g, br, bool(causal), int(window_left), qo_lo)
+    if qo is not None and w < 0 and br % g == 0 and kv.shape[0]:  # (tiles_of's choice, made here: one call less)
+        tiles = _whole_token_tiles(qo, kv, g, br, causal, qo_lo)
+    else:
+        tiles = tiles_of(qo, kv, g, br, causal, w, qo_lo)
     rows, start, end = tiles.rows, tiles.kv_start, tiles.kv_end
     n = end - start if isinstance(start, np.ndarray) else end
     costs = _tile_costs(tiles, n, cost)
-    stats = prefix = None
+    stats = bounds = prefix = None
     if tiles.count:
         # The prefix sum serves the linear assignment (the usual one for prefill) and gives the total.
-        prefix = np.add.accumulate(costs)
-        stats = (float(prefix[-1]), float(np.maximum.reduce(costs)), float(np.minimum.reduce(costs)))
+        # (after a leading 0: the linear cut's midpoints are then one add, see assign._linear)
+        prefix = np.empty(tiles.count + 1, dtype=costs.dtype)
+        prefix[0] = 0
+        np.add.accumulate(costs, out=prefix[1:])
+        stats = bounds = _bounds(costs, float(prefix[-1]), kv_hi, br, h, p, cost) if fixed_split_size is None else None
+        if bounds is None:
+            stats = _exact_stats(costs, float(prefix[-1]))
 
     # --- split decision: which tiles are cut, into how many pieces -----------------------------------------------
     counts = None  # pieces per tile (None: nothing is split)
     chunk, piece_granule = 0, gr
     if fixed_split_size is not None:
-        chunk = piece_granule = int(fixed_split_size)
+        chunk = piece_granule = fixed_split_size
         counts = fixed_counts(start, end, chunk)
         split = (counts > 1).nonzero()[0]
         if split.shape[0]:
@@ -149,6 +202,9 @@ def plan_work(
             counts = None
     elif not disable_split and tiles.count:
         choice = _choose(rows, n, stats, h, p, gr, cost, min_chunk)
+        if choice is not None and bounds is not None:  # bounds did not settle it: the exact costs decide
+            stats = _exact_stats(costs, stats[0])
+            choice = _choose(rows, n, stats, h, p, gr, cost, min_chunk)
         if choice is not None:
             chunk = choice[0] * gr
             split, ks = split_counts(n, start, end, choice[0], choice[1], gr, min_chunk)
@@ -191,23 +247,17 @@ def plan_work(
         g_pbase[~is_split] = -1
 
     asg = assign_items(costs, h, p, stats, prefix if counts is None else None)
-    return WorkPlan(
-        num_ctas=p,
-        num_kv_heads=h,
-        work_indptr=asg.work_indptr,
-        group_req=g_req,
-        group_tile=g_tile,
-        group_kv_start=g_start,
-        group_kv_end=g_end,
-        group_partial=g_pbase,
-        group_partial_stride=g_pstride,
-        item_group=asg.group,
-        item_head=asg.head,
-        merge_indptr=merge[0],
-        merge_src=merge[1],
-        merge_dst_token=merge[2],
-        merge_dst_head=merge[3],
-        num_partial_rows=num_partial,
-        chunk_size=chunk,
-        assign_mode=asg.mode,
-    )
+    # The dataclass __init__ with its 21 keywords costs microseconds: the fields are set in a copy of a dict that
+    # holds them all (no resize while they go in).
+    f = _PLAN_FIELDS.copy()
+    f["num_ctas"], f["num_kv_heads"], f["work_indptr"], f["assign_mode"] = p, h, asg.work_indptr, asg.mode
+    f["group_req"], f["group_tile"], f["group_kv_start"], f["group_kv_end"] = g_req, g_tile, g_start, g_end
+    f["group_partial"], f["group_partial_stride"] = g_pbase, g_pstride
+    f["item_group"], f["item_head"] = asg.group, asg.head
+    f["merge_indptr"], f["merge_src"], f["merge_dst_token"], f["merge_dst_head"] = merge
+    f["num_partial_rows"], f["chunk_size"] = num_partial, chunk
+    return WorkPlan.from_fields(f)
+
+
+# Every WorkPlan field, with its default where it has one (plan_checked sets the others)
+_PLAN_FIELDS = {f.name: None if f.default is dataclasses.MISSING else f.default for f in dataclasses.fields(WorkPlan)}

@@ -86,8 +86,8 @@ def check_plan(
     rs, ts, hs, ss, es, ps = (a[order] for a in (req, tile, head, s, e, part))
     key = (rs.astype(np.int64) * (1 << 20) + ts) * 64 + hs
     bounds = np.flatnonzero(np.diff(key)) + 1
-    starts = np.concatenate(([0], bounds))
-    stops = np.concatenate((bounds, [n]))
+    starts = np.concatenate(([0], bounds)) if n else bounds  # (no item: no run)
+    stops = np.concatenate((bounds, [n])) if n else bounds
     assert len(starts) == len(ref) * h, (len(starts), len(ref) * h)
     rows_of_item = np.empty(n, dtype=np.float64)
     partial_blocks = []
@@ -275,3 +275,102 @@ def test_empty_batch():
     plan = plan_work(None, np.zeros(0, dtype=np.int32), num_kv_heads=8, group_size=4, tile_rows=16, num_ctas=132,
                      kv_granule=16)  # fmt: skip
     assert plan.n_items == 0 and plan.n_merge == 0 and plan.work_indptr.tolist() == [0] * 133
+
+
+# --- the prefill fast path: whole-token tiles and bounds in place of exact cost statistics -------------------------
+
+_ITEM_ARRAYS = ("work_indptr", "item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end",
+                "item_partial", "merge_indptr", "merge_src", "merge_dst_token", "merge_dst_head")  # fmt: skip
+
+
+def _assert_same_plan(a: WorkPlan, b: WorkPlan) -> None:
+    assert (a.assign_mode, a.chunk_size, a.num_partial_rows) == (b.assign_mode, b.chunk_size, b.num_partial_rows)
+    for name in _ITEM_ARRAYS:
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+
+
+@st.composite
+def prefill_batches(draw):
+    """Prefill batches of many requests (where the linear cut and the bounds apply), some with no query tokens or
+    more queries than keys."""
+    b = draw(st.integers(1, 70))
+    qo = draw(st.lists(st.one_of(st.integers(0, 2000), st.integers(0, 40)), min_size=b, max_size=b))
+    kv = draw(st.lists(st.one_of(st.integers(0, 5000), st.integers(0, 64)), min_size=b, max_size=b))
+    if draw(st.booleans()):
+        kv = [k + q for k, q in zip(kv, qo, strict=True)]  # prefill onto a cache holding the new tokens
+    g = draw(st.sampled_from([1, 2, 4, 7, 8]))
+    br = draw(st.sampled_from([16, 64, 128]))
+    cfg = dict(
+        num_kv_heads=draw(st.sampled_from([1, 2, 8])), group_size=g, tile_rows=br,
+        num_ctas=draw(st.sampled_from([7, 132, 264])), kv_granule=draw(st.sampled_from([1, 16, 64])),
+        causal=draw(st.booleans()),
+    )  # fmt: skip
+    return np.array(qo, dtype=np.int32), np.array(kv, dtype=np.int32), cfg
+
+
+# Split-policy constants under which bounds that prove the linear cut no longer prove "no split" (by default they do:
+# with every tile under 1/16 of a CTA's load, neither the balance test nor the capacity rule lets a tile be cut).
+_EAGER_SPLIT = dict(
+    BALANCED_EFFICIENCY=0.999, MIN_GAIN=-1.0, CANDIDATE_FRACTIONS=(0.01,), MAX_EXTRA_ITEMS_PER_CTA=10**6
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prefill_batches(), st.booleans())
+def test_bounds_plan_as_exact_statistics(batch, eager_split):
+    """plan_work decides the split and the assignment on bounds of the tile costs (from the KV range) where they
+    settle it, instead of the costs' exact maximum and minimum; the plan must be the one the exact values give
+    (``_bounds`` disabled). ``eager_split`` makes the split policy cut what the bounds cannot rule out, so the exact
+    values decide again."""
+    qo, kv, cfg = batch
+    from cuinfer.planner import split_kv, work
+
+    saved = {name: getattr(split_kv, name) for name in _EAGER_SPLIT}
+    bounds = work._bounds
+    if eager_split:
+        for name, value in _EAGER_SPLIT.items():
+            setattr(split_kv, name, value)
+    try:
+        fast = plan_work(qo, kv, **cfg)
+        ranges = dict(kv_range=(int(kv.min()), int(kv.max())), qo_range=(int(qo.min()), int(qo.max())))
+        given_ranges = plan_work(qo, kv, **cfg, **ranges)
+        work._bounds = lambda *args: None
+        exact = plan_work(qo, kv, **cfg)
+    finally:
+        work._bounds = bounds
+        for name, value in saved.items():
+            setattr(split_kv, name, value)
+    _assert_same_plan(fast, exact)
+    _assert_same_plan(given_ranges, exact)
+    if not eager_split:  # (eager plans hold many pieces: the Python checker would take seconds)
+        check_plan(fast, qo.tolist(), kv.tolist(), **cfg)
+    event(f"mode={fast.assign_mode}")
+    event(f"split={'yes' if fast.n_merge else 'no'}")
+
+
+@pytest.mark.parametrize(
+    "qo, kv, g, br, causal",
+    [
+        pytest.param([113, 0, 1, 1023, 33], [4097, 5, 0, 1023, 7], 4, 128, True, id="gqa4-causal-empty-and-clipped"),
+        pytest.param([113, 0, 1, 1023, 33], [4097, 5, 0, 1023, 7], 4, 128, False, id="gqa4-not-causal"),
+        pytest.param([17, 31, 2], [40, 31, 200], 1, 16, True, id="mha-16-rows"),
+        pytest.param([0, 0, 9], [3, 0, 9], 8, 64, True, id="leading-empty-requests"),
+        pytest.param([300, 7], [100, 2], 2, 64, True, id="more-queries-than-keys"),
+    ],
+)
+def test_whole_token_tiles_match_reference(qo, kv, g, br, causal):
+    """Tiles of whole tokens (``Br % g == 0``), the fast path of ``query_tiles``: requests, tile indices, rows (the
+    short last tile of each request) and KV ranges as the plain-Python reference builds them, int32 in and out."""
+    from cuinfer.planner import query_tiles
+
+    tiles = query_tiles(np.array(qo, dtype=np.int32), np.array(kv, dtype=np.int32), group_size=g, tile_rows=br,
+                        causal=causal)  # fmt: skip
+    ref = reference_tiles(qo, kv, g, br, causal, -1)
+    assert tiles.count == len(ref)
+    assert tiles.req.tolist() == [r[0] for r in ref]
+    assert tiles.index.tolist() == [r[1] for r in ref]
+    assert np.broadcast_to(tiles.row_array(), (tiles.count,)).tolist() == [r[2] for r in ref]
+    assert tiles.kv_start == 0 and tiles.kv_end.tolist() == [r[5] for r in ref]
+    assert tiles.req.dtype == tiles.kv_end.dtype == np.int32  # packs without a cast
+    last, rows = tiles.last_rows
+    assert rows.tolist() == [ref[i][2] for i in last.tolist()]

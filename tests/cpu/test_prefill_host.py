@@ -126,3 +126,55 @@ def test_workspace_size_matches_the_plan(rng):
     w.plan(qo_indptr, kv_indptr, **kw)
     assert w._plan.work.num_partial_rows > 0
     assert need == plan_layout.workspace_bytes(w._plan.work, 128) > 0
+
+
+@pytest.mark.parametrize(
+    "paged, causal, group",
+    [
+        pytest.param(True, True, 4, id="paged-causal-gqa4"),
+        pytest.param(True, False, 7, id="paged-gqa7"),
+        pytest.param(False, True, 1, id="ragged-causal-mha"),
+    ],
+)
+def test_plan_work_of_plan_is_the_public_planners(paged, causal, group, rng):
+    """plan() hands its checked lengths and their ranges straight to the planner (``plan_checked``); the work plan
+    must be the one ``planner.plan_work`` makes from the bare lengths (which checks and reduces them itself)."""
+    from cuinfer.planner import plan_work
+
+    b, ps = 61, 5 if paged else 1
+    qo = _lens(rng, b, 0, 700)
+    kv = qo + _lens(rng, b, 0, 900)
+    kw = dict(num_qo_heads=2 * group, num_kv_heads=2, head_dim=128, causal=causal, q_dtype="bfloat16")
+    qo_indptr = np.concatenate([[0], np.cumsum(qo)]).astype(np.int32)
+    w = BatchPrefill(paged=paged)
+    if paged:
+        pages = -(-kv // ps)
+        kv_indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+        last = np.where(pages > 0, kv - (pages - 1) * ps, 1).astype(np.int32)
+        indices = rng.permutation(int(kv_indptr[-1]) + 7).astype(np.int32)
+        w.plan(qo_indptr, kv_indptr, indices, last, page_size=ps, **kw)
+    else:
+        w.plan(qo_indptr, np.concatenate([[0], np.cumsum(kv)]).astype(np.int32), **kw)
+    plan = w._plan
+    want = plan_work(qo, kv, num_kv_heads=2, group_size=group, tile_rows=plan.config.tile_q,
+                     num_ctas=plan.work.num_ctas, kv_granule=plan.config.tile_kv, causal=causal)  # fmt: skip
+    got = plan.work
+    assert (got.assign_mode, got.chunk_size) == (want.assign_mode, want.chunk_size)
+    for name in ("work_indptr", "item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end",
+                 "item_partial", "merge_src", "merge_dst_token"):  # fmt: skip
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+
+
+def test_plan_options_follow_each_call():
+    """plan() keeps the facts of its last arguments (compared by identity, then by value): a call with other options,
+    or with tile sizes given as an array, must plan with those."""
+    w = BatchPrefill(paged=False)
+    qo, kv = [0, 37, 50], [0, 90, 130]
+    kw = dict(num_qo_heads=8, num_kv_heads=2, head_dim=128, q_dtype="bfloat16")
+    for causal, window in ((True, -1), (False, -1), (True, 11), (True, -1)):
+        w.plan(qo, kv, causal=causal, window_left=window, **kw)
+        assert (w._plan.options.causal, w._plan.options.window_left) == (causal, window)
+    w.plan(qo, kv, causal=True, tile_sizes=(64, 32), **kw)
+    assert (w._plan.config.tile_q, w._plan.config.tile_kv) == (64, 32)
+    w.plan(qo, kv, causal=True, tile_sizes=np.array([16, 64]), **kw)  # unhashable, and ambiguous under ==
+    assert (w._plan.config.tile_q, w._plan.config.tile_kv) == (16, 64)
