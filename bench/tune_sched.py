@@ -6,8 +6,9 @@ trace    P1/P2/P3/P6 with the prefill kernel built with -DCUINFER_TRACE: thread 
          start and end (%globaltimer), written where mask_indptr points. Prints the per-item cost fit
          (fixed + per KV tile), the CTAs' end spread and busy fraction, for the planner's assignment and for LPT;
          saves $OUT/trace.npz.
-cut      D5-D8: the default plan, the same with a 256-CTA grid (num_sms=128: equal items divide exactly), and the
-         forced lane cut (split for exact balance).
+cut      D5-D8 and D1: the default plan, an A/B build whose decode epilogue stages all 16 mma rows
+         (-DCUINFER_DECODE_EPI_ALL_ROWS; the default stages only the group's real rows), and the forced lane cut
+         (split for exact balance).
 decode   D1-D4 split / unsplit, L2 flushed by a write (the PERF.md method, which leaves the L2 full of dirty lines
          that the timed kernel must write back) and by a write then a read (clean lines).
 prefill  P1-P6 with the planner's assignment against heap list schedules (items in reverse natural order: each
@@ -16,8 +17,10 @@ prefill  P1-P6 with the planner's assignment against heap list schedules (items 
 Findings (H200, 2026-11-29): a prefill item costs ~3.4 us + ~3.0 us per 64-key tile (the fixed part is mostly the
 half-used diagonal tile); the planner's static assignment leaves the CTAs' ends spread by +-2-4 % on P3/P6 (cost
 model error and co-resident CTAs); the L2 working set does not matter (list schedules and half the heads were not
-faster). Equal decode items divided exactly over 256 CTAs beat 264 CTAs with a remainder by ~0.7 %. The D1/D4 L2
-flush by a write costs the next kernel ~5/12 us of write-back.
+faster). Decode: staging only the real rows in the epilogue gained 0.2-0.9 % on D5-D8 and 2.5 % on D1; with the
+merge inside the kernel the forced lane cut beats the whole-request assignment of D5-D7 by 0.3-0.6 % (it lost
+1-1.5 % with the separate merge kernel), not enough to pay its plan() time; equal items on 256 instead of 264 CTAs
+measured within noise. The D1/D4 L2 flush by a write costs the next kernel ~5/12 us of write-back.
 """
 
 from __future__ import annotations
@@ -137,37 +140,45 @@ def decode(case_ids: list[str]) -> None:
 
 
 def decode_cut(case_ids: list[str]) -> None:
-    """Equal-length batches (D5-D7): the whole-request assignment against the forced lane cut (exact balance)."""
+    """The default decode plan and kernel against an A/B kernel build and the forced lane cut (exact balance)."""
     import cuinfer.planner.decode_plan as dp
     import torch
 
     import cuinfer
+    import cuinfer.decode_launch as dec
     from bench import cases, inputs
     from bench.timing import CudaTimer
 
     timer = CudaTimer()
     by_id = {c.id: c for c in cases.DECODE_CASES}
     consts = (dp.BALANCED_EFFICIENCY, dp.MIN_GAIN)
+    spec_of = dec.decode_spec
     for cid in case_ids:
         inp = inputs.decode_inputs(by_id[cid])
         s, kv = inp.case.shape, inp.kv
         nbytes = cases.decode_bytes(inp.case.lengths.draw(inp.case.seed), s, inp.case.kv_dtype)
-        for forced, sms in ((False, None), (False, 128), (True, None)):
+        for forced, ab in ((False, ""), (False, "all-rows"), (True, "")):
+            dec.decode_spec = spec_of if ab != "all-rows" else _with_define(spec_of, "-DCUINFER_DECODE_EPI_ALL_ROWS")
             dp.BALANCED_EFFICIENCY, dp.MIN_GAIN = (2.0, -1.0) if forced else consts
             try:
                 w = cuinfer.BatchDecode()
                 w.plan(kv.table.kv_indptr, kv.table.kv_indices, kv.table.kv_last_page_len,
                        num_qo_heads=s.num_qo_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
-                       page_size=s.page_size, q_dtype=s.dtype, num_sms=sms)  # fmt: skip
+                       page_size=s.page_size, q_dtype=s.dtype)  # fmt: skip
             finally:
                 dp.BALANCED_EFFICIENCY, dp.MIN_GAIN = consts
             t = timer.time(functools.partial(w.run, inp.q, kv.cache), iters=30, warmup=3)
             work = w._plan.work
             tbs = nbytes / t.median_s / 1e12
-            print(f"{cid} {'cut' if forced else 'def':3s} sms {sms} {t.us:7.1f} us {tbs:5.3f} TB/s items "
+            print(f"{cid} {'cut' if forced else 'def':3s} {ab:8s} {t.us:7.1f} us {tbs:5.3f} TB/s items "
                   f"{work.n_items} ctas {work.num_ctas} merge {work.n_merge} mode {work.assign_mode}")  # fmt: skip
+        dec.decode_spec = spec_of
         torch.cuda.synchronize()
         inputs.free()
+
+
+def _with_define(spec_of, define: str):
+    return lambda key: dataclasses.replace(spec_of(key), extra_options=(define,))
 
 
 class _TracedParams:
@@ -275,7 +286,7 @@ if __name__ == "__main__":
     if "trace" in args:
         trace(["P1", "P2", "P3", "P6"], os.environ.get("OUT"))
     if "cut" in args:
-        decode_cut(["D5", "D6", "D7", "D8"])
+        decode_cut(["D5", "D6", "D7", "D8", "D1"])
     if "decode" in args:
         decode(["D1", "D2", "D3", "D4"])
     if "prefill" in args:

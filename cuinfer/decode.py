@@ -4,8 +4,9 @@
 (``decode_policy``), sizes the persistent grid from the kernel's occupancy, balances the work items over it
 (``cuinfer.planner``) and packs plan + page table into one pinned int32 buffer. ``run()`` only validates and
 enqueues, on the caller's current stream: the async copy of that buffer (once per plan and stream; every time in
-CUDA-graph mode, so a captured graph replays whatever the latest ``plan()`` wrote), the decode kernel, and the merge
-of split-KV partial states when the plan split anything. ``run()`` never synchronises.
+CUDA-graph mode, so a captured graph replays whatever the latest ``plan()`` wrote) and the decode kernel, which also
+merges the split-KV partial states of a request (the last of its pieces to finish does it). ``run()`` never
+synchronises.
 
 NumPy inputs to ``run()`` / ``single_decode`` run the float64 CPU reference and return NumPy arrays in the output
 dtypes the GPU would produce (o in ``o_dtype``, lse float32).
@@ -412,15 +413,18 @@ class BatchDecode:
         if fixed_split_size is None and planner is not None and plan.batch:
             work = planner.plan(plan.kv_lens, *plan.kv_range)
             if work is not None:
+                work.merge_in_kernel = True  # the decode kernels merge split requests themselves (merge_split)
                 return work
         tile = plan.config.tile_kv
         granule = math.gcd(int(fixed_split_size), tile) if fixed_split_size is not None else tile
-        return plan_work(
+        work = plan_work(
             None, plan.kv_lens, num_kv_heads=plan.num_kv_heads, group_size=plan.num_qo_heads // plan.num_kv_heads,
             tile_rows=plan.config.rows_per_tile, num_ctas=num_ctas, kv_granule=granule,
             window_left=plan.options.window_left,
             fixed_split_size=None if fixed_split_size is None else int(fixed_split_size), kv_range=plan.kv_range,
         )  # fmt: skip
+        work.merge_in_kernel = True
+        return work
 
     def workspace_size(
         self, kv_indptr: Any, kv_indices: Any, kv_last_page_len: Any, *, num_qo_heads: int, num_kv_heads: int,
@@ -651,8 +655,6 @@ class BatchDecode:
             st.repack(tq, q_strides, kv, to, tl, k_scale, v_scale)
             st.dyn = dyn
         st.kernel.launch(st.num_ctas, st.threads, (st.params,), smem_bytes=st.smem_bytes, stream=call.stream)
-        if st.merge_params is not None:
-            st.merge_kernel.launch(st.merge_grid, st.merge_threads, (st.merge_params,), stream=call.stream)
 
     def _run_reference(self, plan: _Plan, q, kv_cache, out, lse, return_lse, k_scale, v_scale):
         tq = as_tensor(q, "q")

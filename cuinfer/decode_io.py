@@ -92,6 +92,8 @@ class Buffers:
         with cupy.cuda.Device(device_id):
             self.workspace = cupy.empty(int(workspace_bytes), dtype=np.uint8)
         self.workspace_bytes = int(workspace_bytes)
+        self.merge_count = None
+        self._new_merge_counters()
         self.device = None
         self.pinned: list[np.ndarray] = []
         self.events: list[Any] = []
@@ -108,6 +110,22 @@ class Buffers:
             cupy.cuda.Device(self.device_id).synchronize()  # kernels in flight may still write the old partials
             self.workspace = cupy.empty(int(nbytes), dtype=np.uint8)
         self.workspace_bytes = int(nbytes)
+        self._new_merge_counters()
+
+    def _new_merge_counters(self) -> None:
+        """Zeroed arrival counters of the decode kernels' in-kernel merge (decode.cuh ``merge_split``), one per partial
+        row the workspace can hold at the smallest head dim (a unit's counter is its first partial row). The kernel
+        returns every counter it uses to 0, so they are zeroed only here, at plan time (never inside a graph
+        capture), and the device is synchronised so no stream can see them before the zeros land."""
+        import cupy
+
+        n = max(1, self.workspace_bytes // (4 * 64 + 4))
+        with cupy.cuda.Device(self.device_id):
+            self.merge_count = cupy.zeros(n, dtype=np.int32)
+            cupy.cuda.Device(self.device_id).synchronize()
+
+    def merge_count_ptr(self) -> int:
+        return int(self.merge_count.data.ptr)
 
     def ensure(self, words: int) -> None:
         """Room for ``words`` int32 on both sides (never shrinks; in graph mode sized once)."""

@@ -41,9 +41,6 @@ class LaunchState:
     """What run() launches for one plan: kernels, grids and the static part of the parameter structs."""
 
     def __init__(self, w: Any, plan: Any, want_lse: bool, device_id: int) -> None:
-        from cuinfer.device import device_info
-        from cuinfer.merge import merge_partials_kernel, merge_partials_rows_per_block
-
         self.plan, self.want_lse, self.device_id, self.dyn = plan, want_lse, device_id, None
         buf, off, opts, work = w._buffers, plan.offsets, plan.options, plan.work
         key = plan.key(want_lse)
@@ -59,29 +56,16 @@ class LaunchState:
             kv_lens=buf.ptr(off["kv_lens"]),
             **{name: buf.ptr(off[name]) for name in (
                 "work_indptr", "item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end",
-                "item_partial")},
+                "item_partial", "item_merge", "item_pieces")},
+            merge_count=buf.merge_count_ptr(),
             rope_log2_theta_bits=int(np.float64(math.log2(opts.rope_theta)).view(np.int64)),
             rope_rcp_scale_bits=int(np.float64(1.0 / opts.rope_scale).view(np.int64)),
             page_size=plan.page_size, num_qo_heads=plan.num_qo_heads, window_left=opts.window_left,
             cap_log2=cap * _LOG2E, rcp_cap=1.0 / cap if cap > 0 else 0.0,
         )  # fmt: skip
-        max_merge = buf.fixed_layout[0].capacity.max_merge if w.use_cuda_graph else work.n_merge
-        self.merge_params = None
-        self.merge_kernel = None
-        if max_merge:
-            per_block = merge_partials_rows_per_block(plan.o_dtype, d)
-            self.merge_kernel, self.merge_threads = merge_partials_kernel(plan.o_dtype, d, device_id)
-            self.merge_grid = max(1, min(16 * device_info(device_id).sm_count, -(-max_merge // per_block)))
-            self.merge_static = dict(
-                num_targets=buf.ptr(1), merge_indptr=buf.ptr(off["merge_indptr"]), merge_src=buf.ptr(off["merge_src"]),
-                merge_dst_token=buf.ptr(off["merge_dst_token"]), merge_dst_head=buf.ptr(off["merge_dst_head"]),
-                partial_o=partial_o, partial_lse=partial_lse,
-            )  # fmt: skip
-        self.has_merge = bool(max_merge)
+        # (split requests merge inside the kernel, decode.cuh merge_split: one launch per step)
 
     def repack(self, tq: Tensor, q_strides, kv: KV, to: Tensor, tl: Tensor | None, k_scale, v_scale) -> None:
-        from cuinfer.merge_specs import MergePartialsParams
-
         scale = self.sm_scale * (1.0 if k_scale is None else float(k_scale))
         self.params = DecodeParams.pack(
             **self.static,
@@ -94,9 +78,3 @@ class LaunchState:
             logits_scale=scale * (1.0 if self.cap > 0 else _LOG2E),
             v_scale=1.0 if v_scale is None else float(v_scale),
         )  # fmt: skip
-        if self.has_merge:
-            self.merge_params = MergePartialsParams.pack(
-                **self.merge_static, o=to.ptr, lse=0 if tl is None else tl.ptr,
-                o_s0=to.strides[0], o_s1=to.strides[1],
-                lse_s0=0 if tl is None else tl.strides[0], lse_s1=0 if tl is None else tl.strides[1],
-            )  # fmt: skip

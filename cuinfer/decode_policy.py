@@ -28,7 +28,7 @@ SUPPORTED_HEAD_DIMS = (64, 128, 256)
 TENSOR_CORE_MIN_GROUP = 4
 MAX_THREADS = 512  # CUDA-core blocks beyond this leave < 128 registers per thread
 ITEM_CHUNK = 64  # kItemChunk in decode.cuh
-ITEM_INFO_BYTES = 32  # sizeof(ItemInfo)
+ITEM_INFO_BYTES = 40  # sizeof(ItemInfo)
 REFERENCE_SMEM_PER_SM = 233472  # Hopper (H100 / H200): 228 KB of shared memory per SM
 
 
@@ -69,7 +69,7 @@ class DecodeConfig:
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory of the kernel; mirrors Pipeline<> and the kernels' own areas in decode.cuh."""
-        ring = (self.stages + 1) * (16 * self.tile_kv + 32)
+        ring = (self.stages + 1) * (16 * self.tile_kv + 40)
         pipe = self.stages * self.stage_bytes + ring + ITEM_CHUNK * ITEM_INFO_BYTES
         pipe = -(-pipe // 128) * 128
         if self.tensor_cores:

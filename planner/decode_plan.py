@@ -438,7 +438,11 @@ def _arange(count: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=64)
 def _equal_indptr(n: int, p: int) -> np.ndarray:
-    """Equal items: CTA ``c`` starts at the first item whose midpoint ``i + 1/2`` reaches ``c * n / P``."""
+    """Equal items: CTA ``c`` starts at the first item whose midpoint ``i + 1/2`` reaches ``c * n / P``.
+
+    (Putting them on fewer CTAs with the same most items per CTA, 256 instead of 264 for D5-D7, measured within
+    noise of this on an H200 once the merge moved into the decode kernel: bench/tune_sched.py cut.)
+    """
     indptr = np.arange(0, 2 * n * (p + 1), 2 * n)
     indptr += p - 1
     indptr //= 2 * p

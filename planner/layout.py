@@ -23,8 +23,10 @@ word  name               meaning
 
 Then the arrays, each starting on a 16-byte boundary (4 words), in this order: ``work_indptr[max_ctas+1]`` (padded
 with ``n_items`` past ``num_ctas``), ``item_req``, ``item_qo_tile``, ``item_kv_head``, ``item_kv_start``,
-``item_kv_end``, ``item_partial`` (each ``[max_items]``), ``merge_indptr[max_merge+1]``, ``merge_src[max_merge_src]``,
-``merge_dst_token[max_merge]``, ``merge_dst_head[max_merge]``. Words past a count are left as they were.
+``item_kv_end``, ``item_partial``, ``item_merge``, ``item_pieces`` (each ``[max_items]``; the last two are the merge
+unit and piece count of kernels that merge split items themselves, -1 and 0 otherwise: ``units.py``),
+``merge_indptr[max_merge+1]``, ``merge_src[max_merge_src]``, ``merge_dst_token[max_merge]``,
+``merge_dst_head[max_merge]``. Words past a count are left as they were.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ _ARRAYS = (
     ("item_kv_start", "max_items", 0),
     ("item_kv_end", "max_items", 0),
     ("item_partial", "max_items", 0),
+    ("item_merge", "max_items", 0),
+    ("item_pieces", "max_items", 0),
     ("merge_indptr", "max_merge", 1),
     ("merge_src", "max_merge_src", 0),
     ("merge_dst_token", "max_merge", 0),

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .units import units_of
+
 
 @dataclass(eq=False)
 class WorkPlan:
@@ -47,6 +49,9 @@ class WorkPlan:
     # picks the cuts inside requests); ``pack`` writes the item ranges from them directly and ``kv_ranges()`` builds
     # the group arrays when asked.
     lane_cuts: tuple | None = None
+    # The kernel merges split items itself (decode: decode.cuh ``merge_split``): the plan then carries each item's
+    # merge unit and piece count (``item_merge``, ``item_pieces``; see ``units.py``), else they are -1 and 0.
+    merge_in_kernel: bool = False
 
     @property
     def n_groups(self) -> int:
@@ -111,8 +116,19 @@ class WorkPlan:
         ``"fill"``: the scalar ``values`` for every item."""
         fields = self.__dict__.get("_item_fields")
         if fields is None:
-            fields = self.__dict__["_item_fields"] = self._build_fields()
+            fields = self._build_fields()
+            fields.update(self._unit_fields(fields))
+            self.__dict__["_item_fields"] = fields
         return fields
+
+    def _unit_fields(self, fields: dict) -> dict:
+        """``item_merge`` / ``item_pieces`` (units.py): per item when the kernel merges and something is split."""
+        if not self.merge_in_kernel or self.n_merge == 0:
+            return _NO_UNITS
+        partial = np.empty(self.n_items, dtype=np.int32)
+        put_field(partial, fields["item_partial"], self.num_kv_heads, self.n_groups)
+        merge, pieces = units_of(partial, self.merge_indptr, self.merge_src, self.num_partial_rows)
+        return {"item_merge": ("item", merge, None), "item_pieces": ("item", pieces, None)}
 
     def kv_ranges(self) -> tuple:
         """``(group_kv_start, group_kv_end)``, built on first use for decode lane plans."""
@@ -186,6 +202,11 @@ class WorkPlan:
     item_kv_start = property(lambda self: self._item("item_kv_start"))
     item_kv_end = property(lambda self: self._item("item_kv_end"))
     item_partial = property(lambda self: self._item("item_partial"))
+    item_merge = property(lambda self: self._item("item_merge"))
+    item_pieces = property(lambda self: self._item("item_pieces"))
+
+
+_NO_UNITS = {"item_merge": ("fill", -1, None), "item_pieces": ("fill", 0, None)}
 
 
 def put_field(out: np.ndarray, field: tuple, num_heads: int, n_groups: int) -> None:

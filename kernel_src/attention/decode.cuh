@@ -143,6 +143,65 @@ __device__ __forceinline__ void store_row(const DecodeParams& p, int req, int qo
   }
 }
 
+// The in-kernel merge of a split (request, KV head): each piece stores its rows as fp32 partial states (store_row),
+// then counts itself in the unit's counter; the CTA that brings the count to the unit's piece count merges all
+// pieces into o / lse and resets the counter to 0 for the next launch (so a CUDA graph replays it as is). No second
+// kernel, no launch gap, and the partial rows are read while they are still in L2.
+//   Partial rows: piece j of the unit starting at row U holds its `rows` rows at U + j * rows (planner/merge.py).
+//   Memory order: every thread fences its own partial stores before the barrier that precedes the count (release);
+//   the merging CTA reads the other pieces' rows with ld.global.cg (L2, never a stale L1 line) after the count.
+// All threads call it (block-uniform arguments); `flag` is one int of shared memory.
+template <typename O, int D, bool kLse, int kThreads>
+__device__ __forceinline__ void merge_split(const DecodeParams& p, int unit, int pieces, int rows, int req, int head0,
+                                            int* flag) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* count = reinterpret_cast<int*>(p.merge_count) + unit;
+    const bool last = atomicAdd(count, 1) == pieces - 1;
+    if (last) *count = 0;  // every piece has counted itself: ready for the next launch
+    *flag = last;
+  }
+  __syncthreads();
+  if (!*flag) return;
+  __threadfence();
+  const float* plse = reinterpret_cast<const float*>(p.partial_lse) + unit;
+  const float* po = reinterpret_cast<const float*>(p.partial_o) + i64(unit) * D;
+  constexpr int kChunks = D / 8;
+  for (int u = threadIdx.x; u < rows * kChunks; u += kThreads) {
+    const int x = u / kChunks, c = u % kChunks;
+    float mx = neg_inf();
+    for (int j = 0; j < pieces; ++j) mx = fmaxf(mx, __ldcg(plse + j * rows + x));
+    float acc[8], den = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+    if (mx != neg_inf()) {
+      for (int j = 0; j < pieces; ++j) {
+        const float w = exp2f(__ldcg(plse + j * rows + x) - mx);  // an empty piece (-inf) weighs 0
+        const float4* src = reinterpret_cast<const float4*>(po + i64(j * rows + x) * D + c * 8);
+        const float4 lo = __ldcg(src), hi = __ldcg(src + 1);
+        den += w;
+        acc[0] = fmaf(w, lo.x, acc[0]), acc[1] = fmaf(w, lo.y, acc[1]);
+        acc[2] = fmaf(w, lo.z, acc[2]), acc[3] = fmaf(w, lo.w, acc[3]);
+        acc[4] = fmaf(w, hi.x, acc[4]), acc[5] = fmaf(w, hi.y, acc[5]);
+        acc[6] = fmaf(w, hi.z, acc[6]), acc[7] = fmaf(w, hi.w, acc[7]);
+      }
+    }
+    const float inv = den > 0.f ? 1.f / den : 0.f;
+    Vec<O, 8> v;  // (the partials already carry v_scale)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = from_float<O>(acc[i] * inv);
+    const int head = head0 + x;
+    v.store_global(reinterpret_cast<O*>(p.o) + i64(req) * p.o_stride_b + i64(head) * p.o_stride_h + c * 8);
+    if constexpr (kLse) {
+      if (c == 0) {
+        reinterpret_cast<float*>(p.lse)[i64(req) * p.lse_stride_b + i64(head) * p.lse_stride_h] =
+            den > 0.f ? mx + log2f(den) : neg_inf();
+      }
+    }
+  }
+}
+
 // Merge S slices (m_s, d_s, o_s unnormalised) of one row slice: o = Σ 2^(m_s-M) o_s / Σ 2^(m_s-M) d_s.
 struct SliceMerge {
   float acc[8];
@@ -323,6 +382,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) batch_decode_cuda_core(c
         const float lse = mg.finish();
         store_row<O, D, kLse>(p, cur->req, head, prow, tx * 8, mg.acc, lse, tx == 0);
       }
+      if (cur->merge >= 0) {
+        merge_split<O, D, kLse, kThreads>(p, cur->merge, cur->pieces, G, cur->req, cur->kv_head * G,
+                                          reinterpret_cast<int*>(md));  // (md is free again: see merge_split)
+      }
     }
   }
 }
@@ -498,11 +561,20 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks) batch_dec
       __syncthreads();  // every warp is done reading this tile's stage: reuse it as merge scratch
       float* os = reinterpret_cast<float*>(ks);  // [kWarpsKV][16][D]
       const float d0 = mma::quad_sum(dsum[0]), d1 = mma::quad_sum(dsum[1]);
+      // Only the tile's real rows (query heads row0 + r < G) are staged: the merge below reads no others, and with
+      // G = 4 that is a quarter of the scratch traffic of all 16 mma rows.
+#ifdef CUINFER_DECODE_EPI_ALL_ROWS
+      const bool lo_row = true, hi_row = true;  // A/B builds (bench/tune_sched.py)
+#else
+      const bool lo_row = cur->qo_tile * 16 + gid < G, hi_row = cur->qo_tile * 16 + gid + 8 < G;
+#endif
 #pragma unroll
       for (int j = 0; j < DW / 8; ++j) {
         const int col = wd * DW + j * 8 + 2 * tig;
-        *reinterpret_cast<float2*>(os + (wkv * 16 + gid) * D + col) = make_float2(oacc[j][0], oacc[j][1]);
-        *reinterpret_cast<float2*>(os + (wkv * 16 + gid + 8) * D + col) = make_float2(oacc[j][2], oacc[j][3]);
+        if (lo_row) *reinterpret_cast<float2*>(os + (wkv * 16 + gid) * D + col) = make_float2(oacc[j][0], oacc[j][1]);
+        if (hi_row) {
+          *reinterpret_cast<float2*>(os + (wkv * 16 + gid + 8) * D + col) = make_float2(oacc[j][2], oacc[j][3]);
+        }
       }
       if (wd == 0 && tig == 0) {
         md[(wkv * 16 + gid) * 2] = m[0];
@@ -527,6 +599,10 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks) batch_dec
           const int prow = cur->partial < 0 ? -1 : cur->partial + r;
           store_row<O, D, kLse>(p, cur->req, cur->kv_head * G + row0 + r, prow, c * 8, mg.acc, lse, c == 0);
         }
+      }
+      if (cur->merge >= 0) {
+        merge_split<O, D, kLse, kThreads>(p, cur->merge, cur->pieces, min(16, G - row0), cur->req,
+                                          cur->kv_head * G + row0, reinterpret_cast<int*>(md));
       }
     }
   }

@@ -19,6 +19,7 @@ constexpr int kItemChunk = 64;
 // One work item as the producer needs it, read once from the plan and the page table.
 struct ItemInfo {
   int req, kv_head, start, end, partial, qo_tile, page_begin, kv_len;
+  int merge, pieces;  // split items: the unit's first partial row and its piece count (merge_split); else -1, 0
 };
 
 // One tile of the CTA's tile stream: the element offsets (page, slot and head resolved) of its tokens in the K and
@@ -27,6 +28,7 @@ template <int T> struct TileSlot {
   i64 k_off[T];
   i64 v_off[T];
   int req, kv_head, start, n_valid, partial, qo_tile, kv_len, flags;
+  int merge, pieces;
 };
 
 __device__ __forceinline__ i64 round_up_128(i64 x) { return (x + 127) / 128 * 128; }
@@ -41,6 +43,8 @@ __device__ __forceinline__ void load_items(const DecodeParams& p, ItemInfo* item
   const int* item_kv_end = reinterpret_cast<const int*>(p.item_kv_end);
   const int* item_partial = reinterpret_cast<const int*>(p.item_partial);
   const int* item_qo_tile = reinterpret_cast<const int*>(p.item_qo_tile);
+  const int* item_merge = reinterpret_cast<const int*>(p.item_merge);
+  const int* item_pieces = reinterpret_cast<const int*>(p.item_pieces);
   const int* page_indptr = reinterpret_cast<const int*>(p.page_indptr);
   const int* kv_lens = reinterpret_cast<const int*>(p.kv_lens);
   for (int i = threadIdx.x; i < kItemChunk; i += kThreads) {
@@ -53,6 +57,8 @@ __device__ __forceinline__ void load_items(const DecodeParams& p, ItemInfo* item
       x.end = item_kv_end[it];
       x.partial = item_partial[it];
       x.qo_tile = item_qo_tile[it];
+      x.merge = item_merge[it];
+      x.pieces = item_pieces[it];
       x.page_begin = page_indptr[x.req];
       x.kv_len = kv_lens[x.req];
       if constexpr (kWindow) {
@@ -110,6 +116,8 @@ template <int T, int kThreads, bool kWindow> struct TileProducer {
       slot->partial = x.partial;
       slot->qo_tile = x.qo_tile;
       slot->kv_len = x.kv_len;
+      slot->merge = x.merge;
+      slot->pieces = x.pieces;
       slot->flags = (fresh ? kFirst : 0) | (last ? kLast : 0);
     }
     if (static_cast<int>(threadIdx.x) < n_valid) {

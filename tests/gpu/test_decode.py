@@ -287,6 +287,37 @@ def test_cuda_graph_replays_after_replan(rng):
         _check(out.get(), lse.get(), ref_o, ref_lse, "bf16", what=f"graph replay {lens}")
 
 
+def test_split_requests_merge_in_kernel_on_every_run(rng):
+    """Split requests are merged inside the decode kernel by the last piece to finish, counted in arrival counters
+    the kernel returns to 0: every run of a plan, and of later plans with other pieces, writes every output row."""
+    from cuinfer.decode import BatchDecode
+
+    cupy = _framework("cupy").module
+    hq, hkv, d, ps = 32, 8, 128, 16
+    num_pages = 4200
+    cache = rng.standard_normal((num_pages, 2, ps, hkv, d), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    gc = cupy.asarray(cache)
+    perm = rng.permutation(num_pages).astype(np.int32)
+    w = BatchDecode()
+    for lens in ((33001,), (5000, 17, 9000, 1), (1, 1, 1, 20000, 3000, 64)):
+        lens = np.asarray(lens)
+        pages = (lens + ps - 1) // ps
+        indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+        table = (indptr, perm[: indptr[-1]], (lens - (pages - 1) * ps).astype(np.int32))
+        q = (2 * rng.standard_normal((len(lens), hq, d), dtype=np.float32)).astype(ml_dtypes.bfloat16)
+        w.plan(*table, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=ps, q_dtype="bfloat16")
+        assert w._plan.work.n_merge > 0, f"lengths {lens.tolist()} should be split"
+        ref_o, ref_lse = reference.batch_decode_paged(q, cache, *table)
+        gq = cupy.asarray(q)
+        for run in range(3):
+            out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+            lse = cupy.full(q.shape[:2], np.nan, dtype=np.float32)
+            _poison_workspace(w)
+            w.run(gq, gc, out=out, lse=lse)
+            _check(out.get(), lse.get(), ref_o, ref_lse, "bf16", what=f"run {run} of {lens.tolist()}")
+        assert int(w._buffers.merge_count.max().get()) == 0, "every arrival counter is back to 0 after a run"
+
+
 def test_gpu_errors_before_launch(rng):
     """Host-side checks of run() with device arrays: nothing is launched for a bad page table or a misaligned q."""
     from cuinfer.decode import BatchDecode
