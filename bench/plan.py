@@ -108,7 +108,11 @@ def fi_plans(case: PlanCase, t: _Tables) -> dict:
 
 
 def run(ctx: Context, cases) -> None:
+    from cuinfer.planner.bench import calibrate
+
     use_fi = peers.use_flashinfer(ctx)
+    # plan() is a few dozen NumPy calls: its time scales with this host's per-call cost (~1.1 us on a quiet core)
+    ctx.log(f"[plan] host: one small NumPy call = {calibrate():.2f} us")
     for case in cases:
         ctx.log(f"[plan] {case.id}: {case.describe()}  (target {case.target.text})")
         tables = _Tables(case)
