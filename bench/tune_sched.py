@@ -20,7 +20,9 @@ model error and co-resident CTAs); the L2 working set does not matter (list sche
 faster). Decode: staging only the real rows in the epilogue gained 0.2-0.9 % on D5-D8 and 2.5 % on D1; with the
 merge inside the kernel the forced lane cut beats the whole-request assignment of D5-D7 by 0.3-0.6 % (it lost
 1-1.5 % with the separate merge kernel), not enough to pay its plan() time; equal items on 256 instead of 264 CTAs
-measured within noise. The D1/D4 L2 flush by a write costs the next kernel ~5/12 us of write-back.
+measured within noise, and so did copying each item's q with its first tile's cp.async group instead of loading
+it at the item start (+-0.3 %, not kept). The D1/D4 L2 flush by a write costs the next kernel ~5/12 us of
+write-back.
 """
 
 from __future__ import annotations
