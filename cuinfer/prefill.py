@@ -107,7 +107,8 @@ class BatchPrefill:
         self._limits_memo: tuple | None = None
         self._ctas_memo: tuple | None = None
         self._offsets: dict = {}
-        self._pack_memo: dict = {}  # id(host buffer) -> (buffer, layout, planner.pack memo)
+        # id(host buffer) -> (buffer, layout, planner.pack memo, [views of the index arrays])
+        self._pack_memo: dict = {}
 
     # -- planning --------------------------------------------------------------------------------------------------
 
@@ -336,25 +337,32 @@ class BatchPrefill:
             hit = self._offsets[key] = (lay, off, pos)
         return hit
 
+    def _index_views(self, host: np.ndarray, off: dict, batch: int, n_pages: int) -> tuple:
+        """``host``'s slices for qo_indptr, kv_indptr, kv_last_page_len and kv_indices."""
+        o_q, o_k, o_l, o_i = off["qo_indptr"], off["kv_indptr"], off["kv_last_page_len"], off["kv_indices"]
+        qo, kv = host[o_q : o_q + batch + 1], host[o_k : o_k + batch + 1]
+        return qo, kv, host[o_l : o_l + batch], host[o_i : o_i + n_pages]
+
     def _fill_words(self, plan: PrefillPlan, host: np.ndarray, lay, off: dict, generation: int) -> None:
         """Pack the work plan and the index arrays (and the packed mask) into ``host`` at the word offsets ``off``."""
         memo = self._pack_memo.get(id(host))  # see planner.pack: per host buffer and layout
         if memo is None or memo[0] is not host or memo[1] is not lay:
             if len(self._pack_memo) >= 8:
                 self._pack_memo.clear()
-            memo = self._pack_memo[id(host)] = (host, lay, {})
+            memo = self._pack_memo[id(host)] = (host, lay, {}, [None])
         plan_layout.pack(plan.work, lay, host, generation=generation, memo=memo[2])
         batch = plan.batch
-        o = off["qo_indptr"]
-        host[o : o + batch + 1] = plan.qo_indptr
-        o = off["kv_indptr"]
-        host[o : o + batch + 1] = plan.kv_indptr
+        n_pages = int(plan.kv_indptr[-1]) if self.paged else 0
+        # The views of the index arrays in host, kept while the offsets and sizes stay (a serving loop's batch)
+        views = memo[3][0]
+        if views is None or views[0] is not off or views[1] != (batch, n_pages):
+            views = memo[3][0] = (off, (batch, n_pages), *self._index_views(host, off, batch, n_pages))
+        views[2][...] = plan.qo_indptr
+        views[3][...] = plan.kv_indptr
         if self.paged:
-            n_pages = int(plan.kv_indptr[-1])
-            o = off["kv_last_page_len"]
-            host[o : o + batch] = plan.kv_last_page_len
-            o = off["kv_indices"]
-            host[o : o + n_pages] = plan.kv_indices[:n_pages]
+            views[4][...] = plan.kv_last_page_len
+            indices = plan.kv_indices
+            views[5][...] = indices if indices.shape[0] == n_pages else indices[:n_pages]
         if plan.mask_bytes is not None:
             n_mask = plan.mask_bytes.shape[0]
             host[off["mask_indptr"] : off["mask_indptr"] + batch + 1] = plan.mask_indptr

@@ -347,7 +347,7 @@ def _index_arrays(paged: bool, qo_indptr, kv_indptr, kv_indices, kv_last_page_le
 
 def _index_arrays_fast(paged: bool, qo, kvi, indices, last, ps: int) -> tuple | None:
     """``_index_arrays`` for 1-D NumPy int32 inputs in one reduction over the rows ``[qo_lens, kv_lens, lp, -qo_lens,
-    -kv_lens, -lp]`` (``lp = last - page_size``, see ``decode._page_table_fast``), or None: the validators' path
+    -kv_lens, -lp]`` (``lp = last - page_size``, see ``decode_host._page_table_fast``), or None: the validators' path
     then runs and names whatever is wrong."""
     nd = np.ndarray
     if type(qo) is not nd or type(kvi) is not nd or qo.dtype is not _I32 or kvi.dtype is not _I32:

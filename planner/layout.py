@@ -126,7 +126,8 @@ class PlanLayout:
         blocks = plan.pack_blocks  # plans of one structure share it: remember their layout there
         lay = None if blocks is None else blocks.get("tight")
         if lay is None:
-            lay = _layout_for(plan.n_items, plan.num_ctas, plan.n_merge, plan.n_merge_src)
+            n, _, nm, ns = plan.sizes()
+            lay = _layout_for(n, plan.num_ctas, nm, ns)
             if blocks is not None:
                 blocks["tight"] = lay
         return lay
@@ -292,31 +293,57 @@ def pack(
                     out[o_e : o_e + n] = kv.take(ranges.item_req)
                 out[patch] = pos.take(ranges.patch_pos)
             return out
-    check_fits(plan, layout)
-    if memo:
-        memo.pop("block", None)  # the buffer is about to hold another plan
-    cap = layout.capacity
-    off = layout.offsets
-    n = plan.n_items
-    h, g = plan.num_kv_heads, plan.n_groups
+    n, g, nm, ns = plan.sizes()
     p = plan.num_ctas
-    nm = plan.n_merge
-    ns = plan.n_merge_src
-    out[:HEADER_WORDS] = layout.header
+    cap = layout.capacity
+    if n > cap.max_items or p > cap.max_ctas or nm > cap.max_merge or ns > cap.max_merge_src:
+        check_fits(plan, layout)  # (raises, naming the limit)
+    h = plan.num_kv_heads
+    off = layout.offsets
+    if memo is None:
+        out[:HEADER_WORDS] = layout.header
+    else:
+        memo.pop("block", None)  # the buffer is about to hold another plan
+        if memo.get("header") is not out:  # (words 7-15 depend on the layout alone)
+            out[:HEADER_WORDS] = layout.header
+            memo["header"] = out
     out[0], out[1], out[2], out[3] = n, nm, plan.num_partial_rows, p
     out[4], out[5], out[6] = ns, plan.chunk_size, generation
     o = off["work_indptr"]
     out[o : o + p + 1] = plan.work_indptr
     if cap.max_ctas > p:
         out[o + p + 1 : o + cap.max_ctas + 1] = n
-    for name, item in plan.item_fields().items():
-        o = off[name]
+    shape, dynamic = plan.pack_fields()
+    key = (n, h, g, shape)
+    if memo is None or memo.get("items") != key:
+        heads = _heads(h)
+        for name, value in shape:  # the fields the plan's shape fixes: written when the buffer may not hold them
+            o = off[name]
+            if value == "heads":
+                out[o : o + n].reshape(h, g)[:] = heads
+            else:
+                out[o : o + n] = value
         if memo is not None:
-            key = (o, n, _shape_only(item, h, g))
-            if key[2] is not None and memo.get(name) == key:
-                continue  # the buffer holds it already
-            memo[name] = key
-        put_field(out[o : o + n], item, h, g)
+            memo["items"] = key
+    if memo is None:
+        for name, item in dynamic:
+            o = off[name]
+            put_field(out[o : o + n], item, h, g)
+    else:  # the [H, G] views of the buffer's item arrays, kept per item shape (a serving loop keeps its shape)
+        views = memo.get("views")
+        if views is None or views[0] is not out or views[1] != (n, h, g):
+            views = memo["views"] = (out, (n, h, g), {})
+        views = views[2]
+        for name, item in dynamic:
+            if item[0] == "group" and isinstance(item[1], np.ndarray):
+                view = views.get(name)
+                if view is None:
+                    o = off[name]
+                    view = views[name] = out[o : o + n].reshape(h, g)
+                view[...] = item[1]
+            else:
+                o = off[name]
+                put_field(out[o : o + n], item, h, g)
     o = off["merge_indptr"]
     if nm:
         out[o : o + nm + 1] = plan.merge_indptr
@@ -355,16 +382,6 @@ def pack(
         if memo is not None:
             memo["block"] = entry  # the buffer holds exactly these blocks now
     return out
-
-
-def _shape_only(field: tuple, h: int, g: int):
-    """A key for an item field whose values follow from the plan's shape alone (None for the others)."""
-    kind, values, _ = field
-    if kind == "fill" or (kind == "group" and not isinstance(values, np.ndarray)):
-        return ("fill", int(values))
-    if kind == "group" and values is _heads(h):
-        return ("heads", h, g)
-    return None
 
 
 def _gather(out: np.ndarray, values: np.ndarray, index: np.ndarray) -> None:

@@ -63,6 +63,16 @@ class WorkPlan:
             return int(self.item_group.shape[0])
         return self.n_groups * self.num_kv_heads
 
+    def sizes(self) -> tuple:
+        """``(n_items, n_groups, n_merge, n_merge_src)``, computed once (``pack`` and ``PlanLayout.for_plan`` read
+        them on every plan; a plan's arrays do not change once it is built)."""
+        s = self.__dict__.get("_sizes")
+        if s is None:
+            g = self.group_req.shape[0]  # (the properties, inlined)
+            n = g * self.num_kv_heads if self.item_group is None else self.item_group.shape[0]
+            s = self.__dict__["_sizes"] = (n, g, self.merge_dst_token.shape[0], self.merge_src.shape[0])
+        return s
+
     @classmethod
     def from_fields(cls, fields: dict) -> WorkPlan:
         """A plan whose ``fields`` (a dict with every dataclass field, which the plan then owns) are complete: the
@@ -120,6 +130,41 @@ class WorkPlan:
             fields.update(self._unit_fields(fields))
             self.__dict__["_item_fields"] = fields
         return fields
+
+    def pack_fields(self) -> tuple:
+        """``(shape_key, dynamic)`` for ``layout.pack``: ``shape_key`` names every item field whose words follow from
+        the plan's shape alone (a fill, a scalar per group, the heads of a natural order) with its value, ``dynamic``
+        is ``((name, field), ...)`` for the others. Plans with equal keys (and item counts) write the same words in
+        the shape-only fields, which a buffer that holds them already need not receive again."""
+        spec = self.__dict__.get("_pack_fields")
+        if spec is None:
+            fields = self.item_fields()
+            if self.item_group is None:  # natural order: every field is a "group" one, the heads are shape-only
+                shape, dynamic = [("item_kv_head", "heads")], [("item_req", fields["item_req"])]
+                for name in ("item_qo_tile", "item_kv_start", "item_kv_end", "item_partial"):
+                    field = fields[name]
+                    if isinstance(field[1], np.ndarray):
+                        dynamic.append((name, field))
+                    else:
+                        shape.append((name, int(field[1])))
+                if fields["item_merge"] is _NO_UNITS["item_merge"]:
+                    shape += _NO_UNITS_SHAPE
+                else:
+                    dynamic += (("item_merge", fields["item_merge"]), ("item_pieces", fields["item_pieces"]))
+                spec = self.__dict__["_pack_fields"] = (tuple(shape), tuple(dynamic))
+                return spec
+            heads = _heads(self.num_kv_heads)
+            shape, dynamic = [], []
+            for name, field in fields.items():
+                kind, values = field[0], field[1]
+                if kind == "fill" or (kind == "group" and not isinstance(values, np.ndarray)):
+                    shape.append((name, int(values)))
+                elif kind == "group" and values is heads:
+                    shape.append((name, "heads"))
+                else:
+                    dynamic.append((name, field))
+            spec = self.__dict__["_pack_fields"] = (tuple(shape), tuple(dynamic))
+        return spec
 
     def _unit_fields(self, fields: dict) -> dict:
         """``item_merge`` / ``item_pieces`` (units.py): per item when the kernel merges and something is split."""
@@ -207,6 +252,7 @@ class WorkPlan:
 
 
 _NO_UNITS = {"item_merge": ("fill", -1, None), "item_pieces": ("fill", 0, None)}
+_NO_UNITS_SHAPE = (("item_merge", -1), ("item_pieces", 0))
 
 
 def put_field(out: np.ndarray, field: tuple, num_heads: int, n_groups: int) -> None:

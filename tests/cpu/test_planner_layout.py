@@ -178,3 +178,29 @@ def test_kv_lengths_from_page_table():
         qo_lens_from_indptr(np.array([0, 4, 3]))
     with pytest.raises(ValueError, match="len\\(kv_indptr\\) == len\\(kv_last_page_len\\) \\+ 1"):
         kv_lens_from_pages(kv_indptr, last[:2], 16)
+
+
+@pytest.mark.parametrize("graph", [pytest.param(False, id="tight"), pytest.param(True, id="graph-layout")])
+def test_memoised_pack_matches_a_full_pack(rng, graph):
+    """A buffer packed with a memo (shape-only fields skipped when it holds them, cached views) ends every step with
+    the words of one packed without: prefill plans whose shape changes (window, split, natural/explicit order)."""
+    cap = capacity_bound(23, 23 * 700, 3, 5, 64, 61)
+    fixed = PlanLayout.for_capacity(cap.max_items, cap.max_ctas, cap.max_merge, cap.max_merge_src)
+    poison = (np.arange(fixed.total_words + 64, dtype=np.int64) * 7919 % 2**31).astype(np.int32)
+    bufs = {}
+    for step in range(24):
+        batch = int(rng.integers(1, 24)) if step % 3 == 0 else 17
+        qo = rng.integers(1, 700, batch)
+        kv = qo + rng.integers(0, 900 if step % 4 else 30000, batch)
+        # the same batch without and with a window (same items, the starts a fill or per item) and back
+        for window in (-1, int(rng.integers(0, 300)), -1):
+            kw = dict(causal=bool(step % 2), window_left=window)
+            plan = plan_work(qo, kv, num_kv_heads=3, group_size=5, tile_rows=64, num_ctas=61, kv_granule=16, **kw)
+            lay = fixed if graph else PlanLayout.for_plan(plan)
+            if id(lay) not in bufs or bufs[id(lay)][0] is not lay:
+                bufs[id(lay)] = (lay, poison.copy(), poison.copy(), {})
+            _, memo_buf, plain_buf, memo = bufs[id(lay)]
+            for _ in range(2):  # the second pack of the same plan skips the shape-only fields
+                pack(plan, lay, memo_buf, generation=step, memo=memo)
+                pack(plan, lay, plain_buf, generation=step)
+                np.testing.assert_array_equal(memo_buf, plain_buf, err_msg=f"step {step} {plan.assign_mode} {kw}")
