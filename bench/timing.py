@@ -70,10 +70,13 @@ def cuda_torch():
 class CudaTimer:
     """Times GPU work with CUDA events on torch's current stream, flushing L2 before every timed run."""
 
-    def __init__(self, *, flush_bytes: int = FLUSH_BYTES) -> None:
+    def __init__(self, *, flush_bytes: int = FLUSH_BYTES, clean_flush: bool = False) -> None:
+        """``clean_flush``: after the write, read a second buffer of the same size, so the timed kernel finds the
+        L2 full of clean lines instead of dirty ones it must write back (a diagnostic, not the PERF.md method)."""
         torch = cuda_torch()
         self._torch = torch
         self._flush = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda") if flush_bytes else None
+        self._clean = torch.ones(flush_bytes, dtype=torch.uint8, device="cuda") if flush_bytes and clean_flush else None
 
     def sync(self) -> None:
         self._torch.cuda.synchronize()
@@ -81,6 +84,8 @@ class CudaTimer:
     def flush_l2(self) -> None:
         if self._flush is not None:
             self._flush.zero_()  # a 512 MB write evicts everything the previous run left in the 60 MB L2
+        if self._clean is not None:
+            self._clean.sum()  # ... and a read replaces those dirty lines with clean ones
 
     def time(self, fn: Callable[[], object], *, iters: int, warmup: int, flush: bool = True) -> Timing:
         """Median GPU time of ``fn`` over ``iters`` runs after ``warmup`` untimed runs.

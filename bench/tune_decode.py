@@ -5,6 +5,7 @@ python -m bench.tune_decode [D1 D4 D5 D8 ...]. Picks the split policy's constant
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import numpy as np
@@ -24,12 +25,11 @@ def work_items(work):
 
 
 def main(case_ids: list[str]) -> None:
-    import torch
-
     import cuinfer
     from bench import cases, inputs
+    from bench.timing import CudaTimer
 
-    flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+    timer = CudaTimer()
     by_id = {c.id: c for c in cases.DECODE_CASES}
     for cid in case_ids:
         inp = inputs.decode_inputs(by_id[cid])
@@ -41,20 +41,9 @@ def main(case_ids: list[str]) -> None:
                 w.plan(kv.table.kv_indptr, kv.table.kv_indices, kv.table.kv_last_page_len,
                        num_qo_heads=s.num_qo_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
                        page_size=s.page_size, q_dtype=s.dtype, fixed_split_size=split)  # fmt: skip
-                for _ in range(3):
-                    w.run(inp.q, kv.cache)
-                ts = []
-                for _ in range(25):
-                    flush.zero_()
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    a.record()
-                    w.run(inp.q, kv.cache)
-                    b.record()
-                    b.synchronize()
-                    ts.append(a.elapsed_time(b) * 1e3)
-                t = float(np.median(ts[3:]))
-                print(f"{cid} split {str(split):8s} {t:7.1f} us (min {min(ts):6.1f}) {nbytes / t / 1e3:6.0f} GB/s  "
-                      f"{_stats(w)}", flush=True)  # fmt: skip
+                t = timer.time(functools.partial(w.run, inp.q, kv.cache), iters=25, warmup=3)
+                print(f"{cid} split {str(split):8s} {t.us:7.1f} us (min {t.min_s * 1e6:6.1f}) "
+                      f"{nbytes / t.median_s / 1e9:6.0f} GB/s  {_stats(w)}", flush=True)  # fmt: skip
             except Exception as exc:  # noqa: BLE001
                 print(f"{cid} split {split}: {type(exc).__name__}: {str(exc)[:150]}", flush=True)
         inputs.free()

@@ -104,13 +104,11 @@ def prefill(case_ids: list[str]) -> None:
 
 
 def decode(case_ids: list[str]) -> None:
-    import torch
-
     import cuinfer
     from bench import cases, inputs
+    from bench.timing import CudaTimer
 
-    dirty = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
-    clean = torch.ones(512 << 20, dtype=torch.uint8, device="cuda")
+    timers = {"dirty": CudaTimer(), "clean": CudaTimer(clean_flush=True)}
     by_id = {c.id: c for c in cases.DECODE_CASES}
     for cid in case_ids:
         inp = inputs.decode_inputs(by_id[cid])
@@ -121,23 +119,10 @@ def decode(case_ids: list[str]) -> None:
             w.plan(kv.table.kv_indptr, kv.table.kv_indices, kv.table.kv_last_page_len,
                    num_qo_heads=s.num_qo_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
                    page_size=s.page_size, q_dtype=s.dtype, fixed_split_size=split)  # fmt: skip
-            for _ in range(3):
-                w.run(inp.q, kv.cache)
-            for mode in ("dirty", "clean"):
-                ts = []
-                for _ in range(25):
-                    dirty.zero_()
-                    if mode == "clean":
-                        clean.sum()
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    a.record()
-                    w.run(inp.q, kv.cache)
-                    b.record()
-                    b.synchronize()
-                    ts.append(a.elapsed_time(b) * 1e3)
-                t = float(np.median(ts[3:]))
-                print(f"{cid} split {str(split):8s} flush {mode}: {t:7.1f} us {nbytes / t / 1e3:6.0f} GB/s "
-                      f"items {w._plan.work.n_items}", flush=True)  # fmt: skip
+            for mode, timer in timers.items():
+                t = timer.time(functools.partial(w.run, inp.q, kv.cache), iters=25, warmup=3)
+                print(f"{cid} split {str(split):8s} flush {mode}: {t.us:7.1f} us {nbytes / t.median_s / 1e9:6.0f} "
+                      f"GB/s items {w._plan.work.n_items}", flush=True)  # fmt: skip
         inputs.free()
 
 
