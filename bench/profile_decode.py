@@ -1,5 +1,5 @@
-"""Where decode time goes (GPU machine): host time of run() / plan() under cProfile, and per-kernel GPU time from
-the torch profiler (CUPTI sees the kernels CuPy launches too). python -m bench.profile_decode [D1 D6 ...]"""
+"""Where decode and prefill time goes (GPU machine): host time of run() / plan() under cProfile, and per-kernel GPU
+time from the torch profiler (CUPTI sees the kernels CuPy launches too). python -m bench.profile_decode [D1 P2 ...]"""
 
 from __future__ import annotations
 
@@ -17,12 +17,18 @@ def main(case_ids: list[str]) -> None:
 
     from bench import cases, inputs
     from bench.decode import prepare_cuinfer
+    from bench.prefill import prepare_cuinfer as prepare_prefill
 
-    by_id = {c.id: c for c in cases.DECODE_CASES}
+    decode = {c.id: c for c in cases.DECODE_CASES}
+    prefill = {c.id: c for c in cases.PREFILL_CASES}
     for cid in case_ids:
-        inp = inputs.decode_inputs(by_id[cid])
         for tc in (None,):
-            prep = prepare_cuinfer(inp, tc)
+            if cid in prefill:
+                inp = inputs.prefill_inputs(prefill[cid])
+                prep = prepare_prefill(inp, "fa2")
+            else:
+                inp = inputs.decode_inputs(decode[cid])
+                prep = prepare_cuinfer(inp, tc)
             for _ in range(5):
                 prep.run()
             torch.cuda.synchronize()

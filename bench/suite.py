@@ -35,6 +35,7 @@ class Measurement:
     tflops: float | None = None
     pct_matmul: float | None = None
     plan_us: float | None = None
+    run_host_us: float | None = None  # host time of one run() call (validation and launch, GPU work not awaited)
     first_call_s: float | None = None
     max_abs_diff: float | None = None  # against the reference peer's output, when both ran
     error: str = ""
@@ -181,6 +182,8 @@ class Context:
             if prepared.plan is not None:
                 m.plan_us = time_host(prepared.plan, iters=self.plan_iters, warmup=3).us
                 self.timer.sync()
+            m.run_host_us = time_host(prepared.run, iters=self.plan_iters, warmup=3).us
+            self.timer.sync()
         except Exception as ex:  # noqa: BLE001 - a failing case is a row, not the end of the suite
             self._fail(m, ex)
             out = None
@@ -257,6 +260,8 @@ def progress_line(m: Measurement) -> str:
         parts.append(f"{m.pct_matmul:5.1f} % mm")
     if m.plan_us is not None:
         parts.append(f"plan {m.plan_us:.1f} µs")
+    if m.run_host_us is not None:
+        parts.append(f"run() host {m.run_host_us:.1f} µs")
     if m.first_call_s is not None and m.first_call_s > 1.0:
         parts.append(f"first call {m.first_call_s:.1f} s")
     if m.max_abs_diff is not None:

@@ -18,6 +18,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 FLUSH_BYTES = 512 << 20
+#: GPU clock cycles (~1 ms) the stream idles after the L2 flush, before the start event: the host enqueues the timed
+#: call meanwhile, so a host slower than the flush (run()'s Python side on a slow CPU) cannot leave the GPU idle
+#: inside the timed interval. Without it the same kernel measured up to 9 % slower on one machine's host than on
+#: another's, and FlashInfer (less host work per run) did not.
+HEAD_START_CYCLES = 2_000_000
 
 
 class NoDeviceError(RuntimeError):
@@ -81,6 +86,10 @@ class CudaTimer:
     def sync(self) -> None:
         self._torch.cuda.synchronize()
 
+    def head_start(self) -> None:
+        """Let the stream idle ~1 ms (see HEAD_START_CYCLES) so the host is ahead of the GPU at the start event."""
+        self._torch.cuda._sleep(HEAD_START_CYCLES)
+
     def flush_l2(self) -> None:
         if self._flush is not None:
             self._flush.zero_()  # a 512 MB write evicts everything the previous run left in the 60 MB L2
@@ -90,8 +99,9 @@ class CudaTimer:
     def time(self, fn: Callable[[], object], *, iters: int, warmup: int, flush: bool = True) -> Timing:
         """Median GPU time of ``fn`` over ``iters`` runs after ``warmup`` untimed runs.
 
-        The flush is enqueued before the start event, so it is not timed but the kernel starts with a cold L2;
-        it also gives the host a head start of ~0.2 ms to enqueue ``fn`` before the GPU reaches the start event.
+        The flush is enqueued before the start event, so it is not timed but the kernel starts with a cold L2; a
+        ~1 ms GPU sleep after it gives the host a head start to enqueue ``fn`` before the GPU reaches the start event
+        (the time measured is the device's, whatever the host's speed).
         """
         torch = self._torch
         for _ in range(warmup):
@@ -101,6 +111,7 @@ class CudaTimer:
         for _ in range(iters):
             if flush:
                 self.flush_l2()
+            self.head_start()
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             start.record()

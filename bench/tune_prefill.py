@@ -26,6 +26,22 @@ Last run (H200, 2026-11-29; base = the kernel before the cross-item pipeline; TF
 Outputs of new / noxi / noskip were bit-identical to base on every case. The cross-item pipeline is the gain on the
 many-item cases (P3 +7 %, P6 +12 % over noxi); 32-key tiles lose ~17 % whatever the depth: the policy's 128 x 64 x 2
 stays. (FlashInfer's fa2 JIT did not finish inside that call's budget: start --fi-warm earlier or give it ~2 min.)
+
+Epilogue and issue-order experiments (H200, 2026-11-29, a later session; TFLOP/s, 40 timed runs per cell; variants
+built from macros that were removed afterwards):
+
+                               P1     P2     P3     P4     P5     P6
+    kernel before              325    349    286    330    319    265
+    16-B stores + late next    334    355    303    336    323    277   <- kept (the kernel of this checkout)
+    + late K/V-ahead copies    311    333    284    331    316    272   (copies after Q.K / after P.V: slower)
+    no o stores at all *       374    356    321      -    331    289   (* wrong output: the stores' cost, P3 ~10 %)
+    row sums by MMA (ones)       -    334    281      -      -    260   (FlashInfer's trick: slower here)
+    2 of 8 exp columns on FMA    -    328    276      -      -    258   (MUFU is not the limit: XU pipe ~20 %)
+
+"late next" issues the next item's Q and first K/V tile after the epilogue instead of during the last P.V: those 32
+cp.async per thread queued in the memory pipe ahead of that P.V's ldmatrix reads and the o stores. Nsight Compute on
+P2 (same call): cuinfer 2.09 ms, tensor pipe 55 %, FlashInfer fa2 1.98 ms, 64 %; both 255 registers, 2 CTAs/SM.
+$CUINFER_TUNE_CONFIGS ("new:128,64,2;noxi:128,64,2") and $CUINFER_TUNE_ROUNDS pick configurations and rounds.
 """
 
 from __future__ import annotations
@@ -59,7 +75,7 @@ CONFIGS = (
     ("new", (128, 32, 3)),
     ("new", (128, 32, 4)),
 )
-ROUNDS, ITERS, WARMUP = 3, 8, 2
+ROUNDS, ITERS, WARMUP = int(os.environ.get("CUINFER_TUNE_ROUNDS", "3")), 8, 2
 ARCH = os.environ.get("CUINFER_TUNE_ARCH", "sm_90a")
 FI_MARKER = "/tmp/cuinfer-tune-fi-warm.done"
 
@@ -105,7 +121,12 @@ def _compile(job) -> tuple[bool, str]:
 
 
 def configs() -> list[tuple[str, tuple]]:
-    return [c for c in CONFIGS if c[0] != "base" or os.path.exists(BASE_SOURCE)]
+    """CONFIGS, or those named in $CUINFER_TUNE_CONFIGS ("new:128,64,2;rs:128,64,2")."""
+    env = os.environ.get("CUINFER_TUNE_CONFIGS")
+    cfgs = CONFIGS
+    if env:
+        cfgs = tuple((v, tuple(int(x) for x in t.split(","))) for v, t in (c.split(":") for c in env.split(";")))
+    return [c for c in cfgs if c[0] != "base" or os.path.exists(BASE_SOURCE)]
 
 
 def precompile(cfgs) -> list:
@@ -163,6 +184,7 @@ def _samples(timer, torch, fn, iters: int):
     torch.cuda.synchronize()
     for _ in range(iters):
         timer.flush_l2()
+        timer.head_start()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()

@@ -277,4 +277,4 @@ if __name__ == "__main__":
     if "decode" in args:
         decode(["D1", "D2", "D3", "D4"])
     if "prefill" in args:
-        prefill(["P1", "P2", "P3", "P4", "P5", "P6"])
+        prefill(os.environ.get("CUINFER_TUNE_CASES", "P1,P2,P3,P4,P5,P6").split(","))

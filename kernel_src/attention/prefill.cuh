@@ -28,10 +28,11 @@
 // that starts cold waits for its metadata (two dependent global reads), then for Q and its first K tile from DRAM, and
 // ends with an epilogue of three barriers: several microseconds per item with the tensor cores of this CTA idle. So
 //   * the facts of the next 16 items are resolved at once into an smem table (one item per thread, one wait);
-//   * the item's last KV iteration issues the NEXT item's Q and first K/V tile (Q and that buffer are free once every
-//     warp has passed the barrier before P.V), so they land during the last P.V and the epilogue; paged: the page
-//     numbers of that tile are read where the loop would read those of the tile past the item's end;
-//   * the epilogue normalises o in registers and stores it straight to global memory (no smem, no barrier).
+//   * the epilogue normalises o in registers and stores it straight to global memory (no smem, no barrier), 16
+//     bytes per store after an in-quad transpose;
+//   * each warp then issues its share of the NEXT item's Q and first K/V tile (Q and that buffer are free once every
+//     warp has passed the last iteration's barriers), which land while the other CTA of the SM computes; paged: the
+//     page numbers of that tile are read where the loop would read those of the tile past the item's end.
 // The K/V buffer index runs on across items: the next item's first tile goes into the buffer after the last one.
 //
 // Causal boundary tiles: 16-key slices that are masked for every row of a warp skip their Q.K^T and P.V MMAs (with
@@ -88,6 +89,26 @@ __device__ __forceinline__ float ex2(float x) {
 }
 
 enum : int { kMaskCausal = 1, kMaskWindow = 2, kMaskCustom = 4 };
+
+// 4 x 4 transpose of 32-bit words inside a lane quad (t = lane % 4): on entry a[k] is part t of block k, on exit a[k]
+// is part k of block t. Two shuffle rounds: lanes t, t ^ 1 swap the words whose block and part differ in bit 0,
+// then lanes t, t ^ 2 in bit 1. Every lane of the warp must call it.
+__device__ __forceinline__ void quad_transpose(u32 a[4], int t) {
+  u32 x0 = (t & 1) ? a[0] : a[1], x1 = (t & 1) ? a[2] : a[3];
+  x0 = __shfl_xor_sync(0xffffffffu, x0, 1), x1 = __shfl_xor_sync(0xffffffffu, x1, 1);
+  if (t & 1) {
+    a[0] = x0, a[2] = x1;
+  } else {
+    a[1] = x0, a[3] = x1;
+  }
+  u32 y0 = (t & 2) ? a[0] : a[2], y1 = (t & 2) ? a[1] : a[3];
+  y0 = __shfl_xor_sync(0xffffffffu, y0, 2), y1 = __shfl_xor_sync(0xffffffffu, y1, 2);
+  if (t & 2) {
+    a[0] = y0, a[1] = y1;
+  } else {
+    a[2] = y0, a[3] = y1;
+  }
+}
 
 }  // namespace prefill
 
@@ -157,6 +178,7 @@ struct PrefillTraits {
   static constexpr int kSmemBytes = kTableOff + (kCrossItem ? kTableItems * kTableFields * 4 : 0);
 
   static_assert(is_same<DTypeKV, half>::value || is_same<DTypeKV, __nv_bfloat16>::value, "q/k/v are fp16 or bf16");
+  static_assert(sizeof(DTypeO) == 2, "o is fp16 or bf16 (16-bit output stores)");
   static_assert(kTileQ % (16 * kWarpsQ) == 0 && kMmaQ >= 1, "TILE_Q must be a multiple of 16 * WARPS_Q");
   static_assert(kHeadDimQK % 64 == 0 && kHeadDimVO % 64 == 0, "head dims are multiples of 64 (swizzle)");
   static_assert(kTileKV % kRowsPerPass == 0, "TILE_KV must be a multiple of threads / 8");
@@ -498,7 +520,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
 
     if constexpr (C::kPaged) {
       // Pages of tile STAGES-1, which the first iteration copies; past the item's end (cross-item), those of the
-      // next item's first tile instead, which the last iteration copies (pages[] is not touched in between).
+      // next item's first tile instead, which the copies after its epilogue (pages[] is not touched in between).
       if (kv_start + (STAGES - 1) * TILE_KV < kv_end) {
         read_pages(kv_start + (STAGES - 1) * TILE_KV, kv_base, kv_end, pages);
       } else if (XI && has_next) {
@@ -648,26 +670,18 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         }
       }
 
-      // Cross-item: this is the item's last tile and the next item is in the table. (Read before the barrier: once
-      // past it, thread 0 may already be writing the next item's info.)
-      const int start_next = XI && key0 + TILE_KV >= kv_end ? info[6] : 0;  // table slot of the next item
       prefill::cp_async_wait<2 * STAGES - 3>();
       __syncthreads();
       {
         const int st = stage == 0 ? STAGES - 1 : stage - 1;
         if (ahead < kv_end) load_v(ahead, st, info[0], info[1], kv_end);
-        if constexpr (XI) {
-          // Every warp is done with Q and with this tile's K (barrier above), and the buffer after this one is free
-          // (its tile ended two barriers ago): start the next item's Q and first tile now, to land during P.V.
-          if (start_next) issue_first(start_next, stage + 1 == STAGES ? 0 : stage + 1, pages);
-        }
         prefill::cp_async_commit();
         if constexpr (C::kPaged) {
           if (ahead + TILE_KV < kv_end) {
             read_pages(ahead + TILE_KV, info[0], kv_end, pages);
           } else if (XI && ahead < kv_end && info[6]) {
             // The first tile past the end (not the last iteration: thread 0 is still in this item): the next item's
-            // first tile, copied by the last iteration.
+            // first tile, copied after the epilogue.
             read_first_pages(info[6], pages);
           }
         }
@@ -690,8 +704,9 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
     if constexpr (XI) {
       const int e_slot = (item - prefill::reload_i32(work_indptr, blockIdx.x)) % C::kTableItems;
       const int* e = table + e_slot * NF;
-      // An item without KV tiles starts the next one here (after its own Q copy, issued by the item before, landed).
-      // (Facts re-read from the table rather than kept live across the loop.)
+      // An item without KV tiles starts the next one here (after its own Q copy, issued by the item before, landed);
+      // other items start it after their epilogue (below). (Facts re-read from the table rather than kept live across
+      // the loop.)
       if (e[prefill::kFKvStart] >= e[prefill::kFKvEnd] && e_slot + 1 < C::kTableItems &&
           item + 1 < prefill::reload_i32(work_indptr, blockIdx.x + 1)) {
         prefill::cp_async_wait_all();
@@ -714,35 +729,48 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
           const float inv = d > 0.f ? 1.f / d : 0.f;
           const float lse = d > 0.f ? row_max[mq][h] * x_scale + log2f(d) : neg_inf();
           const int r = e_r0 + mq * 16 + 8 * h;
-          if (r < e_rows) {
-            if (e_partial < 0) {
+          if (e_partial < 0) {
+            // 16-byte stores: a 4 x 4 transpose inside each lane quad gives lane t all 8 columns of n8 block 4b + t of
+            // its row, where the accumulator layout gives it 2 columns of every block (4-byte stores: 4x the store
+            // instructions, half-filled sectors). The shuffles run in every lane, rows past the tile included; only
+            // the stores are predicated.
+            const int t = e_lane % 4;
+            u32 v[DVO / 8];
+#pragma unroll
+            for (int j = 0; j < DVO / 8; ++j) v[j] = mma::pack2<DTypeO>(o[mq][j][2 * h] * inv, o[mq][j][2 * h + 1] * inv);
+#pragma unroll
+            for (int b = 0; b < DVO / 32; ++b) prefill::quad_transpose(v + 4 * b, t);
+            if (r < e_rows) {
               const int pr = e_row0 + r;
               const int token = static_cast<int>(prefill::fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
               const int head = e_kvh * g + (pr - token * g);
               const i64 row = e_qo_base + token;
-              DTypeO* dst = static_cast<DTypeO*>(p.o) + row * p.o_stride_n + head * p.o_stride_h + 2 * (e_lane % 4);
+              DTypeO* dst = static_cast<DTypeO*>(p.o) + row * p.o_stride_n + head * p.o_stride_h + 8 * t;
 #pragma unroll
-              for (int j = 0; j < DVO / 8; ++j) {
-                const float lo = o[mq][j][2 * h] * inv, hi = o[mq][j][2 * h + 1] * inv;
-                if constexpr (sizeof(DTypeO) == 2) {
-                  *reinterpret_cast<u32*>(dst + j * 8) = mma::pack2<DTypeO>(lo, hi);
-                } else {
-                  dst[j * 8] = from_float<DTypeO>(lo), dst[j * 8 + 1] = from_float<DTypeO>(hi);
-                }
+              for (int b = 0; b < DVO / 32; ++b) {
+                *reinterpret_cast<uint4*>(dst + b * 32) = make_uint4(v[4 * b], v[4 * b + 1], v[4 * b + 2], v[4 * b + 3]);
               }
-              if (e_lane % 4 == 0 && p.lse != nullptr) {
-                static_cast<float*>(p.lse)[row * p.lse_stride_n + head * p.lse_stride_h] = lse;
-              }
-            } else {
-              float* dst = static_cast<float*>(p.partial_o) + static_cast<i64>(e_partial + r) * DVO + 2 * (e_lane % 4);
-#pragma unroll
-              for (int j = 0; j < DVO / 8; ++j) {
-                *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[mq][j][2 * h] * inv, o[mq][j][2 * h + 1] * inv);
-              }
-              if (e_lane % 4 == 0) static_cast<float*>(p.partial_lse)[e_partial + r] = lse;
+              if (t == 0 && p.lse != nullptr) static_cast<float*>(p.lse)[row * p.lse_stride_n + head * p.lse_stride_h] = lse;
             }
+          } else if (r < e_rows) {
+            float* dst = static_cast<float*>(p.partial_o) + static_cast<i64>(e_partial + r) * DVO + 2 * (e_lane % 4);
+#pragma unroll
+            for (int j = 0; j < DVO / 8; ++j) {
+              *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[mq][j][2 * h] * inv, o[mq][j][2 * h + 1] * inv);
+            }
+            if (e_lane % 4 == 0) static_cast<float*>(p.partial_lse)[e_partial + r] = lse;
           }
         }
+      }
+
+      // Start the next item in the table: its Q and first K/V tile, into the buffer after this item's last tile (every
+      // warp is done with Q and that buffer: barriers of the last iteration). Issued after the o stores rather than
+      // during the last P.V, where those copies queued in front of that P.V's ldmatrix reads and the stores (P3 +4 %,
+      // measured with bench/tune_prefill.py); the other CTA of the SM covers their latency.
+      if (e[prefill::kFKvStart] < e[prefill::kFKvEnd] && e_slot + 1 < C::kTableItems &&
+          item + 1 < prefill::reload_i32(work_indptr, blockIdx.x + 1)) {
+        issue_first(e_slot + 1, stage, pages);  // (paged: pages holds that tile's page numbers, read in the loop)
+        prefill::cp_async_commit();
       }
     } else {
       // ---- epilogue: stage (o, m, d) of every warp in smem, merge across WARPS_KV, write 16-byte vectors ----
