@@ -74,6 +74,7 @@ class PrefillPlan:
     qo_range: tuple[int, int] = (0, 0)  # (min, max) of qo_lens
     kv_range: tuple[int, int] = (0, 0)  # (min, max) of kv_lens
     static: tuple | None = None  # the memoised facts of plan()'s arguments this plan was made from
+    n_pages: int = 0  # page-table entries in use (kv_indptr[-1]); 0 for ragged K/V
 
     @property
     def nnz_qo(self) -> int:
@@ -213,7 +214,7 @@ def plan_of(
     arrays = _index_arrays_fast(paged, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, ps)
     if arrays is None:
         arrays = _index_arrays(paged, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, ps)
-    qo, kvi, indices, last, qo_lens, kv_lens, max_page, qo_range, kv_range = arrays
+    qo, kvi, indices, last, qo_lens, kv_lens, max_page, qo_range, kv_range, n_pages = arrays
     batch = qo.shape[0] - 1
     mask_bytes, mask_indptr = None, None
     if custom_mask is not None or packed_custom_mask is not None:
@@ -233,7 +234,7 @@ def plan_of(
     fields["batch"], fields["config"], fields["max_page"] = batch, config, max_page
     fields["qo_indptr"], fields["kv_indptr"], fields["kv_indices"], fields["kv_last_page_len"] = qo, kvi, indices, last
     fields["qo_lens"], fields["kv_lens"], fields["qo_range"], fields["kv_range"] = qo_lens, kv_lens, qo_range, kv_range
-    fields["mask_bytes"], fields["mask_indptr"] = mask_bytes, mask_indptr
+    fields["mask_bytes"], fields["mask_indptr"], fields["n_pages"] = mask_bytes, mask_indptr, n_pages
     plan = object.__new__(PrefillPlan)
     plan.__dict__ = fields
     return plan
@@ -320,7 +321,7 @@ def _tiles_for(facts: tuple, avg: float, paged: bool, limits, memo: bool) -> Til
 
 def _index_arrays(paged: bool, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, ps: int) -> tuple:
     """The validators' path: ``(qo_indptr, kv_indptr, kv_indices, last, qo_lens, kv_lens, max_page, qo_range,
-    kv_range)``, raising the error that names the argument."""
+    kv_range, n_pages)``, raising the error that names the argument."""
     qo = validate.check_indptr("qo_indptr", qo_indptr)
     batch = qo.shape[0] - 1
     hint = f"one entry per request plus the leading 0, like qo_indptr ({qo.shape[0]} entries)"
@@ -342,7 +343,8 @@ def _index_arrays(paged: bool, qo_indptr, kv_indptr, kv_indices, kv_last_page_le
         max_page = -1
     qo_lens = np.diff(qo)
     ranges = [(int(a.min()), int(a.max())) if batch else (0, 0) for a in (qo_lens, kv_lens)]
-    return qo, kvi, indices, last, qo_lens, kv_lens, max_page, ranges[0], ranges[1]
+    n_pages = int(kvi[-1]) if paged else 0
+    return qo, kvi, indices, last, qo_lens, kv_lens, max_page, ranges[0], ranges[1], n_pages
 
 
 def _index_arrays_fast(paged: bool, qo, kvi, indices, last, ps: int) -> tuple | None:
@@ -388,10 +390,10 @@ def _index_arrays_fast(paged: bool, qo, kvi, indices, last, ps: int) -> tuple | 
         if kv_lo < 0:  # requests without pages have length 0
             np.maximum(kv_lens, 0, out=kv_lens)
             kv_lo = 0
-        return qo, kvi, indices, last, qo_lens, kv_lens, max_page, (qo_lo, qo_hi), (kv_lo, kv_hi)
+        return qo, kvi, indices, last, qo_lens, kv_lens, max_page, (qo_lo, qo_hi), (kv_lo, kv_hi), nnz
     if kv_lo < 0:
         return None
-    return qo, kvi, None, None, qo_lens, kv_lens, -1, (qo_lo, qo_hi), (kv_lo, kv_hi)
+    return qo, kvi, None, None, qo_lens, kv_lens, -1, (qo_lo, qo_hi), (kv_lo, kv_hi), 0
 
 
 @functools.lru_cache(maxsize=64)

@@ -73,7 +73,8 @@ def assign_items(
     costs: np.ndarray, num_heads: int, num_ctas: int, stats: tuple[float, float, float] | None = None,
     prefix: np.ndarray | None = None,
 ) -> Assignment:  # fmt: skip
-    """Assign ``num_heads`` items of each group cost in ``costs`` (float64 or int64, all > 0) to ``num_ctas`` CTAs.
+    """Assign ``num_heads`` items of each group cost in ``costs`` (float64, int64 or int32, all > 0) to ``num_ctas``
+    CTAs.
 
     ``stats`` is ``(sum, max, min)`` of ``costs`` and ``prefix`` their running sum when the caller already has them
     (``G`` entries, or ``G + 1`` with a leading 0; it may be overwritten). ``max`` and ``min`` may be bounds that
@@ -120,11 +121,12 @@ def _linear(costs: np.ndarray, h: int, p: int, prefix: np.ndarray | None = None)
         if mid.dtype.kind == "i" and per_head < 2.0**53:
             # Integer midpoints below 2**53 (exact as floats): mid >= key exactly when mid >= ceil(key), and an
             # integer bisection skips the float copy of mid that a float key costs.
-            keys = np.ceil(keys, out=keys).astype(np.int64)
+            # (in mid's dtype when they fit it: keys of another dtype would make searchsorted convert all of mid)
+            keys = np.ceil(keys, out=keys).astype(mid.dtype if per_head < 2.0**31 else np.int64)
         indptr = mid.searchsorted(keys).take(col)  # CTA c = k * P/H + i starts at cut i of head k
         indptr += head * g
         indptr[p] = g * h
-        return Assignment(indptr, None, None, "linear")
+        return _natural(indptr, "linear")
     x = np.arange(p + 1, dtype=np.float64)
     x *= h / p  # in units of per_head
     head = x.astype(np.int64)  # floor (x >= 0)
@@ -136,6 +138,14 @@ def _linear(costs: np.ndarray, h: int, p: int, prefix: np.ndarray | None = None)
     np.minimum(indptr, g * h, out=indptr)
     indptr[p] = g * h
     return Assignment(indptr, None, None, "linear")
+
+
+def _natural(work_indptr: np.ndarray, mode: str) -> Assignment:
+    """``Assignment(work_indptr, None, None, mode)`` without the frozen dataclass ``__init__`` (a microsecond of
+    ``object.__setattr__`` calls on the plan path)."""
+    a = object.__new__(Assignment)
+    object.__setattr__(a, "__dict__", {"work_indptr": work_indptr, "group": None, "head": None, "mode": mode})
+    return a
 
 
 @functools.lru_cache(maxsize=64)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .split_kv import MAX_EXTRA_ITEMS_PER_CTA
-from .workplan import WorkPlan, _heads, put_field
+from .workplan import FIXED, WorkPlan, _heads, put_field
 
 HEADER_WORDS = 16
 _I32 = np.dtype(np.int32)
@@ -245,7 +245,9 @@ def pack(
 
     ``memo`` (a dict the caller keeps per buffer *and* layout, empty when either changes, and nothing else writes into
     the plan arrays of that buffer) lets fields whose content depends on the plan's shape alone (all partials -1, all
-    starts 0, the heads of a natural order) be skipped when the buffer already holds them.
+    starts 0, the heads of a natural order) be skipped when the buffer already holds them (a field of one value is
+    only written past the prefix that holds it), and so the group arrays marked ``FIXED`` (``workplan``: cached
+    read-only arrays, whose identity stands for their values) that the buffer received last.
 
     Plans that carry ``pack_blocks`` (decode plans of a cached structure) are written as two memoised blocks, the
     words ``[0, item_kv_start)`` (header, ``work_indptr``, ``item_req``, ``item_qo_tile``, ``item_kv_head``; without
@@ -307,43 +309,67 @@ def pack(
         if memo.get("header") is not out:  # (words 7-15 depend on the layout alone)
             out[:HEADER_WORDS] = layout.header
             memo["header"] = out
-    out[0], out[1], out[2], out[3] = n, nm, plan.num_partial_rows, p
-    out[4], out[5], out[6] = ns, plan.chunk_size, generation
+    out[:7] = (n, nm, plan.num_partial_rows, p, ns, plan.chunk_size, generation)  # (one call for seven words)
     o = off["work_indptr"]
     out[o : o + p + 1] = plan.work_indptr
     if cap.max_ctas > p:
         out[o + p + 1 : o + cap.max_ctas + 1] = n
     shape, dynamic = plan.pack_fields()
     key = (n, h, g, shape)
-    if memo is None or memo.get("items") != key:
-        heads = _heads(h)
-        for name, value in shape:  # the fields the plan's shape fixes: written when the buffer may not hold them
-            o = off[name]
-            if value == "heads":
-                out[o : o + n].reshape(h, g)[:] = heads
-            else:
-                out[o : o + n] = value
-        if memo is not None:
-            memo["items"] = key
     if memo is None:
+        _put_shape(out, off, shape, n, h, g)
         for name, item in dynamic:
             o = off[name]
             put_field(out[o : o + n], item, h, g)
-    else:  # the [H, G] views of the buffer's item arrays, kept per item shape (a serving loop keeps its shape)
+    else:
+        # The [H, G] views of the buffer's item arrays, kept per item shape (a serving loop keeps its shape), and the
+        # FIXED arrays (workplan.natural_pack_fields) they hold, by name
         views = memo.get("views")
-        if views is None or views[0] is not out or views[1] != (n, h, g):
-            views = memo["views"] = (out, (n, h, g), {})
+        if views is None or views[0] is not out or views[1] != key[:3]:
+            views = memo["views"] = (out, key[:3], {}, {})
+        held = views[3]
+        # A field that holds one value may be held by the buffer in a prefix already (``filled``: name -> (value,
+        # words)): only the words past it are then written (the words past a plan's items are left as they were).
+        filled = memo.get("filled")
+        if filled is None:
+            filled = memo["filled"] = {}
+        if memo.get("items") != key:  # the fields the plan's shape fixes: written when the buffer may not hold them
+            for name, value in shape:
+                held.pop(name, None)
+                o = off[name]
+                have = filled.get(name)
+                if value == "heads":
+                    out[o : o + n].reshape(h, g)[:] = _heads(h)
+                    if have is not None:
+                        del filled[name]
+                elif have is None or have[0] != value:
+                    out[o : o + n] = value
+                    filled[name] = (value, n)
+                elif have[1] < n:
+                    out[o + have[1] : o + n] = value
+                    filled[name] = (value, n)
+            memo["items"] = key
         views = views[2]
         for name, item in dynamic:
-            if item[0] == "group" and isinstance(item[1], np.ndarray):
+            values = item[1]
+            if item[0] == "group" and type(values) is np.ndarray:
+                if item[2] is FIXED:
+                    if held.get(name) is values:
+                        continue  # the buffer holds these values
+                    held[name] = values
+                elif held:
+                    held.pop(name, None)
                 view = views.get(name)
                 if view is None:
                     o = off[name]
                     view = views[name] = out[o : o + n].reshape(h, g)
-                view[...] = item[1]
+                view[...] = values
             else:
+                held.pop(name, None)
                 o = off[name]
                 put_field(out[o : o + n], item, h, g)
+            if filled:
+                filled.pop(name, None)
     o = off["merge_indptr"]
     if nm:
         out[o : o + nm + 1] = plan.merge_indptr
@@ -381,7 +407,22 @@ def pack(
         entry = blocks[id(layout)] = (layout, head, o2, tail, patch, o_s, o_e, n)
         if memo is not None:
             memo["block"] = entry  # the buffer holds exactly these blocks now
+            # (the next plans of this structure write KV ranges and cut positions without telling the memo: what it
+            # knows of single-valued prefixes and FIXED arrays goes)
+            memo.pop("filled", None)
+            memo.pop("views", None)
     return out
+
+
+def _put_shape(out: np.ndarray, off: dict, shape: tuple, n: int, h: int, g: int) -> None:
+    """Write the item fields ``pack_fields()`` says the plan's shape fixes (a value for every item, or the heads)."""
+    heads = _heads(h)
+    for name, value in shape:
+        o = off[name]
+        if value == "heads":
+            out[o : o + n].reshape(h, g)[:] = heads
+        else:
+            out[o : o + n] = value
 
 
 def _gather(out: np.ndarray, values: np.ndarray, index: np.ndarray) -> None:

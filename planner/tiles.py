@@ -29,7 +29,8 @@ class Tiles:
     """One entry per query tile, in request order then tile order.
 
     For speed, fields that are the same for every tile (decode: ``index = 0``, ``rows = g``, ``kv_start = 0``
-    without a window) are Python ints instead of arrays; ``at`` reads either kind.
+    without a window) are Python ints instead of arrays; ``at`` reads either kind. ``req`` and ``index`` may be
+    read-only arrays shared with earlier tiles of the same query lengths (``fixed``, see ``_whole_token_tiles``).
     """
 
     count: int
@@ -43,6 +44,8 @@ class Tiles:
     # ``last_end - 1`` are the tiles) and the rows it lacks (``rows - short`` are its rows).
     last_end: np.ndarray | None = None
     short: np.ndarray | None = None
+    # ``req`` and ``index`` are cached read-only arrays: the same objects always hold the same values
+    fixed: bool = False
 
     @property
     def last_rows(self) -> tuple | None:
@@ -208,23 +211,72 @@ def tiles_of(qo, kv: np.ndarray, g: int, br: int, causal: bool, w: int, qo_min: 
 
 def _whole_token_tiles(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: bool, qo_min: int) -> Tiles:
     """Tiles that hold whole tokens (``Br % g == 0``, ``t = Br / g`` tokens each) and no window, in about fifteen
-    NumPy calls (on request and tile arrays alike they cost ~1 us each, so every call counts).
+    NumPy calls (on request and tile arrays alike they cost ~1 us each, so every call counts), six when the query
+    lengths repeat (their structure is cached, below).
 
     Tile ``j`` of the batch (the ``index``-th of request ``b``) holds tokens ``[index*t, min((index+1)*t, qo))``;
     causal, it sees keys below ``kv - qo + min((index+1)*t, qo)``, which is ``(j+1)*t + c_b`` with
-    ``c_b = kv_b - qo_b - first_b * t`` (``first_b`` its first tile), except the request's last tile, which sees all
-    ``kv_b``. Rows are ``Br`` except in each request's last tile (``last_end``, ``short``).
+    ``c_b = kv_b - q_b`` and ``q_b = qo_b + first_b * t`` (``first_b`` its first tile), except the request's last
+    tile, which sees all ``kv_b``. Rows are ``Br`` except in each request's last tile (``last_end``, ``short``).
+
+    The tile arrays are computed in the lengths' dtype with operands of that dtype (int32: no cast, half the memory
+    traffic of int64). ``q_b`` and ``c_b`` may wrap in int32, but they only feed the ends, which fit int32: the ends
+    are the same modulo 2**32 as in int64, so the same.
+
+    Everything but the ends depends on the query lengths alone (the *structure*: requests, tile indices, the last
+    tiles, their rows). When the query lengths of one ``(Br, g, dtype, causal)`` come twice in a row, their structure
+    is kept (``req`` and ``index`` read-only) until other query lengths come: a batch with the same query lengths
+    (the same batch planned again; chunked prefill of equal chunks over growing caches) then only computes its ends,
+    and its ``req`` and ``index`` are the same array objects as before, which ``layout.pack`` uses to skip
+    rewriting them into a buffer that holds them (``workplan.FIXED``). Other batches pay a copy of their query
+    lengths and one comparison.
     """
-    t = br // g
-    b = qo.shape[0]
     dtype = qo.dtype
     if dtype is not _I32 or kv.dtype is not _I32:  # int32 packs without a cast; anything else goes to int64
         dtype = _I32 if dtype == _I32 and kv.dtype == _I32 else _I64
         qo, kv = qo.astype(dtype, copy=False), kv.astype(dtype, copy=False)
+    key = (br, g, dtype, causal)
+    qb = qo.tobytes()  # (a copy of b words: cheaper than any comparison that does not keep one)
+    hit = _STRUCTURES.get(key)
+    if hit is None or hit[0] != qb:  # new query lengths: remembered, their structure is kept if they come again
+        if len(_STRUCTURES) >= 32:
+            _STRUCTURES.clear()
+        _STRUCTURES[key] = (qb, None)
+        return _new_structure(qo, kv, g, br, causal, qo_min, None, None)
+    st = hit[1]
+    if st is None:
+        return _new_structure(qo, kv, g, br, causal, qo_min, key, qb)
+    n, nt = st.count, st.nt
+    line = _LINES.get(key[:3])
+    if line is None or line[0].shape[0] < n:
+        line = _line(br, g, dtype, n)
+    if causal:
+        end = np.subtract(kv, st.q).repeat(nt)
+        end += line[1][:n]  # (j+1)*t + c_b
+        end[st.last] = kv if st.has is None else kv[st.has]  # the last tiles see all the keys
+        np.maximum(end, line[2][:n], out=end)  # (see _new_structure)
+    else:
+        end = kv.repeat(nt)
+    tiles = object.__new__(Tiles)  # (the dataclass __init__ costs a microsecond)
+    tiles.__dict__ = {
+        "count": n, "decode": False, "req": st.req, "index": st.index, "rows": br, "kv_start": 0, "kv_end": end,
+        "last_end": st.last_end, "short": st.short, "fixed": True,
+    }  # fmt: skip
+    return tiles
+
+
+def _new_structure(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: bool, qo_min: int, key: tuple | None,
+                   qb: bytes | None) -> Tiles:  # fmt: skip
+    """``_whole_token_tiles`` without a cached structure: the tiles, and (``key`` given) their structure cached for
+    the query lengths ``qb``. Caching costs a few microseconds (read-only flags, the record), which is why query
+    lengths are only cached the second time they come."""
+    t = br // g
+    b = qo.shape[0]
+    dtype = qo.dtype
     line = _LINES.get((br, g, dtype))  # constants, ramps
     if line is None or line[0].shape[0] < b:
         line = _line(br, g, dtype, b)
-    c_t1, c_t, c_br, c_g = line[2]  # (int64 tile counts: repeat wants intp)
+    c_t1, c_t, c_br, c_g = line[3]  # (int64: the tile counts feed repeat, which wants intp)
     nt = qo + c_t1
     nt //= c_t
     ends = np.add.accumulate(nt)
@@ -239,18 +291,22 @@ def _whole_token_tiles(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: 
     per_req = np.empty((3 if causal else 2, b), dtype=dtype)
     per_req[0] = ramp[:b]
     first = np.subtract(ends, nt, out=per_req[1])
+    q = None
     if causal:
-        c = np.subtract(kv, qo, out=per_req[2])
-        c -= first * c_t
+        q = first * line[4]
+        q += qo
+        np.subtract(kv, q, out=per_req[2])
     spread = per_req.repeat(nt, axis=1)
     req, index = spread[0], spread[1]
     np.subtract(ramp[:n], index, out=index)
     has = None if qo_min > 0 else nt > 0  # requests without query tokens have no tile
     last_end = ends if has is None else ends[has]  # one past each request's last tile
     short = nt * c_br
-    short -= qo * c_g  # rows the last tile lacks: Br * tiles - packed rows
+    short -= qo * c_g  # rows the last tile lacks: Br * tiles - packed rows (int64: qo * g may pass 2**31)
     if has is not None:
         short = short[has]
+    if dtype is _I32:  # (< Br) in the tiles' dtype: the costs subtract it without a cast
+        short = short.astype(_I32)
     if causal:
         end = spread[2]
         end += steps[:n]  # (j+1)*t + c_b
@@ -258,16 +314,49 @@ def _whole_token_tiles(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: 
         # 2n - 1 + last_end is that tile's end.
         spread.reshape(-1)[2 * n - 1 :][last_end] = kv if has is None else kv[has]
         # More queries than keys: the first tiles see nothing (a clamp over the tiles is cheaper than finding out
-        # whether any request needs it: a reduction costs more than this pass)
-        np.maximum(end, 0, out=end)
+        # whether any request needs it: a reduction costs more than this pass). Against an array of zeros: NumPy's
+        # maximum is vectorised for two arrays, not for an array and a scalar.
+        np.maximum(end, line[2][:n], out=end)
     else:
         end = kv.repeat(nt)
+    fixed = key is not None and n <= _CACHE_TILES
+    if fixed:
+        # req and index go into plans (and pack's FIXED fields): read-only. The other arrays of the structure are
+        # only read by the planner. (setflags: half the cost of the flags attribute)
+        req.setflags(write=False)
+        index.setflags(write=False)
+        if len(_STRUCTURES) >= 32:
+            _STRUCTURES.clear()
+        _STRUCTURES[key] = (qb, _Structure(n, nt, req, index, last_end, short, has, q))
     tiles = object.__new__(Tiles)  # (the dataclass __init__ costs a microsecond)
     tiles.__dict__ = {
         "count": n, "decode": False, "req": req, "index": index, "rows": br, "kv_start": 0, "kv_end": end,
-        "last_end": last_end, "short": short,
+        "last_end": last_end, "short": short, "fixed": fixed,
     }  # fmt: skip
     return tiles
+
+
+class _Structure:
+    """What the tiles of one set of query lengths share whatever the KV lengths (``req`` and ``index`` read-only, the
+    other arrays never written after they are made)."""
+
+    __slots__ = ("count", "nt", "req", "index", "last_end", "short", "has", "q", "_last")
+
+    def __init__(self, count, nt, req, index, last_end, short, has, q) -> None:
+        self.count, self.nt, self.req, self.index, self.last_end, self.short = count, nt, req, index, last_end, short
+        self.has, self.q, self._last = has, q, None
+
+    @property
+    def last(self) -> np.ndarray:
+        """The last tile of each request with tiles (``last_end - 1``)."""
+        if self._last is None:
+            self._last = self.last_end - 1
+        return self._last
+
+
+#: Structures (``_whole_token_tiles``) of at most this many tiles are cached (a few arrays of as many words).
+_CACHE_TILES = 1 << 20
+_STRUCTURES: dict = {}  # (Br, g, dtype, causal) -> (the query lengths' bytes, _Structure)
 
 
 _I32 = np.dtype(np.int32)
@@ -278,8 +367,9 @@ _LINES: dict = {}
 
 
 def _line(br: int, g: int, dtype, n: int) -> tuple:
-    """``(arange(m), (arange(m) + 1) * t, 0-d int64 (t - 1, t, Br, g))`` for ``t = Br / g``, ``m >= n``: what
-    ``_whole_token_tiles`` reads, read-only, cached per ``(Br, g, dtype)`` and grown by doubling."""
+    """``(arange(m), (arange(m) + 1) * t, zeros(m), 0-d int64 (t - 1, t, Br, g), 0-d t of the dtype)`` for
+    ``t = Br / g``, ``m >= n``: what ``_whole_token_tiles`` reads, read-only, cached per ``(Br, g, dtype)`` and grown
+    by doubling."""
     t = br // g
     old = _LINES.get((br, g, dtype))
     m = max(n, 2 * (0 if old is None else old[0].shape[0]), 4096)
@@ -289,11 +379,11 @@ def _line(br: int, g: int, dtype, n: int) -> tuple:
     if dtype is _I32:  # (only the first n with (n + 1) * t < 2**31 are ever read)
         np.minimum(steps, 2**31 - 1, out=steps)
         np.minimum(ramp, 2**31 - 1, out=ramp)
-    ramp, steps = ramp.astype(dtype), steps.astype(dtype)
-    ramp.flags.writeable = steps.flags.writeable = False
+    ramp, steps, zeros = ramp.astype(dtype), steps.astype(dtype), np.zeros(m, dtype=dtype)
+    ramp.flags.writeable = steps.flags.writeable = zeros.flags.writeable = False
     if len(_LINES) >= 32:
         _LINES.clear()
-    line = _LINES[(br, g, dtype)] = (ramp, steps, _consts(_I64, t - 1, t, br, g))
+    line = _LINES[(br, g, dtype)] = (ramp, steps, zeros, _consts(_I64, t - 1, t, br, g), _consts(dtype, t)[0])
     return line
 
 

@@ -23,33 +23,54 @@ from .decode_plan import decode_planner
 from .merge import split_layout
 from .split_kv import DEFAULT_MIN_CHUNK, _choose, fixed_counts, split_counts, split_ranges
 from .tiles import _whole_token_tiles, at, lengths_and_range, tiles_of
-from .workplan import WorkPlan, put_field  # noqa: F401  (re-exported: the plan type lives with plan_work)
+from .workplan import WorkPlan, natural_pack_fields, put_field  # noqa: F401  (put_field re-exported)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 _ZERO1 = np.zeros(1, dtype=np.int64)
 
 
-def _tile_costs(tiles, n: np.ndarray, cost: CostModel) -> np.ndarray:
-    """One head's cost of each whole tile: ``beta * kv + alpha * rows + gamma``, in int64 when the terms are whole
-    numbers (the default model: the prefix sum of the assignment is faster on integers)."""
+def _tile_costs(tiles, n: np.ndarray, cost: CostModel, kv_hi: int | None) -> tuple:
+    """``(costs, prefix)``: one head's cost of each whole tile, ``beta * kv + alpha * rows + gamma``, and their
+    running sum after a leading 0 (None without tiles). The prefix sum serves the linear assignment (the usual one
+    for prefill: its midpoints are then one add, see ``assign._linear``) and gives the total.
+
+    Integers when the terms are whole numbers (the default model: the prefix sum of the assignment is faster on
+    integers): int32 when the tile arrays are int32 and twice the largest possible total fits int32 (every tile sees
+    at most ``kv_hi`` keys and has at most Br rows; the linear cut doubles the prefix), else int64."""
     rows = tiles.rows
+    count = tiles.count
     if not isinstance(rows, np.ndarray) and cost.integral:
         last = tiles.last_end
-        buf = np.empty(tiles.count + 1, dtype=np.int64)  # word 0 lets ``last_end`` index the last tiles directly
-        costs = buf[1:]
-        np.add(n, _const64(int(cost.alpha) * rows + int(cost.gamma)), out=costs)
+        fixed = int(cost.alpha) * rows + int(cost.gamma)
+        dtype = _I64
+        if n.dtype is _I32 and kv_hi is not None and 2 * count * (int(cost.beta) * kv_hi + fixed) < 2**31:
+            dtype = _I32
+        # [costs, prefix], each after a leading word: word 0 of the costs lets ``last_end`` index the last tiles
+        buf = np.empty((2, count + 1), dtype=dtype)
+        costs = buf[0, 1:]
+        np.add(n, _const(dtype, fixed), out=costs)
         if cost.beta != 1:
             costs += n * int(cost.beta)
             costs -= n
         if last is not None:  # the last tiles' missing rows
             short = tiles.short
-            if cost.alpha != 1:
-                short = short * int(cost.alpha)
-            buf[last] -= short
-        return costs
+            if cost.alpha != 1:  # (in the costs' dtype: int32 only when every cost, alpha * Br included, fits)
+                short = np.multiply(short, int(cost.alpha), dtype=dtype)
+            buf[0][last] -= short
+        if not count:
+            return costs, None
+        prefix = buf[1]
+        prefix[0] = 0
+        np.add.accumulate(costs, out=prefix[1:])
+        return costs, prefix
     costs = n * cost.beta
     costs += tiles.row_array() * cost.alpha + cost.gamma
-    return costs
+    if not count:
+        return costs, None
+    prefix = np.empty(count + 1, dtype=costs.dtype)
+    prefix[0] = 0
+    np.add.accumulate(costs, out=prefix[1:])
+    return costs, prefix
 
 
 def _exact_stats(costs: np.ndarray, total: float) -> tuple:
@@ -80,11 +101,16 @@ def _bounds(costs: np.ndarray, total: float, kv_hi: int | None, br: int, h: int,
     return total, hi, min(c0, c1)
 
 
-@functools.lru_cache(maxsize=16)
-def _const64(v: int) -> np.ndarray:
-    c = np.array(v, dtype=np.int64)
+@functools.lru_cache(maxsize=32)
+def _const(dtype, v: int) -> np.ndarray:
+    """A read-only 0-d operand (NumPy calls with a Python scalar cost about twice as much on small arrays)."""
+    c = np.array(v, dtype=dtype)
     c.flags.writeable = False
     return c
+
+
+_I32 = np.dtype(np.int32)
+_I64 = np.dtype(np.int64)
 
 
 def plan_work(
@@ -177,14 +203,9 @@ def plan_checked(
         tiles = tiles_of(qo, kv, g, br, causal, w, qo_lo)
     rows, start, end = tiles.rows, tiles.kv_start, tiles.kv_end
     n = end - start if isinstance(start, np.ndarray) else end
-    costs = _tile_costs(tiles, n, cost)
-    stats = bounds = prefix = None
+    costs, prefix = _tile_costs(tiles, n, cost, kv_hi)
+    stats = bounds = None
     if tiles.count:
-        # The prefix sum serves the linear assignment (the usual one for prefill) and gives the total.
-        # (after a leading 0: the linear cut's midpoints are then one add, see assign._linear)
-        prefix = np.empty(tiles.count + 1, dtype=costs.dtype)
-        prefix[0] = 0
-        np.add.accumulate(costs, out=prefix[1:])
         stats = bounds = _bounds(costs, float(prefix[-1]), kv_hi, br, h, p, cost) if fixed_split_size is None else None
         if bounds is None:
             stats = _exact_stats(costs, float(prefix[-1]))
@@ -256,8 +277,15 @@ def plan_checked(
     f["item_group"], f["item_head"] = asg.group, asg.head
     f["merge_indptr"], f["merge_src"], f["merge_dst_token"], f["merge_dst_head"] = merge
     f["num_partial_rows"], f["chunk_size"] = num_partial, chunk
+    if counts is None and asg.group is None:
+        # Natural order, nothing split (most prefill plans): what sizes() and pack_fields() would derive on the
+        # first pack, set here directly
+        f["_sizes"] = (g_req.shape[0] * h, g_req.shape[0], 0, 0)
+        f["_pack_fields"] = natural_pack_fields(g_req, g_tile, g_start, g_end, tiles.fixed)
     return WorkPlan.from_fields(f)
 
 
-# Every WorkPlan field, with its default where it has one (plan_checked sets the others)
+# Every WorkPlan field, with its default where it has one (plan_checked sets the others), and the memo slots of
+# sizes() / pack_fields() (None: not computed)
 _PLAN_FIELDS = {f.name: None if f.default is dataclasses.MISSING else f.default for f in dataclasses.fields(WorkPlan)}
+_PLAN_FIELDS.update(_sizes=None, _pack_fields=None)

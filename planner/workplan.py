@@ -255,6 +255,49 @@ _NO_UNITS = {"item_merge": ("fill", -1, None), "item_pieces": ("fill", 0, None)}
 _NO_UNITS_SHAPE = (("item_merge", -1), ("item_pieces", 0))
 
 
+def natural_pack_fields(group_req: np.ndarray, group_tile, group_kv_start, group_kv_end, fixed: bool = False) -> tuple:
+    """``pack_fields()`` of a plan in natural order with nothing split and no merge units (``plan_checked``'s usual
+    plan), from its group arrays alone (without building ``item_fields()``): the scalar fields, the heads, the
+    partials (-1) and the units go to the shape key, the arrays to ``dynamic``, in ``pack_fields()``'s order.
+
+    ``fixed``: ``group_req`` and ``group_tile`` are cached read-only arrays (``tiles._Structure``) that always hold
+    the same values; their entries then say so (``FIXED`` in place of the index), and ``layout.pack`` does not
+    rewrite them into a buffer that holds them already."""
+    mark = FIXED if fixed else None
+    nd = np.ndarray
+    if type(group_tile) is nd and type(group_kv_start) is int and group_kv_start == 0 and type(group_kv_end) is nd:
+        # (prefill without a window: the usual case, spelled out)
+        return _PREFILL_SHAPE, (
+            ("item_req", ("group", group_req, mark)), ("item_qo_tile", ("group", group_tile, mark)),
+            ("item_kv_end", ("group", group_kv_end, None)),
+        )  # fmt: skip
+    scalars = tuple(None if isinstance(v, np.ndarray) else int(v) for v in (group_tile, group_kv_start, group_kv_end))
+    shape = _NATURAL_SHAPES.get(scalars)
+    if shape is None:
+        if len(_NATURAL_SHAPES) >= 64:
+            _NATURAL_SHAPES.clear()
+        shape = _NATURAL_SHAPES[scalars] = (
+            (("item_kv_head", "heads"),)
+            + tuple((name, v) for name, v in zip(_RANGE_NAMES, scalars, strict=True) if v is not None)
+            + (("item_partial", -1),)
+            + _NO_UNITS_SHAPE
+        )
+    dynamic = [("item_req", ("group", group_req, mark))]
+    for name, v, scalar in zip(_RANGE_NAMES, (group_tile, group_kv_start, group_kv_end), scalars, strict=True):
+        if scalar is None:
+            dynamic.append((name, ("group", v, mark if name == "item_qo_tile" else None)))
+    return shape, tuple(dynamic)
+
+
+#: In a ``("group", values, FIXED)`` field of ``pack_fields()``: ``values`` is a cached read-only array whose
+#: object identity stands for its values (a buffer that received this object holds its values).
+FIXED = "fixed"
+_RANGE_NAMES = ("item_qo_tile", "item_kv_start", "item_kv_end")
+_NATURAL_SHAPES: dict = {}  # the shape keys of natural_pack_fields by its scalar fields (one object per key)
+_PREFILL_SHAPE = (("item_kv_head", "heads"), ("item_kv_start", 0), ("item_partial", -1)) + _NO_UNITS_SHAPE
+_NATURAL_SHAPES[(None, 0, None)] = _PREFILL_SHAPE
+
+
 def put_field(out: np.ndarray, field: tuple, num_heads: int, n_groups: int) -> None:
     """Write one item array (a ``WorkPlan.item_fields()`` entry) into ``out`` (int32, ``n_items`` long)."""
     kind, values, index = field
