@@ -38,6 +38,10 @@ built from macros that were removed afterwards):
     row sums by MMA (ones)       -    334    281      -      -    260   (FlashInfer's trick: slower here)
     2 of 8 exp columns on FMA    -    328    276      -      -    258   (MUFU is not the limit: XU pipe ~20 %)
 
+One barrier per KV tile (K and V of the tile ahead copied together after the first barrier; a second one only on an
+item's last tile, before the next item's Q copy) measured 373 / 359 / 308 / 338 / 328 / 278 against 373 / 358 / 308 /
+339 / 327 / 278 for the kernel kept: neutral, and it spilled, so the two-barrier loop stays.
+
 "late next" issues the next item's Q and first K/V tile after the epilogue instead of during the last P.V: those 32
 cp.async per thread queued in the memory pipe ahead of that P.V's ldmatrix reads and the o stores. Nsight Compute on
 P2 (same call): cuinfer 2.09 ms, tensor pipe 55 %, FlashInfer fa2 1.98 ms, 64 %; both 255 registers, 2 CTAs/SM.

@@ -38,6 +38,7 @@ from cuinfer.planner import layout as plan_layout
 from cuinfer.planner.cost import DEFAULT_COST
 from cuinfer.planner.split_kv import DEFAULT_MIN_CHUNK
 from cuinfer.planner.work import WorkPlan, plan_checked, plan_work
+from cuinfer.prefill_launch import PrefillLaunch
 from cuinfer.prefill_plan import (
     PrefillPlan,
     check_ragged_shapes,
@@ -50,13 +51,12 @@ from cuinfer.prefill_plan import (
     ragged_kv,
 )
 from cuinfer.prefill_policy import DeviceLimits, ctas_per_sm
-from cuinfer.prefill_specs import PrefillParams, default_specs, fast_div_magic, prefill_spec, smem_bytes
+from cuinfer.prefill_specs import default_specs, prefill_spec, smem_bytes
 
 register("prefill", default_specs)
 
 DEFAULT_WORKSPACE_BYTES = 128 << 20
 BACKENDS = ("auto", "fa2", "sm90")
-_LOG2E = 1.0 / math.log(2.0)
 _DEFAULT_SMS = 132
 
 
@@ -109,6 +109,7 @@ class BatchPrefill:
         self._offsets: dict = {}
         # id(host buffer) -> (buffer, layout, planner.pack memo, [views of the index arrays])
         self._pack_memo: dict = {}
+        self._launch_state: PrefillLaunch | None = None
 
     # -- planning --------------------------------------------------------------------------------------------------
 
@@ -292,7 +293,7 @@ class BatchPrefill:
         """``(plan layout, word offsets of the plan arrays and the index arrays, words in use)``. CUDA-graph mode fixes
         the layout and capacities at the first plan; otherwise they follow each plan."""
         work = plan.work
-        n_pages = int(plan.kv_indptr[-1]) if self.paged else 0
+        n_pages = plan.n_pages
         n_mask = 0 if plan.mask_bytes is None else plan.mask_bytes.shape[0]
         if self.use_cuda_graph:
             heads = (plan.num_qo_heads, plan.num_kv_heads, plan.key(self.paged))
@@ -351,18 +352,17 @@ class BatchPrefill:
                 self._pack_memo.clear()
             memo = self._pack_memo[id(host)] = (host, lay, {}, [None])
         plan_layout.pack(plan.work, lay, host, generation=generation, memo=memo[2])
-        batch = plan.batch
-        n_pages = int(plan.kv_indptr[-1]) if self.paged else 0
+        batch, n_pages = plan.batch, plan.n_pages
         # The views of the index arrays in host, kept while the offsets and sizes stay (a serving loop's batch)
         views = memo[3][0]
-        if views is None or views[0] is not off or views[1] != (batch, n_pages):
-            views = memo[3][0] = (off, (batch, n_pages), *self._index_views(host, off, batch, n_pages))
-        views[2][...] = plan.qo_indptr
-        views[3][...] = plan.kv_indptr
+        if views is None or views[0] is not off or views[1] != batch or views[2] != n_pages:
+            views = memo[3][0] = (off, batch, n_pages, *self._index_views(host, off, batch, n_pages))
+        views[3][...] = plan.qo_indptr
+        views[4][...] = plan.kv_indptr
         if self.paged:
-            views[4][...] = plan.kv_last_page_len
+            views[5][...] = plan.kv_last_page_len
             indices = plan.kv_indices
-            views[5][...] = indices if indices.shape[0] == n_pages else indices[:n_pages]
+            views[6][...] = indices if indices.shape[0] == n_pages else indices[:n_pages]
         if plan.mask_bytes is not None:
             n_mask = plan.mask_bytes.shape[0]
             host[off["mask_indptr"] : off["mask_indptr"] + batch + 1] = plan.mask_indptr
@@ -471,51 +471,12 @@ class BatchPrefill:
         return c
 
     def _launch(self, call: Call, plan: PrefillPlan, tq: Tensor, kv: KV, to: Tensor, tl: Tensor | None) -> None:
-        from cuinfer.merge import launch_merge_partials, merge_partials_rows_per_block
-
-        buf, off, opts, work, cfg = self._buffers, plan.offsets, plan.options, plan.work, plan.config
-        key = plan.key(self.paged)
-        kernel = get_kernel(prefill_spec(key), key.name_expr(), call.device_id)
-        dvo = plan.head_dim_vo
-        partial_o, partial_lse = buf.partial_pointers(dvo)
-        g = plan.num_qo_heads // plan.num_kv_heads
-        g_mul, g_shift = fast_div_magic(g)
-        p_mul, p_shift = fast_div_magic(plan.page_size)
-        cap = opts.logits_soft_cap
-        slot_stride, head_stride = kv.k_strides[1], kv.k_strides[2]
-        params = PrefillParams.pack(
-            q=tq.ptr, k=kv.k_ptr, v=kv.v_ptr, o=to.ptr, lse=0 if tl is None else tl.ptr,
-            partial_o=partial_o, partial_lse=partial_lse,
-            **{name: buf.ptr(off[name]) for name in (
-                "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "mask_indptr", "work_indptr",
-                "item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end", "item_partial")},
-            mask=buf.ptr(off["mask"]),
-            q_stride_n=tq.strides[0], q_stride_h=tq.strides[1],
-            k_stride_n=slot_stride, k_stride_h=head_stride, k_stride_page=kv.k_strides[0],
-            v_stride_n=kv.v_strides[1], v_stride_h=kv.v_strides[2],
-            o_stride_n=to.strides[0], o_stride_h=to.strides[1],
-            lse_stride_n=0 if tl is None else tl.strides[0], lse_stride_h=0 if tl is None else tl.strides[1],
-            group_size=g, page_size=plan.page_size, window_left=opts.window_left,
-            alibi_pow2=1 << (plan.num_qo_heads.bit_length() - 1),
-            group_mul=g_mul, group_shift=g_shift, page_mul=p_mul, page_shift=p_shift,
-            sm_scale=opts.sm_scale, sm_scale_log2=opts.sm_scale * _LOG2E,
-            soft_cap=cap, inv_soft_cap=1.0 / cap if cap > 0 else 0.0,
-        )  # fmt: skip
-        smem = smem_bytes(cfg, plan.head_dim, dvo, self.paged)
-        kernel.launch(work.num_ctas, cfg.threads, (params,), smem_bytes=smem, stream=call.stream)
-        max_merge = self._fixed[0].capacity.max_merge if self.use_cuda_graph else work.n_merge
-        if max_merge == 0:
-            return
-        from cuinfer.device import device_info
-
-        per_block = merge_partials_rows_per_block(plan.o_dtype, dvo)
-        grid = max(1, min(16 * device_info(call.device_id).sm_count, -(-max_merge // per_block)))
-        launch_merge_partials(
-            device_id=call.device_id, stream=call.stream, num_targets_ptr=buf.ptr(1),
-            merge_indptr_ptr=buf.ptr(off["merge_indptr"]), merge_src_ptr=buf.ptr(off["merge_src"]),
-            merge_dst_token_ptr=buf.ptr(off["merge_dst_token"]), merge_dst_head_ptr=buf.ptr(off["merge_dst_head"]),
-            partial_o_ptr=partial_o, partial_lse_ptr=partial_lse, o=to, lse=tl, grid=grid,
-        )  # fmt: skip
+        # Everything fixed by the plan is prepared once per plan (prefill_launch.py); the parameter struct is rebuilt
+        # only when an array pointer or stride changes.
+        st = self._launch_state
+        if st is None or not st.current(self, plan, call.device_id):
+            st = self._launch_state = PrefillLaunch(self, plan, call.device_id)
+        st.launch(call.stream, tq, kv, to, tl)
 
     def _run_reference(self, plan: PrefillPlan, q, kv: tuple, out, lse, want_lse: bool):
         tq = as_tensor(q, "q")

@@ -325,6 +325,30 @@ def test_cuda_graph_replays_after_replan(rng):
         _check(out.get(), lse.get(), ref_o, ref_lse, "bf16", what=f"graph replay {lens}")
 
 
+def test_one_wrapper_replanned_runs_fresh_launches(rng):
+    """run() keeps what a plan launches (kernel, plan-buffer and workspace pointers, parameter struct) between calls:
+    re-planning the same wrapper -- a bigger batch that grows the plan buffer, a split plan that needs the merge, an
+    unsplit one again -- and new output arrays must each take effect. Outputs poisoned before every run."""
+    from cuinfer.prefill import BatchPrefill
+
+    fw = _framework("cupy")
+    w = BatchPrefill(paged=False)
+    for lens, split in ((((5, 17), (54, 97)), None), ((B17[0], B17[1]), 256), ((B12[0], B12[1]), None)):
+        c = Case(lens)
+        h = _build(rng, c)
+        ref_o, ref_lse = _reference(c, h)
+        w.plan(h["qo_indptr"], h["kv_indptr"], num_qo_heads=32, num_kv_heads=8, head_dim=128, causal=True,
+               q_dtype="bfloat16", fixed_split_size=split)  # fmt: skip
+        assert (w._plan.work.n_merge > 0) == (split is not None)
+        gq, gk, gv = fw.asarray(h["q"]), fw.asarray(h["k"]), fw.asarray(h["v"])
+        for _ in range(2):  # a second pair of output arrays: new pointers for the same plan
+            out = fw.asarray(np.full((h["q"].shape[0], 32, 128), np.nan, ml_dtypes.bfloat16))
+            lse = fw.asarray(np.full((h["q"].shape[0], 32), np.nan, np.float32))
+            _poison_workspace(w)
+            w.run(gq, gk, gv, out=out, lse=lse)
+            _check(fw.to_numpy(out), fw.to_numpy(lse), ref_o, ref_lse, "bf16", what=f"re-planned {lens[0][:3]}...")
+
+
 def test_gpu_errors_before_launch(rng):
     """Host-side checks of run() with device arrays: nothing is launched for a bad page table or a misaligned q."""
     from cuinfer.prefill import BatchPrefill
