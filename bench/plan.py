@@ -8,6 +8,7 @@ NumPy index arrays (its documented no-sync path); FlashInfer gets device int32 t
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 
 from bench import inputs, peers
@@ -24,7 +25,7 @@ def _target(case_id: str, variant: str):
 SPEC = SuiteSpec(
     name=NAME,
     title="plan() host time (median of single calls), Llama-3.1-8B shape, page 16",
-    cuinfer_variants=("default",),
+    cuinfer_variants=("default", "new batch each call"),
     peers=(
         ("flashinfer", "decode cuda-cores", "FI decode µs"),
         ("flashinfer", "decode tensor-cores", "FI decode-tc µs"),
@@ -74,6 +75,24 @@ def cuinfer_plan(case: PlanCase, t: _Tables):
                           page_size=s.page_size, causal=True, q_dtype=s.dtype, kv_dtype=s.dtype)  # fmt: skip
 
 
+def cuinfer_plan_cycle(case: PlanCase, batches: list):
+    """plan() of ``batches`` in turn, one per call, on one wrapper (like a serving loop)."""
+    cuinfer = peers.cuinfer()
+    s = case.shape
+    heads = dict(num_qo_heads=s.num_qo_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim)
+    wrapper = cuinfer.BatchPrefill(paged=True, kv_layout=s.kv_layout)
+    turn = [0]
+
+    def step():
+        t = batches[turn[0]]
+        turn[0] = (turn[0] + 1) % len(batches)
+        tab = t.table
+        wrapper.plan(t.qo_indptr, tab.kv_indptr, tab.kv_indices, tab.kv_last_page_len, **heads,
+                     page_size=s.page_size, causal=True, q_dtype=s.dtype, kv_dtype=s.dtype)  # fmt: skip
+
+    return step
+
+
 def fi_plans(case: PlanCase, t: _Tables) -> dict:
     """variant -> prepare() returning the plan callable, for the FlashInfer plans that apply to this case."""
     s = case.shape
@@ -117,6 +136,12 @@ def run(ctx: Context, cases) -> None:
         ctx.log(f"[plan] {case.id}: {case.describe()}  (target {case.target.text})")
         tables = _Tables(case)
         ctx.measure_host(NAME, case.id, "cuinfer", "default", partial(cuinfer_plan, case, tables))
+        if case.kind == "prefill":
+            # The default row plans one batch over and over, which lets the planner keep the query-tile structure of
+            # repeated query lengths; here every call plans another batch of the same distribution (no reuse).
+            batches = [_Tables(dataclasses.replace(case, seed=case.seed + 1 + i)) for i in range(8)]
+            cycle = partial(cuinfer_plan_cycle, case, batches)
+            ctx.measure_host(NAME, case.id, "cuinfer", "new batch each call", cycle)
         if use_fi:
             for variant, prepare in fi_plans(case, tables).items():
                 ctx.measure_host(NAME, case.id, "flashinfer", variant, prepare)
