@@ -333,13 +333,18 @@ def test_one_wrapper_replanned_runs_fresh_launches(rng):
 
     fw = _framework("cupy")
     w = BatchPrefill(paged=False)
-    for lens, split in ((((5, 17), (54, 97)), None), ((B17[0], B17[1]), 256), ((B12[0], B12[1]), None)):
+    # 24 items unsplit; 3184 items split at 256 (the plan buffer grows); B12 split by the planner; 4 x (577, 4097)
+    # unsplit again
+    split_seen = []
+    for lens, split in (
+        (((5, 17), (54, 97)), None), (B17, 256), (B12, None), (((577,) * 4, (4097,) * 4), None)
+    ):  # fmt: skip
         c = Case(lens)
         h = _build(rng, c)
         ref_o, ref_lse = _reference(c, h)
         w.plan(h["qo_indptr"], h["kv_indptr"], num_qo_heads=32, num_kv_heads=8, head_dim=128, causal=True,
                q_dtype="bfloat16", fixed_split_size=split)  # fmt: skip
-        assert (w._plan.work.n_merge > 0) == (split is not None)
+        split_seen.append(bool(w._plan.work.n_merge > 0))
         gq, gk, gv = fw.asarray(h["q"]), fw.asarray(h["k"]), fw.asarray(h["v"])
         for _ in range(2):  # a second pair of output arrays: new pointers for the same plan
             out = fw.asarray(np.full((h["q"].shape[0], 32, 128), np.nan, ml_dtypes.bfloat16))
@@ -347,6 +352,7 @@ def test_one_wrapper_replanned_runs_fresh_launches(rng):
             _poison_workspace(w)
             w.run(gq, gk, gv, out=out, lse=lse)
             _check(fw.to_numpy(out), fw.to_numpy(lse), ref_o, ref_lse, "bf16", what=f"re-planned {lens[0][:3]}...")
+    assert split_seen[0] is False and split_seen[1] is True and split_seen[-1] is False, split_seen
 
 
 def test_gpu_errors_before_launch(rng):
