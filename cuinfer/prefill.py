@@ -31,6 +31,7 @@ from cuinfer.decode_io import (
     partial_rows_capacity,
     prepare_outputs,
 )
+from cuinfer.decode_launch import cache_fingerprint
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.jit import get_kernel, register
@@ -110,6 +111,7 @@ class BatchPrefill:
         # id(host buffer) -> (buffer, layout, planner.pack memo, [views of the index arrays])
         self._pack_memo: dict = {}
         self._launch_state: PrefillLaunch | None = None
+        self._kv_memo: tuple | None = None  # (cache object, fingerprint, plan, checked KV view): see _kv
 
     # -- planning --------------------------------------------------------------------------------------------------
 
@@ -436,39 +438,56 @@ class BatchPrefill:
 
     def _kv(self, call: Call, plan: PrefillPlan, kv: tuple) -> KV:
         if self.paged:
-            c = paged_kv(call.tensor, kv[0], self.kv_layout, gpu=True)
-            got = (c.page_size, c.num_kv_heads, c.head_dim)
-            want = (plan.page_size, plan.num_kv_heads, plan.head_dim)
-            if got != want:
-                raise ValueError(
-                    f"kv_cache has (page_size, num_kv_heads, head_dim) = {got} ({self.kv_layout}) but plan() was made "
-                    f"for {want}; pass the cache the plan describes (or check kv_layout)"
-                )
-            if plan.head_dim_vo != plan.head_dim:
-                raise ValueError(
-                    f"plan() was made for head_dim={plan.head_dim}, head_dim_vo={plan.head_dim_vo} but a paged cache "
-                    "holds K and V of one head dim; use BatchPrefill(paged=False) with separate k and v"
-                )
-            if c.k_strides != c.v_strides:
-                raise ValueError(
-                    f"k_cache and v_cache must have the same strides (the kernel finds a page's K and V rows with one "
-                    f"offset) but have {c.k_strides} and {c.v_strides} (page, slot, head; elements); pass contiguous "
-                    "caches"
-                )
-            if plan.max_page >= c.num_pages:
-                raise ValueError(
-                    f"kv_indices holds page index {plan.max_page} but kv_cache has {c.num_pages} pages (valid indices "
-                    f"are 0..{c.num_pages - 1}); the page table passed to plan() does not belong to this cache"
-                )
-        else:
-            tk, tv = call.tensor(kv[0], "k"), call.tensor(kv[1], "v")
-            c = ragged_kv(tk, tv, self.kv_layout, plan)
+            # A serving loop passes the same cache object every step: when it is the same torch / CuPy object (of the
+            # caller's framework) with the same pointer and shape as last time, and the plan is the same, the parsed
+            # and checked view is reused (as BatchDecode does).
+            fp = cache_fingerprint(kv[0], call.framework)
+            memo = self._kv_memo
+            if fp is not None and memo is not None and memo[0] is kv[0] and memo[1] == fp and memo[2] is plan:
+                return memo[3]
+            c = self._paged_kv(call, plan, kv[0])
+            self._kv_memo = None if fp is None else (kv[0], fp, plan, c)
+            return c
+        tk, tv = call.tensor(kv[0], "k"), call.tensor(kv[1], "v")
+        c = ragged_kv(tk, tv, self.kv_layout, plan)
+        self._check_kv_dtype(plan, c)
+        return c
+
+    def _paged_kv(self, call: Call, plan: PrefillPlan, cache: Any) -> KV:
+        c = paged_kv(call.tensor, cache, self.kv_layout, gpu=True)
+        got = (c.page_size, c.num_kv_heads, c.head_dim)
+        want = (plan.page_size, plan.num_kv_heads, plan.head_dim)
+        if got != want:
+            raise ValueError(
+                f"kv_cache has (page_size, num_kv_heads, head_dim) = {got} ({self.kv_layout}) but plan() was made "
+                f"for {want}; pass the cache the plan describes (or check kv_layout)"
+            )
+        if plan.head_dim_vo != plan.head_dim:
+            raise ValueError(
+                f"plan() was made for head_dim={plan.head_dim}, head_dim_vo={plan.head_dim_vo} but a paged cache "
+                "holds K and V of one head dim; use BatchPrefill(paged=False) with separate k and v"
+            )
+        if c.k_strides != c.v_strides:
+            raise ValueError(
+                f"k_cache and v_cache must have the same strides (the kernel finds a page's K and V rows with one "
+                f"offset) but have {c.k_strides} and {c.v_strides} (page, slot, head; elements); pass contiguous "
+                "caches"
+            )
+        if plan.max_page >= c.num_pages:
+            raise ValueError(
+                f"kv_indices holds page index {plan.max_page} but kv_cache has {c.num_pages} pages (valid indices "
+                f"are 0..{c.num_pages - 1}); the page table passed to plan() does not belong to this cache"
+            )
+        self._check_kv_dtype(plan, c)
+        return c
+
+    @staticmethod
+    def _check_kv_dtype(plan: PrefillPlan, c: KV) -> None:
         if c.k.dtype is not plan.kv_dtype:
             raise ValueError(
                 f"k/v have dtype {c.k.dtype.value} but plan() was made for kv_dtype={plan.kv_dtype.value}; call "
                 f"plan() with kv_dtype='{c.k.dtype.value}'"
             )
-        return c
 
     def _launch(self, call: Call, plan: PrefillPlan, tq: Tensor, kv: KV, to: Tensor, tl: Tensor | None) -> None:
         # Everything fixed by the plan is prepared once per plan (prefill_launch.py); the parameter struct is rebuilt
