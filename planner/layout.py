@@ -257,6 +257,8 @@ def pack(
     then overwrite: three copies for a lane plan without a window (block, ends, cut positions). With a ``memo`` that
     says the buffer holds the blocks of this structure already (the previous plan packed into it had the same one:
     most steps of a serving loop) the block copies are skipped; the words they hold do not change between such plans.
+    Block entries are kept per layout and form (with or without a window, with or without merge units): plans of
+    one structure in another form hold other words in the blocks.
     """
     if (out.dtype is not _I32 and out.dtype != _I32) or out.ndim != 1 or out.shape[0] < layout.total_words:
         raise ValueError(
@@ -265,11 +267,24 @@ def pack(
         )
     blocks = plan.pack_blocks
     if blocks is not None:
-        # A plan of the same structure was packed into this layout before (so it fits): the block copies, the KV
-        # ranges and the header words that change. (The layout is kept in the entry: its id stays unique.)
+        # Plans of one structure come in forms whose blocks differ: with a window the starts are written every step
+        # (without one they are 0 but the cuts, and travel in the head block), and with merge units (``BatchDecode``
+        # sets merge_in_kernel, plan_work does not) the tail holds item_merge / item_pieces. The structure caches do
+        # not tell the forms apart: an entry is used only by plans of its form. The first form packed into a layout
+        # keeps its entry at id(layout), any other at (id(layout), form) (e.g. a sliding-window layer's wrapper and
+        # a global layer's planning the same batch).
+        lane = plan.lane_cuts
+        window = isinstance(plan.group_kv_start if lane is None else lane[1], np.ndarray)
+        form = (2 if window else 0) + (1 if plan.merge_in_kernel else 0)
         hit = blocks.get(id(layout))
+        if hit is not None and hit[8] != form:
+            hit = blocks.get((id(layout), form))
+        # A plan of the same structure and form was packed into this layout before (so it fits): the block copies,
+        # the KV ranges and the header words that change. (The layout is kept in the entry: its id stays unique.)
+        # These write no field the memo's item shape ("items") says the buffer holds: that shape is the one of
+        # the plan that made the entry, whose form keeps the starts and merge units out of it or in the blocks.
         if hit is not None and hit[0] is layout:
-            _, head, o2, tail, patch, o_s, o_e, n = hit
+            _, head, o2, tail, patch, o_s, o_e, n, _ = hit
             if memo is None or memo.get("block") is not hit:  # (else the buffer holds these blocks already)
                 out[: head.shape[0]] = head
                 if tail is not None:
@@ -279,15 +294,14 @@ def pack(
                     memo["block"] = hit
             out[5] = plan.chunk_size
             out[6] = generation
-            lane = plan.lane_cuts
             if lane is None:  # natural order (equal decode requests): [H, G] broadcasts
-                h, starts, ends = plan.num_kv_heads, plan.group_kv_start, plan.group_kv_end
-                if isinstance(starts, np.ndarray):
-                    out[o_s : o_s + n].reshape(h, -1)[:] = starts
-                out[o_e : o_e + n].reshape(h, -1)[:] = ends
+                h = plan.num_kv_heads
+                if window:
+                    out[o_s : o_s + n].reshape(h, -1)[:] = plan.group_kv_start
+                out[o_e : o_e + n].reshape(h, -1)[:] = plan.group_kv_end
             else:  # each item's request's range, then the cut positions scattered over the starts and ends
                 kv, starts, pos, ranges = lane
-                if isinstance(starts, np.ndarray):
+                if window:
                     _gather(out[o_s : o_s + n], starts, ranges.item_req)
                 if kv.dtype is _I32:  # (_gather, inlined: the common case)
                     kv.take(ranges.item_req, out=out[o_e : o_e + n], mode="wrap")
@@ -384,15 +398,13 @@ def pack(
     if blocks is not None:
         o_s, o_e, o2 = off["item_kv_start"], off["item_kv_end"], off["item_partial"]
         used = used_words(plan, layout)
-        patch, lane = None, plan.lane_cuts
+        patch = None
         if lane is not None:  # word positions of the cut starts and ends (in out)
             patch = lane[3].patch.copy()
             patch[patch >= n] += o_e - o_s - n
             patch += o_s
             patch.flags.writeable = False
         # Without a window every start but the cut ones is 0: the starts travel with the head block.
-        starts = plan.group_kv_start if lane is None else lane[1]
-        window = isinstance(starts, np.ndarray)
         # The head block ends where the first range array the step writes begins, the tail starts after the ends.
         # When no word between them is left unwritten (no padding after the ranges: tight layout, n a multiple
         # of 4), one block [0, used) does: the ranges written after it overwrite its stale copies of them.
@@ -404,7 +416,11 @@ def pack(
         head.flags.writeable = False
         if len(blocks) >= 8:
             blocks.clear()
-        entry = blocks[id(layout)] = (layout, head, o2, tail, patch, o_s, o_e, n)
+        key = id(layout)
+        other = blocks.get(key)
+        if other is not None and other[0] is layout and other[8] != form:
+            key = (key, form)
+        entry = blocks[key] = (layout, head, o2, tail, patch, o_s, o_e, n, form)
         if memo is not None:
             memo["block"] = entry  # the buffer holds exactly these blocks now
             # (the next plans of this structure write KV ranges and cut positions without telling the memo: what it
