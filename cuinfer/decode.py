@@ -22,7 +22,7 @@ import numpy as np
 
 from cuinfer import reference
 from cuinfer.calls import Call, begin, is_host
-from cuinfer.decode_host import _STATIC, _check_options, _fill_words, _FixedLayout, _Options, _page_table, _Plan
+from cuinfer.decode_host import _STATIC, _check_options, _fill_words, _FixedLayout, _page_table, _Plan
 from cuinfer.decode_io import (
     KV,
     Buffers,
@@ -35,14 +35,14 @@ from cuinfer.decode_io import (
     partial_rows_capacity,
     prepare_outputs,
 )
-from cuinfer.decode_launch import LaunchState, cache_fingerprint
+from cuinfer.decode_launch import CacheViews, LaunchState
 from cuinfer.decode_policy import ctas_per_sm, decode_config
 from cuinfer.decode_specs import all_specs
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.interop.dtypes import DType
 from cuinfer.jit import register
-from cuinfer.options import half_dtype, kv_layout_name
+from cuinfer.options import CommonOptions, half_dtype, kv_layout_name
 from cuinfer.planner import layout as plan_layout
 from cuinfer.planner.decode_plan import decode_planner
 from cuinfer.planner.work import WorkPlan, plan_work
@@ -101,7 +101,7 @@ class BatchDecode:
         self._generation = 0
         self._static: dict = {}
         self._launch_state: LaunchState | None = None
-        self._kv_memo: tuple | None = None
+        self._kv_views = CacheViews()
         self._ctas: dict = {}
         self._device_id: int | None | bool = False  # False: not asked yet
         self._rows_memo: tuple | None = None
@@ -392,7 +392,7 @@ class BatchDecode:
             return self._run_reference(plan, q, kv_cache, out, lse, return_lse, k_scale, v_scale)
         call, tq = begin(q, "q")
         self._check_q(plan, tq)
-        kv = self._kv_for(call, plan, kv_cache)
+        kv = self._kv_views.view(kv_cache, call, plan, self._paged_kv)
         if plan.device_id is None or plan.device_id != call.device_id:
             raise ValueError(
                 f"q is on cuda:{call.device_id} but plan() was made for "
@@ -413,17 +413,10 @@ class BatchDecode:
             return o_user
         return o_user, (lse if lse is not None else call.give(tl))
 
-    def _kv_for(self, call: Call, plan: _Plan, kv_cache: Any) -> KV:
-        """The cache's view, validated. A serving loop passes the same cache object every step: when it is the same
-        torch / CuPy object (of the caller's framework) with the same pointer and shape as last time, and the plan is
-        the same, the parsed and checked view is reused (saves ~20 us of host time per step)."""
-        fp = cache_fingerprint(kv_cache, call.framework)
-        memo = self._kv_memo
-        if fp is not None and memo is not None and memo[0] is kv_cache and memo[1] == fp and memo[2] is plan:
-            return memo[3]
+    def _paged_kv(self, call: Call, plan: _Plan, kv_cache: Any) -> KV:
+        """The cache's view, validated (``CacheViews`` reuses it while the same cache object comes back)."""
         kv = paged_kv(call.tensor, kv_cache, self.kv_layout, gpu=True)
         self._check_kv(plan, kv)
-        self._kv_memo = None if fp is None else (kv_cache, fp, plan, kv)
         return kv
 
     def _check_q(self, plan: _Plan, tq: Tensor) -> None:
@@ -494,7 +487,7 @@ class BatchDecode:
         return _host_outputs(o, lse64, plan.o_dtype, out, lse, return_lse or lse is not None)
 
 
-def _reference_options(o: _Options) -> dict:
+def _reference_options(o: CommonOptions) -> dict:
     return dict(
         sm_scale=o.sm_scale, logits_soft_cap=o.logits_soft_cap, window_left=o.window_left,
         pos_encoding=o.pos_encoding, rope_scale=o.rope_scale, rope_theta=o.rope_theta,

@@ -14,21 +14,11 @@ from cuinfer.decode_policy import DecodeConfig
 from cuinfer.decode_specs import DecodeKernelKey
 from cuinfer.interop import validate
 from cuinfer.interop.dtypes import DType
-from cuinfer.options import check_common_options
+from cuinfer.options import CommonOptions, check_common_options
 from cuinfer.planner import layout as plan_layout
 from cuinfer.planner.work import WorkPlan
 
 # ---- the facts of one plan --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Options:
-    sm_scale: float
-    logits_soft_cap: float
-    window_left: int
-    pos_encoding: str
-    rope_scale: float
-    rope_theta: float
 
 
 @dataclass
@@ -41,7 +31,7 @@ class _Plan:
     q_dtype: DType
     kv_dtype: DType
     o_dtype: DType
-    options: _Options
+    options: CommonOptions
     config: DecodeConfig
     kv_indptr: np.ndarray
     kv_indices: np.ndarray
@@ -82,12 +72,12 @@ class _Plan:
 
 def _check_options(
     sm_scale, logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant, head_dim
-) -> _Options:
-    return _Options(*check_common_options(
+) -> CommonOptions:
+    return check_common_options(
         what="decode", sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
         pos_encoding=pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta, variant=variant, head_dim=head_dim,
         builtin_hint="sm_scale, logits_soft_cap, window_left, pos_encoding",
-    ))  # fmt: skip
+    )  # fmt: skip
 
 
 _I32 = np.dtype(np.int32)

@@ -31,7 +31,7 @@ from cuinfer.decode_io import (
     partial_rows_capacity,
     prepare_outputs,
 )
-from cuinfer.decode_launch import cache_fingerprint
+from cuinfer.decode_launch import CacheViews
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.jit import get_kernel, register
@@ -111,7 +111,7 @@ class BatchPrefill:
         # id(host buffer) -> (buffer, layout, planner.pack memo, [views of the index arrays])
         self._pack_memo: dict = {}
         self._launch_state: PrefillLaunch | None = None
-        self._kv_memo: tuple | None = None  # (cache object, fingerprint, plan, checked KV view): see _kv
+        self._kv_views = CacheViews()  # the checked view of the last paged cache
 
     # -- planning --------------------------------------------------------------------------------------------------
 
@@ -438,16 +438,7 @@ class BatchPrefill:
 
     def _kv(self, call: Call, plan: PrefillPlan, kv: tuple) -> KV:
         if self.paged:
-            # A serving loop passes the same cache object every step: when it is the same torch / CuPy object (of the
-            # caller's framework) with the same pointer and shape as last time, and the plan is the same, the parsed
-            # and checked view is reused (as BatchDecode does).
-            fp = cache_fingerprint(kv[0], call.framework)
-            memo = self._kv_memo
-            if fp is not None and memo is not None and memo[0] is kv[0] and memo[1] == fp and memo[2] is plan:
-                return memo[3]
-            c = self._paged_kv(call, plan, kv[0])
-            self._kv_memo = None if fp is None else (kv[0], fp, plan, c)
-            return c
+            return self._kv_views.view(kv[0], call, plan, self._paged_kv)
         tk, tv = call.tensor(kv[0], "k"), call.tensor(kv[1], "v")
         c = ragged_kv(tk, tv, self.kv_layout, plan)
         self._check_kv_dtype(plan, c)
