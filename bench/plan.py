@@ -61,34 +61,30 @@ class _Tables:
         self.qo_indptr_d = dev(self.qo_indptr)
 
 
-def cuinfer_plan(case: PlanCase, t: _Tables):
+def cuinfer_plan(case: PlanCase, tables: list):
+    """plan() on one wrapper of ``tables`` in turn, one per call (like a serving loop); one table: the same batch
+    planned again every call (PERF.md's row)."""
     cuinfer = peers.cuinfer()
     s = case.shape
-    heads = dict(num_qo_heads=s.num_qo_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim)
-    tab = t.table
+    kw = dict(num_qo_heads=s.num_qo_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim, page_size=s.page_size,
+              q_dtype=s.dtype, kv_dtype=s.dtype)  # fmt: skip
     if case.kind == "decode":
         w = cuinfer.BatchDecode(kv_layout=s.kv_layout)
-        return lambda: w.plan(tab.kv_indptr, tab.kv_indices, tab.kv_last_page_len, **heads,
-                              page_size=s.page_size, q_dtype=s.dtype, kv_dtype=s.dtype)  # fmt: skip
-    w = cuinfer.BatchPrefill(paged=True, kv_layout=s.kv_layout)
-    return lambda: w.plan(t.qo_indptr, tab.kv_indptr, tab.kv_indices, tab.kv_last_page_len, **heads,
-                          page_size=s.page_size, causal=True, q_dtype=s.dtype, kv_dtype=s.dtype)  # fmt: skip
-
-
-def cuinfer_plan_cycle(case: PlanCase, batches: list):
-    """plan() of ``batches`` in turn, one per call, on one wrapper (like a serving loop)."""
-    cuinfer = peers.cuinfer()
-    s = case.shape
-    heads = dict(num_qo_heads=s.num_qo_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim)
-    wrapper = cuinfer.BatchPrefill(paged=True, kv_layout=s.kv_layout)
+        calls = [partial(w.plan, t.table.kv_indptr, t.table.kv_indices, t.table.kv_last_page_len, **kw) for t in tables]
+    else:
+        w = cuinfer.BatchPrefill(paged=True, kv_layout=s.kv_layout)
+        calls = [
+            partial(w.plan, t.qo_indptr, t.table.kv_indptr, t.table.kv_indices, t.table.kv_last_page_len, causal=True,
+                    **kw)
+            for t in tables
+        ]  # fmt: skip
+    if len(calls) == 1:
+        return calls[0]
     turn = [0]
 
     def step():
-        t = batches[turn[0]]
-        turn[0] = (turn[0] + 1) % len(batches)
-        tab = t.table
-        wrapper.plan(t.qo_indptr, tab.kv_indptr, tab.kv_indices, tab.kv_last_page_len, **heads,
-                     page_size=s.page_size, causal=True, q_dtype=s.dtype, kv_dtype=s.dtype)  # fmt: skip
+        calls[turn[0]]()
+        turn[0] = (turn[0] + 1) % len(calls)
 
     return step
 
@@ -135,13 +131,12 @@ def run(ctx: Context, cases) -> None:
     for case in cases:
         ctx.log(f"[plan] {case.id}: {case.describe()}  (target {case.target.text})")
         tables = _Tables(case)
-        ctx.measure_host(NAME, case.id, "cuinfer", "default", partial(cuinfer_plan, case, tables))
+        ctx.measure_host(NAME, case.id, "cuinfer", "default", partial(cuinfer_plan, case, [tables]))
         if case.kind == "prefill":
             # The default row plans one batch over and over, which lets the planner keep the query-tile structure of
             # repeated query lengths; here every call plans another batch of the same distribution (no reuse).
             batches = [_Tables(dataclasses.replace(case, seed=case.seed + 1 + i)) for i in range(8)]
-            cycle = partial(cuinfer_plan_cycle, case, batches)
-            ctx.measure_host(NAME, case.id, "cuinfer", "new batch each call", cycle)
+            ctx.measure_host(NAME, case.id, "cuinfer", "new batch each call", partial(cuinfer_plan, case, batches))
         if use_fi:
             for variant, prepare in fi_plans(case, tables).items():
                 ctx.measure_host(NAME, case.id, "flashinfer", variant, prepare)

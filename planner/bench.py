@@ -96,18 +96,7 @@ def run_case(kind: str, lens: np.ndarray, *, num_ctas: int, reps: int, trials: i
         return plan
 
     plan = step()
-    for _ in range(min(200, reps)):
-        step()
-    best = None
-    for _ in range(trials):
-        ts = np.empty(reps, dtype=np.int64)
-        for i in range(reps):
-            t0 = time.perf_counter_ns()
-            step()
-            ts[i] = time.perf_counter_ns() - t0
-        us = np.percentile(ts, [50, 10, 90]) / 1000.0
-        if best is None or us[0] < best[0]:
-            best = us
+    best = time_calls(step, reps, trials)
     balance, eff = plan_balance(plan, lens if not decode else None, g, tile_rows)
     return dict(
         median=best[0], p10=best[1], p90=best[2], mode=plan.assign_mode, chunk=plan.chunk_size,
