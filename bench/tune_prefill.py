@@ -6,7 +6,8 @@ python -m bench.tune_prefill --fi-warm  JIT-compile FlashInfer's fa2 prefill mod
 
 A configuration is a kernel variant and forced ``tile_sizes=(query tile, kv tile, stages)``. Variants: ``new`` (the
 kernel of this checkout), ``noxi`` / ``noskip`` (the same with the cross-item pipeline / the causal slice skipping
-compiled out: ``-DCUINFER_PREFILL_NO_CROSS_ITEM`` / ``_NO_SLICE_SKIP``) and ``base``: a saved copy of an earlier
+compiled out: ``-DCUINFER_PREFILL_NO_CROSS_ITEM`` / ``_NO_SLICE_SKIP``), ``eager`` (an exact running max instead of the
+lazy reference max: ``-DCUINFER_PREFILL_EAGER_RESCALE``) and ``base``: a saved copy of an earlier
 kernel, ``.peers/prefill_base.cu`` (skipped when absent). Every module is compiled up front in parallel processes
 into the disk cache. Timing is PERF.md's: CUDA events, L2 flushed (512 MB write) before every timed run, median of
 ``ROUNDS x ITERS`` runs taken round-robin over the configurations (drift hits them alike). Not a standard suite: it
@@ -67,6 +68,7 @@ VARIANT_FLAGS = {
     "new": (),
     "noxi": ("-DCUINFER_PREFILL_NO_CROSS_ITEM",),
     "noskip": ("-DCUINFER_PREFILL_NO_SLICE_SKIP",),
+    "eager": ("-DCUINFER_PREFILL_EAGER_RESCALE",),
     "base": (),
 }
 # (variant, (query tile, kv tile, stages)); the first is the reference the others' outputs are compared with.
@@ -146,11 +148,25 @@ def precompile(cfgs) -> list:
     return ok
 
 
+def use_spec(spec_of) -> None:
+    """Make BatchPrefill build its kernels with ``spec_of(key)``: plan() (occupancy) looks kernels up in
+    cuinfer.prefill, run() in cuinfer.prefill_launch (patching only the first ran the default kernel in every
+    configuration: A/B rows of identical kernels)."""
+    import cuinfer.prefill as cp
+    import cuinfer.prefill_launch as pl
+
+    cp.prefill_spec = pl.prefill_spec = spec_of
+
+
 def _cuinfer_runner(inp, variant: str, tiles: tuple):
     import cuinfer.prefill as cp
 
     case, s = inp.case, inp.case.shape
-    cp.prefill_spec = lambda key: spec_for(key, variant)  # plan() (occupancy) and run() look kernels up here
+
+    def spec_of(key):
+        return spec_for(key, variant)
+
+    use_spec(spec_of)
     kw = dict(num_qo_heads=s.num_qo_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim, causal=case.causal,
               q_dtype=s.dtype, kv_dtype=s.dtype, tile_sizes=tiles)  # fmt: skip
     w = cp.BatchPrefill(paged=case.layout == "paged", kv_layout=s.kv_layout)
@@ -159,13 +175,13 @@ def _cuinfer_runner(inp, variant: str, tiles: tuple):
         w.plan(inp.qo_indptr, t.kv_indptr, t.kv_indices, t.kv_last_page_len, page_size=s.page_size, **kw)
 
         def run():
-            cp.prefill_spec = lambda key: spec_for(key, variant)
+            use_spec(spec_of)
             return w.run(inp.q, inp.kv.cache)
     else:
         w.plan(inp.qo_indptr, inp.qo_indptr, **kw)
 
         def run():
-            cp.prefill_spec = lambda key: spec_for(key, variant)
+            use_spec(spec_of)
             return w.run(inp.q, inp.k, inp.v)
 
     work = w._plan.work

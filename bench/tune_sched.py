@@ -9,6 +9,8 @@ trace    P1/P2/P3/P6 with the prefill kernel built with -DCUINFER_TRACE: thread 
 cut      D5-D8 and D1: the default plan, an A/B build whose decode epilogue stages all 16 mma rows
          (-DCUINFER_DECODE_EPI_ALL_ROWS; the default stages only the group's real rows), and the forced lane cut
          (split for exact balance).
+evict    D1-D9: the decode kernel's K/V copies forced L2 evict-first against forced evict-normal (the policy picks
+         by the step's K/V bytes), flushed by a write and by a write then a read.
 decode   D1-D4 split / unsplit, L2 flushed by a write (the PERF.md method, which leaves the L2 full of dirty lines
          that the timed kernel must write back) and by a write then a read (clean lines).
 prefill  P1-P6 with the planner's assignment against heap list schedules (items in reverse natural order: each
@@ -152,6 +154,7 @@ def decode_cut(case_ids: list[str]) -> None:
                 w.plan(kv.table.kv_indptr, kv.table.kv_indices, kv.table.kv_last_page_len,
                        num_qo_heads=s.num_qo_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
                        page_size=s.page_size, q_dtype=s.dtype)  # fmt: skip
+                w.run(inp.q, kv.cache)  # prepares the launch (kernel lookup) while the A/B spec is in place
             finally:
                 dp.BALANCED_EFFICIENCY, dp.MIN_GAIN = consts
             t = timer.time(functools.partial(w.run, inp.q, kv.cache), iters=30, warmup=3)
@@ -164,12 +167,55 @@ def decode_cut(case_ids: list[str]) -> None:
         inputs.free()
 
 
+def decode_evict(case_ids: list[str], rounds: int = 2) -> None:
+    """The decode kernel with its K/V copies forced L2 evict-first against forced evict-normal (the policy picks one
+    by the step's K/V bytes, decode_policy.kv_evict_first), alternating in each round; L2 flushed by a write (the
+    PERF.md method: the L2 is full of dirty lines) and by a write then a read (clean lines)."""
+    import torch
+
+    import cuinfer
+    import cuinfer.decode_launch as dec
+    from bench import cases, inputs
+    from bench.timing import CudaTimer
+    from cuinfer.device import device_info
+
+    timers = {"dirty": CudaTimer(), "clean": CudaTimer(clean_flush=True)}
+    by_id = {c.id: c for c in cases.DECODE_CASES}
+    policy = dec.kv_evict_first
+    l2 = device_info().l2_bytes
+    for cid in case_ids:
+        inp = inputs.decode_inputs(by_id[cid])
+        s, kv = inp.case.shape, inp.kv
+        nbytes = cases.decode_bytes(inp.case.lengths.draw(inp.case.seed), s, inp.case.kv_dtype)
+        runs = {}
+        for forced in (True, False):
+            dec.kv_evict_first = lambda kv_bytes, l2_bytes, forced=forced: forced
+            try:
+                w = cuinfer.BatchDecode()
+                w.plan(kv.table.kv_indptr, kv.table.kv_indices, kv.table.kv_last_page_len,
+                       num_qo_heads=s.num_qo_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
+                       page_size=s.page_size, q_dtype=s.dtype)  # fmt: skip
+                w.run(inp.q, kv.cache)  # prepares this plan's launch (the policy is read once per plan)
+            finally:
+                dec.kv_evict_first = policy
+            runs["evict-first" if forced else "evict-normal"] = functools.partial(w.run, inp.q, kv.cache)
+        pick = "evict-first" if policy(nbytes, l2) else "evict-normal"
+        for r in range(rounds):
+            for name, fn in runs.items():
+                for mode, timer in timers.items():
+                    t = timer.time(fn, iters=30, warmup=3)
+                    print(f"{cid} round {r} {name:12s}{' (policy)' if name == pick else '         '} flush {mode}: "
+                          f"{t.us:7.1f} us {nbytes / t.median_s / 1e12:5.3f} TB/s", flush=True)  # fmt: skip
+        torch.cuda.synchronize()
+        inputs.free()
+
+
 def _with_define(spec_of, define: str):
     return lambda key: dataclasses.replace(spec_of(key), extra_options=(define,))
 
 
 class _TracedParams:
-    """Stands in for cuinfer.prefill.PrefillParams: packs with the trace buffer in place of mask_indptr."""
+    """Stands in for cuinfer.prefill_launch.PrefillParams: packs with the trace buffer in place of mask_indptr."""
 
     def __init__(self, real, ptr_of) -> None:
         self._real, self._ptr_of = real, ptr_of
@@ -206,12 +252,14 @@ def trace(case_ids: list[str], out_dir: str | None) -> None:
     import torch
 
     import cuinfer.prefill as prefill_mod
+    import cuinfer.prefill_launch as launch_mod
     from bench import cases, inputs
+    from bench.tune_prefill import use_spec
 
-    spec_of, real_params = prefill_mod.prefill_spec, prefill_mod.PrefillParams
+    spec_of, real_params = prefill_mod.prefill_spec, launch_mod.PrefillParams
     tbuf = torch.zeros(4 << 20, dtype=torch.int64, device="cuda")
-    prefill_mod.prefill_spec = lambda key: dataclasses.replace(spec_of(key), extra_options=("-DCUINFER_TRACE",))
-    prefill_mod.PrefillParams = _TracedParams(real_params, tbuf.data_ptr)
+    use_spec(lambda key: dataclasses.replace(spec_of(key), extra_options=("-DCUINFER_TRACE",)))
+    launch_mod.PrefillParams = _TracedParams(real_params, tbuf.data_ptr)
     saved = {}
     original = work.assign_items
     try:
@@ -238,7 +286,8 @@ def trace(case_ids: list[str], out_dir: str | None) -> None:
                 _report(tag, t, tiles, wp.num_ctas)
             inputs.free()
     finally:
-        prefill_mod.prefill_spec, prefill_mod.PrefillParams = spec_of, real_params
+        use_spec(spec_of)
+        launch_mod.PrefillParams = real_params
     if out_dir:
         np.savez_compressed(f"{out_dir}/trace.npz", **saved)
 
@@ -276,5 +325,7 @@ if __name__ == "__main__":
         decode_cut(["D5", "D6", "D7", "D8", "D1"])
     if "decode" in args:
         decode(["D1", "D2", "D3", "D4"])
+    if "evict" in args:
+        decode_evict(["D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9"])
     if "prefill" in args:
         prefill(os.environ.get("CUINFER_TUNE_CASES", "P1,P2,P3,P4,P5,P6").split(","))

@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 
 from cuinfer.decode_io import KV
+from cuinfer.decode_policy import kv_evict_first
 from cuinfer.decode_specs import DecodeParams, decode_spec
+from cuinfer.device import device_info
 from cuinfer.interop.arrays import Tensor
 from cuinfer.jit import get_kernel
 
@@ -72,6 +74,7 @@ class LaunchState:
         partial_o, partial_lse = buf.partial_pointers(d)
         cap = opts.logits_soft_cap
         self.sm_scale, self.cap = opts.sm_scale, cap
+        kv_bytes = int(plan.kv_lens.sum(dtype=np.int64)) * plan.num_kv_heads * d * 2 * plan.config.kv_itemsize
         self.static = dict(
             partial_o=partial_o, partial_lse=partial_lse,
             page_indptr=buf.ptr(off["page_indptr"]), page_indices=buf.ptr(off["page_indices"]),
@@ -84,6 +87,7 @@ class LaunchState:
             rope_rcp_scale_bits=int(np.float64(1.0 / opts.rope_scale).view(np.int64)),
             page_size=plan.page_size, num_qo_heads=plan.num_qo_heads, window_left=opts.window_left,
             cap_log2=cap * _LOG2E, rcp_cap=1.0 / cap if cap > 0 else 0.0,
+            kv_evict_first=int(kv_evict_first(kv_bytes, device_info(device_id).l2_bytes)),
         )  # fmt: skip
         # (split requests merge inside the kernel, decode.cuh merge_split: one launch per step)
 

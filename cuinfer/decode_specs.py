@@ -33,7 +33,7 @@ DecodeParams = ParamStruct(
             "rope_log2_theta_bits", "rope_rcp_scale_bits",
         )
     )
-    + (("page_size", "i32"), ("num_qo_heads", "i32"), ("window_left", "i32"))
+    + (("page_size", "i32"), ("num_qo_heads", "i32"), ("window_left", "i32"), ("kv_evict_first", "i32"))
     + (("logits_scale", "f32"), ("cap_log2", "f32"), ("rcp_cap", "f32"), ("v_scale", "f32")),
 )  # fmt: skip
 

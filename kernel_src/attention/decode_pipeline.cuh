@@ -166,6 +166,7 @@ template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow> st
   static constexpr int kRowsPerPass = kThreads / kChunks;
 
   unsigned char* smem;
+  u64 l2_policy;  // of the K/V copies: evict-first or normal, as the host chose (decode_policy.kv_evict_first)
   TileProducer<T, kThreads, kWindow> prod;
   PendingToken pending;  // the token of tile n+S resolved by advance(n), stored by finish(n)
 
@@ -196,8 +197,8 @@ template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow> st
         const i64 ko = ok ? s->k_off[r] : 0;
         const i64 vo = ok ? s->v_off[r] : 0;
         const int dst = Swizzle<kChunks>::slot(r, c) * kVec;
-        cp_async_16(ks + dst, kb + ko + c * kVec, ok);
-        cp_async_16(vs + dst, vb + vo + c * kVec, ok);
+        cp_async_16(ks + dst, kb + ko + c * kVec, ok, l2_policy);
+        cp_async_16(vs + dst, vb + vo + c * kVec, ok, l2_policy);
       }
     }
   }
@@ -205,6 +206,7 @@ template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow> st
   // Prologue: load the first item chunk, resolve tiles 0..S-1, start the copies of tiles 0..S-2.
   __device__ __forceinline__ void start(const DecodeParams& p, unsigned char* smem_base) {
     smem = smem_base;
+    l2_policy = p.kv_evict_first ? l2_evict_first_policy() : l2_evict_normal_policy();
     const int* work_indptr = reinterpret_cast<const int*>(p.work_indptr);
     prod.init(work_indptr[blockIdx.x], work_indptr[blockIdx.x + 1]);
     load_items<kThreads, kWindow>(p, items(), prod.chunk_base, prod.item_end);

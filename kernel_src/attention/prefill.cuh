@@ -10,8 +10,8 @@
 // WARPS_KV > 1 (small query tiles) each warp keeps its own softmax state and the states merge in the epilogue.
 //
 // Per KV tile:  S = Q·K^T (ldmatrix Q and K from swizzled smem, mma m16n8k16, fp32)  ->  logits transform and mask
-// (mask only on boundary tiles)  ->  online softmax in base 2 (exp2, running max m, per-thread partial row sum d)  ->
-// O += P·V (P from the S registers, V by ldmatrix.trans). Q stays in smem for the whole item.
+// (mask only on boundary tiles)  ->  online softmax in base 2 (exp2, lazy reference max m, per-thread partial row
+// sum d)  ->  O += P·V (P from the S registers, V by ldmatrix.trans). Q stays in smem for the whole item.
 //
 // Pipeline (STAGES >= 2 buffers each for K and V, cp.async groups in issue order Q+K0, V0, K1, V1, ...):
 //   iteration it:  wait K[it]; barrier; issue K[it+STAGES-1] into the buffer of K[it-1]; S = Q K[it]^T; softmax;
@@ -89,6 +89,14 @@ __device__ __forceinline__ float ex2(float x) {
 }
 
 enum : int { kMaskCausal = 1, kMaskWindow = 2, kMaskCustom = 4 };
+
+// How far (base-2 units) a row's max may climb above the softmax's reference max before o is rescaled (see the
+// online softmax in batch_prefill). 0 is an exact running max: the A/B build -DCUINFER_PREFILL_EAGER_RESCALE.
+#ifdef CUINFER_PREFILL_EAGER_RESCALE
+constexpr float kRescaleSlack = 0.f;
+#else
+constexpr float kRescaleSlack = 8.f;
+#endif
 
 // 4 x 4 transpose of 32-bit words inside a lane quad (t = lane % 4): on entry a[k] is part t of block k, on exit a[k]
 // is part k of block t. Two shuffle rounds: lanes t, t ^ 1 swap the words whose block and part differ in bit 0,
@@ -500,7 +508,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
     }
 
     float o[MMA_Q][DVO / 8][4];
-    float row_max[MMA_Q][2];  // running max of the transformed logits x (base-2 logit = x * x_scale)
+    float row_max[MMA_Q][2];  // reference max of the transformed logits x (base-2 logit = x * x_scale)
     float row_sum[MMA_Q][2];  // this thread's partial of sum 2^(x * x_scale - m * x_scale)
 #pragma unroll
     for (int mq = 0; mq < MMA_Q; ++mq) {
@@ -621,25 +629,33 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
           }
         }
 
-        // ---- online softmax (base 2) ----
-        // Rows whose running max did not move keep alpha = 1; when no row of the warp moved (most tiles once the
-        // max has settled) the O rescale (d/2 multiplies per row block) is skipped altogether.
+        // ---- online softmax (base 2), with a lazy reference max ----
+        // row_max is the reference m of the exponentials, not necessarily the true running max: it moves only when a
+        // tile's max exceeds it by more than kRescaleSlack base-2 units, so p = 2^(x - m) stays <= 2^kRescaleSlack
+        // (256: exact in fp32 and in the bf16 / fp16 P fragments) while o, the row sum and the lse all use the same m,
+        // which is all the result needs. Past the first tiles the max rarely climbs that far, so the O rescale
+        // (d/2 multiplies per row block and an exp2 per row, between S and P.V) is skipped for the whole warp on
+        // almost every tile; with an exact running max it ran on most tiles of a causal prefill.
         float alpha[MMA_Q][2];
         bool moved = false;
 #pragma unroll
         for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            float mx = row_max[mq][h];
+            const float m_old = row_max[mq][h];
+            float mx = m_old;
 #pragma unroll
             for (int j = 0; j < 2 * MMA_KV; ++j) mx = fmaxf(mx, fmaxf(s[mq][j][2 * h], s[mq][j][2 * h + 1]));
             mx = mma::quad_max(mx);
-            // A row with no key yet keeps m = -inf; use 0 as the exponent base so exp2 never sees -inf - -inf.
-            const float base = mx == neg_inf() ? 0.f : mx * x_scale;
-            const bool row_moved = mx != row_max[mq][h];
-            moved |= row_moved;
-            alpha[mq][h] = row_moved ? prefill::ex2(row_max[mq][h] * x_scale - base) : 1.f;
-            row_max[mq][h] = mx;
+            // mx >= m_old. A row's first finite max always moves it (inf > slack); a row with no key yet keeps
+            // m = -inf (-inf - -inf is NaN: not moved) and 0 as the exponent base, so exp2 never sees -inf - -inf.
+            const bool row_moved = (mx - m_old) * x_scale > prefill::kRescaleSlack;
+            const float m_new = row_moved ? mx : m_old;
+            const float base = m_new == neg_inf() ? 0.f : m_new * x_scale;
+            // (A row moving off -inf has o = 0, nothing to rescale: the first tile of an item skips the rescale too.)
+            moved |= row_moved && m_old != neg_inf();
+            alpha[mq][h] = row_moved ? prefill::ex2(m_old * x_scale - base) : 1.f;
+            row_max[mq][h] = m_new;
             float sum = row_sum[mq][h] * alpha[mq][h];
 #pragma unroll
             for (int j = 0; j < 2 * MMA_KV; ++j) {

@@ -25,6 +25,30 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
                : "memory");
 }
 
+// L2 access policies (createpolicy, sm_80+) for cp_async_16 below. Evict-first marks every line it brings in as first
+// to be evicted: data streamed once (a decode kernel's K/V) then replaces its own earlier lines rather than what else
+// the L2 holds, lines other kernels read again or dirty lines, whose write-back would otherwise compete with the
+// stream for DRAM bandwidth inside this kernel. Evict-normal is the L2's default, as an explicit policy.
+__device__ __forceinline__ u64 l2_evict_first_policy() {
+  u64 policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ u64 l2_evict_normal_policy() {
+  u64 policy;
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+// cp_async_16 with an L2 cache policy (l2_evict_first_policy(), l2_evict_normal_policy()).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid, u64 policy) {
+  const u32 n = valid ? 16u : 0u;
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, %2, %3;\n" ::"r"(
+                   cp_async_smem_addr(dst)),
+               "l"(src), "r"(n), "l"(policy)
+               : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 // Wait until at most N of this thread's committed groups are still in flight.
