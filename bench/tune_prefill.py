@@ -7,7 +7,8 @@ python -m bench.tune_prefill --fi-warm  JIT-compile FlashInfer's fa2 prefill mod
 A configuration is a kernel variant and forced ``tile_sizes=(query tile, kv tile, stages)``. Variants: ``new`` (the
 kernel of this checkout), ``noxi`` / ``noskip`` (the same with the cross-item pipeline / the causal slice skipping
 compiled out: ``-DCUINFER_PREFILL_NO_CROSS_ITEM`` / ``_NO_SLICE_SKIP``), ``eager`` (an exact running max instead of the
-lazy reference max: ``-DCUINFER_PREFILL_EAGER_RESCALE``) and ``base``: a saved copy of an earlier
+lazy reference max: ``-DCUINFER_PREFILL_EAGER_RESCALE``), ``maxed`` (every tile takes its row max, no max-free
+tiles: ``-DCUINFER_PREFILL_NO_MAX_FREE``) and ``base``: a saved copy of an earlier
 kernel, ``.peers/prefill_base.cu`` (skipped when absent). Every module is compiled up front in parallel processes
 into the disk cache. Timing is PERF.md's: CUDA events, L2 flushed (512 MB write) before every timed run, median of
 ``ROUNDS x ITERS`` runs taken round-robin over the configurations (drift hits them alike). Not a standard suite: it
@@ -69,6 +70,7 @@ VARIANT_FLAGS = {
     "noxi": ("-DCUINFER_PREFILL_NO_CROSS_ITEM",),
     "noskip": ("-DCUINFER_PREFILL_NO_SLICE_SKIP",),
     "eager": ("-DCUINFER_PREFILL_EAGER_RESCALE",),
+    "maxed": ("-DCUINFER_PREFILL_NO_MAX_FREE",),
     "base": (),
 }
 # (variant, (query tile, kv tile, stages)); the first is the reference the others' outputs are compared with.

@@ -97,6 +97,15 @@ constexpr float kRescaleSlack = 0.f;
 #else
 constexpr float kRescaleSlack = 8.f;
 #endif
+// Max-free tiles (see batch_prefill): a per-thread sum of one row's p over a tile above this sends the tile to the
+// exact path. 2^12 keeps every p far inside fp16 (65504) with room for o and d. -DCUINFER_PREFILL_NO_MAX_FREE: off.
+// sm_90+ only: ptxas for sm_80 spills the 128 x 64 tile with it (12 bytes).
+#if defined(CUINFER_PREFILL_NO_MAX_FREE) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900)
+constexpr bool kMaxFree = false;
+#else
+constexpr bool kMaxFree = true;
+#endif
+constexpr float kMaxFreeSum = 4096.f;
 
 // 4 x 4 transpose of 32-bit words inside a lane quad (t = lane % 4): on entry a[k] is part t of block k, on exit a[k]
 // is part k of block t. Two shuffle rounds: lanes t, t ^ 1 swap the words whose block and part differ in bit 0,
@@ -556,128 +565,180 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         // 16-key slices holding a key that some row of this warp may see (wb[1] > wkey0 here: >= 1)
         const int live = C::kSliceSkip ? min(MMA_KV, (wb[1] - wkey0 + 15) >> 4) : MMA_KV;
         float s[MMA_Q][2 * MMA_KV][4];
-        // ---- S = Q K^T ----
+        // Max-free tiles: once every row of the warp has a finite reference max m, a tile skips the row max (16
+        // compares and 2 shuffles per row and thread, and their latency before the first exp2): it takes p = 2^(x - m)
+        // directly and checks its per-thread row sums instead. A sum <= kMaxFreeSum bounds every p in it (p >= 0), so
+        // o, d and the P fragments stay in range with the old m. A sum beyond it (or inf) means some max climbed far
+        // above m: the tile is recomputed (Q.K^T again) on the exact path below, which rescales. With the first tiles
+        // setting m near the rows' final max, that almost never happens.
+        bool fast = false;
+        if constexpr (prefill::kMaxFree) {
+          fast = true;
 #pragma unroll
-        for (int mq = 0; mq < MMA_Q; ++mq) {
-#pragma unroll
-          for (int j = 0; j < 2 * MMA_KV; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[mq][j][e] = 0.f;
-          }
+          for (int mq = 0; mq < MMA_Q; ++mq) fast = fast && row_max[mq][0] != neg_inf() && row_max[mq][1] != neg_inf();
+          fast = __all_sync(0xffffffffu, fast);
         }
-        const u32 k_stage = k_lane + stage * C::kKBytes;
-        if (live < MMA_KV) {
-          prefill::qk_tile<C, true>(s, q_lane, k_stage, live);
-        } else {
-          prefill::qk_tile<C, false>(s, q_lane, k_stage, live);
-        }
-
-        // ---- logits transform (variant) and mask ----
-        if (C::kAlibi || C::kSoftCap || need_mask) {
-          const int q_shift = info[2];
-          // Packed row of this thread's element (mq = 0, h = 0); rows + 16 mq + 8 h hold elements 2h, 2h+1.
-          const int thread_row0 = info[4] + warp_row0 + lane / 4;
+#pragma unroll 1
+        while (true) {
+          // ---- S = Q K^T ----
 #pragma unroll
           for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int pr = thread_row0 + mq * 16 + 8 * h;
-              const int token = static_cast<int>(prefill::fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
-              const int qpos = token + q_shift;  // kv position of this query row
-              const int lim_hi = C::kCausal ? min(qpos + 1, kv_end) : kv_end;  // keys >= lim_hi are masked
-              const int lim_lo = C::kWindow ? qpos - p.window_left : 0;        // keys < lim_lo are masked
-              float slope = 0.f;
-              if constexpr (C::kAlibi) {
-                // ALiBi slopes (FlashInfer / the paper's code): m = largest power of two <= num_qo_heads;
-                // head < m: 2^(-8 (head+1) / m), else 2^(-4 (2 (head - m) + 1) / m).
-                const int head = info[1] * g + (pr - token * g);
-                const float m = static_cast<float>(p.alibi_pow2);
-                slope = exp2f(head < p.alibi_pow2 ? -8.f * (head + 1) / m : -4.f * (2 * (head - p.alibi_pow2) + 1) / m);
-              }
-              i64 mask_bit0 = 0;
-              if constexpr (C::kCustomMask) {
-                mask_bit0 = static_cast<i64>(static_cast<const int*>(p.mask_indptr)[info[5]]) * 8 +
-                            static_cast<i64>(token) * info[3];
-              }
+            for (int j = 0; j < 2 * MMA_KV; ++j) {
 #pragma unroll
-              for (int j = 0; j < 2 * MMA_KV; ++j) {
+              for (int e = 0; e < 4; ++e) s[mq][j][e] = 0.f;
+            }
+          }
+          const u32 k_stage = k_lane + stage * C::kKBytes;
+          if (live < MMA_KV) {
+            prefill::qk_tile<C, true>(s, q_lane, k_stage, live);
+          } else {
+            prefill::qk_tile<C, false>(s, q_lane, k_stage, live);
+          }
+
+          // ---- logits transform (variant) and mask ----
+          if (C::kAlibi || C::kSoftCap || need_mask) {
+            const int q_shift = info[2];
+            // Packed row of this thread's element (mq = 0, h = 0); rows + 16 mq + 8 h hold elements 2h, 2h+1.
+            const int thread_row0 = info[4] + warp_row0 + lane / 4;
 #pragma unroll
-                for (int e = 2 * h; e < 2 * h + 2; ++e) {
-                  const int key = wkey0 + j * 8 + 2 * (lane % 4) + (e % 2);
-                  float x = s[mq][j][e];
-                  if constexpr (C::kAlibi || C::kSoftCap) {
-                    x *= p.sm_scale;
-                    if constexpr (C::kAlibi) x += slope * static_cast<float>(key - qpos);
-                    if constexpr (C::kSoftCap) x = p.soft_cap * prefill::tanh_approx(x * p.inv_soft_cap);
-                  }
-                  if (need_mask) {
-                    bool keep = key < lim_hi;
-                    if constexpr (C::kWindow) keep = keep && key >= lim_lo;
-                    if constexpr (C::kCustomMask) {
-                      if (keep) {
-                        const i64 bit = mask_bit0 + key;
-                        const unsigned char byte = __ldg(static_cast<const unsigned char*>(p.mask) + (bit >> 3));
-                        keep = (byte >> (bit & 7)) & 1;
-                      }
+            for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const int pr = thread_row0 + mq * 16 + 8 * h;
+                const int token = static_cast<int>(prefill::fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
+                const int qpos = token + q_shift;  // kv position of this query row
+                const int lim_hi = C::kCausal ? min(qpos + 1, kv_end) : kv_end;  // keys >= lim_hi are masked
+                const int lim_lo = C::kWindow ? qpos - p.window_left : 0;        // keys < lim_lo are masked
+                float slope = 0.f;
+                if constexpr (C::kAlibi) {
+                  // ALiBi slopes (FlashInfer / the paper's code): m = largest power of two <= num_qo_heads;
+                  // head < m: 2^(-8 (head+1) / m), else 2^(-4 (2 (head - m) + 1) / m).
+                  const int head = info[1] * g + (pr - token * g);
+                  const float m = static_cast<float>(p.alibi_pow2);
+                  slope = exp2f(head < p.alibi_pow2 ? -8.f * (head + 1) / m : -4.f * (2 * (head - p.alibi_pow2) + 1) / m);
+                }
+                i64 mask_bit0 = 0;
+                if constexpr (C::kCustomMask) {
+                  mask_bit0 = static_cast<i64>(static_cast<const int*>(p.mask_indptr)[info[5]]) * 8 +
+                              static_cast<i64>(token) * info[3];
+                }
+#pragma unroll
+                for (int j = 0; j < 2 * MMA_KV; ++j) {
+#pragma unroll
+                  for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                    const int key = wkey0 + j * 8 + 2 * (lane % 4) + (e % 2);
+                    float x = s[mq][j][e];
+                    if constexpr (C::kAlibi || C::kSoftCap) {
+                      x *= p.sm_scale;
+                      if constexpr (C::kAlibi) x += slope * static_cast<float>(key - qpos);
+                      if constexpr (C::kSoftCap) x = p.soft_cap * prefill::tanh_approx(x * p.inv_soft_cap);
                     }
-                    x = keep ? x : neg_inf();
+                    if (need_mask) {
+                      bool keep = key < lim_hi;
+                      if constexpr (C::kWindow) keep = keep && key >= lim_lo;
+                      if constexpr (C::kCustomMask) {
+                        if (keep) {
+                          const i64 bit = mask_bit0 + key;
+                          const unsigned char byte = __ldg(static_cast<const unsigned char*>(p.mask) + (bit >> 3));
+                          keep = (byte >> (bit & 7)) & 1;
+                        }
+                      }
+                      x = keep ? x : neg_inf();
+                    }
+                    s[mq][j][e] = x;
                   }
-                  s[mq][j][e] = x;
                 }
               }
             }
           }
-        }
 
-        // ---- online softmax (base 2), with a lazy reference max ----
-        // row_max is the reference m of the exponentials, not necessarily the true running max: it moves only when a
-        // tile's max exceeds it by more than kRescaleSlack base-2 units, so p = 2^(x - m) stays <= 2^kRescaleSlack
-        // (256: exact in fp32 and in the bf16 / fp16 P fragments) while o, the row sum and the lse all use the same m,
-        // which is all the result needs. Past the first tiles the max rarely climbs that far, so the O rescale
-        // (d/2 multiplies per row block and an exp2 per row, between S and P.V) is skipped for the whole warp on
-        // almost every tile; with an exact running max it ran on most tiles of a causal prefill.
-        float alpha[MMA_Q][2];
-        bool moved = false;
+
+          if (prefill::kMaxFree && fast) {
+            float tile_sum[MMA_Q][2];
+            bool bad = false;
 #pragma unroll
-        for (int mq = 0; mq < MMA_Q; ++mq) {
+            for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float m_old = row_max[mq][h];
-            float mx = m_old;
+              for (int h = 0; h < 2; ++h) {
+                const float base = row_max[mq][h] * x_scale;
+                float sum = 0.f;
 #pragma unroll
-            for (int j = 0; j < 2 * MMA_KV; ++j) mx = fmaxf(mx, fmaxf(s[mq][j][2 * h], s[mq][j][2 * h + 1]));
-            mx = mma::quad_max(mx);
-            // mx >= m_old. A row's first finite max always moves it (inf > slack); a row with no key yet keeps
-            // m = -inf (-inf - -inf is NaN: not moved) and 0 as the exponent base, so exp2 never sees -inf - -inf.
-            const bool row_moved = (mx - m_old) * x_scale > prefill::kRescaleSlack;
-            const float m_new = row_moved ? mx : m_old;
-            const float base = m_new == neg_inf() ? 0.f : m_new * x_scale;
-            // (A row moving off -inf has o = 0, nothing to rescale: the first tile of an item skips the rescale too.)
-            moved |= row_moved && m_old != neg_inf();
-            alpha[mq][h] = row_moved ? prefill::ex2(m_old * x_scale - base) : 1.f;
-            row_max[mq][h] = m_new;
-            float sum = row_sum[mq][h] * alpha[mq][h];
+                for (int j = 0; j < 2 * MMA_KV; ++j) {
 #pragma unroll
-            for (int j = 0; j < 2 * MMA_KV; ++j) {
-#pragma unroll
-              for (int e = 2 * h; e < 2 * h + 2; ++e) {
-                const float pe = prefill::ex2(fmaf(s[mq][j][e], x_scale, -base));
-                s[mq][j][e] = pe;
-                sum += pe;
+                  for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                    const float pe = prefill::ex2(fmaf(s[mq][j][e], x_scale, -base));
+                    s[mq][j][e] = pe;
+                    sum += pe;
+                  }
+                }
+                tile_sum[mq][h] = sum;
+                bad |= !(sum <= prefill::kMaxFreeSum);
               }
             }
-            row_sum[mq][h] = sum;
+            if (!__any_sync(0xffffffffu, bad)) {
+#pragma unroll
+              for (int mq = 0; mq < MMA_Q; ++mq) {
+                row_sum[mq][0] += tile_sum[mq][0];
+                row_sum[mq][1] += tile_sum[mq][1];
+              }
+              break;
+            }
+            fast = false;  // recompute this tile on the exact path
+            continue;
           }
-        }
-        if (__any_sync(0xffffffffu, moved)) {
+
+          // ---- online softmax (base 2), with a lazy reference max ----
+          // row_max is the reference m of the exponentials, not necessarily the true running max: it moves only when a
+          // tile's max exceeds it by more than kRescaleSlack base-2 units, so p = 2^(x - m) stays <= 2^kRescaleSlack
+          // (256: exact in fp32 and in the bf16 / fp16 P fragments) while o, the row sum and the lse all use the same m,
+          // which is all the result needs. Past the first tiles the max rarely climbs that far, so the O rescale
+          // (d/2 multiplies per row block and an exp2 per row, between S and P.V) is skipped for the whole warp on
+          // almost every tile; with an exact running max it ran on most tiles of a causal prefill.
+          float alpha[MMA_Q][2];
+          bool moved = false;
 #pragma unroll
           for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
-            for (int j = 0; j < DVO / 8; ++j) {
+            for (int h = 0; h < 2; ++h) {
+              const float m_old = row_max[mq][h];
+              float mx = m_old;
 #pragma unroll
-              for (int e = 0; e < 4; ++e) o[mq][j][e] *= alpha[mq][e / 2];
+              for (int j = 0; j < 2 * MMA_KV; ++j) mx = fmaxf(mx, fmaxf(s[mq][j][2 * h], s[mq][j][2 * h + 1]));
+              mx = mma::quad_max(mx);
+              // mx >= m_old. A row's first finite max always moves it (inf > slack); a row with no key yet keeps
+              // m = -inf (-inf - -inf is NaN: not moved) and 0 as the exponent base, so exp2 never sees -inf - -inf.
+              const bool row_moved = (mx - m_old) * x_scale > prefill::kRescaleSlack;
+              const float m_new = row_moved ? mx : m_old;
+              const float base = m_new == neg_inf() ? 0.f : m_new * x_scale;
+              // (A row moving off -inf has o = 0, nothing to rescale: the first tile of an item skips the rescale too.)
+              moved |= row_moved && m_old != neg_inf();
+              alpha[mq][h] = row_moved ? prefill::ex2(m_old * x_scale - base) : 1.f;
+              row_max[mq][h] = m_new;
+              float sum = row_sum[mq][h] * alpha[mq][h];
+#pragma unroll
+              for (int j = 0; j < 2 * MMA_KV; ++j) {
+#pragma unroll
+                for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                  const float pe = prefill::ex2(fmaf(s[mq][j][e], x_scale, -base));
+                  s[mq][j][e] = pe;
+                  sum += pe;
+                }
+              }
+              row_sum[mq][h] = sum;
             }
           }
+          if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+            for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+              for (int j = 0; j < DVO / 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) o[mq][j][e] *= alpha[mq][e / 2];
+              }
+            }
+          }
+          break;
         }
 #pragma unroll
         for (int mq = 0; mq < MMA_Q; ++mq) {
