@@ -73,6 +73,7 @@ class Case:
     opts: dict = field(default_factory=dict)
     loose: float = 1.0
     sms: int | None = None  # num_sms: plan for this many SMs (many items per CTA)
+    ramp: float = 0.0  # ragged: key j of a request scaled by 1 + ramp * j / kv_len (logits rise along the keys)
 
 
 CASES = [
@@ -122,6 +123,13 @@ CASES = [
     pytest.param(Case(QO_MIX, split=256, sms=1), id="one-sm-qo>kv-mix-split256"),
     pytest.param(Case(QO_MIX, page=5, dtype="fp16", tiles=(128, 32, 3), sms=1), id="one-sm-qo>kv-mix-p5-3stages"),
     pytest.param(Case(QO_MIX, (28, 4), (256, 256), page=1, tiles=(128,), sms=1), id="one-sm-d256-8warps-p1"),
+    # --- logits that keep rising along the keys: the rows' max climbs far above its first tiles' (the softmax's
+    # lazy rescale and, on sm_90, the max-free tiles' fallback that recomputes a tile on the exact path) ---------------
+    pytest.param(Case(B12, ramp=6.0), id="rising-logits-b12mix-ragged"),
+    pytest.param(
+        Case(B12_SHORT, (28, 4), causal=False, dtype="fp16", ramp=6.0, tiles=(64,)), id="rising-logits-fp16-q64"
+    ),
+    pytest.param(Case(QO_MIX, ramp=6.0, sms=1), id="rising-logits-one-sm-qo>kv-mix"),
 ]
 
 
@@ -144,7 +152,11 @@ def _build(rng, c: Case):
     q = (2 * rng.standard_normal((int(qo.sum()), hq, dqk), dtype=np.float32)).astype(dt)
     out = dict(q=q, qo_indptr=_indptr(qo))
     if c.page is None:
-        k = rng.standard_normal((int(kv.sum()), hkv, dqk), dtype=np.float32).astype(dt)
+        k = rng.standard_normal((int(kv.sum()), hkv, dqk), dtype=np.float32)
+        if c.ramp:
+            pos = np.concatenate([np.arange(n) / max(n, 1) for n in kv]).astype(np.float32)
+            k *= (1 + c.ramp * pos)[:, None, None]
+        k = k.astype(dt)
         v = rng.standard_normal((int(kv.sum()), hkv, dvo), dtype=np.float32).astype(dt)
         out.update(k=k, v=v, kv_indptr=_indptr(kv))
     else:
