@@ -97,7 +97,7 @@ def spec_for(key, variant: str):
     from cuinfer.prefill_specs import prefill_spec
 
     spec = prefill_spec(key)
-    if variant == "new":
+    if variant == "new" or variant.startswith("win"):  # win<k>: a planner variant of the kernel of this checkout
         return spec
     extra = dict(source=BASE_SOURCE) if variant == "base" else dict(extra_options=VARIANT_FLAGS[variant])
     return dataclasses.replace(spec, name=f"tune-{variant}/{spec.name}", **extra)
@@ -160,10 +160,47 @@ def use_spec(spec_of) -> None:
     cp.prefill_spec = pl.prefill_spec = spec_of
 
 
+def _window_assign(k: int):
+    """Planner variant ``win<k>``: items in locality order (head major, then request and query tile), cut into
+    windows of k rounds of P items; each window's items, largest first, are dealt in a snake over the CTAs sorted
+    by their load so far. The KV working set of a round is a few (request, head) pairs, as in FlashInfer's grid."""
+    import numpy as np
+    from cuinfer.planner.assign import Assignment
+
+    def fn(costs, num_heads, num_ctas, stats=None, prefix=None):
+        g, h, p = costs.shape[0], int(num_heads), int(num_ctas)
+        n = g * h
+        item = np.arange(n)
+        head, grp = np.divmod(item, g)
+        ic = np.asarray(costs, dtype=np.float64).take(grp)
+        o = np.lexsort((-ic, item // (k * p)))
+        head, grp, ic = head.take(o), grp.take(o), ic.take(o)
+        loads = np.zeros(p)
+        cta = np.empty(n, dtype=np.int64)
+        for s0 in range(0, n, k * p):
+            m = min(k * p, n - s0)
+            q, i = np.divmod(np.arange(m), p)
+            c = np.argsort(loads, kind="stable").take(np.where(q % 2 == 0, i, p - 1 - i))
+            cta[s0 : s0 + m] = c
+            loads += np.bincount(c, weights=ic[s0 : s0 + m], minlength=p)
+        seq = np.lexsort((np.arange(n), cta))  # CTA-major, each CTA's items in the order dealt
+        indptr = np.zeros(p + 1, dtype=np.int64)
+        np.cumsum(np.bincount(cta, minlength=p), out=indptr[1:])
+        return Assignment(indptr, grp.take(seq), head.take(seq), f"win{k}")
+
+    return fn
+
+
 def _cuinfer_runner(inp, variant: str, tiles: tuple):
+    import cuinfer.planner.work as pw
+
     import cuinfer.prefill as cp
 
     case, s = inp.case, inp.case.shape
+    assign = pw.assign_items
+    if variant.startswith("win"):
+        pw.assign_items = _window_assign(int(variant[3:]))
+        variant = "new"
 
     def spec_of(key):
         return spec_for(key, variant)
@@ -186,6 +223,7 @@ def _cuinfer_runner(inp, variant: str, tiles: tuple):
             use_spec(spec_of)
             return w.run(inp.q, inp.k, inp.v)
 
+    pw.assign_items = assign
     work = w._plan.work
     info = f"{work.num_ctas} CTAs, {work.n_items} items ({work.assign_mode}), {work.n_merge} merged rows"
     return run, info
