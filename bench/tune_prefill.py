@@ -47,6 +47,19 @@ item's last tile, before the next item's Q copy) measured 373 / 359 / 308 / 338 
 "late next" issues the next item's Q and first K/V tile after the epilogue instead of during the last P.V: those 32
 cp.async per thread queued in the memory pipe ahead of that P.V's ldmatrix reads and the o stores. Nsight Compute on
 P2 (same call): cuinfer 2.09 ms, tensor pipe 55 %, FlashInfer fa2 1.98 ms, 64 %; both 255 registers, 2 CTAs/SM.
+Softmax experiments (H200, 2026-11-29, fourth session; TFLOP/s, 4 rounds; FlashInfer fa2 from --fi in one of the
+calls: 356 / 370 / 322 / 325 / 333 / 274):
+
+                               P1     P2     P3     P4     P5     P6
+    exact running max          364    352    302    333    324    275   (eager, before max-free tiles existed)
+    lazy reference max         373    364    311    344    335    285
+    lazy, every tile's max     376    366    314    345    336    285   (maxed, next call)
+    + max-free tiles           389    378    321    352    341    288   <- kept (same call as maxed)
+    + next copies before epi   387    378    320    348    339    287   (nextepi: not kept)
+    planner win4 / win2        388    378    319    349    337    266   (locality windows: no gain, P6 balance)
+
+Before this session, variants ran the default kernel: run() looked kernels up in cuinfer.prefill_launch, which only
+cuinfer.prefill was patched for (use_spec now patches both; the eager/new rows of the first call were identical).
 $CUINFER_TUNE_CONFIGS ("new:128,64,2;noxi:128,64,2") and $CUINFER_TUNE_ROUNDS pick configurations and rounds.
 """
 

@@ -24,7 +24,9 @@ merge inside the kernel the forced lane cut beats the whole-request assignment o
 1-1.5 % with the separate merge kernel), not enough to pay its plan() time; equal items on 256 instead of 264 CTAs
 measured within noise, and so did copying each item's q with its first tile's cp.async group instead of loading
 it at the item start (+-0.3 %, not kept). The D1/D4 L2 flush by a write costs the next kernel ~5/12 us of
-write-back.
+write-back. Evict-first K/V copies (fourth session, `evict`): dirty flush D1 29.1 / 32.0 us (evict-first / normal),
+D4 49.7 / 53.0, but D5 276 / 260 and D8 178 / 171; clean flush within ~1.5 % either way: decode_policy keeps
+evict-first for steps of at most 4 L2 sizes of K/V.
 """
 
 from __future__ import annotations
