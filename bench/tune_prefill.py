@@ -58,6 +58,11 @@ calls: 356 / 370 / 322 / 325 / 333 / 274):
     + next copies before epi   387    378    320    348    339    287   (nextepi: not kept)
     planner win4 / win2        388    378    319    349    337    266   (locality windows: no gain, P6 balance)
 
+A pairwise-tree row sum (floats do not reassociate, so the running sum is a chain of 16 dependent adds) measured
+367 / 361 / 312 / 352 / 341 / 289 against 375 / 366 / 315 / 353 / 342 / 289 for the running sum, on another machine
+(FlashInfer 354 / 369 / 321 / 323 / 333 / 274 there): not kept. Between machines the same kernel moved up to 4 %
+(P1 375-389) while FlashInfer's P1 stayed at 353-356.
+
 Before this session, variants ran the default kernel: run() looked kernels up in cuinfer.prefill_launch, which only
 cuinfer.prefill was patched for (use_spec now patches both; the eager/new rows of the first call were identical).
 $CUINFER_TUNE_CONFIGS ("new:128,64,2;noxi:128,64,2") and $CUINFER_TUNE_ROUNDS pick configurations and rounds.
