@@ -6,13 +6,15 @@ from __future__ import annotations
 import pytest
 
 from cuinfer.decode_policy import (
+    EVICT_FIRST_MAX_L2_MULTIPLE,
     SUPPORTED_HEAD_DIMS,
     DecodeConfig,
     check_head_dim,
     ctas_per_sm,
     decode_config,
+    kv_evict_first,
 )
-from cuinfer.decode_specs import DecodeKernelKey, shipped_keys
+from cuinfer.decode_specs import DecodeKernelKey, DecodeParams, shipped_keys
 
 H200_SMEM_PER_SM = 233472
 SMEM_PER_BLOCK_OPTIN = 232448
@@ -136,3 +138,24 @@ def test_name_expressions_spell_the_template_arguments():
         "cuinfer::decode::batch_decode_cuda_core<half, half, half, 64, 1, 64, 4, 128, 3, 0, true, true, false>"
     )
     assert cc.spec_name() == "decode/cc/float16/d64/g1/softcap/window"
+
+
+def test_kv_evict_first_only_for_short_streams():
+    l2 = 60 << 20  # an H200's L2
+    d1 = 16 * 1024 * 8 * 128 * 2 * 2  # D1: 16 x 1024 tokens, 8 KV heads, d128, K and V, bf16 (64 MiB)
+    d4 = 32768 * 8 * 128 * 2 * 2  # D4: 128 MiB
+    d5 = 64 * 4096 * 8 * 128 * 2 * 2  # D5: 1 GiB
+    d8 = (127 * 1024 + 32 * 1024) * 8 * 128 * 2 * 2  # D8: one long request among 127 short ones
+    assert kv_evict_first(d1, l2) and kv_evict_first(d4, l2)
+    assert not kv_evict_first(d5, l2) and not kv_evict_first(d8, l2)
+    # the boundary is EVICT_FIRST_MAX_L2_MULTIPLE L2 sizes, inclusive, and scales with the L2
+    assert kv_evict_first(EVICT_FIRST_MAX_L2_MULTIPLE * l2, l2)
+    assert not kv_evict_first(EVICT_FIRST_MAX_L2_MULTIPLE * l2 + 1, l2)
+    assert kv_evict_first(d5, 300 << 20) and not kv_evict_first(d4, 16 << 20)
+
+
+def test_decode_params_carry_the_l2_policy_flag():
+    # The kernel reads p.kv_evict_first (decode_pipeline.cuh); the struct must carry it as an int field.
+    names = [name for name, _ in DecodeParams.fields]
+    assert "kv_evict_first" in names
+    assert dict(DecodeParams.fields)["kv_evict_first"] == "i32"
