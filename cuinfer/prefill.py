@@ -353,7 +353,16 @@ class BatchPrefill:
             if len(self._pack_memo) >= 8:
                 self._pack_memo.clear()
             memo = self._pack_memo[id(host)] = (host, lay, {}, [None])
-        plan_layout.pack(plan.work, lay, host, generation=generation, memo=memo[2])
+        # Natural-order plans with nothing split (most prefill plans) go in the compact form: G group entries per item
+        # array instead of G x H items, the kernel deriving the rest (not with CUDA graphs: the captured kernel
+        # arguments, G among them, are those of the first plan).
+        g = 0 if self.use_cuda_graph else plan_layout.compact_groups(plan.work)
+        if g:
+            memo[2].clear()  # (the memo describes what pack wrote into host; the compact words are not that)
+            plan_layout.pack_compact(plan.work, lay, host, generation=generation)
+        else:
+            plan_layout.pack(plan.work, lay, host, generation=generation, memo=memo[2])
+        plan.compact_groups = g
         batch, n_pages = plan.batch, plan.n_pages
         # The views of the index arrays in host, kept while the offsets and sizes stay (a serving loop's batch)
         views = memo[3][0]

@@ -51,6 +51,7 @@ class PrefillLaunch:
             **{name: buf.ptr(off[name]) for name in _PLAN_ARRAYS},
             mask=buf.ptr(off["mask"]),
             group_size=g, page_size=plan.page_size, window_left=opts.window_left,
+            natural_groups=plan.compact_groups,
             alibi_pow2=1 << (plan.num_qo_heads.bit_length() - 1),
             group_mul=g_mul, group_shift=g_shift, page_mul=p_mul, page_shift=p_shift,
             sm_scale=opts.sm_scale, sm_scale_log2=opts.sm_scale * _LOG2E,

@@ -75,6 +75,7 @@ class PrefillPlan:
     kv_range: tuple[int, int] = (0, 0)  # (min, max) of kv_lens
     static: tuple | None = None  # the memoised facts of plan()'s arguments this plan was made from
     n_pages: int = 0  # page-table entries in use (kv_indptr[-1]); 0 for ragged K/V
+    compact_groups: int = 0  # G when the plan buffer holds the compact form (planner.layout.pack_compact), else 0
 
     @property
     def nnz_qo(self) -> int:

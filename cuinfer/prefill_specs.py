@@ -33,6 +33,7 @@ PrefillParams = ParamStruct(
         )
     )
     + (("group_size", "i32"), ("page_size", "i32"), ("window_left", "i32"), ("alibi_pow2", "i32"))
+    + (("natural_groups", "i32"),)
     + (("group_mul", "u32"), ("group_shift", "u32"), ("page_mul", "u32"), ("page_shift", "u32"))
     + (("sm_scale", "f32"), ("sm_scale_log2", "f32"), ("soft_cap", "f32"), ("inv_soft_cap", "f32"))
 )  # fmt: skip

@@ -72,6 +72,27 @@ __device__ __forceinline__ float tanh_approx(float x) {
 
 __device__ __forceinline__ int ldg_i32(const int* p) { return __ldg(p); }
 
+// Where item `it`'s facts are in the plan's item arrays, and its KV head. A compact plan (p.natural_groups = G > 0:
+// natural order, nothing split; planner.layout.pack_compact) holds only the G group entries: item it is group it % G
+// of KV head it / G, with no partial state. Otherwise every item has its own entry (item_kv_head, item_partial).
+struct ItemRef {
+  int entry, kv_head, partial;
+};
+__device__ __forceinline__ ItemRef item_ref(const PrefillParams& p, int it) {
+  ItemRef r;
+  const int ng = p.natural_groups;
+  if (ng > 0) {
+    r.kv_head = it / ng;
+    r.entry = it - r.kv_head * ng;
+    r.partial = -1;
+  } else {
+    r.entry = it;
+    r.kv_head = static_cast<const int*>(p.item_kv_head)[it];
+    r.partial = static_cast<const int*>(p.item_partial)[it];
+  }
+  return r;
+}
+
 // A load the compiler may not merge with an earlier one: the epilogue re-reads the item's fields instead of keeping
 // them in registers across the KV loop (where every register is taken by accumulators).
 __device__ __forceinline__ int reload_i32(const void* p, int i) {
@@ -420,7 +441,8 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         if (tid < min(C::kTableItems, item_end - item)) {
           const int it = item + tid;
           int* e = table + tid * NF;
-          const int eb = static_cast<const int*>(p.item_req)[it];
+          const prefill::ItemRef ref = prefill::item_ref(p, it);
+          const int eb = static_cast<const int*>(p.item_req)[ref.entry];
           const int qb = qo_indptr[eb], kb = kv_indptr[eb];
           int len;
           if constexpr (C::kPaged) {
@@ -430,11 +452,11 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
             len = kv_indptr[eb + 1] - kb;
           }
           e[prefill::kFReq] = eb;
-          e[prefill::kFRow0] = static_cast<const int*>(p.item_qo_tile)[it] * TILE_Q;
-          e[prefill::kFKvHead] = static_cast<const int*>(p.item_kv_head)[it];
-          e[prefill::kFKvStart] = static_cast<const int*>(p.item_kv_start)[it];
-          e[prefill::kFKvEnd] = static_cast<const int*>(p.item_kv_end)[it];
-          e[prefill::kFPartial] = static_cast<const int*>(p.item_partial)[it];
+          e[prefill::kFRow0] = static_cast<const int*>(p.item_qo_tile)[ref.entry] * TILE_Q;
+          e[prefill::kFKvHead] = ref.kv_head;
+          e[prefill::kFKvStart] = static_cast<const int*>(p.item_kv_start)[ref.entry];
+          e[prefill::kFKvEnd] = static_cast<const int*>(p.item_kv_end)[ref.entry];
+          e[prefill::kFPartial] = ref.partial;
           e[prefill::kFQoBase] = qb;
           e[prefill::kFQoLen] = qo_indptr[eb + 1] - qb;
           e[prefill::kFKvBase] = kb;
@@ -449,11 +471,12 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
       kv_base = e[prefill::kFKvBase], kv_len = e[prefill::kFKvLen];
       has_next = slot + 1 < C::kTableItems && item + 1 < item_end;
     } else {
-      b = static_cast<const int*>(p.item_req)[item];
-      row0 = static_cast<const int*>(p.item_qo_tile)[item] * TILE_Q;
-      kvh = static_cast<const int*>(p.item_kv_head)[item];
-      kv_start = static_cast<const int*>(p.item_kv_start)[item];
-      kv_end = static_cast<const int*>(p.item_kv_end)[item];
+      const prefill::ItemRef ref = prefill::item_ref(p, item);
+      b = static_cast<const int*>(p.item_req)[ref.entry];
+      row0 = static_cast<const int*>(p.item_qo_tile)[ref.entry] * TILE_Q;
+      kvh = ref.kv_head;
+      kv_start = static_cast<const int*>(p.item_kv_start)[ref.entry];
+      kv_end = static_cast<const int*>(p.item_kv_end)[ref.entry];
       qo_base = qo_indptr[b];
       qo_len = qo_indptr[b + 1] - qo_base;
       kv_base = kv_indptr[b];  // ragged: first kv row; paged: first page-table entry
@@ -881,10 +904,12 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
       __syncthreads();
 
       // Item facts needed only here are re-read rather than kept live across the KV loop.
-      const int e_partial = prefill::reload_i32(p.item_partial, item);
-      const int e_kvh = prefill::reload_i32(p.item_kv_head, item);
-      const int e_row0 = prefill::reload_i32(p.item_qo_tile, item) * TILE_Q;
-      const int e_req = prefill::reload_i32(p.item_req, item);
+      const int ng = p.natural_groups;  // (prefill::item_ref, with the reloads)
+      const int e_kvh = ng > 0 ? item / ng : prefill::reload_i32(p.item_kv_head, item);
+      const int e_entry = ng > 0 ? item - e_kvh * ng : item;
+      const int e_partial = ng > 0 ? -1 : prefill::reload_i32(p.item_partial, item);
+      const int e_row0 = prefill::reload_i32(p.item_qo_tile, e_entry) * TILE_Q;
+      const int e_req = prefill::reload_i32(p.item_req, e_entry);
       const int e_qo_base = prefill::reload_i32(p.qo_indptr, e_req);
       const int e_rows = min(TILE_Q, (prefill::reload_i32(p.qo_indptr, e_req + 1) - e_qo_base) * g - e_row0);
       constexpr int VPR = DVO / 8;  // 8-element vectors per row
