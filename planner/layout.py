@@ -27,6 +27,10 @@ with ``n_items`` past ``num_ctas``), ``item_req``, ``item_qo_tile``, ``item_kv_h
 unit and piece count of kernels that merge split items themselves, -1 and 0 otherwise: ``units.py``),
 ``merge_indptr[max_merge+1]``, ``merge_src[max_merge_src]``, ``merge_dst_token[max_merge]``,
 ``merge_dst_head[max_merge]``. Words past a count are left as they were.
+
+Prefill plans in natural order with nothing split may instead be written in the compact form (``pack_compact``):
+only the ``G`` group entries of the item arrays the kernel reads, item ``i`` being group ``i % G`` of KV head
+``i // G`` (docs/internals.md, "Compact form").
 """
 
 from __future__ import annotations
