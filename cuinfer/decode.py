@@ -28,6 +28,7 @@ from cuinfer.decode_io import (
     Buffers,
     buffer_settings,
     check_aligned,
+    check_cache_matches,
     check_out_dtype,
     fit_workspace,
     host_outputs,
@@ -435,13 +436,7 @@ class BatchDecode:
             check_aligned("q", tq, (0, 1))
 
     def _check_kv(self, plan: _Plan, kv: KV) -> None:
-        got = (kv.page_size, kv.num_kv_heads, kv.head_dim)
-        want = (plan.page_size, plan.num_kv_heads, plan.head_dim)
-        if got != want:
-            raise ValueError(
-                f"kv_cache has (page_size, num_kv_heads, head_dim) = {got} ({self.kv_layout}) but plan() was made for "
-                f"{want}; pass the cache the plan describes (or check kv_layout)"
-            )
+        check_cache_matches(kv, plan, self.kv_layout)
         if kv.k.dtype is not plan.kv_dtype:
             raise ValueError(
                 f"kv_cache has dtype {kv.k.dtype.value} but plan() was made for kv_dtype={plan.kv_dtype.value}; call "

@@ -214,6 +214,18 @@ def check_aligned(name: str, t: Tensor, dims: tuple[int, ...]) -> None:
         )
 
 
+def check_cache_matches(kv: KV, plan: Any, layout: str) -> None:
+    """Raise unless the parsed paged cache ``kv`` has the page size, KV heads and head dim ``plan`` was made for
+    (decode and prefill plans both carry ``page_size``, ``num_kv_heads``, ``head_dim``)."""
+    got = (kv.page_size, kv.num_kv_heads, kv.head_dim)
+    want = (plan.page_size, plan.num_kv_heads, plan.head_dim)
+    if got != want:
+        raise ValueError(
+            f"kv_cache has (page_size, num_kv_heads, head_dim) = {got} ({layout}) but plan() was made for "
+            f"{want}; pass the cache the plan describes (or check kv_layout)"
+        )
+
+
 def paged_kv(tensor: Callable[[Any, str], Tensor], kv_cache: Any, layout: str, *, gpu: bool) -> KV:
     """Parse a 5-D cache or a (k_cache, v_cache) tuple of ``layout`` (imported with ``tensor``); ``gpu`` adds the
     16-byte alignment checks the kernels need."""

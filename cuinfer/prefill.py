@@ -26,6 +26,7 @@ from cuinfer.decode_io import (
     Buffers,
     buffer_settings,
     check_aligned,
+    check_cache_matches,
     fit_workspace,
     paged_kv,
     partial_rows_capacity,
@@ -455,13 +456,7 @@ class BatchPrefill:
 
     def _paged_kv(self, call: Call, plan: PrefillPlan, cache: Any) -> KV:
         c = paged_kv(call.tensor, cache, self.kv_layout, gpu=True)
-        got = (c.page_size, c.num_kv_heads, c.head_dim)
-        want = (plan.page_size, plan.num_kv_heads, plan.head_dim)
-        if got != want:
-            raise ValueError(
-                f"kv_cache has (page_size, num_kv_heads, head_dim) = {got} ({self.kv_layout}) but plan() was made "
-                f"for {want}; pass the cache the plan describes (or check kv_layout)"
-            )
+        check_cache_matches(c, plan, self.kv_layout)
         if plan.head_dim_vo != plan.head_dim:
             raise ValueError(
                 f"plan() was made for head_dim={plan.head_dim}, head_dim_vo={plan.head_dim_vo} but a paged cache "
