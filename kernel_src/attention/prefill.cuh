@@ -109,6 +109,22 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
+// p = 2^(x * x_scale - base) in place for the elements of row half h of one S row block this thread holds, added in
+// order to `sum` (returned): the exponentials of both softmax paths of batch_prefill.
+template <int MMA_KV>
+__device__ __forceinline__ float exp2_row(float (&s)[2 * MMA_KV][4], int h, float x_scale, float base, float sum) {
+#pragma unroll
+  for (int j = 0; j < 2 * MMA_KV; ++j) {
+#pragma unroll
+    for (int e = 2 * h; e < 2 * h + 2; ++e) {
+      const float pe = ex2(fmaf(s[j][e], x_scale, -base));
+      s[j][e] = pe;
+      sum += pe;
+    }
+  }
+  return sum;
+}
+
 enum : int { kMaskCausal = 1, kMaskWindow = 2, kMaskCustom = 4 };
 
 // How far (base-2 units) a row's max may climb above the softmax's reference max before o is rescaled (see the
@@ -684,17 +700,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
             for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
               for (int h = 0; h < 2; ++h) {
-                const float base = row_max[mq][h] * x_scale;
-                float sum = 0.f;
-#pragma unroll
-                for (int j = 0; j < 2 * MMA_KV; ++j) {
-#pragma unroll
-                  for (int e = 2 * h; e < 2 * h + 2; ++e) {
-                    const float pe = prefill::ex2(fmaf(s[mq][j][e], x_scale, -base));
-                    s[mq][j][e] = pe;
-                    sum += pe;
-                  }
-                }
+                const float sum = prefill::exp2_row<MMA_KV>(s[mq], h, x_scale, row_max[mq][h] * x_scale, 0.f);
                 tile_sum[mq][h] = sum;
                 bad |= !(sum <= prefill::kMaxFreeSum);
               }
@@ -738,17 +744,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
               moved |= row_moved && m_old != neg_inf();
               alpha[mq][h] = row_moved ? prefill::ex2(m_old * x_scale - base) : 1.f;
               row_max[mq][h] = m_new;
-              float sum = row_sum[mq][h] * alpha[mq][h];
-#pragma unroll
-              for (int j = 0; j < 2 * MMA_KV; ++j) {
-#pragma unroll
-                for (int e = 2 * h; e < 2 * h + 2; ++e) {
-                  const float pe = prefill::ex2(fmaf(s[mq][j][e], x_scale, -base));
-                  s[mq][j][e] = pe;
-                  sum += pe;
-                }
-              }
-              row_sum[mq][h] = sum;
+              row_sum[mq][h] = prefill::exp2_row<MMA_KV>(s[mq], h, x_scale, base, row_sum[mq][h] * alpha[mq][h]);
             }
           }
           if (__any_sync(0xffffffffu, moved)) {
