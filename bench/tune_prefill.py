@@ -178,6 +178,17 @@ def use_spec(spec_of) -> None:
     cp.prefill_spec = pl.prefill_spec = spec_of
 
 
+def cta_major(owner, rank, p: int):
+    """``(items, work_indptr)`` of a schedule: item ``i`` runs on CTA ``owner[i]`` as its ``rank[i]``-th-ranked item;
+    the items CTA-major, each CTA's in rank order (the form the persistent kernels read)."""
+    import numpy as np
+
+    items = np.lexsort((rank, owner))
+    indptr = np.zeros(p + 1, dtype=np.int64)
+    np.cumsum(np.bincount(owner, minlength=p), out=indptr[1:])
+    return items, indptr
+
+
 def _window_assign(k: int):
     """Planner variant ``win<k>``: items in locality order (head major, then request and query tile), cut into
     windows of k rounds of P items; each window's items, largest first, are dealt in a snake over the CTAs sorted
@@ -201,9 +212,7 @@ def _window_assign(k: int):
             c = np.argsort(loads, kind="stable").take(np.where(q % 2 == 0, i, p - 1 - i))
             cta[s0 : s0 + m] = c
             loads += np.bincount(c, weights=ic[s0 : s0 + m], minlength=p)
-        seq = np.lexsort((np.arange(n), cta))  # CTA-major, each CTA's items in the order dealt
-        indptr = np.zeros(p + 1, dtype=np.int64)
-        np.cumsum(np.bincount(cta, minlength=p), out=indptr[1:])
+        seq, indptr = cta_major(cta, np.arange(n), p)
         return Assignment(indptr, grp.take(seq), head.take(seq), f"win{k}")
 
     return fn

@@ -47,13 +47,12 @@ def _list_schedule(costs_items: np.ndarray, order: np.ndarray, p: int) -> tuple[
         load, c = heapq.heappop(heap)
         owner[i] = c
         heapq.heappush(heap, (load + float(costs_items[i]), c))
+    from bench.tune_prefill import cta_major
+
     loads = np.bincount(owner, weights=costs_items, minlength=p)
-    # CTA-major, each CTA's items in the order it meets them
     rank = np.empty(order.shape[0], dtype=np.int64)
     rank[order] = np.arange(order.shape[0])
-    items = np.lexsort((rank, owner))
-    indptr = np.zeros(p + 1, dtype=np.int64)
-    np.cumsum(np.bincount(owner, minlength=p), out=indptr[1:])
+    items, indptr = cta_major(owner, rank, p)
     return items, indptr, float(loads.mean() / loads.max())
 
 
@@ -108,7 +107,6 @@ def prefill(case_ids: list[str]) -> None:
 
 
 def decode(case_ids: list[str]) -> None:
-    import cuinfer
     from bench import cases, inputs
     from bench.timing import CudaTimer
 
@@ -119,10 +117,7 @@ def decode(case_ids: list[str]) -> None:
         s, kv = inp.case.shape, inp.kv
         nbytes = cases.decode_bytes(inp.case.lengths.draw(inp.case.seed), s, inp.case.kv_dtype)
         for split in (None, 1 << 20):
-            w = cuinfer.BatchDecode(use_tensor_cores=True)
-            w.plan(kv.table.kv_indptr, kv.table.kv_indices, kv.table.kv_last_page_len,
-                   num_qo_heads=s.num_qo_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
-                   page_size=s.page_size, q_dtype=s.dtype, fixed_split_size=split)  # fmt: skip
+            w = _decode_wrapper(inp, use_tensor_cores=True, fixed_split_size=split)
             for mode, timer in timers.items():
                 t = timer.time(functools.partial(w.run, inp.q, kv.cache), iters=25, warmup=3)
                 print(f"{cid} split {str(split):8s} flush {mode}: {t.us:7.1f} us {nbytes / t.median_s / 1e9:6.0f} "
@@ -135,7 +130,6 @@ def decode_cut(case_ids: list[str]) -> None:
     import cuinfer.planner.decode_plan as dp
     import torch
 
-    import cuinfer
     import cuinfer.decode_launch as dec
     from bench import cases, inputs
     from bench.timing import CudaTimer
@@ -152,10 +146,7 @@ def decode_cut(case_ids: list[str]) -> None:
             dec.decode_spec = spec_of if ab != "all-rows" else _with_define(spec_of, "-DCUINFER_DECODE_EPI_ALL_ROWS")
             dp.BALANCED_EFFICIENCY, dp.MIN_GAIN = (2.0, -1.0) if forced else consts
             try:
-                w = cuinfer.BatchDecode()
-                w.plan(kv.table.kv_indptr, kv.table.kv_indices, kv.table.kv_last_page_len,
-                       num_qo_heads=s.num_qo_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
-                       page_size=s.page_size, q_dtype=s.dtype)  # fmt: skip
+                w = _decode_wrapper(inp)
                 w.run(inp.q, kv.cache)  # prepares the launch (kernel lookup) while the A/B spec is in place
             finally:
                 dp.BALANCED_EFFICIENCY, dp.MIN_GAIN = consts
@@ -175,7 +166,6 @@ def decode_evict(case_ids: list[str], rounds: int = 2) -> None:
     PERF.md method: the L2 is full of dirty lines) and by a write then a read (clean lines)."""
     import torch
 
-    import cuinfer
     import cuinfer.decode_launch as dec
     from bench import cases, inputs
     from bench.timing import CudaTimer
@@ -193,10 +183,7 @@ def decode_evict(case_ids: list[str], rounds: int = 2) -> None:
         for forced in (True, False):
             dec.kv_evict_first = lambda kv_bytes, l2_bytes, forced=forced: forced
             try:
-                w = cuinfer.BatchDecode()
-                w.plan(kv.table.kv_indptr, kv.table.kv_indices, kv.table.kv_last_page_len,
-                       num_qo_heads=s.num_qo_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
-                       page_size=s.page_size, q_dtype=s.dtype)  # fmt: skip
+                w = _decode_wrapper(inp)
                 w.run(inp.q, kv.cache)  # prepares this plan's launch (the policy is read once per plan)
             finally:
                 dec.kv_evict_first = policy
@@ -210,6 +197,17 @@ def decode_evict(case_ids: list[str], rounds: int = 2) -> None:
                           f"{t.us:7.1f} us {nbytes / t.median_s / 1e12:5.3f} TB/s", flush=True)  # fmt: skip
         torch.cuda.synchronize()
         inputs.free()
+
+
+def _decode_wrapper(inp, use_tensor_cores=None, fixed_split_size=None):
+    """A BatchDecode planned for a decode case's inputs (its page table and shape)."""
+    import cuinfer
+
+    s, t = inp.case.shape, inp.kv.table
+    w = cuinfer.BatchDecode(use_tensor_cores=use_tensor_cores)
+    w.plan(t.kv_indptr, t.kv_indices, t.kv_last_page_len, num_qo_heads=s.num_qo_heads, num_kv_heads=s.num_kv_heads,
+           head_dim=s.head_dim, page_size=s.page_size, q_dtype=s.dtype, fixed_split_size=fixed_split_size)  # fmt: skip
+    return w
 
 
 def _with_define(spec_of, define: str):
