@@ -328,10 +328,7 @@ def pack(
             out[:HEADER_WORDS] = layout.header
             memo["header"] = out
     out[:7] = (n, nm, plan.num_partial_rows, p, ns, plan.chunk_size, generation)  # (one call for seven words)
-    o = off["work_indptr"]
-    out[o : o + p + 1] = plan.work_indptr
-    if cap.max_ctas > p:
-        out[o + p + 1 : o + cap.max_ctas + 1] = n
+    _put_work_indptr(out, off["work_indptr"], plan.work_indptr, n, p, cap.max_ctas)
     shape, dynamic = plan.pack_fields()
     key = (n, h, g, shape)
     if memo is None:
@@ -476,10 +473,7 @@ def pack_compact(plan: WorkPlan, layout: PlanLayout, out: np.ndarray, *, generat
     off = layout.offsets
     out[:HEADER_WORDS] = layout.header
     out[:7] = (n, 0, 0, p, 0, plan.chunk_size, generation)
-    o = off["work_indptr"]
-    out[o : o + p + 1] = plan.work_indptr
-    if cap.max_ctas > p:
-        out[o + p + 1 : o + cap.max_ctas + 1] = n
+    _put_work_indptr(out, off["work_indptr"], plan.work_indptr, n, p, cap.max_ctas)
     shape, dynamic = plan.pack_fields()
     for name, value in shape:
         if name in COMPACT_FIELDS:
@@ -492,6 +486,13 @@ def pack_compact(plan: WorkPlan, layout: PlanLayout, out: np.ndarray, *, generat
         out[o : o + g] = item[1]  # ("group", values[G], mark): every dynamic field of a natural plan
     out[off["merge_indptr"]] = 0
     return g
+
+
+def _put_work_indptr(out: np.ndarray, o: int, work_indptr: np.ndarray, n: int, p: int, max_ctas: int) -> None:
+    """``work_indptr`` at word ``o``, padded to ``max_ctas + 1`` entries with ``n``: CTAs past ``p`` get empty lists."""
+    out[o : o + p + 1] = work_indptr
+    if max_ctas > p:
+        out[o + p + 1 : o + max_ctas + 1] = n
 
 
 def _put_shape(out: np.ndarray, off: dict, shape: tuple, n: int, h: int, g: int) -> None:
