@@ -360,7 +360,7 @@ class BatchPrefill:
         g = 0 if self.use_cuda_graph else plan_layout.compact_groups(plan.work)
         if g:
             memo[2].clear()  # (the memo describes what pack wrote into host; the compact words are not that)
-            plan_layout.pack_compact(plan.work, lay, host, generation=generation)
+            plan_layout.pack_compact(plan.work, lay, host, generation=generation, groups=g)
         else:
             plan_layout.pack(plan.work, lay, host, generation=generation, memo=memo[2])
         plan.compact_groups = g

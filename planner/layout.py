@@ -454,15 +454,17 @@ def compact_groups(plan: WorkPlan) -> int:
     return plan.sizes()[1]
 
 
-def pack_compact(plan: WorkPlan, layout: PlanLayout, out: np.ndarray, *, generation: int = 0) -> int:
+def pack_compact(
+    plan: WorkPlan, layout: PlanLayout, out: np.ndarray, *, generation: int = 0, groups: int | None = None
+) -> int:
     """Write ``plan`` into ``out`` in the compact form of a natural-order plan with nothing split
     (``compact_groups(plan) = G > 0``): the header, ``work_indptr``, and for each of ``COMPACT_FIELDS`` the ``G``
     group values at the start of its item array, instead of ``G * H`` item values (prefill plans of long batches hold
     ~20,000 items: the item arrays were most of ``pack``'s time). ``item_kv_head`` and ``item_partial`` are not
     written: a kernel told ``G`` reads item ``i``'s facts at entry ``i % G``, its KV head is ``i // G`` and its
     partial -1. Returns ``G``. A caller that also ``pack``s into ``out`` with a memo must clear that memo first (the
-    compact words are not what it records)."""
-    g = compact_groups(plan)
+    compact words are not what it records). ``groups``: ``compact_groups(plan)`` when the caller has it already."""
+    g = compact_groups(plan) if groups is None else groups
     if g == 0:
         raise ValueError("pack_compact needs a natural-order plan with nothing split (compact_groups(plan) > 0)")
     n, _, _, _ = plan.sizes()
