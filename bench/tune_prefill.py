@@ -89,6 +89,7 @@ VARIANT_FLAGS = {
     "noskip": ("-DCUINFER_PREFILL_NO_SLICE_SKIP",),
     "eager": ("-DCUINFER_PREFILL_EAGER_RESCALE",),
     "maxed": ("-DCUINFER_PREFILL_NO_MAX_FREE",),
+    "sel": ("-DCUINFER_PREFILL_ADDR_SELECT",),
     "base": (),
 }
 # (variant, (query tile, kv tile, stages)); the first is the reference the others' outputs are compared with.

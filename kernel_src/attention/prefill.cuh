@@ -57,6 +57,16 @@ template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile(
 // Commits this thread's uncommitted copies as a group, then waits for all of its groups.
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
 
+// Rows past a tile's end are copied with src-size 0 (no byte is read), so their address need not point anywhere
+// valid: it is the row's would-be address (paged: page 0's, read_pages gives page 0 past the end). Selecting a dummy
+// address for them (A/B build -DCUINFER_PREFILL_ADDR_SELECT) split the 64-bit pointers into halves that ptxas then
+// moved into register pairs, reusing the pairs of copies still in the LSU queue (long-scoreboard waits).
+#ifdef CUINFER_PREFILL_ADDR_SELECT
+constexpr bool kAddrSelect = true;
+#else
+constexpr bool kAddrSelect = false;
+#endif
+
 template <bool B> struct Bool {
   static constexpr bool value = B;
 };
@@ -221,14 +231,15 @@ struct PrefillTraits {
   static constexpr int kEpiOBytes = kCrossItem ? 0 : kWarpsKV * kTileQ * kEpiPitch * 4;
   static constexpr int kEpiBytes = kCrossItem ? 0 : kEpiOBytes + kWarpsKV * kTileQ * 2 * 4;
   // Item facts used only occasionally inside the KV loop (copy addresses, boundary masks) live in smem, not in
-  // registers, which the accumulators fill: kInfoInts per item + 4 per warp, after everything else.
+  // registers, which the accumulators fill: kInfoInts per item + kWarpInts per warp, after everything else.
   static constexpr int kInfoInts = 8;
+  static constexpr int kWarpInts = 8;  // a warp's bounds and its own copy of the copy facts (see batch_prefill)
   static constexpr int kInfoOff = kMainBytes > kEpiBytes ? kMainBytes : kEpiBytes;
   // Cross-item: the resolved facts of up to kTableItems consecutive items of this CTA, kTableFields ints each
   // (16: d256 paged 64-row tiles still fit a 100 KB-smem GPU).
   static constexpr int kTableItems = 16;
   static constexpr int kTableFields = 10;
-  static constexpr int kTableOff = kInfoOff + (kInfoInts + 4 * kWarpsQ * kWarpsKV) * 4;
+  static constexpr int kTableOff = kInfoOff + (kInfoInts + kWarpInts * kWarpsQ * kWarpsKV) * 4;
   static constexpr int kSmemBytes = kTableOff + (kCrossItem ? kTableItems * kTableFields * 4 : 0);
 
   static_assert(is_same<DTypeKV, half>::value || is_same<DTypeKV, __nv_bfloat16>::value, "q/k/v are fp16 or bf16");
@@ -379,7 +390,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
       const T* src;
       if constexpr (C::kPaged) {
         i64 off = 0;
-        if (valid) {
+        if (prefill::kAddrSelect ? valid : true) {
           const int key = key0 + cp_row + i * C::kRowsPerPass;
           const int pg = static_cast<int>(prefill::fast_div(static_cast<u32>(key), p.page_mul, p.page_shift));
           off = static_cast<i64>(pages[i]) * p.k_stride_page + static_cast<i64>(key - pg * p.page_size) * p.k_stride_n +
@@ -388,14 +399,21 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         page_off[i * NT + tid] = off;
         src = k_ptr + off + cp_chunk * 8;
       } else {
-        src = valid ? row0 + static_cast<i64>(i * C::kRowsPerPass) * p.k_stride_n : k_ptr;
+        src = row0 + static_cast<i64>(i * C::kRowsPerPass) * p.k_stride_n;
+        if (prefill::kAddrSelect && !valid) src = k_ptr;
       }
       const u32 dst = k_smem + stage * C::kKBytes + cp_qk_dst + i * kPassQK;
 #pragma unroll
       for (int c = 0; c < C::kChunksQK / 8; ++c) prefill::cp_async_16(dst + c * 128, src + c * 64, valid);
     }
   };
-  auto load_v = [&](int key0, int stage, int kv_base, int kvh, int kv_end) {
+  // Paged: this thread's row offsets of the last K copy (its own smem slots, so no barrier is needed to read them).
+  auto own_offsets = [&](i64 (&offs)[KR]) {
+#pragma unroll
+    for (int i = 0; i < KR; ++i) offs[i] = C::kPaged ? page_off[i * NT + tid] : 0;
+  };
+  // V rows of the tile at `key0` into buffer `stage`; paged: at the offsets `offs` of the K copy (own_offsets).
+  auto load_v = [&](int key0, int stage, int kv_base, int kvh, int kv_end, const i64 (&offs)[KR]) {
     const int rem = kv_end - key0 - cp_row;
     const T* row0 = v_ptr + (static_cast<i64>(kv_base + key0 + cp_row) * p.v_stride_n +
                              static_cast<i64>(kvh) * p.v_stride_h + cp_chunk * 8);
@@ -404,9 +422,10 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
       const bool valid = i * C::kRowsPerPass < rem;
       const T* src;
       if constexpr (C::kPaged) {
-        src = v_ptr + page_off[i * NT + tid] + cp_chunk * 8;
+        src = v_ptr + offs[i] + cp_chunk * 8;
       } else {
-        src = valid ? row0 + static_cast<i64>(i * C::kRowsPerPass) * p.v_stride_n : v_ptr;
+        src = row0 + static_cast<i64>(i * C::kRowsPerPass) * p.v_stride_n;
+        if (prefill::kAddrSelect && !valid) src = v_ptr;
       }
       const u32 dst = v_smem + stage * C::kVBytes + cp_vo_dst + i * kPassVO;
 #pragma unroll
@@ -424,7 +443,11 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
     load_q(row0, min(TILE_Q, e[prefill::kFQoLen] * g - row0), e[prefill::kFQoBase], kvh);
     if (kv_start < kv_end) load_k(kv_start, st, kv_base, kvh, kv_end, pages);
     prefill::cp_async_commit();
-    if (kv_start < kv_end) load_v(kv_start, st, kv_base, kvh, kv_end);
+    if (kv_start < kv_end) {
+      i64 offs[KR];
+      own_offsets(offs);
+      load_v(kv_start, st, kv_base, kvh, kv_end, offs);
+    }
   };
   // Paged, cross-item: the page numbers of the first tile of the item in table slot `ns`.
   auto read_first_pages = [&](int ns, int (&pages)[KR]) {
@@ -522,7 +545,11 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         load_k(kv_start, stage, kv_base, kvh, kv_end, pages);
       }
       prefill::cp_async_commit();
-      if (kv_start < kv_end) load_v(kv_start, stage, kv_base, kvh, kv_end);
+      if (kv_start < kv_end) {
+        i64 offs[KR];
+        own_offsets(offs);
+        load_v(kv_start, stage, kv_base, kvh, kv_end, offs);
+      }
       prefill::cp_async_commit();
     }
 #pragma unroll
@@ -533,7 +560,11 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         load_k(kv_start + s * TILE_KV, st, kv_base, kvh, kv_end, pages);
       }
       prefill::cp_async_commit();
-      if (kv_start + s * TILE_KV < kv_end) load_v(kv_start + s * TILE_KV, st, kv_base, kvh, kv_end);
+      if (kv_start + s * TILE_KV < kv_end) {
+        i64 offs[KR];
+        own_offsets(offs);
+        load_v(kv_start + s * TILE_KV, st, kv_base, kvh, kv_end, offs);
+      }
       prefill::cp_async_commit();
     }
 
@@ -544,15 +575,19 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
       const int warp_last = min(warp_first + MMA_Q * 16, packed_rows) - 1;
       const int tok_first = static_cast<int>(prefill::fast_div(static_cast<u32>(warp_first), p.group_mul, p.group_shift));
       const int tok_last = static_cast<int>(prefill::fast_div(static_cast<u32>(max(warp_last, 0)), p.group_mul, p.group_shift));
-      int* wb = info + C::kInfoInts + 4 * (tid / 32);
+      int* wb = info + C::kInfoInts + C::kWarpInts * (tid / 32);
       if (lane == 0) {
         // [0] keys >= this need the upper mask in some row; [1] keys >= this are masked in every row (skip);
-        // [2] keys < this need the window mask in some row; [3] keys < this are masked in every row.
+        // [2] keys < this need the window mask in some row; [3] keys < this are masked in every row;
+        // [4], [5]: kv_base and kvh (info[0], info[1]) for this warp's copies. The warp's own copy can be read before
+        // a barrier (its lane 0 wrote it): the loop reads it there, so that the read overlaps the wait.
+        wb[4] = kv_base, wb[5] = kvh;
         wb[0] = C::kCausal ? min(tok_first + q_shift + 1, kv_end) : kv_end;
         wb[1] = warp_first >= packed_rows ? -2147483647 : (C::kCausal ? min(tok_last + q_shift + 1, kv_end) : kv_end);
         wb[2] = C::kWindow ? tok_last + q_shift - p.window_left : -2147483647;
         wb[3] = C::kWindow ? tok_first + q_shift - p.window_left : -2147483647;
       }
+      __syncwarp();  // (the loop reads them before its first barrier)
     }
 
     float o[MMA_Q][DVO / 8][4];
@@ -588,21 +623,25 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
     for (int key0 = kv_start; key0 < kv_end; key0 += TILE_KV) {
       const int ahead = key0 + (STAGES - 1) * TILE_KV;
       const int wkey0 = key0 + warp_col0;  // first key of this warp's slice
+      // This warp's bounds, read before the barrier: the read then overlaps the wait (read after the copies below,
+      // it also waited for their address registers, which ptxas reused for it).
+      const int* wb = info + C::kInfoInts + C::kWarpInts * (tid / 32);
+      const int wb0 = wb[0], wb1 = wb[1], cp_base = wb[4], cp_head = wb[5];
+      const int wb2 = C::kWindow ? wb[2] : 0, wb3 = C::kWindow ? wb[3] : 0;
       prefill::cp_async_wait<2 * STAGES - 3>();
       __syncthreads();
       {
         const int st = stage == 0 ? STAGES - 1 : stage - 1;  // buffer of the previous tile == of the tile ahead
-        if (ahead < kv_end) load_k(ahead, st, info[0], info[1], kv_end, pages);
+        if (ahead < kv_end) load_k(ahead, st, cp_base, cp_head, kv_end, pages);
         prefill::cp_async_commit();
       }
       // Fully masked for this warp (all keys past every row's limit, or before every row's window): skip the math.
-      const int* wb = info + C::kInfoInts + 4 * (tid / 32);
-      const bool skip = wkey0 >= wb[1] || (C::kWindow && wkey0 + MMA_KV * 16 <= wb[3]);
+      const bool skip = wkey0 >= wb1 || (C::kWindow && wkey0 + MMA_KV * 16 <= wb3);
       u32 pa[MMA_Q][MMA_KV][4];  // P as bf16/fp16 A fragments (packed before the V copy is issued: half the registers)
       if (!skip) {
-        const bool need_mask = C::kCustomMask || wkey0 + MMA_KV * 16 > wb[0] || (C::kWindow && wkey0 < wb[2]);
-        // 16-key slices holding a key that some row of this warp may see (wb[1] > wkey0 here: >= 1)
-        const int live = C::kSliceSkip ? min(MMA_KV, (wb[1] - wkey0 + 15) >> 4) : MMA_KV;
+        const bool need_mask = C::kCustomMask || wkey0 + MMA_KV * 16 > wb0 || (C::kWindow && wkey0 < wb2);
+        // 16-key slices holding a key that some row of this warp may see (wb1 > wkey0 here: >= 1)
+        const int live = C::kSliceSkip ? min(MMA_KV, (wb1 - wkey0 + 15) >> 4) : MMA_KV;
         float s[MMA_Q][2 * MMA_KV][4];
         // Max-free tiles: once every row of the warp has a finite reference max m, a tile skips the row max (16
         // compares and 2 shuffles per row and thread, and their latency before the first exp2): it takes p = 2^(x - m)
@@ -766,15 +805,19 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         }
       }
 
-      prefill::cp_async_wait<2 * STAGES - 3>();
-      __syncthreads();
       {
+        const int* wv = info + C::kInfoInts + C::kWarpInts * (tid / 32);  // (read before the barrier, as above)
+        const int v_base = wv[4], v_head = wv[5];
+        i64 v_offs[KR];
+        own_offsets(v_offs);
+        prefill::cp_async_wait<2 * STAGES - 3>();
+        __syncthreads();
         const int st = stage == 0 ? STAGES - 1 : stage - 1;
-        if (ahead < kv_end) load_v(ahead, st, info[0], info[1], kv_end);
+        if (ahead < kv_end) load_v(ahead, st, v_base, v_head, kv_end, v_offs);
         prefill::cp_async_commit();
         if constexpr (C::kPaged) {
           if (ahead + TILE_KV < kv_end) {
-            read_pages(ahead + TILE_KV, info[0], kv_end, pages);
+            read_pages(ahead + TILE_KV, v_base, kv_end, pages);
           } else if (XI && ahead < kv_end && info[6]) {
             // The first tile past the end (not the last iteration: thread 0 is still in this item): the next item's
             // first tile, copied after the epilogue.
@@ -787,7 +830,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         const u32 v_stage = v_lane + stage * C::kVBytes;
         // (recomputed rather than kept across the barrier; only this warp writes its bounds)
         const int live =
-            C::kSliceSkip ? min(MMA_KV, (info[C::kInfoInts + 4 * (tid / 32) + 1] - wkey0 + 15) >> 4) : MMA_KV;
+            C::kSliceSkip ? min(MMA_KV, (info[C::kInfoInts + C::kWarpInts * (tid / 32) + 1] - wkey0 + 15) >> 4) : MMA_KV;
         if (live < MMA_KV) {
           prefill::pv_tile<C, true>(o, pa, v_stage, live);
         } else {
