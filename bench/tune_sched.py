@@ -3,9 +3,9 @@
 python -m bench.tune_sched [trace] [cut] [decode] [prefill]
 
 trace    P1/P2/P3/P6 with the prefill kernel built with -DCUINFER_TRACE: thread 0 of each CTA stamps every item's
-         start and end (%globaltimer), written where mask_indptr points. Prints the per-item cost fit
-         (fixed + per KV tile), the CTAs' end spread and busy fraction, for the planner's assignment and for LPT;
-         saves $OUT/trace.npz.
+         start and end (%globaltimer) and the SM clock at its phases, written where mask_indptr points. Prints the
+         per-item cost fit (fixed + per KV tile), the phases of an item, the CTAs' end spread and busy fraction, for
+         the planner's assignment and for LPT; saves $OUT/trace.npz.
 cut      D5-D8 and D1: the default plan, an A/B build whose decode epilogue stages all 16 mma rows
          (-DCUINFER_DECODE_EPI_ALL_ROWS; the default stages only the group's real rows), and the forced lane cut
          (split for exact balance).
@@ -279,7 +279,7 @@ def trace(case_ids: list[str], out_dir: str | None) -> None:
                 torch.cuda.synchronize()
                 wp = w._plan.work
                 n = wp.n_items
-                t = tbuf[: 4 * n].view(n, 4).cpu().numpy()
+                t = tbuf[: 12 * n].view(n, 12).cpu().numpy()
                 tiles = -(-(wp.item_kv_end.astype(np.int64) - wp.item_kv_start) // w._plan.config.tile_kv)
                 tag = f"{case.id}-{kind}"
                 saved[tag] = np.concatenate([t, tiles[:, None]], axis=1)
@@ -313,6 +313,18 @@ def _report(tag: str, t: np.ndarray, tiles: np.ndarray, p: int) -> None:
         if m.any():
             print(f"    tiles [{lo},{hi}): n {m.sum():5d} mean dur {dur[m].mean():7.2f} us, per tile "
                   f"{(dur[m] / np.maximum(tiles[m], 1)).mean():.3f}")  # fmt: skip
+    # Phases from thread 0's SM clock (cross-item kernels): start -> loop (table, prologue) -> first tile ready ->
+    # loop end -> o stored -> next item's copies issued; cycles to us by the items' own timer / clock ratio.
+    c = t[:, 4:10].astype(np.float64)
+    ok = (t[:, 6] > 0) & (c[:, 5] > c[:, 0])
+    if ok.any():
+        us_per_cycle = float((end - start)[ok].sum() / (c[ok, 5] - c[ok, 0]).sum())
+        d = np.diff(c[ok], axis=1) * us_per_cycle
+        names = ("table+prologue", "first tile wait", "loop after it", "epilogue", "next copies")
+        print("    phases (us, mean over items with tiles): " + ", ".join(
+            f"{nm} {v:.2f}" for nm, v in zip(names, d.mean(axis=0), strict=True)))  # fmt: skip
+        per = d[:, 2] / np.maximum(tiles[ok] - 1, 1)
+        print(f"    loop per tile after the first: {np.median(per):.3f} us; SM clock {1 / us_per_cycle / 1e3:.2f} GHz")
 
 
 if __name__ == "__main__":

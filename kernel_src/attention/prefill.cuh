@@ -119,6 +119,20 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
+// The epilogue's 1 / d and log2(d) on the MUFU. d >= 1 whenever a row has a key (its largest p is 2^(x_max - m) with
+// the reference m one of the row's logits), so the flush-to-zero forms lose nothing; the IEEE 1.f / d and log2f cost a
+// Newton step with a slow-path call and a ~25-instruction polynomial, per row, in the epilogue (~2 us per item).
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float lg2_approx(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // p = 2^(x * x_scale - base) in place for the elements of row half h of one S row block this thread holds, added in
 // order to `sum` (returned): the exponentials of both softmax paths of batch_prefill.
 template <int MMA_KV>
@@ -460,13 +474,21 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
   // KV loop.)
   for (int item = work_indptr[blockIdx.x]; item < prefill::reload_i32(work_indptr, blockIdx.x + 1); ++item) {
 #ifdef CUINFER_TRACE
-    // Diagnostic builds only (bench/tune_sched.py): thread 0 stamps each item's start and end (global ns timer).
-    __shared__ unsigned long long trace_t0;  // smem, not a register: the accumulators fill the register file
+    // Diagnostic builds only (bench/tune_sched.py): thread 0 stamps each item's start and end (global ns timer) and
+    // the SM clock at its phases: start, loop start (table and prologue done), first tile ready (after the first
+    // barrier), loop end, o stored, end (next item's copies issued).
+    __shared__ unsigned long long trace_t0, trace_c[6];  // smem, not registers: the accumulators fill the file
     if (tid == 0) {
       unsigned long long t0;
       asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
       trace_t0 = t0;
+      trace_c[0] = clock64();
+      trace_c[2] = 0;
     }
+#define CUINFER_TRACE_STAMP(k) \
+  if (tid == 0) trace_c[k] = clock64();
+#else
+#define CUINFER_TRACE_STAMP(k)
 #endif
     int b, row0, kvh, kv_start, kv_end, qo_base, qo_len, kv_base, kv_len;
     bool has_next = false;  // cross-item: the next item is in the table, and this one starts it
@@ -619,6 +641,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
       }
     }
 
+    CUINFER_TRACE_STAMP(1)
     // Loop over KV tiles by first key (key0) and buffer (stage); the tile STAGES-1 ahead starts at `ahead`.
     for (int key0 = kv_start; key0 < kv_end; key0 += TILE_KV) {
       const int ahead = key0 + (STAGES - 1) * TILE_KV;
@@ -630,6 +653,9 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
       const int wb2 = C::kWindow ? wb[2] : 0, wb3 = C::kWindow ? wb[3] : 0;
       prefill::cp_async_wait<2 * STAGES - 3>();
       __syncthreads();
+#ifdef CUINFER_TRACE
+      if (key0 == kv_start) CUINFER_TRACE_STAMP(2)
+#endif
       {
         const int st = stage == 0 ? STAGES - 1 : stage - 1;  // buffer of the previous tile == of the tile ahead
         if (ahead < kv_end) load_k(ahead, st, cp_base, cp_head, kv_end, pages);
@@ -840,6 +866,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
       stage = stage + 1 == STAGES ? 0 : stage + 1;
     }
 
+    CUINFER_TRACE_STAMP(3)
     if constexpr (XI) {
       const int e_slot = (item - prefill::reload_i32(work_indptr, blockIdx.x)) % C::kTableItems;
       const int* e = table + e_slot * NF;
@@ -865,8 +892,8 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const float d = mma::quad_sum(row_sum[mq][h]);
-          const float inv = d > 0.f ? 1.f / d : 0.f;
-          const float lse = d > 0.f ? row_max[mq][h] * x_scale + log2f(d) : neg_inf();
+          const float inv = d > 0.f ? prefill::rcp_approx(d) : 0.f;
+          const float lse = d > 0.f ? row_max[mq][h] * x_scale + prefill::lg2_approx(d) : neg_inf();
           const int r = e_r0 + mq * 16 + 8 * h;
           if (e_partial < 0) {
             // 16-byte stores: a 4 x 4 transpose inside each lane quad gives lane t all 8 columns of n8 block 4b + t of
@@ -902,6 +929,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         }
       }
 
+      CUINFER_TRACE_STAMP(4)
       // Start the next item in the table: its Q and first K/V tile, into the buffer after this item's last tile (every
       // warp is done with Q and that buffer: barriers of the last iteration). Issued after the o stores rather than
       // during the last P.V, where those copies queued in front of that P.V's ldmatrix reads and the stores (P3 +4 %,
@@ -965,7 +993,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
 #pragma unroll
           for (int w = 0; w < C::kWarpsKV; ++w) {
             const int sl = w * TILE_Q + r;
-            const float wt = exp2f(epi_md[sl * 2] - m_all);  // -inf (empty warp slice) -> 0
+            const float wt = prefill::ex2(epi_md[sl * 2] - m_all);  // -inf (empty warp slice) -> 0
             d_all += epi_md[sl * 2 + 1] * wt;
             const float4 lo = *reinterpret_cast<const float4*>(epi_o + sl * C::kEpiPitch + cv * 8);
             const float4 hi = *reinterpret_cast<const float4*>(epi_o + sl * C::kEpiPitch + cv * 8 + 4);
@@ -973,10 +1001,10 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
             acc[4] += hi.x * wt, acc[5] += hi.y * wt, acc[6] += hi.z * wt, acc[7] += hi.w * wt;
           }
         }
-        const float inv = d_all > 0.f ? 1.f / d_all : 0.f;
+        const float inv = d_all > 0.f ? prefill::rcp_approx(d_all) : 0.f;
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[e] *= inv;
-        const float lse = d_all > 0.f ? m_all + log2f(d_all) : neg_inf();
+        const float lse = d_all > 0.f ? m_all + prefill::lg2_approx(d_all) : neg_inf();
 
         if (e_partial < 0) {
           const int pr = e_row0 + r;
@@ -1013,10 +1041,15 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
       unsigned sm;
       asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
       asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-      auto* tr = (unsigned long long*)(p.mask_indptr) + 4 * item;  // NOLINT: diagnostic
+      const unsigned long long c5 = clock64();
+      auto* tr = (unsigned long long*)(p.mask_indptr) + 12 * item;  // NOLINT: diagnostic
       tr[0] = trace_t0, tr[1] = t1, tr[2] = blockIdx.x, tr[3] = sm;
+#pragma unroll
+      for (int k = 0; k < 5; ++k) tr[4 + k] = trace_c[k];
+      tr[9] = c5;
     }
 #endif
+#undef CUINFER_TRACE_STAMP
   }
 }
 
