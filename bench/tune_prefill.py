@@ -89,6 +89,7 @@ VARIANT_FLAGS = {
     "noskip": ("-DCUINFER_PREFILL_NO_SLICE_SKIP",),
     "eager": ("-DCUINFER_PREFILL_EAGER_RESCALE",),
     "maxed": ("-DCUINFER_PREFILL_NO_MAX_FREE",),
+    "shf": ("-DCUINFER_PREFILL_SHUFFLE_EPI",),
     "sel": ("-DCUINFER_PREFILL_ADDR_SELECT",),
     "base": (),
 }

@@ -252,6 +252,15 @@ struct PrefillTraits {
   // Cross-item: the resolved facts of up to kTableItems consecutive items of this CTA, kTableFields ints each
   // (16: d256 paged 64-row tiles still fit a 100 KB-smem GPU).
   static constexpr int kTableItems = 16;
+  // Staged epilogue (cross-item, sm_90+): each warp writes its normalised o rows into its own rows of the Q buffer
+  // with stmatrix and reads them back as 16-byte row pieces for the stores (in place of an in-register quad
+  // transpose: ~250 fewer instructions per thread and item). Each warp then also copies only its own Q rows, so no
+  // warp's next-item Q copy lands in rows another warp is still staging in. A/B: -DCUINFER_PREFILL_SHUFFLE_EPI.
+#if defined(CUINFER_PREFILL_SHUFFLE_EPI) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900)
+  static constexpr bool kStagedEpi = false;
+#else
+  static constexpr bool kStagedEpi = kCrossItem && kHeadDimVO <= kHeadDimQK;
+#endif
   static constexpr int kTableFields = 10;
   static constexpr int kTableOff = kInfoOff + (kInfoInts + kWarpInts * kWarpsQ * kWarpsKV) * 4;
   static constexpr int kSmemBytes = kTableOff + (kCrossItem ? kTableItems * kTableFields * 4 : 0);
@@ -365,6 +374,23 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
   // ---- copies (addresses are rebuilt from a few ints at every copy instead of keeping 64-bit pointers live) ----
   // Q rows [row0, row0 + valid_rows) of the tile (packed rows of request rows from qo_base, KV head kvh).
   auto load_q = [&](int row0, int valid_rows, int qo_base, int kvh) {
+    if constexpr (C::kStagedEpi) {
+      // Warp w copies its own rows warp_row0 .. + 16 MMA_Q: lane -> rows lane / 8 + 4i, chunks lane % 8 + 8c.
+      const int qr = lane / 8, qc = lane % 8;
+#pragma unroll
+      for (int i = 0; i < MMA_Q * 4; ++i) {
+        const int r = warp_row0 + qr + 4 * i;
+        const int pr = row0 + r;
+        const bool valid = r < valid_rows;
+        const int token = static_cast<int>(prefill::fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
+        const int head = kvh * g + (pr - token * g);
+        const T* src = valid ? q_ptr + static_cast<i64>(qo_base + token) * p.q_stride_n + head * p.q_stride_h : q_ptr;
+        const u32 dst = q_smem + r * (C::kChunksQK * 16) + ((qc ^ (r % 8)) * 16);
+#pragma unroll
+        for (int c = 0; c < C::kChunksQK / 8; ++c) prefill::cp_async_16(dst + c * 128, src + (c * 8 + qc) * 8, valid);
+      }
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < C::kQRowsPerThread; ++i) {
       const int r = cp_row + i * C::kRowsPerPass;
@@ -873,11 +899,16 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
       // An item without KV tiles starts the next one here (after its own Q copy, issued by the item before, landed);
       // other items start it after their epilogue (below). (Facts re-read from the table rather than kept live across
       // the loop.)
-      if (e[prefill::kFKvStart] >= e[prefill::kFKvEnd] && e_slot + 1 < C::kTableItems &&
-          item + 1 < prefill::reload_i32(work_indptr, blockIdx.x + 1)) {
-        prefill::cp_async_wait_all();
-        issue_first(e_slot + 1, stage, pages);  // (pages: read before the loop)
-        prefill::cp_async_commit();
+      // (Staged epilogue: after it, like the others. The staging overwrites this item's Q rows, so their copy, which no
+      // loop iteration waited for, must have landed first, next item or not.)
+      if (e[prefill::kFKvStart] >= e[prefill::kFKvEnd]) {
+        if constexpr (C::kStagedEpi) {
+          prefill::cp_async_wait_all();
+        } else if (e_slot + 1 < C::kTableItems && item + 1 < prefill::reload_i32(work_indptr, blockIdx.x + 1)) {
+          prefill::cp_async_wait_all();
+          issue_first(e_slot + 1, stage, pages);  // (pages: read before the loop)
+          prefill::cp_async_commit();
+        }
       }
 
       // ---- epilogue in registers: normalise, store o (or the fp32 partial state) and lse straight to global ----
@@ -887,10 +918,61 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
       // Thread coordinates recomputed from threadIdx (cheaper than keeping them live across the loop).
       const int e_lane = static_cast<int>(threadIdx.x % 32u);
       const int e_r0 = static_cast<int>(threadIdx.x / 32u) * MMA_Q * 16 + e_lane / 4;
+      if (C::kStagedEpi && e_partial < 0) {
+        // Normalised o rows (16-bit) into this warp's Q rows, one stmatrix per 16 x 16 block (the A-fragment layout:
+        // the ldmatrix addresses of Q), then each lane reads 16-byte pieces (chunks t + 4b) of its own 4 rows back
+        // and stores them: 64 contiguous bytes per row and instruction, as the shuffle transpose gave.
+        float inv[MMA_Q][2], lse[MMA_Q][2];
+#pragma unroll
+        for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float d = mma::quad_sum(row_sum[mq][h]);
+            inv[mq][h] = d > 0.f ? prefill::rcp_approx(d) : 0.f;
+            lse[mq][h] = d > 0.f ? row_max[mq][h] * x_scale + prefill::lg2_approx(d) : neg_inf();
+          }
+#pragma unroll
+          for (int s = 0; s < DVO / 16; ++s) {
+            u32 a[4];
+            a[0] = mma::pack2<DTypeO>(o[mq][2 * s][0] * inv[mq][0], o[mq][2 * s][1] * inv[mq][0]);
+            a[1] = mma::pack2<DTypeO>(o[mq][2 * s][2] * inv[mq][1], o[mq][2 * s][3] * inv[mq][1]);
+            a[2] = mma::pack2<DTypeO>(o[mq][2 * s + 1][0] * inv[mq][0], o[mq][2 * s + 1][1] * inv[mq][0]);
+            a[3] = mma::pack2<DTypeO>(o[mq][2 * s + 1][2] * inv[mq][1], o[mq][2 * s + 1][3] * inv[mq][1]);
+            mma::stmatrix_x4(LdQK::at(q_lane, s, mq * 16), a);
+          }
+        }
+        __syncwarp();
+        const int t = e_lane % 4;
+#pragma unroll
+        for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = e_r0 + mq * 16 + 8 * h;
+            if (r < e_rows) {
+              const int pr = e_row0 + r;
+              const int token = static_cast<int>(prefill::fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
+              const int head = e_kvh * g + (pr - token * g);
+              const i64 row = e_qo_base + token;
+              DTypeO* dst = static_cast<DTypeO*>(p.o) + row * p.o_stride_n + head * p.o_stride_h + 8 * t;
+              const unsigned char* src = smem + r * (C::kChunksQK * 16);
+#pragma unroll
+              for (int b = 0; b < DVO / 32; ++b) {
+                const int chunk = (t + 4 * b) ^ (r % 8);
+                *reinterpret_cast<uint4*>(dst + b * 32) = *reinterpret_cast<const uint4*>(src + chunk * 16);
+              }
+              if (t == 0 && p.lse != nullptr) {
+                static_cast<float*>(p.lse)[row * p.lse_stride_n + head * p.lse_stride_h] = lse[mq][h];
+              }
+            }
+          }
+        }
+        __syncwarp();  // (the next item's Q copy overwrites these rows)
+      }
 #pragma unroll
       for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
+          if (C::kStagedEpi && e_partial < 0) break;
           const float d = mma::quad_sum(row_sum[mq][h]);
           const float inv = d > 0.f ? prefill::rcp_approx(d) : 0.f;
           const float lse = d > 0.f ? row_max[mq][h] * x_scale + prefill::lg2_approx(d) : neg_inf();
@@ -934,7 +1016,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
       // warp is done with Q and that buffer: barriers of the last iteration). Issued after the o stores rather than
       // during the last P.V, where those copies queued in front of that P.V's ldmatrix reads and the stores (P3 +4 %,
       // measured with bench/tune_prefill.py); the other CTA of the SM covers their latency.
-      if (e[prefill::kFKvStart] < e[prefill::kFKvEnd] && e_slot + 1 < C::kTableItems &&
+      if ((C::kStagedEpi || e[prefill::kFKvStart] < e[prefill::kFKvEnd]) && e_slot + 1 < C::kTableItems &&
           item + 1 < prefill::reload_i32(work_indptr, blockIdx.x + 1)) {
         issue_first(e_slot + 1, stage, pages);  // (paged: pages holds that tile's page numbers, read in the loop)
         prefill::cp_async_commit();

@@ -61,6 +61,14 @@ __device__ __forceinline__ void ldmatrix_x2_trans(u32 r[2], u32 addr) {
                : "r"(addr));
 }
 
+// The inverse of ldmatrix_x4 (sm_90+): four 8x8 b16 matrices from registers to the rows `addr` gives (same lane rules).
+__device__ __forceinline__ void stmatrix_x4(u32 addr, const u32 r[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3]));
+#endif
+}
+
 // ---- mma.sync -------------------------------------------------------------------------------------------------------
 
 // D = A * B + D for one m16n8k16 tile, T = half or __nv_bfloat16 (both operands), fp32 accumulators.
