@@ -63,8 +63,36 @@ A pairwise-tree row sum (floats do not reassociate, so the running sum is a chai
 (FlashInfer 354 / 369 / 321 / 323 / 333 / 274 there): not kept. Between machines the same kernel moved up to 4 %
 (P1 375-389) while FlashInfer's P1 stayed at 353-356.
 
-Before this session, variants ran the default kernel: run() looked kernels up in cuinfer.prefill_launch, which only
-cuinfer.prefill was patched for (use_spec now patches both; the eager/new rows of the first call were identical).
+Before the fourth session, variants ran the default kernel: run() looked kernels up in cuinfer.prefill_launch, which
+only cuinfer.prefill was patched for (use_spec now patches both; the eager/new rows of the first call were identical).
+
+Copy registers and epilogue (H200, 2026-11-29, fifth session; TFLOP/s, 4 rounds; each block one call, "base" the
+kernel before the block's change; the variants of the rejected rows were removed afterwards):
+
+                               P1     P2     P3     P4     P5     P6
+    base                       367    360    312    350    339    287
+    bounds before barriers     385    374    321    360    347    293   <- kept (+ no dummy copy address)
+    sel (dummy address back)   380    369    319    352    341    284   (paged spills 8 B)
+    one GEMM copy (og)         347    339    294    318    310    268   (guarded Q.K / P.V code only: -9 %)
+    next K/V in the last
+      iteration's free slots   378    369    317    352    341    288   (e1: Q after the epilogue)
+      + Q after the V barrier  379    370    319    357    345    289   (e2; paged spills 16 B)
+    8 warps x 16 rows, 2/SM    314    305    269    285    277    243   (128 registers, spills)
+    8 warps x 16 rows, 1/SM    250    230    212    230    214    197
+    base                       384    374    323    360    348    295
+    MUFU rcp / lg2 epilogue    385    376    326    360    348    297   <- kept
+    base                       383    376    326    360    348    297
+    staged epilogue (stmatrix) 401    391    336    364    355    303   <- kept (shf: the transpose, = base)
+    base                       398    387    332    358    349    300
+    CTA item range in smem     383    374    326    364    353    302   (ragged -2..-4 %, paged +1..+2 %: not kept)
+
+Nsight Compute (P3) before the first change: ~2.3 % of the samples were moves of copy addresses and a bounds read
+waiting for copies still queued (register pairs reused while the LSU had not read them), ~0.9 % smem reads right
+after the barriers. The phase stamps of `bench.tune_sched trace` then showed the epilogue at 2.16 us of a P3 item's
+~34 us (1.77 us with the MUFU forms); the staged epilogue took ~900 instructions out of the kernel. 32-bit strides
+in the copy addresses (one IMAD.WIDE per product) saved 32 instructions on the ragged kernel and added 40 on the
+paged one: not measured.
+
 $CUINFER_TUNE_CONFIGS ("new:128,64,2;noxi:128,64,2") and $CUINFER_TUNE_ROUNDS pick configurations and rounds.
 """
 

@@ -27,6 +27,10 @@ it at the item start (+-0.3 %, not kept). The D1/D4 L2 flush by a write costs th
 write-back. Evict-first K/V copies (fourth session, `evict`): dirty flush D1 29.1 / 32.0 us (evict-first / normal),
 D4 49.7 / 53.0, but D5 276 / 260 and D8 178 / 171; clean flush within ~1.5 % either way: decode_policy keeps
 evict-first for steps of at most 4 L2 sizes of K/V.
+Item phases (fifth session, `trace` with SM-clock stamps, before the staged epilogue): a P3 item (10.8 KV tiles) spent
+0.45 us in the table and prologue, 0.34 us waiting for its first tile, 30.6 us in the loop (3.13 us per tile against
+2.89 on P2: more diagonal tiles), 2.16 us in the epilogue (1.77 with the MUFU 1/d and log2) and 0.74 us issuing the
+next item's copies; P2 items the same outside the loop. The epilogue was the largest fixed cost: see tune_prefill.
 """
 
 from __future__ import annotations

@@ -28,8 +28,9 @@
 // that starts cold waits for its metadata (two dependent global reads), then for Q and its first K tile from DRAM, and
 // ends with an epilogue of three barriers: several microseconds per item with the tensor cores of this CTA idle. So
 //   * the facts of the next 16 items are resolved at once into an smem table (one item per thread, one wait);
-//   * the epilogue normalises o in registers and stores it straight to global memory (no smem, no barrier), 16
-//     bytes per store after an in-quad transpose;
+//   * the epilogue normalises o in registers and stores it to global memory without a barrier, 16 bytes per store:
+//     on sm_90 each warp stages its rows in its own Q rows (stmatrix, then 16-byte reads), on sm_80 an in-quad
+//     transpose of the accumulators gives the same pieces;
 //   * each warp then issues its share of the NEXT item's Q and first K/V tile (Q and that buffer are free once every
 //     warp has passed the last iteration's barriers), which land while the other CTA of the SM computes; paged: the
 //     page numbers of that tile are read where the loop would read those of the tile past the item's end.
