@@ -32,6 +32,19 @@ def ldmatrix_x4(smem: np.ndarray, addr: np.ndarray, trans: bool = False) -> np.n
     return out
 
 
+def stmatrix_x4(smem: np.ndarray, addr: np.ndarray, regs: np.ndarray) -> None:
+    """The inverse of ldmatrix_x4 (sm_90): regs [32 lanes, 4 regs, 2 halves] hold four 8x8 matrices in the fragment
+    layout (lane g*4+t: row g, columns 2t, 2t+1 of each); lanes 8i..8i+7 give the row addresses of matrix i."""
+    assert addr.shape == (32,) and np.all(addr % 16 == 0)
+    for i in range(4):
+        m = np.empty((8, 8))
+        m[G, 2 * T] = regs[:, i, 0]
+        m[G, 2 * T + 1] = regs[:, i, 1]
+        for row in range(8):
+            a = addr[8 * i + row]
+            smem[a // 2 : a // 2 + 8] = m[row]
+
+
 def mma_m16n8k16(d: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """D += A B with A [16x16] from a [32, 4, 2], B [16x8] from b [32, 2, 2], C/D [32, 4] (the ISA's layouts)."""
     am = np.zeros((16, 16))
@@ -197,3 +210,75 @@ def test_ldmatrix_phases_and_copies_are_bank_conflict_free(chunks):
 ])  # fmt: skip
 def test_smem_bytes_worked_examples(tile_q, tile_kv, dqk, dvo, paged, want):
     assert smem_bytes(tile_config(tile_q, tile_kv, dvo), dqk, dvo, paged) == want
+
+
+# ---- staged epilogue (sm_90 cross-item kernels): stmatrix into the warp's Q rows, 16-byte pieces back -------------
+
+XI_CONFIGS = [
+    pytest.param(128, 128, 128, id="q128-d128"),
+    pytest.param(128, 256, 256, id="q128-8warps-d256"),
+    pytest.param(64, 64, 64, id="q64-d64"),
+    pytest.param(128, 192, 128, id="q128-d192x128"),
+]
+
+
+@pytest.mark.parametrize(("tile_q", "dqk", "dvo"), XI_CONFIGS)
+def test_staged_epilogue_reads_back_the_rows_the_accumulators_hold(tile_q, dqk, dvo, rng):
+    """Each warp writes o (accumulator layout, packed like frag_c_to_a) with stmatrix at the Q ldmatrix addresses of
+    its own rows, then lane g*4+t reads chunk (t + 4b) ^ (row % 8) of its rows g + 8h + 16mq: that must be columns
+    8(t + 4b) .. +8 of the row, for every row, column and warp, and no warp may touch another warp's rows."""
+    cfg = tile_config(tile_q, 64, dvo)
+    assert cfg.warps_kv == 1, "the staged epilogue is the cross-item kernels' (one warp per row block)"
+    cq = dqk // 8
+    o = rng.integers(-1000, 1000, (tile_q, dvo)).astype(np.float64)  # one tile's normalised o
+    smem = np.full(tile_q * cq * 8, np.nan)
+    for warp in range(cfg.warps_q):
+        row0 = warp * cfg.mma_q * 16
+        q_lane = ld_make(0, row0 + LANES % 16, LANES // 16, cq)
+        before = smem.copy()
+        for mq in range(cfg.mma_q):
+            rows = row0 + mq * 16 + G
+            for s in range(dvo // 16):
+                cols = s * 16 + 2 * T
+                regs = np.empty((32, 4, 2))
+                for h in range(2):  # a[0..3] of the kernel: rows (g, g+8) x n8 blocks (2s, 2s+1)
+                    regs[:, 0, h], regs[:, 1, h] = o[rows, cols + h], o[rows + 8, cols + h]
+                    regs[:, 2, h], regs[:, 3, h] = o[rows, cols + 8 + h], o[rows + 8, cols + 8 + h]
+                stmatrix_x4(smem, ld_at(q_lane, s, mq * 16, cq), regs)
+        touched = np.flatnonzero(~np.isnan(smem) & np.isnan(before) | (smem != before) & ~np.isnan(before))
+        mine = (touched * 2 // (cq * 16) >= row0) & (touched * 2 // (cq * 16) < row0 + cfg.mma_q * 16)
+        assert mine.all(), f"warp {warp} wrote outside its own Q rows"
+        for mq in range(cfg.mma_q):
+            for h in range(2):
+                rows = row0 + mq * 16 + 8 * h + G
+                for b in range(dvo // 32):
+                    chunk = (T + 4 * b) ^ (rows % 8)
+                    for lane in range(32):
+                        a = rows[lane] * cq * 16 + chunk[lane] * 16
+                        got = smem[a // 2 : a // 2 + 8]
+                        c0 = 8 * (T[lane] + 4 * b)
+                        np.testing.assert_array_equal(got, o[rows[lane], c0 : c0 + 8], err_msg=f"warp {warp}")
+
+
+@pytest.mark.parametrize(("tile_q", "dqk", "dvo"), XI_CONFIGS)
+def test_per_warp_q_copy_fills_exactly_the_warps_rows(tile_q, dqk, dvo):
+    """With the staged epilogue each warp copies its own Q rows: lane -> rows lane / 8 + 4i (i < 4 MMA_Q), chunks
+    lane % 8 + 8c. Every (row, chunk) of the warp's rows once, nothing else, and each 8-lane group of a copy
+    instruction hits 8 distinct 16-byte bank groups."""
+    cfg = tile_config(tile_q, 64, dvo)
+    cq = dqk // 8
+    for warp in range(cfg.warps_q):
+        row0 = warp * cfg.mma_q * 16
+        seen = np.zeros((tile_q, cq), dtype=int)
+        for i in range(4 * cfg.mma_q):
+            r = row0 + LANES // 8 + 4 * i
+            for c in range(cq // 8):
+                chunk = LANES % 8 + 8 * c
+                dst = r * (cq * 16) + ((LANES % 8) ^ (r % 8)) * 16 + c * 128  # the kernel's address
+                np.testing.assert_array_equal(dst, r * (cq * 16) + (chunk ^ (r % 8)) * 16)  # = the swizzle's
+                np.add.at(seen, (r, chunk), 1)
+                for g0 in range(0, 32, 8):
+                    assert len(set(((dst[g0 : g0 + 8] // 16) % 8).tolist())) == 8
+        want = np.zeros_like(seen)
+        want[row0 : row0 + cfg.mma_q * 16] = 1
+        np.testing.assert_array_equal(seen, want, err_msg=f"warp {warp}")
