@@ -66,6 +66,8 @@ __device__ __forceinline__ void stmatrix_x4(u32 addr, const u32 r[4]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
                "r"(r[2]), "r"(r[3]));
+#else
+  __trap();  // (callers check the arch: prefill's kStagedEpi)
 #endif
 }
 
