@@ -39,6 +39,7 @@
 // Causal boundary tiles: 16-key slices that are masked for every row of a warp skip their Q.K^T and P.V MMAs (with
 // 4 heads packed per token a 128-row tile spans 32 tokens, so half of a 64-key boundary tile is typically dead).
 #pragma once
+#include "common/math.cuh"
 #include "common/mma.cuh"
 #include "common/swizzle.cuh"
 #include "common/types.cuh"
@@ -112,27 +113,11 @@ __device__ __forceinline__ int reload_i32(const void* p, int i) {
   return v;
 }
 
-// 2^x on the MUFU (one instruction; exp2(-inf) = +0). exp2f without fast-math adds a denormal-range fix-up we do not
-// need: probabilities below 2^-126 are flushed to 0, far under the bf16 / fp16 output resolution.
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// The epilogue's 1 / d and log2(d) on the MUFU. d >= 1 whenever a row has a key (its largest p is 2^(x_max - m) with
-// the reference m one of the row's logits), so the flush-to-zero forms lose nothing; the IEEE 1.f / d and log2f cost a
-// Newton step with a slow-path call and a ~25-instruction polynomial, per row, in the epilogue (~2 us per item).
-__device__ __forceinline__ float rcp_approx(float x) {
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float lg2_approx(float x) {
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
+// 2^x, 1 / d and log2(d) take the MUFU forms of common/math.cuh (fmath::ex2, rcp, lg2). exp2f and log2f without
+// fast-math add denormal-range fix-ups and a ~25-instruction polynomial, and 1.f / d a Newton step with a slow-path call
+// (~2 us per item in the epilogue). None is needed here: probabilities below 2^-126 flush to 0, far under the 16-bit
+// output resolution, and d >= 1 whenever a row has a key (its largest p is 2^(x_max - m) with the reference m one of
+// the row's logits).
 
 // p = 2^(x * x_scale - base) in place for the elements of row half h of one S row block this thread holds, added in
 // order to `sum` (returned): the exponentials of both softmax paths of batch_prefill.
@@ -142,7 +127,7 @@ __device__ __forceinline__ float exp2_row(float (&s)[2 * MMA_KV][4], int h, floa
   for (int j = 0; j < 2 * MMA_KV; ++j) {
 #pragma unroll
     for (int e = 2 * h; e < 2 * h + 2; ++e) {
-      const float pe = ex2(fmaf(s[j][e], x_scale, -base));
+      const float pe = fmath::ex2(fmaf(s[j][e], x_scale, -base));
       s[j][e] = pe;
       sum += pe;
     }
@@ -834,7 +819,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
               const float base = m_new == neg_inf() ? 0.f : m_new * x_scale;
               // (A row moving off -inf has o = 0, nothing to rescale: the first tile of an item skips the rescale too.)
               moved |= row_moved && m_old != neg_inf();
-              alpha[mq][h] = row_moved ? prefill::ex2(m_old * x_scale - base) : 1.f;
+              alpha[mq][h] = row_moved ? fmath::ex2(m_old * x_scale - base) : 1.f;
               row_max[mq][h] = m_new;
               row_sum[mq][h] = prefill::exp2_row<MMA_KV>(s[mq], h, x_scale, base, row_sum[mq][h] * alpha[mq][h]);
             }
@@ -929,8 +914,8 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const float d = mma::quad_sum(row_sum[mq][h]);
-            inv[mq][h] = d > 0.f ? prefill::rcp_approx(d) : 0.f;
-            lse[mq][h] = d > 0.f ? row_max[mq][h] * x_scale + prefill::lg2_approx(d) : neg_inf();
+            inv[mq][h] = d > 0.f ? fmath::rcp(d) : 0.f;
+            lse[mq][h] = d > 0.f ? row_max[mq][h] * x_scale + fmath::lg2(d) : neg_inf();
           }
 #pragma unroll
           for (int s = 0; s < DVO / 16; ++s) {
@@ -975,8 +960,8 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         for (int h = 0; h < 2; ++h) {
           if (C::kStagedEpi && e_partial < 0) break;
           const float d = mma::quad_sum(row_sum[mq][h]);
-          const float inv = d > 0.f ? prefill::rcp_approx(d) : 0.f;
-          const float lse = d > 0.f ? row_max[mq][h] * x_scale + prefill::lg2_approx(d) : neg_inf();
+          const float inv = d > 0.f ? fmath::rcp(d) : 0.f;
+          const float lse = d > 0.f ? row_max[mq][h] * x_scale + fmath::lg2(d) : neg_inf();
           const int r = e_r0 + mq * 16 + 8 * h;
           if (e_partial < 0) {
             // 16-byte stores: a 4 x 4 transpose inside each lane quad gives lane t all 8 columns of n8 block 4b + t of
@@ -1076,7 +1061,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
 #pragma unroll
           for (int w = 0; w < C::kWarpsKV; ++w) {
             const int sl = w * TILE_Q + r;
-            const float wt = prefill::ex2(epi_md[sl * 2] - m_all);  // -inf (empty warp slice) -> 0
+            const float wt = fmath::ex2(epi_md[sl * 2] - m_all);  // -inf (empty warp slice) -> 0
             d_all += epi_md[sl * 2 + 1] * wt;
             const float4 lo = *reinterpret_cast<const float4*>(epi_o + sl * C::kEpiPitch + cv * 8);
             const float4 hi = *reinterpret_cast<const float4*>(epi_o + sl * C::kEpiPitch + cv * 8 + 4);
@@ -1084,10 +1069,10 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
             acc[4] += hi.x * wt, acc[5] += hi.y * wt, acc[6] += hi.z * wt, acc[7] += hi.w * wt;
           }
         }
-        const float inv = d_all > 0.f ? prefill::rcp_approx(d_all) : 0.f;
+        const float inv = d_all > 0.f ? fmath::rcp(d_all) : 0.f;
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[e] *= inv;
-        const float lse = d_all > 0.f ? m_all + prefill::lg2_approx(d_all) : neg_inf();
+        const float lse = d_all > 0.f ? m_all + fmath::lg2(d_all) : neg_inf();
 
         if (e_partial < 0) {
           const int pr = e_row0 + r;
