@@ -214,18 +214,116 @@ def _decode_wrapper(inp, use_tensor_cores=None, fixed_split_size=None):
     return w
 
 
+DTRACE_VARIANTS = {
+    "base": (),
+    "no-pf": ("-DCUINFER_DECODE_NO_PLAN_PREFETCH",),
+    "fence": ("-DCUINFER_DECODE_MERGE_FENCE",),
+    "old": ("-DCUINFER_DECODE_NO_PLAN_PREFETCH", "-DCUINFER_DECODE_MERGE_FENCE"),
+    "nomath": ("-DCUINFER_DECODE_NOMATH",),
+    "nosplit": (),  # the base build, planned with fixed_split_size = 2**20 (no request split)
+}
+
+
+def decode_trace(case_ids: list[str], variants: list[str], rounds: int = 2) -> None:
+    """Where a small decode step's time goes: the tensor-core kernel built with -DCUINFER_DECODE_TRACE (per CTA:
+    globaltimer at entry / exit, SM clock at entry, after the prologue's copies are issued, first tile landed, last
+    epilogue start, exit) for A/B builds (DTRACE_VARIANTS), timed by the PERF.md method in alternating rounds; plus
+    the floors of the same timer: a near-empty kernel and torch.sum over a buffer of each case's K/V bytes."""
+    import torch
+
+    import cuinfer.decode_launch as dec
+    from bench import cases, inputs
+    from bench.timing import CudaTimer
+
+    timer = CudaTimer()
+    by_id = {c.id: c for c in cases.DECODE_CASES}
+    spec_of, real_params = dec.decode_spec, dec.DecodeParams
+    tbuf = torch.zeros(1 << 16, dtype=torch.int64, device="cuda")
+    t = timer.time(lambda: torch.cuda._sleep(1), iters=30, warmup=3)
+    print(f"floor: near-empty kernel {t.us:.2f} us", flush=True)
+    for cid in case_ids:
+        inp = inputs.decode_inputs(by_id[cid])
+        s, kv = inp.case.shape, inp.kv
+        nbytes = cases.decode_bytes(inp.case.lengths.draw(inp.case.seed), s, inp.case.kv_dtype)
+        flat = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+        t = timer.time(lambda flat=flat: flat.sum(), iters=30, warmup=3)
+        print(f"{cid} floor: torch.sum over {nbytes / 1e6:.0f} MB {t.us:.1f} us {nbytes / t.median_s / 1e12:.3f} TB/s")
+        del flat
+        runs = {}
+        # The traced params stay in place while the case runs: run() repacks them whenever a pointer changes (a new
+        # output array), and a trace build given the real params would stamp through lse = NULL.
+        dec.DecodeParams = _TracedParams(real_params, tbuf.data_ptr, "lse")
+        try:
+            for name in variants:
+                defines = ("-DCUINFER_DECODE_TRACE", *DTRACE_VARIANTS[name])
+                dec.decode_spec = lambda key, d=defines: dataclasses.replace(spec_of(key), extra_options=d)
+                split = 1 << 20 if name == "nosplit" else None
+                w = _decode_wrapper(inp, use_tensor_cores=True, fixed_split_size=split)
+                w.run(inp.q, kv.cache)  # prepares the launch (kernel, traced params) while the A/B spec is in place
+                runs[name] = (w, functools.partial(w.run, inp.q, kv.cache))
+            dec.decode_spec = spec_of
+            _dtrace_rounds(cid, runs, rounds, timer, tbuf, nbytes)
+        finally:
+            dec.decode_spec, dec.DecodeParams = spec_of, real_params
+        inputs.free()
+
+
+def _dtrace_rounds(cid, runs, rounds, timer, tbuf, nbytes) -> None:
+    import torch
+
+    from bench.timing import CudaTimer
+
+    clean = CudaTimer(clean_flush=True)
+    for r in range(rounds):
+        for name, (w, fn) in runs.items():
+            tm = timer.time(fn, iters=30, warmup=3)
+            n = w._plan.work.num_ctas
+            for flush, tmr in (("dirty", timer), ("clean", clean)):
+                stamps = []
+                for _ in range(5):
+                    tbuf.zero_()
+                    tmr.flush_l2()
+                    tmr.head_start()
+                    fn()
+                    torch.cuda.synchronize()
+                    stamps.append(tbuf[: 16 * n].view(n, 16).cpu().numpy().copy())
+                head = f"{tm.us:6.1f} us {nbytes / tm.median_s / 1e12:.3f} TB/s" if flush == "dirty" else " " * 22
+                print(f"{cid} r{r} {name:8s} {head} | {flush} {_dphases(stamps)}", flush=True)
+
+
+def _dphases(stamps: list) -> str:
+    """Median over runs of the CTAs' phases (us): entry spread; the prologue's work range, items, first page
+    indices and copy issue; first tile wait, loop, last epilogue (and merge); exit spread; span (first entry to last
+    exit); the longest loop."""
+    rows = []
+    for t in stamps:
+        g0, c1, c2, c3, c4, c5, g6, _, c8, c9, c10 = (t[:, i].astype(np.float64) for i in range(11))
+        ok = (c5 > c1) & (g6 > g0)
+        ghz = np.median((c5 - c1)[ok] / (g6 - g0)[ok])  # cycles per ns
+        has = ok & (c3 > 0) & (c4 > c3) & (c8 > 0)
+        ph = [np.diff(np.stack([c1, c8, c9, c10, c2, c3, c4, c5]), axis=0)[i][has] / ghz / 1e3 for i in range(7)]
+        rows.append([
+            (g0[ok].max() - g0[ok].min()) / 1e3, *(np.median(x) for x in ph), (g6[ok].max() - g6[ok].min()) / 1e3,
+            (g6[ok].max() - g0[ok].min()) / 1e3, np.max(ph[5]), ghz,
+        ])  # fmt: skip
+    m = np.median(np.array(rows), axis=0)
+    names = ("entry", "range", "items", "pages", "issue", "wait0", "loop", "epi", "exit", "span", "loopmax")
+    return ", ".join(f"{nm} {v:.2f}" for nm, v in zip(names, m, strict=False)) + f" ({m[-1]:.2f} GHz)"
+
+
 def _with_define(spec_of, define: str):
     return lambda key: dataclasses.replace(spec_of(key), extra_options=(define,))
 
 
 class _TracedParams:
-    """Stands in for cuinfer.prefill_launch.PrefillParams: packs with the trace buffer in place of mask_indptr."""
+    """Stands in for a kernel's parameter struct (PrefillParams, DecodeParams): packs with the trace buffer in place of
+    one pointer it does not use in the trace build (mask_indptr, lse)."""
 
-    def __init__(self, real, ptr_of) -> None:
-        self._real, self._ptr_of = real, ptr_of
+    def __init__(self, real, ptr_of, field: str = "mask_indptr") -> None:
+        self._real, self._ptr_of, self._field = real, ptr_of, field
 
     def pack(self, **kw):
-        kw["mask_indptr"] = self._ptr_of()
+        kw[self._field] = self._ptr_of()
         return self._real.pack(**kw)
 
     def __getattr__(self, name):
@@ -341,6 +439,9 @@ if __name__ == "__main__":
         decode_cut(["D5", "D6", "D7", "D8", "D1"])
     if "decode" in args:
         decode(["D1", "D2", "D3", "D4"])
+    if "dtrace" in args:
+        decode_trace(os.environ.get("CUINFER_TUNE_CASES", "D1,D2,D3,D4,D5").split(","),
+                     os.environ.get("CUINFER_DTRACE", ",".join(DTRACE_VARIANTS)).split(","))  # fmt: skip
     if "evict" in args:
         decode_evict(["D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9"])
     if "prefill" in args:

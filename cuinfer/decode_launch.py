@@ -83,6 +83,8 @@ class LaunchState:
                 "work_indptr", "item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end",
                 "item_partial", "item_merge", "item_pieces")},
             merge_count=buf.merge_count_ptr(),
+            # the plan and page table (one buffer): the kernel's prologue prefetches it into L2 (decode_pipeline.cuh)
+            plan_words=buf.ptr(0), plan_bytes=4 * int(plan.words_used),
             rope_log2_theta_bits=int(np.float64(math.log2(opts.rope_theta)).view(np.int64)),
             rope_rcp_scale_bits=int(np.float64(1.0 / opts.rope_scale).view(np.int64)),
             page_size=plan.page_size, num_qo_heads=plan.num_qo_heads, window_left=opts.window_left,

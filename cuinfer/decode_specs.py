@@ -19,7 +19,7 @@ DecodeParams = ParamStruct(
             "q", "k", "v", "o", "lse", "partial_o", "partial_lse",
             "page_indptr", "page_indices", "kv_lens",
             "work_indptr", "item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end", "item_partial",
-            "item_merge", "item_pieces", "merge_count",
+            "item_merge", "item_pieces", "merge_count", "plan_words",
         )
     )
     + tuple(
@@ -34,6 +34,7 @@ DecodeParams = ParamStruct(
         )
     )
     + (("page_size", "i32"), ("num_qo_heads", "i32"), ("window_left", "i32"), ("kv_evict_first", "i32"))
+    + (("plan_bytes", "i32"),)
     + (("logits_scale", "f32"), ("cap_log2", "f32"), ("rcp_cap", "f32"), ("v_scale", "f32")),
 )  # fmt: skip
 

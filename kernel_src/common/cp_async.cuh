@@ -49,6 +49,11 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
                : "memory");
 }
 
+// Ask the L2 to fetch the 128-byte line holding `addr` (no register result, nothing to wait for).
+__device__ __forceinline__ void prefetch_l2(const void* addr) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(addr));
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 // Wait until at most N of this thread's committed groups are still in flight.
