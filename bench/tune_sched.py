@@ -11,6 +11,11 @@ cut      D5-D8 and D1: the default plan, an A/B build whose decode epilogue stag
          (split for exact balance).
 evict    D1-D9: the decode kernel's K/V copies forced L2 evict-first against forced evict-normal (the policy picks
          by the step's K/V bytes), flushed by a write and by a write then a read.
+dtrace   D1-D5 (CUINFER_TUNE_CASES) with the decode kernel built with -DCUINFER_DECODE_TRACE: per CTA the globaltimer at
+         entry / exit and the SM clock at each phase (work range, items, first pages, copies issued, first tile, loop,
+         last epilogue), medians over the CTAs of five runs under a dirty and a clean L2, for the A/B builds of
+         DTRACE_VARIANTS (CUINFER_DTRACE), timed by the PERF.md method in alternating rounds; plus the floors of the
+         same timer (near-empty kernel, torch.sum over the case's bytes).
 decode   D1-D4 split / unsplit, L2 flushed by a write (the PERF.md method, which leaves the L2 full of dirty lines
          that the timed kernel must write back) and by a write then a read (clean lines).
 prefill  P1-P6 with the planner's assignment against heap list schedules (items in reverse natural order: each
@@ -31,6 +36,14 @@ Item phases (fifth session, `trace` with SM-clock stamps, before the staged epil
 0.45 us in the table and prologue, 0.34 us waiting for its first tile, 30.6 us in the loop (3.13 us per tile against
 2.89 on P2: more diagonal tiles), 2.16 us in the epilogue (1.77 with the MUFU 1/d and log2) and 0.74 us issuing the
 next item's copies; P2 items the same outside the loop. The epilogue was the largest fixed cost: see tune_prefill.
+Prefill assignment (sixth session, `prefill` with CUINFER_TUNE_ASSIGN=default,lptfit,lpt): LPT by the traced item cost
+(1.9 + 2.92 us per tile) predicts P3 606 us against the snake's 618 us, but measured 605.6 / 606.5 against 602.6 /
+604.8 us, and P6 615.4 / 610.7 against 608.7 / 606.9: the CTAs' end spread is run-time variation, not the cost model.
+Decode phases (sixth session, `dtrace`, D1 under the PERF.md flush): launch 3.0 us (a near-empty kernel 2.85), work
+range 0.69, items 0.60 (0.83 before the plan prefetch), first pages 1.10, copies issued 0.82, first tile 3.22, loop
+14.84 (slowest CTA 16.6), last epilogue with the split merge 2.24 (2.36 with per-thread fences; unsplit items 0.73).
+With a clean L2 the first tile takes 2.04 and the loop 13.39 us: 4.35 TB/s of streaming against 3.7. Not kept: 2
+stages (3 CTAs per SM) and 4 stages (1 CTA per SM), no split, the first item's q prefetched.
 """
 
 from __future__ import annotations
@@ -69,6 +82,9 @@ def _patched_assign(kind: str):
         c_items = np.tile(np.asarray(costs, dtype=np.float64), h)  # natural item i: group i % g, head i // g
         if kind == "list":
             order = np.arange(n)[::-1].copy()
+        elif kind == "lptfit":  # LPT by the traced item cost (1.9 + 2.92 us per KV tile) from the model costs
+            c_items = 1.9 + 2.92 * np.ceil(np.maximum(c_items - 192.0, 0.0) / 64.0)
+            order = np.argsort(-c_items, kind="stable")
         else:  # lpt
             order = np.argsort(-c_items, kind="stable")
         items, indptr, bal = _list_schedule(c_items, order, p)
@@ -79,6 +95,8 @@ def _patched_assign(kind: str):
 
 
 def prefill(case_ids: list[str]) -> None:
+    import os
+
     import cuinfer.planner.work as work
     import torch
 
@@ -96,7 +114,7 @@ def prefill(case_ids: list[str]) -> None:
     for case, tag in todo:
         inp = inputs.prefill_inputs(case)
         flops = cases.prefill_flops(inp.lens, shape=case.shape)
-        for kind in ("default", "list", "lpt"):
+        for kind in os.environ.get("CUINFER_TUNE_ASSIGN", "default,list,lpt").split(","):
             work.assign_items = original if kind == "default" else _patched_assign(kind)
             try:
                 prep = prepare_cuinfer(inp, "fa2")
@@ -221,6 +239,8 @@ DTRACE_VARIANTS = {
     "old": ("-DCUINFER_DECODE_NO_PLAN_PREFETCH", "-DCUINFER_DECODE_MERGE_FENCE"),
     "nomath": ("-DCUINFER_DECODE_NOMATH",),
     "nosplit": (),  # the base build, planned with fixed_split_size = 2**20 (no request split)
+    "s2": (),  # the base build with 2 pipeline stages (one tile in flight; more CTAs fit per SM)
+    "s4": (),  # ... with 4 stages (one CTA per SM)
 }
 
 
@@ -237,7 +257,9 @@ def decode_trace(case_ids: list[str], variants: list[str], rounds: int = 2) -> N
 
     timer = CudaTimer()
     by_id = {c.id: c for c in cases.DECODE_CASES}
-    spec_of, real_params = dec.decode_spec, dec.DecodeParams
+    import cuinfer.decode as dmod
+
+    spec_of, real_params, config_of = dec.decode_spec, dec.DecodeParams, dmod.decode_config
     tbuf = torch.zeros(1 << 16, dtype=torch.int64, device="cuda")
     t = timer.time(lambda: torch.cuda._sleep(1), iters=30, warmup=3)
     print(f"floor: near-empty kernel {t.us:.2f} us", flush=True)
@@ -258,8 +280,14 @@ def decode_trace(case_ids: list[str], variants: list[str], rounds: int = 2) -> N
                 defines = ("-DCUINFER_DECODE_TRACE", *DTRACE_VARIANTS[name])
                 dec.decode_spec = lambda key, d=defines: dataclasses.replace(spec_of(key), extra_options=d)
                 split = 1 << 20 if name == "nosplit" else None
-                w = _decode_wrapper(inp, use_tensor_cores=True, fixed_split_size=split)
-                w.run(inp.q, kv.cache)  # prepares the launch (kernel, traced params) while the A/B spec is in place
+                stages = {"s2": 2, "s4": 4}.get(name)
+                if stages:
+                    dmod.decode_config = lambda *a, st=stages, **k: dataclasses.replace(config_of(*a, **k), stages=st)
+                try:
+                    w = _decode_wrapper(inp, use_tensor_cores=True, fixed_split_size=split)
+                    w.run(inp.q, kv.cache)  # prepares the launch (kernel, traced params) with the A/B spec in place
+                finally:
+                    dmod.decode_config = config_of
                 runs[name] = (w, functools.partial(w.run, inp.q, kv.cache))
             dec.decode_spec = spec_of
             _dtrace_rounds(cid, runs, rounds, timer, tbuf, nbytes)
