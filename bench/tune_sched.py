@@ -232,6 +232,19 @@ def _decode_wrapper(inp, use_tensor_cores=None, fixed_split_size=None):
     return w
 
 
+def _small_decode_cases() -> tuple:
+    """Small batches of long requests beside D1-D4 (the small-batch plan's domain), for ``dtrace``."""
+    from bench.cases import DecodeCase, Lengths, _us
+
+    return (
+        DecodeCase("S1", Lengths("uniform", 8, lo=2000, hi=8000), 101, _us(0), "-"),
+        DecodeCase("S2", Lengths("uniform", 24, lo=2000, hi=2600), 102, _us(0), "-"),
+        DecodeCase("S3", Lengths("uniform", 3, lo=8000, hi=32000), 103, _us(0), "-"),
+    )
+
+
+SMALL_DECODE_CASES = _small_decode_cases()
+
 DTRACE_VARIANTS = {
     "base": (),
     "no-pf": ("-DCUINFER_DECODE_NO_PLAN_PREFETCH",),
@@ -241,6 +254,7 @@ DTRACE_VARIANTS = {
     "nosplit": (),  # the base build, planned with fixed_split_size = 2**20 (no request split)
     "s2": (),  # the base build with 2 pipeline stages (one tile in flight; more CTAs fit per SM)
     "s4": (),  # ... with 4 stages (one CTA per SM)
+    "tileplan": (),  # the base build; small batches planned by the tile pipeline (decode_plan.SMALL_BATCH_ALIGNED off)
 }
 
 
@@ -249,16 +263,16 @@ def decode_trace(case_ids: list[str], variants: list[str], rounds: int = 2) -> N
     globaltimer at entry / exit, SM clock at entry, after the prologue's copies are issued, first tile landed, last
     epilogue start, exit) for A/B builds (DTRACE_VARIANTS), timed by the PERF.md method in alternating rounds; plus
     the floors of the same timer: a near-empty kernel and torch.sum over a buffer of each case's K/V bytes."""
+    import cuinfer.planner.decode_plan as dp
     import torch
 
+    import cuinfer.decode as dmod
     import cuinfer.decode_launch as dec
     from bench import cases, inputs
     from bench.timing import CudaTimer
 
     timer = CudaTimer()
-    by_id = {c.id: c for c in cases.DECODE_CASES}
-    import cuinfer.decode as dmod
-
+    by_id = {c.id: c for c in cases.DECODE_CASES + SMALL_DECODE_CASES}
     spec_of, real_params, config_of = dec.decode_spec, dec.DecodeParams, dmod.decode_config
     tbuf = torch.zeros(1 << 16, dtype=torch.int64, device="cuda")
     t = timer.time(lambda: torch.cuda._sleep(1), iters=30, warmup=3)
@@ -283,11 +297,13 @@ def decode_trace(case_ids: list[str], variants: list[str], rounds: int = 2) -> N
                 stages = {"s2": 2, "s4": 4}.get(name)
                 if stages:
                     dmod.decode_config = lambda *a, st=stages, **k: dataclasses.replace(config_of(*a, **k), stages=st)
+                dp.SMALL_BATCH_ALIGNED = name != "tileplan"
                 try:
                     w = _decode_wrapper(inp, use_tensor_cores=True, fixed_split_size=split)
                     w.run(inp.q, kv.cache)  # prepares the launch (kernel, traced params) with the A/B spec in place
                 finally:
                     dmod.decode_config = config_of
+                    dp.SMALL_BATCH_ALIGNED = True
                 runs[name] = (w, functools.partial(w.run, inp.q, kv.cache))
             dec.decode_spec = spec_of
             _dtrace_rounds(cid, runs, rounds, timer, tbuf, nbytes)

@@ -87,6 +87,9 @@ class DecodePlanner:
         self.beta, self.fixed = cost.beta, cost.alpha * g + cost.gamma
         self.split_fixed = cost.split_fixed
         self.cost = cost
+        # Small batches (_aligned): a cut piece holds at least this many KV tokens (two granules: rounding the cuts to
+        # the granule never empties a piece)
+        self.piece_min = max(min_chunk, 2 * gr)
         self.lanes = lanes = lanes_of(p, h)
         self.n_lanes, self.width = lanes.count, lanes.width
         # The line is in whole KV tokens: a request's fixed cost o and a partial state xp rounded to tokens.
@@ -106,6 +109,7 @@ class DecodePlanner:
         self.fold = gr // 2 if half >= gr // 2 else 0  # the rounding offset, folded into the line (see _cut)
         self._last_ramp = (0, None, None)  # the line's ramp of the last batch size (see _cut)
         self._structures: dict = {}  # _cut's memo of the structures
+        self._aligned_cuts: dict = {}  # _aligned's memo of the cut structures
         # Graham's bound test: a lane is off its share by at most two moved cuts and two cut pieces' fixed costs,
         # times the heads a CTA of the partial lane runs.
         self.slack = (2 * half + gr + 2 * (o + 2 * xp)) * (-(-h // lanes.rest) if lanes.rest else 1)
@@ -132,7 +136,12 @@ class DecodePlanner:
         e0 = max(x_max, min(-(-h * b // p) * x_max, h * total / p + beta * lo + fixed))  # split_kv.estimate_makespan
         if self.split and h * total < BALANCED_EFFICIENCY * e0 * p:
             if b <= self.n_lanes:
-                return None  # each request needs a lane or more: cut it into equal pieces (the tile pipeline's policy)
+                if not SMALL_BATCH_ALIGNED:
+                    return None  # (A/B builds: the tile pipeline's equal pieces, bench/tune_sched.py dtrace)
+                plan = self._aligned(kv, s, n, b, n_sum, lo, hi, e0)
+                if plan is not _NO_SPLIT:
+                    return plan  # (None: some request is short: the tile pipeline plans it)
+                return self._whole(kv, s, n, b, prefix, total, x_max, beta * lo + fixed)
             length = n_sum + b * self.o
             lane_len = max((length + self.extra) / self.width, self.min_lane)
             if beta * lane_len + self.split_fixed < (1.0 - MIN_GAIN) * e0:
@@ -142,6 +151,11 @@ class DecodePlanner:
                 if plan is not None:
                     return plan
 
+        return self._whole(kv, s, n, b, prefix, total, x_max, beta * lo + fixed)
+
+    def _whole(self, kv, s, n, b: int, prefix, total: float, x_max: float, x_min: float):
+        """The plan that runs every request whole."""
+        h, p, beta, fixed = self.h, self.p, self.beta, self.fixed
         # --- no split: every request whole, in natural (head-major) order ----------------------------------------
         blocks = None
         if prefix is None:
@@ -151,7 +165,7 @@ class DecodePlanner:
         else:
             costs = n * beta
             costs += fixed
-            asg = assign_items(costs, h, p, (total, x_max, beta * lo + fixed))
+            asg = assign_items(costs, h, p, (total, x_max, x_min))
             indptr, group, head, mode = asg.work_indptr, asg.group, asg.head, asg.mode
         return WorkPlan(
             num_ctas=p, num_kv_heads=h, work_indptr=indptr, group_req=_arange(b), group_tile=0, group_kv_start=s,
@@ -159,6 +173,111 @@ class DecodePlanner:
             merge_indptr=_ZERO1, merge_src=_EMPTY32, merge_dst_token=_EMPTY32, merge_dst_head=_EMPTY32,
             num_partial_rows=0, chunk_size=0, assign_mode=mode, pack_blocks=blocks,
         )  # fmt: skip
+
+    def _aligned(self, kv, s, n, b: int, n_sum: int, lo: int, hi: int, e0: float):
+        """The plan of a small batch whose every request needs a lane of its own or more: equal pieces, one per lane.
+
+        When even the shortest request is longer than the mean lane load, no lane can hold two requests, and the
+        best cut gives request ``r`` ``k_r`` equal pieces, one lane each, with ``sum(k_r)`` at most the lanes and the
+        largest piece ``max(n_r / k_r)`` as small as it gets: water filling, each of the ``L - B`` extra lanes to the
+        request whose pieces are the largest, which takes the ``L - B`` largest of the values ``n_r / m`` (``m = 1,
+        2, ...``; pieces of at least ``piece_min`` tokens). Pieces end on granules (KV tiles), so each request then
+        keeps the fewest pieces that are no longer, in granules, than the largest. Cuts are rounded to the granule;
+        the cut structure goes through ``_structure`` as the lane cut's does, memoised by the piece counts. About
+        twenty NumPy calls where the tile pipeline took ~100 (plan() of D1 145 -> 36 us, D4 188 -> 38 us on the
+        development VM). The spaced lane cut of ``_cut`` would leave some lanes with the ends of two requests, and
+        the tile pipeline's chunks put two pieces on some CTAs.
+
+        Returns ``_NO_SPLIT`` when splitting does not beat running every request whole by MIN_GAIN, and None when
+        some request is shorter than the mean lane load, there is no lane to spare, or the CTAs make a partial lane
+        (the tile pipeline's chunks then pack the short ones, or fill that lane's CTAs).
+
+        Worked example, D2 (16 requests of 540-1021 tokens, 8 KV heads, 264 CTAs = 33 lanes, o = 68, xp = 8): the
+        mean lane load is (12224 + 16 * 68) / 33 = 403 tokens, under the shortest request's 608: the 17 extra lanes
+        take the 17 largest of n_r / m, which gives every request two pieces and the longest (1021) three. At the
+        granule the largest piece is 8 KV tiles (half of 963 tokens, 16 tiles), and 1021 (16 tiles) needs only two
+        such pieces: 32 pieces, one per lane. The tile pipeline's chunks put two pieces on 80 of the 264 CTAs:
+        D2 26.5 against 29.8 us on the H200 (``python -m bench.tune_sched dtrace``, variant ``tileplan``).
+        """
+        lanes, o, xp, gr = self.lanes.full, self.o, self.xp, self.gr
+        extra = lanes - b
+        if extra < 1 or self.lanes.rest or (lo + o) * lanes < n_sum + b * o:
+            return None
+        if hi < 2 * self.piece_min:
+            return _NO_SPLIT  # no request can be cut
+        if lo == hi:  # equal requests: equal shares of the extra lanes
+            k0 = max(min(1 + extra // b, lo // self.piece_min), 1)
+            tiles = -(-lo // gr)
+            k0 = -(-tiles // -(-tiles // k0))  # the fewest pieces of no more granules than k0 pieces have
+            if k0 == 1:
+                return _NO_SPLIT
+            worst = -(-tiles // k0) * gr + o + 2 * xp
+            key = (b, k0)
+        else:
+            # the extra lanes: the `extra` largest n_r / m (m = 1 .. extra), request r taking at most n_r // piece_min
+            m = _arange(extra + 1)[1:]
+            vals = n[:, None] / m
+            vals[(n // self.piece_min)[:, None] <= m] = 0.0
+            flat = vals.reshape(-1)
+            thr = float(np.partition(flat, flat.shape[0] - extra)[flat.shape[0] - extra])
+            k = np.count_nonzero(vals > thr, axis=1)
+            if thr > 0.0:  # the values equal to the threshold, first requests first, take the lanes left
+                tied = np.flatnonzero(flat == thr)[: extra - int(np.add.reduce(k))]
+                k += np.bincount(tied // extra, minlength=b)
+            k += 1
+            # Pieces end on granules: the largest is mt granules, and every request takes the fewest pieces of at
+            # most mt granules (D4: 33 pieces of 32768 tokens are 16 KV tiles at most, as 32 are: 32 it is).
+            tiles = n + (gr - 1)
+            tiles //= gr
+            mt = int(np.maximum.reduce(-(-tiles // k)))
+            k = -(-tiles // mt)
+            np.maximum(k, 1, out=k)  # (an empty request: one empty piece)
+            worst = mt * gr + o + 2 * xp
+            key = (b, k.tobytes())
+        if self.beta * worst + self.split_fixed >= (1.0 - MIN_GAIN) * e0:
+            return _NO_SPLIT
+        cuts = self._aligned_cuts.get(key)
+        if cuts is None:
+            if lo == hi:
+                k = np.full(b, k0, dtype=np.int64)
+            elif int(np.add.reduce(k)) == b:
+                return _NO_SPLIT
+            cuts = self._cuts_of(b, k, key)
+        req, j, k_req, st = cuts
+        # the cut positions: the j-th of k_req equal pieces, rounded to the granule (0 for a lane boundary)
+        pos = n.take(req).astype(np.int64)
+        pos *= j
+        pos //= k_req
+        if isinstance(s, np.ndarray):
+            pos += s.take(req)
+        pos += gr // 2
+        pos //= gr
+        pos *= gr
+        fields = st.fields.copy()
+        fields["chunk_size"] = max(int(worst) // gr * gr, gr)
+        fields["lane_cuts"] = (kv, s, pos.astype(kv.dtype, copy=False), st.ranges)
+        return WorkPlan.from_fields(fields)
+
+    def _cuts_of(self, b: int, k: np.ndarray, key) -> tuple:
+        """``_aligned``'s cut structure for ``k[r]`` pieces of request ``r`` (memoised: a serving loop keeps its
+        piece counts for many steps): the cuts in line order (before each request but the first a lane boundary,
+        then its ``k - 1`` inner cuts) as ``(request, index j of the inner cut (0: boundary), k of its request, the
+        lane structure)``."""
+        c = k - 1
+        c[1:] += 1
+        req = np.arange(b, dtype=np.int64).repeat(c)
+        local = np.arange(req.shape[0], dtype=np.int64) - (np.add.accumulate(c) - c).repeat(c)
+        j = local + (req == 0)
+        inside = j > 0
+        st = _structure(b, req, inside, inside, self.lanes, self.h, self.g, self.br)
+        cuts = (req, j, k.take(req), st)
+        for a in cuts[:3]:
+            a.flags.writeable = False
+        memo = self._aligned_cuts
+        if len(memo) >= _STRUCTURE_CACHE_SIZE:
+            memo.pop(next(iter(memo)))
+        memo[key] = cuts
+        return cuts
 
     def _prefix(self, n: np.ndarray, b: int, top: int) -> np.ndarray:
         """The running sum of ``n`` (window-clipped KV lengths, the longest unclipped ``top``), int32 when the line
@@ -255,6 +374,11 @@ class DecodePlanner:
         fields["chunk_size"] = max(step // gr * gr, gr)
         fields["lane_cuts"] = (kv, s, pos, ranges)
         return WorkPlan.from_fields(fields)
+
+
+#: Small batches take ``DecodePlanner._aligned`` (False: the tile pipeline's equal pieces, for A/B measurements).
+SMALL_BATCH_ALIGNED = True
+_NO_SPLIT = object()  # _aligned's answer when running every request whole is as good
 
 
 @functools.lru_cache(maxsize=32)

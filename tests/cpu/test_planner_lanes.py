@@ -268,3 +268,91 @@ def test_memo_skipped_blocks_leave_the_same_words(window):
             np.testing.assert_array_equal(memo_bufs[key], plain_bufs[key], err_msg=f"step {step} {plan.assign_mode}")
     assert {"lanes", "linear"} <= modes and len(modes) >= 3, modes
     assert skipped >= 4, skipped
+
+
+# --- small batches of long requests: equal pieces, one per lane (DecodePlanner._aligned) --------------------------
+
+
+def _water_fill(n: list, lanes: int, piece_min: int) -> list:
+    """Piece counts by the definition: each extra lane, one at a time, to the request with the largest pieces that
+    may still be cut (pieces of at least piece_min tokens). An independent reference for _aligned's NumPy form."""
+    k = [1] * len(n)
+    for _ in range(lanes - len(n)):
+        best = max((r for r in range(len(n)) if n[r] // (k[r] + 1) >= piece_min and n[r] // piece_min > k[r]),
+                   key=lambda r: (n[r] / k[r], -r), default=None)  # fmt: skip
+        if best is None:
+            break
+        k[best] += 1
+    return k
+
+
+@st.composite
+def long_small_batches(draw):
+    """A few requests, each longer than the mean lane load, on CTAs that make whole lanes of H."""
+    h = draw(st.integers(1, 8))
+    lanes = draw(st.integers(2, 40))
+    b = draw(st.integers(1, lanes - 1))
+    lo = draw(st.integers(600, 20000))
+    kv = draw(st.lists(st.integers(lo, 3 * lo), min_size=b, max_size=b))
+    cfg = dict(num_kv_heads=h, group_size=draw(st.integers(1, 8)), tile_rows=16, num_ctas=h * lanes,
+               kv_granule=draw(st.sampled_from([1, 16, 48, 64])),
+               window_left=draw(st.one_of(st.just(-1), st.integers(lo, 4 * lo))))  # fmt: skip
+    return np.asarray(kv, dtype=np.int32), cfg
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(long_small_batches())
+def test_small_batches_of_long_requests_get_equal_pieces_one_per_lane(batch):
+    kv, cfg = batch
+    h, p, gr = cfg["num_kv_heads"], cfg["num_ctas"], cfg["kv_granule"]
+    planner = dp.decode_planner(h, cfg["group_size"], 16, p, gr, cfg["window_left"])
+    w = cfg["window_left"] + 1 if cfg["window_left"] >= 0 else 0
+    n = np.minimum(kv, w) if w else kv
+    lanes = p // h
+    if (int(n.min()) + planner.o) * lanes < int(n.sum()) + kv.shape[0] * planner.o:
+        event("a request under the mean lane load: not this path")
+        return
+    plan = plan_work(None, kv, **cfg)
+    check_plan(plan, None, kv, **cfg)  # coverage, granule boundaries, partial blocks, merge list, Graham's bound
+    if plan.num_partial_rows == 0:
+        event("not split")
+        return
+    event("split")
+    assert plan.assign_mode == "lanes"
+    assert np.all(np.diff(plan.work_indptr) <= 1), "one piece per CTA"
+    want = np.asarray(_water_fill(n.tolist(), lanes, planner.piece_min))
+    got = np.bincount(plan.item_req, minlength=kv.shape[0]) // h
+    # in granules, the largest piece is the water fill's; pieces that would not lower it are not cut
+    tiles = -(-n // max(gr, 1))
+    largest = int((-(-tiles // want)).max())
+    assert got.sum() <= lanes and np.all(got <= want)
+    assert int((-(-tiles // got)).max()) == largest
+    assert np.all((got == 1) | (-(-tiles // (got - 1).clip(1)) > largest)), "one piece fewer would be longer"
+    size = plan.item_kv_end - plan.item_kv_start
+    for r in range(kv.shape[0]):
+        pieces = size[plan.item_req == r]
+        # equal pieces, up to the rounding of each cut to the granule (half a granule each way: a piece between two
+        # cuts moves by up to one granule) and of n / k to whole tokens
+        assert pieces.max() - pieces.min() <= 2 * max(gr, 1) + 1, (r, np.unique(pieces))
+
+
+def test_small_batch_worked_examples():
+    """D1 (16 x 1024 on 264 CTAs): 32 pieces of 512, one lane empty. D2: the water fill gives the longest request
+    (1021) three pieces and the others two, but at 64-token tiles two pieces of 1021 are no longer than the largest
+    (8 tiles): every request in two pieces, one item per CTA. D4 (1 x 32768): 32 pieces of 1024, not 33."""
+    from bench.cases import DECODE_CASES
+
+    cases = {c.id: c for c in DECODE_CASES}
+    cfg = dict(num_kv_heads=8, group_size=4, tile_rows=16, num_ctas=264, kv_granule=64)
+    d1 = plan_work(None, np.full(16, 1024, dtype=np.int32), **cfg)
+    assert d1.assign_mode == "lanes" and d1.n_items == 256
+    assert np.all(d1.item_kv_end - d1.item_kv_start == 512)
+    lens = cases["D2"].lengths.draw(cases["D2"].seed).astype(np.int32)
+    d2 = plan_work(None, lens, **cfg)
+    check_plan(d2, None, lens, **cfg)
+    pieces = np.bincount(d2.item_req, minlength=16) // 8
+    assert pieces.tolist() == [2] * 16
+    assert np.all(np.diff(d2.work_indptr) <= 1)
+    assert int((d2.item_kv_end - d2.item_kv_start).max()) == 512
+    d4 = plan_work(None, np.array([32768], dtype=np.int32), **cfg)
+    assert d4.n_items == 256 and np.all(d4.item_kv_end - d4.item_kv_start == 1024)
