@@ -44,6 +44,10 @@ range 0.69, items 0.60 (0.83 before the plan prefetch), first pages 1.10, copies
 14.84 (slowest CTA 16.6), last epilogue with the split merge 2.24 (2.36 with per-thread fences; unsplit items 0.73).
 With a clean L2 the first tile takes 2.04 and the loop 13.39 us: 4.35 TB/s of streaming against 3.7. Not kept: 2
 stages (3 CTAs per SM) and 4 stages (1 CTA per SM), no split, the first item's q prefetched.
+Small-batch plans (sixth session, `dtrace` variant `tileplan`): the equal pieces of DecodePlanner._aligned against
+the tile pipeline's chunks, D2 26.3 / 26.2 against 29.7 / 29.8 us, S1 57.0 / 57.1 against 59.7 / 59.6, S2 75.4 /
+75.2 against 77.1 / 76.3, D1 and D4 the same pieces; the lanes' CTAs numbered head-major (an A/B of lanes.expand, not
+kept) were 1.3-1.6 % slower on D2, D8 and D9.
 """
 
 from __future__ import annotations
@@ -232,6 +236,13 @@ def _decode_wrapper(inp, use_tensor_cores=None, fixed_split_size=None):
     return w
 
 
+def _fresh_plan_caches(lanes_mod, dp) -> None:
+    """Drop the planners' cached structures (an A/B variant that changes how they are built plans from scratch)."""
+    lanes_mod._EXPANDED.clear()
+    dp._STRUCTURES.clear()
+    dp.decode_planner.cache_clear()
+
+
 def _small_decode_cases() -> tuple:
     """Small batches of long requests beside D1-D4 (the small-batch plan's domain), for ``dtrace``."""
     from bench.cases import DecodeCase, Lengths, _us
@@ -264,6 +275,7 @@ def decode_trace(case_ids: list[str], variants: list[str], rounds: int = 2) -> N
     epilogue start, exit) for A/B builds (DTRACE_VARIANTS), timed by the PERF.md method in alternating rounds; plus
     the floors of the same timer: a near-empty kernel and torch.sum over a buffer of each case's K/V bytes."""
     import cuinfer.planner.decode_plan as dp
+    import cuinfer.planner.lanes as lanes_mod
     import torch
 
     import cuinfer.decode as dmod
@@ -298,12 +310,14 @@ def decode_trace(case_ids: list[str], variants: list[str], rounds: int = 2) -> N
                 if stages:
                     dmod.decode_config = lambda *a, st=stages, **k: dataclasses.replace(config_of(*a, **k), stages=st)
                 dp.SMALL_BATCH_ALIGNED = name != "tileplan"
+                _fresh_plan_caches(lanes_mod, dp)
                 try:
                     w = _decode_wrapper(inp, use_tensor_cores=True, fixed_split_size=split)
                     w.run(inp.q, kv.cache)  # prepares the launch (kernel, traced params) with the A/B spec in place
                 finally:
                     dmod.decode_config = config_of
                     dp.SMALL_BATCH_ALIGNED = True
+                    _fresh_plan_caches(lanes_mod, dp)
                 runs[name] = (w, functools.partial(w.run, inp.q, kv.cache))
             dec.decode_spec = spec_of
             _dtrace_rounds(cid, runs, rounds, timer, tbuf, nbytes)

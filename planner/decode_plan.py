@@ -7,9 +7,11 @@ NumPy calls on such small arrays cost ~1 us each whatever their size, so the cou
 
 **No split** when the batch already balances (the mean CTA load is at least ``BALANCED_EFFICIENCY`` of the estimated
 makespan ``split_kv.estimate_makespan``, e.g. D5-D7), or splitting would not gain ``MIN_GAIN``: equal requests take
-the exact ``floor/ceil(n/P)`` cut (cached per size), others ``assign.assign_items``. A batch that should be split but
-has no more requests than lanes (D1-D4: each request needs a lane or more) goes to the tile pipeline's equal pieces
-(``split_kv``), which suit that shape better.
+the exact ``floor/ceil(n/P)`` cut (cached per size), others ``assign.assign_items``.
+
+**Small batches** (no more requests than lanes, D1-D4): when every request is longer than the mean lane load,
+``_aligned`` gives each request equal pieces, one lane each, by water filling (D1, D2, D4); otherwise (D3: short
+requests beside long ones, or a partial lane) the tile pipeline's chunks (``split_kv``) pack them.
 
 **Split: a linear cut of lanes** (stream-K). Lay the requests end to end on a line, each ``o = (alpha*g + gamma) /
 beta`` tokens of fixed cost then its KV tokens, and cut it into lanes of equal load ``T``: lane ``l`` runs everything
@@ -116,8 +118,8 @@ class DecodePlanner:
 
     def plan(self, kv: np.ndarray, kv_min: int | None = None, kv_max: int | None = None):
         """The ``WorkPlan`` of KV lengths ``kv`` (1-D non-negative integers, at least one request), or None when the
-        batch should be split but has no more requests than lanes (the tile pipeline's equal pieces suit that
-        better). ``kv_min`` / ``kv_max`` are ``kv.min()`` / ``kv.max()`` when the caller has them."""
+        batch should be split, has no more requests than lanes and ``_aligned`` does not take it (the tile
+        pipeline's chunks plan it). ``kv_min`` / ``kv_max`` are ``kv.min()`` / ``kv.max()`` when the caller has them."""
         h, p, b = self.h, self.p, kv.shape[0]
         lo = int(kv.min()) if kv_min is None else kv_min
         hi = int(kv.max()) if kv_max is None else kv_max
