@@ -260,6 +260,7 @@ DTRACE_VARIANTS = {
     "base": (),
     "no-pf": ("-DCUINFER_DECODE_NO_PLAN_PREFETCH",),
     "fence": ("-DCUINFER_DECODE_MERGE_FENCE",),
+    "no-qa": ("-DCUINFER_DECODE_NO_Q_AHEAD",),
     "old": ("-DCUINFER_DECODE_NO_PLAN_PREFETCH", "-DCUINFER_DECODE_MERGE_FENCE"),
     "nomath": ("-DCUINFER_DECODE_NOMATH",),
     "nosplit": (),  # the base build, planned with fixed_split_size = 2**20 (no request split)
@@ -499,7 +500,8 @@ if __name__ == "__main__":
         decode(["D1", "D2", "D3", "D4"])
     if "dtrace" in args:
         decode_trace(os.environ.get("CUINFER_TUNE_CASES", "D1,D2,D3,D4,D5").split(","),
-                     os.environ.get("CUINFER_DTRACE", ",".join(DTRACE_VARIANTS)).split(","))  # fmt: skip
+                     os.environ.get("CUINFER_DTRACE", ",".join(DTRACE_VARIANTS)).split(","),
+                     int(os.environ.get("CUINFER_TUNE_ROUNDS", "2")))  # fmt: skip
     if "evict" in args:
         decode_evict(["D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9"])
     if "prefill" in args:

@@ -268,7 +268,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) batch_decode_cuda_core(c
   static_assert(BDZ == 1 || G <= TZ, "the merge of BDZ slices of G rows must fit in one KV stage");
   constexpr int kSub = TZ < 8 ? TZ : 8;
   static_assert(TZ % kSub == 0, "slices hold whole sub-chunks");
-  using Pipe = Pipeline<KV, D, T, kStages, kThreads, kWindow>;
+  using Pipe = Pipeline<KV, D, T, kStages, kThreads, kWindow, G, G>;
 
   extern __shared__ __align__(128) unsigned char smem[];
   float* md = reinterpret_cast<float*>(smem + Pipe::kBytes);  // [BDZ][G][2]: (m, d) per slice and head
@@ -424,7 +424,7 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks) batch_dec
   constexpr int DW = D / kWarpsD;  // output dims per warp
   static_assert(DW % 16 == 0, "each warp owns whole 16-dim blocks of the output");
   constexpr int kChunks = D / 8;
-  using Pipe = Pipeline<KV, D, T, kStages, kThreads, kWindow>;
+  using Pipe = Pipeline<KV, D, T, kStages, kThreads, kWindow, G, 16>;
   static_assert(Pipe::kStageBytes == 16LL * kWarpsKV * D * 4, "the merge scratch is exactly one KV stage");
 
   extern __shared__ __align__(128) unsigned char smem[];

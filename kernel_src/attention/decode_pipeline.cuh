@@ -97,7 +97,9 @@ struct PendingToken {
   bool valid;
 };
 
-template <int T, int kThreads, bool kWindow> struct TileProducer {
+// kG: the GQA group (query heads per KV head); kRows: the query rows of one work item (the tensor-core kernel's 16-row
+// tile, the CUDA-core kernel's whole group); kQRowBytes: a query row's bytes (16-bit q).
+template <int T, int kThreads, bool kWindow, int kG, int kRows, int kQRowBytes> struct TileProducer {
   int item, item_end, chunk_base, pos;
   bool fresh;
 
@@ -124,7 +126,21 @@ template <int T, int kThreads, bool kWindow> struct TileProducer {
       __syncthreads();
     }
     const ItemInfo& x = items[item - chunk_base];
-    if (fresh) pos = x.start;
+    if (fresh) {
+      pos = x.start;
+#ifndef CUINFER_DECODE_NO_Q_AHEAD  // A/B builds (bench/tune_sched.py dtrace)
+      // The item's query rows are read when its first tile reaches the math, kStages tiles from now: fetch them into
+      // L2 meanwhile, so that read does not wait on DRAM (a CTA of D7 starts 8 items).
+      constexpr int kLines = (kQRowBytes + 127) / 128;
+      const int row0 = x.qo_tile * kRows;
+      if (static_cast<int>(threadIdx.x) < min(kRows, kG - row0) * kLines) {
+        const int r = threadIdx.x / kLines, line = threadIdx.x % kLines;
+        const unsigned char* q = reinterpret_cast<const unsigned char*>(p.q) +
+                                 (i64(x.req) * p.q_stride_b + i64(x.kv_head * kG + row0 + r) * p.q_stride_h) * 2;
+        prefetch_l2(q + line * 128);
+      }
+#endif
+    }
     const int n_valid = max(0, min(T, x.end - pos));
     const bool last = pos + T >= x.end;
     if (threadIdx.x == 0) {
@@ -170,7 +186,7 @@ template <int T, int kThreads, bool kWindow> struct TileProducer {
 
 // ---- the pipeline: KV stages, tile ring and item chunk in dynamic shared memory -----------------------------------
 
-template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow> struct Pipeline {
+template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow, int kG, int kRows> struct Pipeline {
   static_assert(kStages >= 2, "the pipeline needs at least two stages");
   static_assert(T <= kThreads, "one thread resolves each token of a tile");
   static constexpr int kVec = 16 / sizeof(KV);
@@ -186,7 +202,7 @@ template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow> st
 
   unsigned char* smem;
   u64 l2_policy;  // of the K/V copies: evict-first or normal, as the host chose (decode_policy.kv_evict_first)
-  TileProducer<T, kThreads, kWindow> prod;
+  TileProducer<T, kThreads, kWindow, kG, kRows, D * 2> prod;
   PendingToken pending;  // the token of tile n+S resolved by advance(n), stored by finish(n)
 
   __device__ __forceinline__ KV* k_stage(int n) const {
