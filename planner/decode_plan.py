@@ -203,10 +203,12 @@ class DecodePlanner:
         """
         lanes, o, xp, gr = self.lanes.full, self.o, self.xp, self.gr
         extra = lanes - b
-        if extra < 1 or self.lanes.rest or (lo + o) * lanes < n_sum + b * o:
+        if extra < 1 or self.lanes.rest:
             return None
         if hi < 2 * self.piece_min:
             return _NO_SPLIT  # no request can be cut
+        if (lo + o) * lanes < n_sum + b * o:
+            return self._mixed(kv, s, n, b, n_sum, e0)
         if lo == hi:  # equal requests: equal shares of the extra lanes
             k0 = max(min(1 + extra // b, lo // self.piece_min), 1)
             tiles = -(-lo // gr)
@@ -216,24 +218,7 @@ class DecodePlanner:
             worst = -(-tiles // k0) * gr + o + 2 * xp
             key = (b, k0)
         else:
-            # the extra lanes: the `extra` largest n_r / m (m = 1 .. extra), request r taking at most n_r // piece_min
-            m = _arange(extra + 1)[1:]
-            vals = n[:, None] / m
-            vals[(n // self.piece_min)[:, None] <= m] = 0.0
-            flat = vals.reshape(-1)
-            thr = float(np.partition(flat, flat.shape[0] - extra)[flat.shape[0] - extra])
-            k = np.count_nonzero(vals > thr, axis=1)
-            if thr > 0.0:  # the values equal to the threshold, first requests first, take the lanes left
-                tied = np.flatnonzero(flat == thr)[: extra - int(np.add.reduce(k))]
-                k += np.bincount(tied // extra, minlength=b)
-            k += 1
-            # Pieces end on granules: the largest is mt granules, and every request takes the fewest pieces of at
-            # most mt granules (D4: 33 pieces of 32768 tokens are 16 KV tiles at most, as 32 are: 32 it is).
-            tiles = n + (gr - 1)
-            tiles //= gr
-            mt = int(np.maximum.reduce(-(-tiles // k)))
-            k = -(-tiles // mt)
-            np.maximum(k, 1, out=k)  # (an empty request: one empty piece)
+            k, mt = self._water(n, extra, s)
             worst = mt * gr + o + 2 * xp
             key = (b, k.tobytes())
         if self.beta * worst + self.split_fixed >= (1.0 - MIN_GAIN) * e0:
@@ -244,35 +229,147 @@ class DecodePlanner:
                 k = np.full(b, k0, dtype=np.int64)
             elif int(np.add.reduce(k)) == b:
                 return _NO_SPLIT
-            cuts = self._cuts_of(b, k, key)
-        req, j, k_req, st = cuts
-        # the cut positions: the j-th of k_req equal pieces, rounded to the granule (0 for a lane boundary)
-        pos = n.take(req).astype(np.int64)
-        pos *= j
-        pos //= k_req
+            cuts = self._cuts_of(b, k, None, None, key)
+        return self._cut_plan(kv, s, n, cuts, worst)
+
+    def _water(self, n: np.ndarray, extra: int, start=0) -> tuple:
+        """``(k, mt)``: pieces per request when ``extra`` lanes beyond one per request go, one at a time, to the request
+        whose pieces are the largest (the ``extra`` largest of ``n_r / m``, ``m = 1 .. extra``; pieces of at least
+        ``piece_min`` tokens), then each request keeps the fewest pieces of at most ``mt`` granules, the largest
+        piece's (D4: 33 pieces of 32768 tokens are 16 KV tiles at most, as 32 are: 32 it is). ``start``: the ranges'
+        first KV positions (a window's; granules are counted on the absolute grid, as ``_cut_plan`` cuts)."""
+        gr, b = self.gr, n.shape[0]
+        if extra > 0:
+            m = _arange(extra + 1)[1:]
+            vals = n[:, None] / m
+            vals[(n // self.piece_min)[:, None] <= m] = 0.0
+            flat = vals.reshape(-1)
+            thr = float(np.partition(flat, flat.shape[0] - extra)[flat.shape[0] - extra])
+            k = np.count_nonzero(vals > thr, axis=1)
+            if thr > 0.0:  # the values equal to the threshold, first requests first, take the lanes left
+                tied = np.flatnonzero(flat == thr)[: extra - int(np.add.reduce(k))]
+                k += np.bincount(tied // extra, minlength=b)
+            k += 1
+        else:
+            k = np.ones(b, dtype=np.int64)
+        if isinstance(start, np.ndarray):
+            tiles = (n + start).astype(np.int64)
+            tiles += gr - 1
+            tiles //= gr
+            tiles -= start // gr
+        else:
+            tiles = n + (gr - 1)
+            tiles //= gr
+        mt = max(int(np.maximum.reduce(-(-tiles // k))), 1)
+        k = -(-tiles // mt)
+        np.maximum(k, 1, out=k)  # (an empty request: one empty piece)
+        return k, mt
+
+    def _mixed(self, kv, s, n, b: int, n_sum: int, e0: float):
+        """The plan of a small batch with requests shorter than the mean lane load ``t`` beside long ones (D3): the
+        long requests (``n_r + o > t``) get equal pieces, one lane each, over the lanes the short ones leave
+        (``_water``); the short ones, longest first, are dealt in a snake over ``ceil(load / t)`` lanes. The line
+        runs the long requests in their order, then the short ones lane by lane (``order``: the request at each line
+        position). None (the tile pipeline's chunks plan it) when a lane would carry more than ``MIXED_BALANCE``
+        times ``t`` plus a granule and a cut piece's partial states.
+
+        Worked example, D3 (zipf, 16 requests: 9043, 2659, 1489, 1063 and twelve of 106-319 tokens; 33 lanes):
+        t = 530; the twelve short ones (2938 tokens with their fixed parts) take 6 lanes of 454-561, the long ones
+        26 of the other 27 (16, 5, 3 and 2 pieces of at most 9 KV tiles): the same largest lane as the tile
+        pipeline's, every long piece alone on its CTAs.
+        """
+        lanes, o, xp, gr = self.lanes.full, self.o, self.xp, self.gr
+        t = (n_sum + b * o) / lanes
+        is_long = n > t - o
+        longs = np.flatnonzero(is_long)
+        shorts = np.flatnonzero(~is_long)
+        m = longs.shape[0]
+        if m == 0 or shorts.shape[0] == 0:
+            return None
+        cs = n.take(shorts).astype(np.int64)
+        cs += o
+        total = int(np.add.reduce(cs))
+        n_short = min(max(-(-total // max(int(t), 1)), 1), shorts.shape[0])
+        if lanes - n_short < m:
+            return None
+        k, mt = self._water(n.take(longs), lanes - n_short - m, s.take(longs) if isinstance(s, np.ndarray) else 0)
+        # Short lanes: the short requests, longest first, dealt in a snake over the lanes (0 .. S-1, then back), and
+        # laid on the line lane by lane.
+        by_len = np.argsort(-cs, kind="stable")
+        i = _arange(shorts.shape[0])
+        lane = i % n_short
+        back = (i // n_short) % 2 == 1
+        lane[back] = n_short - 1 - lane[back]
+        lane_of = np.empty_like(lane)
+        lane_of[by_len] = lane
+        by_lane = np.argsort(lane_of, kind="stable")
+        shorts, lane = shorts.take(by_lane), lane_of.take(by_lane)
+        loads = np.bincount(lane, weights=cs.take(by_lane), minlength=n_short)
+        worst = max(mt * gr + o + 2 * xp, float(np.maximum.reduce(loads)))
+        if worst > MIXED_BALANCE * (t + 2 * xp + gr):  # (a cut piece's partial states, the granule of its cuts)
+            return None
+        if self.beta * worst + self.split_fixed >= (1.0 - MIN_GAIN) * e0 or int(np.add.reduce(k)) == m:
+            return _NO_SPLIT
+        order = np.concatenate((longs, shorts))
+        k_line = np.ones(b, dtype=np.int64)
+        k_line[:m] = k
+        starts = np.zeros(b, dtype=bool)  # line positions that start a lane (each long request, each short lane)
+        starts[1:m] = True
+        first = np.ones(lane.shape[0], dtype=bool)
+        np.not_equal(lane[1:], lane[:-1], out=first[1:])
+        starts[m:] = first
+        key = (b, k_line.tobytes(), starts.tobytes(), order.tobytes())
+        cuts = self._aligned_cuts.get(key)
+        if cuts is None:
+            cuts = self._cuts_of(b, k_line, starts, order, key)
+        return self._cut_plan(kv, s, n, cuts, worst)
+
+    def _cut_plan(self, kv, s, n, cuts: tuple, worst: float):
+        """The WorkPlan of ``_cuts_of``'s cut structure. Its cut positions: the request's KV range spans granules
+        ``a .. a + T`` (absolute), and inner cut ``j`` of ``k`` falls on granule ``a + round(j * T / k)``, so no
+        piece spans more than ``ceil(T / k)`` granules (a lane boundary's position is not used)."""
+        req, j, k_req, st, order = cuts
+        gr = self.gr
+        r = req if order is None else order.take(req)
+        end = n.take(r).astype(np.int64)
         if isinstance(s, np.ndarray):
-            pos += s.take(req)
-        pos += gr // 2
-        pos //= gr
+            a = s.take(r).astype(np.int64)
+            end += a
+            a //= gr
+        else:
+            a = 0
+        end += gr - 1
+        end //= gr
+        end -= a  # T: the granules the range spans
+        pos = end * j
+        pos += k_req // 2
+        pos //= k_req
+        pos += a
         pos *= gr
         fields = st.fields.copy()
         fields["chunk_size"] = max(int(worst) // gr * gr, gr)
         fields["lane_cuts"] = (kv, s, pos.astype(kv.dtype, copy=False), st.ranges)
         return WorkPlan.from_fields(fields)
 
-    def _cuts_of(self, b: int, k: np.ndarray, key) -> tuple:
-        """``_aligned``'s cut structure for ``k[r]`` pieces of request ``r`` (memoised: a serving loop keeps its
-        piece counts for many steps): the cuts in line order (before each request but the first a lane boundary,
-        then its ``k - 1`` inner cuts) as ``(request, index j of the inner cut (0: boundary), k of its request, the
-        lane structure)``."""
+    def _cuts_of(self, b: int, k: np.ndarray, starts, order, key) -> tuple:
+        """The cut structure of ``k[p]`` pieces of the request at line position ``p`` (memoised: a serving loop keeps
+        its piece counts for many steps): the cuts in line order (a lane boundary before each position of
+        ``starts``, by default every position but the first, then its ``k - 1`` inner cuts) as ``(line position,
+        index j of the inner cut (0: boundary), k of its request, the lane structure, order)``; ``order[p]`` is the
+        request at line position ``p`` (None: position = request)."""
         c = k - 1
-        c[1:] += 1
+        if starts is None:
+            c[1:] += 1
+            no_boundary = _arange(b) == 0
+        else:
+            c += starts
+            no_boundary = ~starts
         req = np.arange(b, dtype=np.int64).repeat(c)
         local = np.arange(req.shape[0], dtype=np.int64) - (np.add.accumulate(c) - c).repeat(c)
-        j = local + (req == 0)
+        j = local + no_boundary.take(req)
         inside = j > 0
-        st = _structure(b, req, inside, inside, self.lanes, self.h, self.g, self.br)
-        cuts = (req, j, k.take(req), st)
+        st = _structure(b, req, inside, inside, self.lanes, self.h, self.g, self.br, order)
+        cuts = (req, j, k.take(req), st, order)
         for a in cuts[:3]:
             a.flags.writeable = False
         memo = self._aligned_cuts
@@ -381,6 +478,9 @@ class DecodePlanner:
 #: Small batches take ``DecodePlanner._aligned`` (False: the tile pipeline's equal pieces, for A/B measurements).
 SMALL_BATCH_ALIGNED = True
 _NO_SPLIT = object()  # _aligned's answer when running every request whole is as good
+#: _mixed plans a small batch only when no lane carries more than this times the mean lane load (plus a granule and
+#: the partial states of a cut piece).
+MIXED_BALANCE = 1.15
 
 
 @functools.lru_cache(maxsize=32)
@@ -455,11 +555,13 @@ _STRUCTURES: dict = {}
 _STRUCTURE_CACHE_SIZE = 64
 
 
-def _structure(b, req, keeps_start, inside, lanes, h, g, br) -> _Structure:
+def _structure(b, req, keeps_start, inside, lanes, h, g, br, order=None) -> _Structure:
     """Everything that depends only on where the cuts fall (which request, moved to its start, inside it): the
     groups' requests and ranges (``LaneRanges``), the CTA-major item lists with their requests, heads and partial
-    rows, the merge list, the partial rows in all, the number of cuts and the pack memo. Cached (read-only)."""
-    key = (b, h, g, br, lanes.num_ctas, req.tobytes(), keeps_start.tobytes(), inside.tobytes())
+    rows, the merge list, the partial rows in all, the number of cuts and the pack memo. Cached (read-only).
+    ``req`` are line positions; ``order[p]`` is the request at line position ``p`` (None: the requests in order)."""
+    key = (b, h, g, br, lanes.num_ctas, req.tobytes(), keeps_start.tobytes(), inside.tobytes(),
+           None if order is None else order.tobytes())  # fmt: skip
     hit = _STRUCTURES.get(key)
     if hit is not None:
         return hit
@@ -478,7 +580,8 @@ def _structure(b, req, keeps_start, inside, lanes, h, g, br) -> _Structure:
     split = np.flatnonzero(pieces > 1)
     ks = pieces.take(split)
     # Partial rows: split request t owns H*k*g rows from base[t]; head hh, piece j at base + (hh*k + j)*g.
-    base, rows_partial, merge = split_layout(split, ks, g, split, 0, None, num_heads=h, group_size=g, tile_rows=br)
+    split_req = split if order is None else order.take(split)
+    base, rows_partial, merge = split_layout(split, ks, g, split_req, 0, None, num_heads=h, group_size=g, tile_rows=br)
     first = np.add.accumulate(pieces) - pieces
     piece = np.arange(n_groups) - first.repeat(pieces)
     k = pieces.repeat(pieces)
@@ -492,6 +595,8 @@ def _structure(b, req, keeps_start, inside, lanes, h, g, br) -> _Structure:
     gptr = np.full(lanes.count + 1, n_groups, dtype=np.int64)
     gptr[0] = 0
     gptr[1 : gidx.shape[0] + 1] = gidx
+    if order is not None:
+        g_req = order.astype(np.int64).take(g_req)  # line positions -> requests
     wi, ig, ih = expand(gptr, lanes)
     item_part = g_part.take(ig)
     item_part += ih * g_stride.take(ig)

@@ -137,6 +137,8 @@ def _fresh_caches(monkeypatch):
         pytest.param("onelong", (32, 8), -1, id="D8-like"),
         pytest.param("zipf", (32, 8), -1, id="D9-like"),
         pytest.param("zipf", (28, 4), 3000, id="g7-window"),
+        pytest.param("small-zipf", (32, 8), -1, id="D3-like"),  # a small batch: long pieces and short lanes
+        pytest.param("small-uniform", (32, 8), 700, id="D2-like-window"),  # a small batch of long requests
     ],
 )
 def test_serving_loop_packs_equal_cold_packs(dist, heads, window, monkeypatch):
@@ -144,10 +146,14 @@ def test_serving_loop_packs_equal_cold_packs(dist, heads, window, monkeypatch):
     the planner's structures and ramp, the pack blocks (skipped when its buffer holds them). Every step's packed words
     (plan and page table) must equal those of a new wrapper planning the same step with every cache empty."""
     rng = np.random.default_rng(17)
-    b = 131
+    b = 16 if dist.startswith("small") else 131
     if dist == "onelong":
         lens = np.full(b, 1000)
         lens[0] = 32000
+    elif dist == "small-zipf":  # D3's lengths
+        lens = np.array([9043, 2659, 1489, 1063, 319, 319, 212, 212, 212, 212, 106, 106, 106, 106, 106, 106])
+    elif dist == "small-uniform":
+        lens = rng.integers(2000, 2600, b)
     else:
         lens = np.clip(rng.zipf(1.5, b) * 700, 16, 100000)
     hq, hkv = heads

@@ -322,8 +322,10 @@ def test_small_batches_of_long_requests_get_equal_pieces_one_per_lane(batch):
     assert np.all(np.diff(plan.work_indptr) <= 1), "one piece per CTA"
     want = np.asarray(_water_fill(n.tolist(), lanes, planner.piece_min))
     got = np.bincount(plan.item_req, minlength=kv.shape[0]) // h
-    # in granules, the largest piece is the water fill's; pieces that would not lower it are not cut
-    tiles = -(-n // max(gr, 1))
+    # in granules (on the absolute grid: a window's start need not be on one), the largest piece is the water
+    # fill's; pieces that would not lower it are not cut
+    start = (kv - n).astype(np.int64)
+    tiles = -(-(start + n) // max(gr, 1)) - start // max(gr, 1)
     largest = int((-(-tiles // want)).max())
     assert got.sum() <= lanes and np.all(got <= want)
     assert int((-(-tiles // got)).max()) == largest
@@ -334,6 +336,55 @@ def test_small_batches_of_long_requests_get_equal_pieces_one_per_lane(batch):
         # equal pieces, up to the rounding of each cut to the granule (half a granule each way: a piece between two
         # cuts moves by up to one granule) and of n / k to whole tokens
         assert pieces.max() - pieces.min() <= 2 * max(gr, 1) + 1, (r, np.unique(pieces))
+
+
+@st.composite
+def mixed_small_batches(draw):
+    """A few long requests among short ones, on CTAs that make whole lanes of H."""
+    h = draw(st.integers(1, 8))
+    lanes = draw(st.integers(4, 40))
+    n_long = draw(st.integers(1, max(1, lanes // 4)))
+    n_short = draw(st.integers(1, lanes - n_long))
+    long_len = st.integers(2000, 60000)
+    short_len = st.integers(0, 600)
+    kv = draw(st.lists(long_len, min_size=n_long, max_size=n_long)) + draw(
+        st.lists(short_len, min_size=n_short, max_size=n_short)
+    )
+    kv = draw(st.permutations(kv))
+    cfg = dict(num_kv_heads=h, group_size=draw(st.integers(1, 8)), tile_rows=16, num_ctas=h * lanes,
+               kv_granule=draw(st.sampled_from([1, 16, 48, 64])),
+               window_left=draw(st.one_of(st.just(-1), st.just(-1), st.integers(1000, 30000))))  # fmt: skip
+    return np.asarray(kv, dtype=np.int32), cfg
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mixed_small_batches())
+def test_small_batches_of_long_and_short_requests(batch):
+    """The mixed small-batch plan (DecodePlanner._mixed) or the tile pipeline: a valid plan either way; the mixed
+    plan puts each long piece alone on its CTAs and keeps every lane within MIXED_BALANCE of the mean (+ a granule
+    and a cut piece's partial states)."""
+    kv, cfg = batch
+    h, p, gr = cfg["num_kv_heads"], cfg["num_ctas"], cfg["kv_granule"]
+    plan = plan_work(None, kv, **cfg)
+    check_plan(plan, None, kv, **cfg)  # coverage, granule boundaries, partial blocks, merge list, Graham's bound
+    event(f"mode={plan.assign_mode}")
+    if plan.assign_mode != "lanes":
+        return
+    planner = dp.decode_planner(h, cfg["group_size"], 16, p, gr, cfg["window_left"])
+    w = cfg["window_left"] + 1 if cfg["window_left"] >= 0 else 0
+    n = np.minimum(kv, w) if w else kv
+    t = (int(n.sum()) + kv.shape[0] * planner.o) / (p // h)
+    split = plan.item_partial >= 0
+    per_cta = np.diff(plan.work_indptr)
+    owner = np.repeat(np.arange(p), per_cta)
+    assert np.all(per_cta[owner[split]] == 1), "a piece of a cut request runs alone on its CTA"
+    if int(n.min()) + planner.o >= t:
+        event("every request above the mean lane load: _aligned")  # (its pieces are bounded by piece_min instead)
+        return
+    cost = (plan.item_kv_end - plan.item_kv_start).astype(np.float64) + planner.o
+    cost += 2 * planner.xp * (plan.item_partial >= 0)
+    loads = np.bincount(np.repeat(np.arange(p), np.diff(plan.work_indptr)), weights=cost, minlength=p)
+    assert loads.max() <= dp.MIXED_BALANCE * (t + 2 * planner.xp + gr) + 1e-6
 
 
 def test_small_batch_worked_examples():
