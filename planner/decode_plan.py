@@ -10,8 +10,10 @@ makespan ``split_kv.estimate_makespan``, e.g. D5-D7), or splitting would not gai
 the exact ``floor/ceil(n/P)`` cut (cached per size), others ``assign.assign_items``.
 
 **Small batches** (no more requests than lanes, D1-D4): when every request is longer than the mean lane load,
-``_aligned`` gives each request equal pieces, one lane each, by water filling (D1, D2, D4); otherwise (D3: short
-requests beside long ones, or a partial lane) the tile pipeline's chunks (``split_kv``) pack them.
+``_aligned`` gives each request equal pieces, one lane each, by water filling (D1, D2, D4); short requests beside long
+ones (D3) take ``_mixed`` (the long ones' pieces over the lanes the short ones leave, the short ones in a snake over
+their own lanes). A partial lane, no lane to spare or an unbalanced mixed plan go to the tile pipeline's chunks
+(``split_kv``).
 
 **Split: a linear cut of lanes** (stream-K). Lay the requests end to end on a line, each ``o = (alpha*g + gamma) /
 beta`` tokens of fixed cost then its KV tokens, and cut it into lanes of equal load ``T``: lane ``l`` runs everything

@@ -1,8 +1,9 @@
 """Split-KV in the tile pipeline: whether, and how finely, to cut the tiles' KV ranges into pieces.
 
 (Decode batches with one tile per request and more requests than lanes of ``H`` CTAs are split by the lane cut of
-``decode_plan.py`` instead, and small batches of long requests (D1, D2, D4) by its equal pieces; this chunk policy
-serves prefill, the other decode batches of few requests (D3) and decode with several query tiles per request.
+``decode_plan.py`` instead, and small batches (D1-D4) by its equal pieces; this chunk policy serves prefill, the
+small decode batches those cannot balance (a partial lane of CTAs, no lane to spare) and decode with several query
+tiles per request.
 ``estimate_makespan``, ``BALANCED_EFFICIENCY`` and ``MIN_GAIN`` are shared.)
 
 Splitting lets a few long requests spread over many CTAs, at a price: each piece writes a float32 partial state to

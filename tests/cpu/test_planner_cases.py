@@ -3,9 +3,9 @@
 Llama-3.1-8B decode: 8 KV heads, group 4, page 16. Two CTA counts: 132 (one CTA per SM on an H200) and 264 (two).
 Each case checks the split decision the policy is documented to make and the balance it reaches under the cost
 model (``balance`` = mean / max CTA load; ``efficiency`` = the unsplit work spread evenly / (max load + the merge's
-fixed cost)). D1-D4 (no more requests than lanes) take equal pieces, one per lane (D1, D2, D4 on 264 CTAs) or the
-chunk policy of ``split_kv`` (D3, and 132 CTAs: a partial lane), whose floors are what exact LPT (a heap, largest
-first) reaches on the same items, less a small margin. D8 and D9 take the decode lane cut
+fixed cost)). D1-D4 (no more requests than lanes) take equal pieces, one per lane (264 CTAs) or the chunk policy of
+``split_kv`` (132 CTAs: a partial lane), whose floors are what exact LPT (a heap, largest first) reaches on the same
+items, less a small margin. D8 and D9 take the decode lane cut
 (``decode_plan.py``), which balances to within the rounding of its cuts (132 CTAs: 16 lanes of 8 and a partial lane
 of 4 CTAs running 2 heads each); LPT over the chunks of the long requests reached 0.95 / 0.98 there.
 """
