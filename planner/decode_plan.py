@@ -144,7 +144,8 @@ class DecodePlanner:
                     return None  # (A/B builds: the tile pipeline's equal pieces, bench/tune_sched.py dtrace)
                 plan = self._aligned(kv, s, n, b, n_sum, lo, hi, e0)
                 if plan is not _NO_SPLIT:
-                    return plan  # (None: some request is short: the tile pipeline plans it)
+                    return plan  # (None: a partial lane, no lane to spare or an unbalanced mixed plan: the tile
+                    # pipeline plans it)
                 return self._whole(kv, s, n, b, prefix, total, x_max, beta * lo + fixed)
             length = n_sum + b * self.o
             lane_len = max((length + self.extra) / self.width, self.min_lane)
@@ -211,7 +212,7 @@ class DecodePlanner:
             return _NO_SPLIT  # no request can be cut
         if (lo + o) * lanes < n_sum + b * o:
             return self._mixed(kv, s, n, b, n_sum, e0)
-        if lo == hi:  # equal requests: equal shares of the extra lanes
+        if lo == hi and not isinstance(s, np.ndarray):  # equal requests: equal shares of the extra lanes
             k0 = max(min(1 + extra // b, lo // self.piece_min), 1)
             tiles = -(-lo // gr)
             k0 = -(-tiles // -(-tiles // k0))  # the fewest pieces of no more granules than k0 pieces have
@@ -227,7 +228,7 @@ class DecodePlanner:
             return _NO_SPLIT
         cuts = self._aligned_cuts.get(key)
         if cuts is None:
-            if lo == hi:
+            if isinstance(key[1], int):
                 k = np.full(b, k0, dtype=np.int64)
             elif int(np.add.reduce(k)) == b:
                 return _NO_SPLIT
