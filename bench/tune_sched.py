@@ -350,10 +350,14 @@ def _dtrace_rounds(cid, runs, rounds, timer, tbuf, nbytes) -> None:
                 print(f"{cid} r{r} {name:8s} {head} | {flush} {_dphases(stamps)}", flush=True)
 
 
-def _dphases(stamps: list) -> str:
-    """Median over runs of the CTAs' phases (us): entry spread; the prologue's work range, items, first page
-    indices and copy issue; first tile wait, loop, last epilogue (and merge); exit spread; span (first entry to last
-    exit); the longest loop."""
+DPHASES = ("entry", "range", "items", "pages", "issue", "wait0", "loop", "epi", "exit", "span", "loopmax", "ghz")
+
+
+def decode_phase_medians(stamps: list) -> dict:
+    """The phases of ``dtrace`` stamps (one ``[CTAs, kTraceWords]`` array per run), medians over the runs (us):
+    entry spread; the prologue's work range, items, first page indices and copy issue; first tile wait, loop, last
+    epilogue (and merge), each the median over the CTAs that ran an item; exit spread; span (first entry to last
+    exit); the longest loop; and the SM clock (cycles per ns) from each CTA's clock against its global timer."""
     rows = []
     for t in stamps:
         g0, c1, c2, c3, c4, c5, g6, _, c8, c9, c10 = (t[:, i].astype(np.float64) for i in range(11))
@@ -365,9 +369,12 @@ def _dphases(stamps: list) -> str:
             (g0[ok].max() - g0[ok].min()) / 1e3, *(np.median(x) for x in ph), (g6[ok].max() - g6[ok].min()) / 1e3,
             (g6[ok].max() - g0[ok].min()) / 1e3, np.max(ph[5]), ghz,
         ])  # fmt: skip
-    m = np.median(np.array(rows), axis=0)
-    names = ("entry", "range", "items", "pages", "issue", "wait0", "loop", "epi", "exit", "span", "loopmax")
-    return ", ".join(f"{nm} {v:.2f}" for nm, v in zip(names, m, strict=False)) + f" ({m[-1]:.2f} GHz)"
+    return dict(zip(DPHASES, np.median(np.array(rows), axis=0).tolist(), strict=True))
+
+
+def _dphases(stamps: list) -> str:
+    m = decode_phase_medians(stamps)
+    return ", ".join(f"{nm} {m[nm]:.2f}" for nm in DPHASES[:-1]) + f" ({m['ghz']:.2f} GHz)"
 
 
 def _with_define(spec_of, define: str):
