@@ -904,6 +904,13 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
       // Thread coordinates recomputed from threadIdx (cheaper than keeping them live across the loop).
       const int e_lane = static_cast<int>(threadIdx.x % 32u);
       const int e_r0 = static_cast<int>(threadIdx.x / 32u) * MMA_Q * 16 + e_lane / 4;
+      // The output row of tile row r: packed row e_row0 + r is a token (its row of o) and a head of the group.
+      auto out_row = [&](int r, i64& row, int& head) {
+        const int pr = e_row0 + r;
+        const int token = static_cast<int>(prefill::fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
+        head = e_kvh * g + (pr - token * g);
+        row = e_qo_base + token;
+      };
       if (C::kStagedEpi && e_partial < 0) {
         // Normalised o rows (16-bit) into this warp's Q rows, one stmatrix per 16 x 16 block (the A-fragment layout:
         // the ldmatrix addresses of Q), then each lane reads 16-byte pieces (chunks t + 4b) of its own 4 rows back
@@ -935,10 +942,9 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
           for (int h = 0; h < 2; ++h) {
             const int r = e_r0 + mq * 16 + 8 * h;
             if (r < e_rows) {
-              const int pr = e_row0 + r;
-              const int token = static_cast<int>(prefill::fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
-              const int head = e_kvh * g + (pr - token * g);
-              const i64 row = e_qo_base + token;
+              i64 row;
+              int head;
+              out_row(r, row, head);
               DTypeO* dst = static_cast<DTypeO*>(p.o) + row * p.o_stride_n + head * p.o_stride_h + 8 * t;
               const unsigned char* src = smem + r * (C::kChunksQK * 16);
 #pragma unroll
@@ -975,10 +981,9 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
 #pragma unroll
             for (int b = 0; b < DVO / 32; ++b) prefill::quad_transpose(v + 4 * b, t);
             if (r < e_rows) {
-              const int pr = e_row0 + r;
-              const int token = static_cast<int>(prefill::fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
-              const int head = e_kvh * g + (pr - token * g);
-              const i64 row = e_qo_base + token;
+              i64 row;
+              int head;
+              out_row(r, row, head);
               DTypeO* dst = static_cast<DTypeO*>(p.o) + row * p.o_stride_n + head * p.o_stride_h + 8 * t;
 #pragma unroll
               for (int b = 0; b < DVO / 32; ++b) {
