@@ -284,7 +284,7 @@ def decode_trace(case_ids: list[str], variants: list[str], rounds: int = 2) -> N
     from bench import cases, inputs
     from bench.timing import CudaTimer
 
-    timer = CudaTimer()
+    timer, clean = CudaTimer(), CudaTimer(clean_flush=True)
     by_id = {c.id: c for c in cases.DECODE_CASES + SMALL_DECODE_CASES}
     spec_of, real_params, config_of = dec.decode_spec, dec.DecodeParams, dmod.decode_config
     tbuf = torch.zeros(1 << 16, dtype=torch.int64, device="cuda")
@@ -321,18 +321,17 @@ def decode_trace(case_ids: list[str], variants: list[str], rounds: int = 2) -> N
                     _fresh_plan_caches(lanes_mod, dp)
                 runs[name] = (w, functools.partial(w.run, inp.q, kv.cache))
             dec.decode_spec = spec_of
-            _dtrace_rounds(cid, runs, rounds, timer, tbuf, nbytes)
+            _dtrace_rounds(cid, runs, rounds, timer, clean, tbuf, nbytes)
         finally:
             dec.decode_spec, dec.DecodeParams = spec_of, real_params
         inputs.free()
 
 
-def _dtrace_rounds(cid, runs, rounds, timer, tbuf, nbytes) -> None:
+def _dtrace_rounds(cid, runs, rounds, timer, clean, tbuf, nbytes) -> None:
+    """``rounds`` rounds of every variant of ``runs``: PERF.md timing (``timer``), then phase stamps of five runs after
+    the PERF.md flush and five after ``clean``'s write-then-read flush."""
     import torch
 
-    from bench.timing import CudaTimer
-
-    clean = CudaTimer(clean_flush=True)
     for r in range(rounds):
         for name, (w, fn) in runs.items():
             tm = timer.time(fn, iters=30, warmup=3)

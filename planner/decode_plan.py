@@ -219,7 +219,7 @@ class DecodePlanner:
             if k0 == 1:
                 return _NO_SPLIT
             worst = -(-tiles // k0) * gr + o + 2 * xp
-            key = (b, k0)
+            key, k = (b, k0), None  # (k built on a memo miss only)
         else:
             k, mt = self._water(n, extra, s)
             worst = mt * gr + o + 2 * xp
@@ -228,7 +228,7 @@ class DecodePlanner:
             return _NO_SPLIT
         cuts = self._aligned_cuts.get(key)
         if cuts is None:
-            if isinstance(key[1], int):
+            if k is None:
                 k = np.full(b, k0, dtype=np.int64)
             elif int(np.add.reduce(k)) == b:
                 return _NO_SPLIT
