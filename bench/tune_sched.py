@@ -18,6 +18,9 @@ dtrace   D1-D5 (CUINFER_TUNE_CASES) with the decode kernel built with -DCUINFER_
          same timer (near-empty kernel, torch.sum over the case's bytes).
 decode   D1-D4 split / unsplit, L2 flushed by a write (the PERF.md method, which leaves the L2 full of dirty lines
          that the timed kernel must write back) and by a write then a read (clean lines).
+pool     P1-P6 (CUINFER_TUNE_CASES) planned with each shared-tail share of CUINFER_POOL_SHARES (planner.assign
+         POOL_SHARE: the smallest items holding that share of the cost are taken by the CTAs one at a time as they
+         finish) and FlashInfer's fa2 when importable, timed in alternating rounds (CUINFER_TUNE_ROUNDS).
 prefill  P1-P6 with the planner's assignment against heap list schedules (items in reverse natural order: each
          (request, KV head) pair's tiles run together, for L2 reuse; and LPT), and P2/P5 with half the heads.
 
@@ -80,7 +83,7 @@ def _list_schedule(costs_items: np.ndarray, order: np.ndarray, p: int) -> tuple[
 def _patched_assign(kind: str):
     from cuinfer.planner import assign
 
-    def fn(costs, num_heads, num_ctas, stats=None, prefix=None):
+    def fn(costs, num_heads, num_ctas, stats=None, prefix=None, pool_share=0.0):
         g, h, p = costs.shape[0], int(num_heads), int(num_ctas)
         n = g * h
         c_items = np.tile(np.asarray(costs, dtype=np.float64), h)  # natural item i: group i % g, head i // g
@@ -129,6 +132,46 @@ def prefill(case_ids: list[str]) -> None:
             finally:
                 work.assign_items = original
             torch.cuda.synchronize()
+        inputs.free()
+
+
+def pool(case_ids: list[str], shares: list[float], rounds: int) -> None:
+    import cuinfer.planner.assign as assign
+    import torch
+
+    from bench import cases, inputs, peers
+    from bench.prefill import prepare_cuinfer, prepare_fi
+    from bench.timing import CudaTimer
+
+    timer = CudaTimer()
+    saved = assign.POOL_SHARE
+    for case in cases.PREFILL_CASES:
+        if case.id not in case_ids:
+            continue
+        inp = inputs.prefill_inputs(case)
+        flops = cases.prefill_flops(inp.lens, shape=case.shape)
+        runs = {}
+        try:
+            for share in shares:
+                assign.POOL_SHARE = share
+                runs[f"pool {share:.3f}"] = prepare_cuinfer(inp, "fa2").run
+        finally:
+            assign.POOL_SHARE = saved
+        try:
+            peers.flashinfer()
+            runs["flashinfer fa2"] = prepare_fi(inp, "fa2").run
+        except Exception as e:  # noqa: BLE001 (no peer pack: cuinfer rows only)
+            print(f"{case.id}: no FlashInfer ({type(e).__name__}: {e})", flush=True)
+        times = {k: [] for k in runs}
+        for _ in range(rounds):
+            for k, run in runs.items():
+                times[k].append(timer.time(run, iters=20, warmup=3).us)
+        fi = float(np.median(times["flashinfer fa2"])) if "flashinfer fa2" in times else float("nan")
+        for k, ts in times.items():
+            us = float(np.median(ts))
+            print(f"{case.id} {k:16s} {us:9.1f} us {flops / us / 1e6:7.1f} TFLOP/s  vs FI {fi / us:6.3f}x  "
+                  f"rounds {' '.join(f'{t:.1f}' for t in ts)}", flush=True)  # fmt: skip
+        torch.cuda.synchronize()
         inputs.free()
 
 
@@ -510,5 +553,9 @@ if __name__ == "__main__":
                      int(os.environ.get("CUINFER_TUNE_ROUNDS", "2")))  # fmt: skip
     if "evict" in args:
         decode_evict(["D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9"])
+    if "pool" in args:
+        pool(os.environ.get("CUINFER_TUNE_CASES", "P1,P2,P3,P4,P5,P6").split(","),
+             [float(x) for x in os.environ.get("CUINFER_POOL_SHARES", "0,0.02,0.04,0.08").split(",")],
+             int(os.environ.get("CUINFER_TUNE_ROUNDS", "3")))  # fmt: skip
     if "prefill" in args:
         prefill(os.environ.get("CUINFER_TUNE_CASES", "P1,P2,P3,P4,P5,P6").split(","))

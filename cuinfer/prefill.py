@@ -36,6 +36,7 @@ from cuinfer.decode_launch import CacheViews
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.jit import get_kernel, register
+from cuinfer.planner import assign as plan_assign
 from cuinfer.planner import layout as plan_layout
 from cuinfer.planner.cost import DEFAULT_COST
 from cuinfer.planner.split_kv import DEFAULT_MIN_CHUNK
@@ -169,7 +170,7 @@ class BatchPrefill:
                 np.diff(plan.qo_indptr), plan.kv_lens, num_kv_heads=plan.num_kv_heads,
                 group_size=plan.num_qo_heads // plan.num_kv_heads, tile_rows=cfg.tile_q, num_ctas=num_ctas,
                 kv_granule=granule, causal=opts.causal, window_left=opts.window_left,
-                fixed_split_size=fixed_split_size,
+                fixed_split_size=fixed_split_size, pool_share=plan_assign.POOL_SHARE,
             )  # fmt: skip
         # host_plan checked the lengths (1-D, non-negative) and gave their ranges; the rest are positive ints and
         # fixed_split_size is a multiple of the granule (their gcd): plan_work's checks would only repeat that.
@@ -177,7 +178,7 @@ class BatchPrefill:
         return plan_checked(
             qo_lens, plan.kv_lens, plan.num_kv_heads, plan.num_qo_heads // plan.num_kv_heads, cfg.tile_q, num_ctas,
             granule, opts.causal, opts.window_left, fixed_split_size, False, DEFAULT_COST, DEFAULT_MIN_CHUNK, kv_lo,
-            kv_hi, qo_lo, qo_hi,
+            kv_hi, qo_lo, qo_hi, plan_assign.POOL_SHARE,
         )  # fmt: skip
 
     def _device_or_none(self) -> int | None:

@@ -47,7 +47,7 @@ class PrefillLaunch:
         p_mul, p_shift = fast_div_magic(plan.page_size)
         cap = opts.logits_soft_cap
         self.static = dict(
-            partial_o=partial_o, partial_lse=partial_lse,
+            partial_o=partial_o, partial_lse=partial_lse, pool_count=buf.merge_count_ptr(),
             **{name: buf.ptr(off[name]) for name in _PLAN_ARRAYS},
             mask=buf.ptr(off["mask"]),
             group_size=g, page_size=plan.page_size, window_left=opts.window_left,

@@ -23,6 +23,7 @@ PrefillParams = ParamStruct(
             "q", "k", "v", "o", "lse", "partial_o", "partial_lse",
             "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "mask", "mask_indptr",
             "work_indptr", "item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end", "item_partial",
+            "pool_count",
         )
     )
     + tuple(
@@ -115,7 +116,7 @@ def smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool,
     page = cfg.threads * rows_per_thread * 8 if paged else 0
     main = q + kv + page
     epi = 0 if cross else cfg.warps_kv * cfg.tile_q * (head_dim_vo + 8) * 4 + cfg.warps_kv * cfg.tile_q * 8
-    info = (8 + 8 * cfg.warps_q * cfg.warps_kv) * 4  # kInfoInts + kWarpInts per warp
+    info = (12 + 8 * cfg.warps_q * cfg.warps_kv) * 4  # kInfoInts + kWarpInts per warp
     table = TABLE_ITEMS * TABLE_FIELDS * 4 if cross else 0
     return max(main, epi) + info + table
 

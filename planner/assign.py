@@ -30,6 +30,13 @@ calls needs about ``n / P`` blocks. This module reaches LPT's balance (within ~1
   The snake is computed first (a few calls) and kept when within ``SNAKE_GOOD`` of the lower bound
   ``max(x_max, mean)``; the fill is kept only when it beats the snake.
 
+- ``pool_share > 0`` (kernels that take a shared tail: the prefill kernel): the snake deals only the items up to the
+  smallest ones that hold ``pool_share`` of the cost; those (the *pool*) follow every CTA's list, largest first, and
+  the CTAs take them one at a time as they finish (``Assignment.pool``). The model balances the lists, but the CTAs do
+  not run at the model's speed: on the H200 their end times scatter by ~6 us (std) around the mean whatever the
+  plan, so the slowest of 264 lags the mean by ~15-20 us (1-3.5 % of P1-P6). A pool of small items lets the CTAs that
+  run fast take the work of those that run slow.
+
 Graham's list-scheduling bound, max load <= mean + largest item, holds for every result: the snake and one-wave are
 round-based (a CTA gets at most one item per round, so it carries at most the largest item of each round, and the
 mean carries at least the smallest of each full round), the linear cut is off the mean by at most one item, and a
@@ -53,6 +60,8 @@ SNAKE_GOOD = 1.03
 FILL_EXACT_ROUNDS = 4
 #: ... while the next item is more than 1/FILL_BIG of what is left per CTA (smaller items fill within a few %).
 FILL_BIG = 16
+#: Share of the cost left to the shared tail (``pool_share``) by callers whose kernel takes one (prefill).
+POOL_SHARE = 0.04
 
 
 @dataclass(frozen=True)
@@ -67,14 +76,15 @@ class Assignment:
     group: np.ndarray | None  # int64 [n] or None
     head: np.ndarray | None  # int64 [n] or None
     mode: str  # "one-wave", "linear", "snake" or "fill"
+    pool: int = 0  # items past work_indptr[P] (the last ones): the shared tail, taken one at a time
 
 
 def assign_items(
     costs: np.ndarray, num_heads: int, num_ctas: int, stats: tuple[float, float, float] | None = None,
-    prefix: np.ndarray | None = None,
+    prefix: np.ndarray | None = None, pool_share: float = 0.0,
 ) -> Assignment:  # fmt: skip
     """Assign ``num_heads`` items of each group cost in ``costs`` (float64, int64 or int32, all > 0) to ``num_ctas``
-    CTAs.
+    CTAs; with ``pool_share > 0``, sorted deals leave their smallest items to a shared tail (the module docstring).
 
     ``stats`` is ``(sum, max, min)`` of ``costs`` and ``prefix`` their running sum when the caller already has them
     (``G`` entries, or ``G + 1`` with a leading 0; it may be overwritten). ``max`` and ``min`` may be bounds that
@@ -95,7 +105,7 @@ def assign_items(
         return Assignment(indptr, None, None, "linear")
     if cmax * LINEAR_ITEMS_PER_CTA * p <= h * total or cmax <= NEAR_EQUAL * cmin:
         return _linear(costs, h, p, prefix)
-    return _sorted(costs.astype(np.float64, copy=False), h, p, total)
+    return _sorted(costs.astype(np.float64, copy=False), h, p, total, pool_share)
 
 
 def _linear(costs: np.ndarray, h: int, p: int, prefix: np.ndarray | None = None) -> Assignment:
@@ -160,11 +170,19 @@ def _per_head_cuts(p: int, h: int):
     return frac, head, col
 
 
-def _sorted(costs: np.ndarray, h: int, p: int, total: float) -> Assignment:
+def _sorted(costs: np.ndarray, h: int, p: int, total: float, pool_share: float = 0.0) -> Assignment:
     g = costs.shape[0]
     n = g * h
     order = (-costs).argsort()
     x = costs.take(order).repeat(h)  # cost of rank r (0 = largest): head r % H of sorted group r // H
+    if pool_share > 0.0:
+        # Whole groups from the smallest up while they hold at most pool_share of the cost, leaving at least one
+        # item per CTA to the lists; the snake deals the rest.
+        tail = np.add.accumulate(costs.take(order[::-1]))
+        pool = h * min(int(tail.searchsorted(pool_share * total, side="right")), max(0, (n - p) // h))
+        if pool:
+            indptr, j, head = _snake_pool_order(n, pool, p, h)
+            return Assignment(indptr, order.take(j), head, "snake+pool", pool)
     rounds = -(-n // p)
     snake = float(np.maximum.reduce(_snake_loads(x, n, p, rounds)))
     bound = max(float(x[0]), total * h / p)  # no assignment does better than this
@@ -212,6 +230,16 @@ def _snake_order(n: int, p: int, h: int):
     j, head = np.divmod(rank, h)
     for a in (indptr, j, head):
         a.flags.writeable = False
+    return indptr, j, head
+
+
+@functools.lru_cache(maxsize=64)
+def _snake_pool_order(n: int, pool: int, p: int, h: int):
+    """``_snake_order`` of the first ``n - pool`` ranks, then the ``pool`` last ranks in rank order (read-only)."""
+    indptr, j, head = _snake_order(n - pool, p, h)
+    jp, hp = np.divmod(np.arange(n - pool, n, dtype=np.int64), h)
+    j, head = np.concatenate((j, jp)), np.concatenate((head, hp))
+    j.flags.writeable = head.flags.writeable = False
     return indptr, j, head
 
 

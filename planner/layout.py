@@ -21,9 +21,11 @@ word  name               meaning
 12-15 reserved           0
 ====  =================  =================================================================================
 
-Then the arrays, each starting on a 16-byte boundary (4 words), in this order: ``work_indptr[max_ctas+1]`` (padded
-with ``n_items`` past ``num_ctas``), ``item_req``, ``item_qo_tile``, ``item_kv_head``, ``item_kv_start``,
-``item_kv_end``, ``item_partial``, ``item_merge``, ``item_pieces`` (each ``[max_items]``; the last two are the merge
+Then the arrays, each starting on a 16-byte boundary (4 words), in this order: ``work_indptr[max_ctas+2]`` (the
+plan's ``num_ctas + 1`` entries, then ``n_items``: entry ``num_ctas + 1`` ends the pool ``work_indptr[P]:[P+1]`` that
+kernels launched on ``P`` CTAs read, and CTAs past ``num_ctas`` get empty lists), ``item_req``, ``item_qo_tile``,
+``item_kv_head``, ``item_kv_start``, ``item_kv_end``, ``item_partial``, ``item_merge``, ``item_pieces`` (each
+``[max_items]``; the last two are the merge
 unit and piece count of kernels that merge split items themselves, -1 and 0 otherwise: ``units.py``),
 ``merge_indptr[max_merge+1]``, ``merge_src[max_merge_src]``, ``merge_dst_token[max_merge]``,
 ``merge_dst_head[max_merge]``. Words past a count are left as they were.
@@ -51,7 +53,7 @@ WORKSPACE_ALIGN = 256
 
 # (array name, capacity it is sized by, extra entries)
 _ARRAYS = (
-    ("work_indptr", "max_ctas", 1),
+    ("work_indptr", "max_ctas", 2),
     ("item_req", "max_items", 0),
     ("item_qo_tile", "max_items", 0),
     ("item_kv_head", "max_items", 0),
@@ -491,10 +493,10 @@ def pack_compact(
 
 
 def _put_work_indptr(out: np.ndarray, o: int, work_indptr: np.ndarray, n: int, p: int, max_ctas: int) -> None:
-    """``work_indptr`` at word ``o``, padded to ``max_ctas + 1`` entries with ``n``: CTAs past ``p`` get empty lists."""
+    """``work_indptr`` at word ``o``, then ``n`` up to ``max_ctas + 2`` entries: entry ``p + 1`` ends the pool that
+    starts at ``work_indptr[p]`` (empty without one), CTAs past ``p`` get empty lists."""
     out[o : o + p + 1] = work_indptr
-    if max_ctas > p:
-        out[o + p + 1 : o + max_ctas + 1] = n
+    out[o + p + 1 : o + max_ctas + 2] = n
 
 
 def _put_shape(out: np.ndarray, off: dict, shape: tuple, n: int, h: int, g: int) -> None:
@@ -543,7 +545,8 @@ def unpack(buf: np.ndarray, layout: PlanLayout) -> WorkPlan:
         "merge_dst_token": arr("merge_dst_token", nm),
         "merge_dst_head": arr("merge_dst_head", nm),
     }
-    return WorkPlan.from_items(p, arr("work_indptr", p + 1), items, merge, partial, chunk, "unpacked")
+    wi = arr("work_indptr", p + 1)
+    return WorkPlan.from_items(p, wi, items, merge, partial, chunk, "unpacked", n_pool=n - int(wi[p]))
 
 
 def _round_up(x: int, a: int) -> int:

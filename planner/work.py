@@ -130,6 +130,7 @@ def plan_work(
     min_chunk: int = DEFAULT_MIN_CHUNK,
     kv_range: tuple[int, int] | None = None,
     qo_range: tuple[int, int] | None = None,
+    pool_share: float = 0.0,
 ) -> WorkPlan:
     """Plan one batch: ``qo_lens[b]`` query tokens (``None``: decode, one each) attend ``kv_lens[b]`` KV tokens.
 
@@ -138,7 +139,8 @@ def plan_work(
     tile or page size). ``fixed_split_size`` (a multiple of ``kv_granule``) cuts every KV range at multiples of itself;
     ``disable_split`` never splits. ``min_chunk`` is the smallest piece the automatic policy cuts (tokens).
     ``kv_range = (min, max)`` of ``kv_lens`` and ``qo_range`` of ``qo_lens`` when the caller has them (those lengths
-    then must be 1-D integer NumPy arrays, already checked non-negative): saves their reductions.
+    then must be 1-D integer NumPy arrays, already checked non-negative): saves their reductions. ``pool_share``: the
+    share of the cost a sorted assignment leaves to a shared tail (``assign.py``; only for kernels that take one).
 
     Decode batches (``qo_lens`` None or all ones) with ``group_size <= tile_rows`` take the lane plan of
     ``decode_plan.py``; everything else the tile pipeline below.
@@ -178,13 +180,13 @@ def plan_work(
         qo_hi = None
     fs = None if fixed_split_size is None else int(fixed_split_size)
     return plan_checked(qo, kv, h, g, br, p, gr, bool(causal), int(window_left), fs, bool(disable_split), cost,
-                        int(min_chunk), kv_lo, kv_hi, qo_lo, qo_hi)  # fmt: skip
+                        int(min_chunk), kv_lo, kv_hi, qo_lo, qo_hi, float(pool_share))  # fmt: skip
 
 
 def plan_checked(
     qo: np.ndarray | None, kv: np.ndarray, h: int, g: int, br: int, p: int, gr: int, causal: bool, w: int,
     fixed_split_size: int | None, disable_split: bool, cost: CostModel, min_chunk: int, kv_lo: int | None,
-    kv_hi: int | None, qo_lo: int | None, qo_hi: int | None,
+    kv_hi: int | None, qo_lo: int | None, qo_hi: int | None, pool_share: float = 0.0,
 ) -> WorkPlan:  # fmt: skip
     """``plan_work`` on arguments it has checked (Python ints and bools, 1-D NumPy lengths, ``fixed_split_size`` a
     multiple of ``gr``, ``qo_lo`` / ``qo_hi`` the range of ``qo`` when given, ``kv_lo`` / ``kv_hi`` that of ``kv`` or
@@ -267,11 +269,12 @@ def plan_checked(
         g_pbase += piece * g_rows
         g_pbase[~is_split] = -1
 
-    asg = assign_items(costs, h, p, stats, prefix if counts is None else None)
+    asg = assign_items(costs, h, p, stats, prefix if counts is None else None, pool_share)
     # The dataclass __init__ with its 21 keywords costs microseconds: the fields are set in a copy of a dict that
     # holds them all (no resize while they go in).
     f = _PLAN_FIELDS.copy()
     f["num_ctas"], f["num_kv_heads"], f["work_indptr"], f["assign_mode"] = p, h, asg.work_indptr, asg.mode
+    f["n_pool"] = asg.pool
     f["group_req"], f["group_tile"], f["group_kv_start"], f["group_kv_end"] = g_req, g_tile, g_start, g_end
     f["group_partial"], f["group_partial_stride"] = g_pbase, g_pstride
     f["item_group"], f["item_head"] = asg.group, asg.head

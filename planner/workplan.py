@@ -18,8 +18,10 @@ from .units import units_of
 class WorkPlan:
     """A schedule of work items over ``num_ctas`` persistent CTAs (integer NumPy arrays; the packed form is int32).
 
-    Items: CTA ``c`` runs ``work_indptr[c]:work_indptr[c+1]``; item ``i`` is group ``item_group[i]`` for KV head
-    ``item_head[i]``, or, when those are ``None``, group ``i % G`` for head ``i // G`` (natural order).
+    Items: CTA ``c`` runs ``work_indptr[c]:work_indptr[c+1]``, then the CTAs share the last ``n_pool`` items
+    (``work_indptr[P]:n_items``, the *pool*, largest first), taking one at a time as they finish (kernels that take a
+    pool only: ``assign.POOL_SHARE``); item ``i`` is group ``item_group[i]`` for KV head ``item_head[i]``, or, when
+    those are ``None``, group ``i % G`` for head ``i // G`` (natural order).
     """
 
     num_ctas: int
@@ -52,6 +54,8 @@ class WorkPlan:
     # The kernel merges split items itself (decode: decode.cuh ``merge_split``): the plan then carries each item's
     # merge unit and piece count (``item_merge``, ``item_pieces``; see ``units.py``), else they are -1 and 0.
     merge_in_kernel: bool = False
+    # Items past work_indptr[num_ctas]: the shared tail (see the class docstring); 0 for plans without one.
+    n_pool: int = 0
 
     @property
     def n_groups(self) -> int:
@@ -84,7 +88,7 @@ class WorkPlan:
 
     @classmethod
     def from_items(cls, num_ctas: int, work_indptr, items: dict, merge: dict, num_partial_rows: int,
-                   chunk_size: int = 0, assign_mode: str = "explicit") -> WorkPlan:  # fmt: skip
+                   chunk_size: int = 0, assign_mode: str = "explicit", n_pool: int = 0) -> WorkPlan:  # fmt: skip
         """A plan from explicit per-item arrays (``items[name]`` for the six item arrays, ``merge[name]`` for the
         four merge arrays), e.g. read back from a packed buffer."""
         n = len(items["item_req"])
@@ -108,6 +112,7 @@ class WorkPlan:
             num_partial_rows=int(num_partial_rows),
             chunk_size=int(chunk_size),
             assign_mode=assign_mode,
+            n_pool=int(n_pool),
         )
 
     @property

@@ -1,9 +1,10 @@
 // FA2-class batch prefill: one persistent kernel template for ragged and paged KV, on mma.sync tensor cores (sm_80+).
 //
-// Work: the plan (docs/internals.md, "Work plans") gives CTA c the items work_indptr[c]..work_indptr[c+1]; an item is
-// one query tile (TILE_Q packed rows, packed row = token * g + head_in_group) of one request for one KV head, over the
-// KV token range [kv_start, kv_end) already clipped by causal / window limits. Unsplit items (partial < 0) write o and
-// lse straight to the outputs; split items write fp32 partial states for the merge kernel.
+// Work: the plan (docs/internals.md, "Work plans") gives CTA c the items work_indptr[c]..work_indptr[c+1], then the
+// CTAs share a tail of items (work_indptr[P]..work_indptr[P+1], often empty), taken one at a time by an atomic counter.
+// An item is one query tile (TILE_Q packed rows, packed row = token * g + head_in_group) of one request for one KV
+// head, over the KV token range [kv_start, kv_end) already clipped by causal / window limits. Unsplit items
+// (partial < 0) write o and lse straight to the outputs; split items write fp32 partial states for the merge kernel.
 //
 // CTA = WARPS_Q x WARPS_KV warps. Warp (wq, wkv) owns MMA_Q m16 row blocks (rows wq*16*MMA_Q ...) of the query tile
 // and MMA_KV 16-key slices (keys wkv*16*MMA_KV ...) of every KV tile of TILE_KV = 16 * MMA_KV * WARPS_KV keys. With
@@ -107,6 +108,9 @@ __device__ __forceinline__ ItemRef item_ref(const PrefillParams& p, int it) {
 
 // A load the compiler may not merge with an earlier one: the epilogue re-reads the item's fields instead of keeping
 // them in registers across the KV loop (where every register is taken by accumulators).
+// A shared-memory int read where it is used (not kept in a register across the KV loop).
+__device__ __forceinline__ int lds_volatile(const int* p) { return *static_cast<const volatile int*>(p); }
+
 __device__ __forceinline__ int reload_i32(const void* p, int i) {
   int v;
   asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(v) : "l"(static_cast<const int*>(p) + i));
@@ -232,7 +236,7 @@ struct PrefillTraits {
   static constexpr int kEpiBytes = kCrossItem ? 0 : kEpiOBytes + kWarpsKV * kTileQ * 2 * 4;
   // Item facts used only occasionally inside the KV loop (copy addresses, boundary masks) live in smem, not in
   // registers, which the accumulators fill: kInfoInts per item + kWarpInts per warp, after everything else.
-  static constexpr int kInfoInts = 8;
+  static constexpr int kInfoInts = 12;  // [0..6] the item's facts, [8..11] the work ranges (sched in batch_prefill)
   static constexpr int kWarpInts = 8;  // a warp's bounds and its own copy of the copy facts (see batch_prefill)
   static constexpr int kInfoOff = kMainBytes > kEpiBytes ? kMainBytes : kEpiBytes;
   // Cross-item: the resolved facts of up to kTableItems consecutive items of this CTA, kTableFields ints each
@@ -481,10 +485,23 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
     read_pages(e[prefill::kFKvStart], e[prefill::kFKvBase], e[prefill::kFKvEnd], pages);
   };
 
+  // Work ranges: this CTA's own list work_indptr[c] .. [c + 1], then items of the plan's shared tail (the pool,
+  // work_indptr[P] .. [P + 1], P = gridDim.x) taken one at a time by an atomic counter until it runs dry, so the CTAs
+  // that run fast finish the work of those that run slow (docs/internals.md, "Dynamic tail"). sched[0..1] is the
+  // current range [first item, end), sched[2..3] the pool; all written by thread 0 between two barriers and read from
+  // smem where needed (fewer registers across the KV loop; in the info block, whose address costs no register).
+  int* sched = info + 8;
+  if (tid == 0) {
+    sched[0] = work_indptr[blockIdx.x], sched[1] = work_indptr[blockIdx.x + 1];
+    sched[2] = work_indptr[gridDim.x], sched[3] = work_indptr[gridDim.x + 1];
+  }
+  __syncthreads();
+
   int stage = 0;  // buffer of the next KV tile; runs on across items (the next item's first tile follows the last)
   // (item_end, and on the cross-item path the item's table slot, are re-derived each time: fewer registers across the
   // KV loop.)
-  for (int item = work_indptr[blockIdx.x]; item < prefill::reload_i32(work_indptr, blockIdx.x + 1); ++item) {
+  for (;;) {
+  for (int item = prefill::lds_volatile(sched); item < prefill::lds_volatile(sched + 1); ++item) {
 #ifdef CUINFER_TRACE
     // Diagnostic builds only (bench/tune_sched.py): thread 0 stamps each item's start and end (global ns timer) and
     // the SM clock at its phases: start, loop start (table and prologue done), first tile ready (after the first
@@ -505,9 +522,9 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
     int b, row0, kvh, kv_start, kv_end, qo_base, qo_len, kv_base, kv_len;
     bool has_next = false;  // cross-item: the next item is in the table, and this one starts it
     // cross-item: the item's table slot (items of a CTA fill the table kTableItems at a time)
-    const int slot = XI ? (item - prefill::reload_i32(work_indptr, blockIdx.x)) % C::kTableItems : 0;
+    const int slot = XI ? (item - prefill::lds_volatile(sched)) % C::kTableItems : 0;
     if constexpr (XI) {
-      const int item_end = prefill::reload_i32(work_indptr, blockIdx.x + 1);
+      const int item_end = prefill::lds_volatile(sched + 1);
       if (slot == 0) {
         // Resolve the facts of the next kTableItems items, one per thread: two dependent reads, paid once.
         __syncthreads();  // every warp is done with the previous entries (epilogue)
@@ -880,7 +897,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
 
     CUINFER_TRACE_STAMP(3)
     if constexpr (XI) {
-      const int e_slot = (item - prefill::reload_i32(work_indptr, blockIdx.x)) % C::kTableItems;
+      const int e_slot = (item - prefill::lds_volatile(sched)) % C::kTableItems;
       const int* e = table + e_slot * NF;
       // An item without KV tiles starts the next one here (after its own Q copy, issued by the item before, landed);
       // other items start it after their epilogue (below). (Facts re-read from the table rather than kept live across
@@ -890,7 +907,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
       if (e[prefill::kFKvStart] >= e[prefill::kFKvEnd]) {
         if constexpr (C::kStagedEpi) {
           prefill::cp_async_wait_all();
-        } else if (e_slot + 1 < C::kTableItems && item + 1 < prefill::reload_i32(work_indptr, blockIdx.x + 1)) {
+        } else if (e_slot + 1 < C::kTableItems && item + 1 < prefill::lds_volatile(sched + 1)) {
           prefill::cp_async_wait_all();
           issue_first(e_slot + 1, stage, pages);  // (pages: read before the loop)
           prefill::cp_async_commit();
@@ -1008,7 +1025,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
       // during the last P.V, where those copies queued in front of that P.V's ldmatrix reads and the stores (P3 +4 %,
       // measured with bench/tune_prefill.py); the other CTA of the SM covers their latency.
       if ((C::kStagedEpi || e[prefill::kFKvStart] < e[prefill::kFKvEnd]) && e_slot + 1 < C::kTableItems &&
-          item + 1 < prefill::reload_i32(work_indptr, blockIdx.x + 1)) {
+          item + 1 < prefill::lds_volatile(sched + 1)) {
         issue_first(e_slot + 1, stage, pages);  // (paged: pages holds that tile's page numbers, read in the loop)
         prefill::cp_async_commit();
       }
@@ -1123,6 +1140,23 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
     }
 #endif
 #undef CUINFER_TRACE_STAMP
+  }
+    // Range done: take the next pool item (an empty range once the pool is dry, or when there is none).
+    __syncthreads();  // every thread has read the old range
+    if (tid == 0) {
+      const int lo = sched[2], hi = sched[3];
+      const int it = lo < hi ? lo + atomicAdd(static_cast<int*>(p.pool_count), 1) : hi;
+      sched[0] = it, sched[1] = it < hi ? it + 1 : it;
+    }
+    __syncthreads();
+    if (sched[0] >= sched[1]) break;
+  }
+  // The last CTA out returns both pool counters to 0 for the next launch (a CUDA graph replays it as is): every CTA
+  // counts itself only after its last (failed) take, so no take of this launch follows the reset.
+  // (p.pool_count[0]: items taken, [1]: CTAs done)
+  if (tid == 0 && sched[2] < sched[3]) {
+    int* count = static_cast<int*>(p.pool_count);
+    if (atomicAdd(count + 1, 1) == static_cast<int>(gridDim.x) - 1) count[0] = 0, count[1] = 0;
   }
 }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from cuinfer.planner import CostModel, WorkPlan, plan_work
+from cuinfer.planner.assign import POOL_SHARE
 from cuinfer.planner.cost import DEFAULT_COST
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -58,6 +59,7 @@ def check_plan(
     fixed_split_size: int | None = None,
     disable_split: bool = False,
     cost: CostModel = DEFAULT_COST,
+    pool_share: float = 0.0,
 ) -> dict:
     """Assert every invariant; return a few statistics (loads, ...) for further checks."""
     h, g, br, p = num_kv_heads, group_size, tile_rows, num_ctas
@@ -69,7 +71,7 @@ def check_plan(
     # --- work_indptr: CTA-major, every CTA index valid --------------------------------------------------------
     wi = plan.work_indptr
     assert plan.num_ctas == p
-    assert wi.shape == (p + 1,) and wi[0] == 0 and wi[-1] == n, (wi[:3], wi[-3:], n)
+    assert wi.shape == (p + 1,) and wi[0] == 0 and wi[-1] == n - plan.n_pool, (wi[:3], wi[-3:], n, plan.n_pool)
     assert np.all(np.diff(wi) >= 0)
 
     req, tile, head = plan.item_req, plan.item_qo_tile, plan.item_kv_head
@@ -151,8 +153,17 @@ def check_plan(
     # --- balance: Graham's bound for list scheduling --------------------------------------------------------
     costs = item_costs(plan, rows_of_item, cost)
     cta = np.repeat(np.arange(p), np.diff(wi))
-    loads = np.bincount(cta, weights=costs, minlength=p)
+    n_static = n - plan.n_pool
+    loads = np.bincount(cta, weights=costs[:n_static], minlength=p)
     mean = costs.sum() / p
+    if plan.n_pool:
+        # --- shared tail: the smallest items, whole groups (all heads of a tile piece), largest first ---------------
+        pool = costs[n_static:]
+        assert plan.n_pool % h == 0 and n_static >= min(n, p), (plan.n_pool, h, n_static, p)
+        assert np.all(np.diff(pool) <= 1e-9), "the pool is taken largest first"
+        assert pool.max() <= costs[:n_static].min() + 1e-9, "the pool holds the smallest items"
+        for c in pool:  # the CTAs take it as they finish: at the model's speed, the least-loaded takes the next
+            loads[loads.argmin()] += c
     if n:
         assert loads.max() <= mean + costs.max() + 1e-6 * max(1.0, mean), (loads.max(), mean, costs.max())
     return {"loads": loads, "mean": mean, "max_item": costs.max() if n else 0.0, "split_units": len(split_units)}
@@ -184,6 +195,7 @@ def batches(draw, decode=None):
         cfg["disable_split"] = True
     if qo is not None and draw(st.booleans()):
         kv = [max(k, q) for k, q in zip(kv, qo, strict=True)]  # prefill onto a cache holding the new tokens
+    cfg["pool_share"] = draw(st.sampled_from([0.0, 0.0, POOL_SHARE, 0.3]))
     return qo, kv, cfg
 
 
@@ -198,6 +210,48 @@ def test_random_plans_are_valid(batch):
     stats = check_plan(plan, qo, kv, **cfg)
     event(f"mode={plan.assign_mode}")
     event(f"split={'yes' if stats['split_units'] else 'no'}")
+    event(f"pool={'yes' if plan.n_pool else 'no'}")
+
+
+@pytest.mark.parametrize("share", [pytest.param(POOL_SHARE, id="default"), pytest.param(0.25, id="quarter")])
+def test_pool_takes_the_smallest_share_and_round_trips(share, rng):
+    """A prefill batch of P3's shape: the sorted deal leaves the smallest whole groups holding at most ``share`` of
+    the cost to the shared tail, and the packed buffer tells the kernel where the tail starts and ends."""
+    from cuinfer.planner import PlanLayout, pack, unpack
+
+    qo = rng.integers(512, 2049, 16)
+    cfg = dict(num_kv_heads=8, group_size=4, tile_rows=128, num_ctas=264, kv_granule=64, causal=True)
+    plan = plan_work(qo, qo, pool_share=share, **cfg)
+    check_plan(plan, qo, qo, pool_share=share, **cfg)
+    n, h, p = plan.n_items, 8, 264
+    assert plan.assign_mode == "snake+pool" and 0 < plan.n_pool < n and plan.work_indptr[-1] == n - plan.n_pool
+    kv = (plan.item_kv_end - plan.item_kv_start).astype(np.float64)
+    rows = np.minimum(128, qo[plan.item_req] * 4 - plan.item_qo_tile * 128)
+    cost = DEFAULT_COST.beta * kv + DEFAULT_COST.alpha * rows + DEFAULT_COST.gamma
+    pooled = cost[n - plan.n_pool :].sum()
+    assert pooled <= share * cost.sum() + 1e-6, (pooled, cost.sum())
+    assert pooled + cost[: n - plan.n_pool].min() * h > share * cost.sum(), "one more group would not fit"
+    for max_ctas in (p, p + 5):  # a graph-mode layout may hold more CTAs than the plan
+        lay = PlanLayout.for_capacity(n, max_ctas, 0, 0)
+        buf = pack(plan, lay, lay.empty())
+        wi = buf[lay.offsets["work_indptr"] : lay.offsets["work_indptr"] + max_ctas + 2]
+        assert wi[p] == n - plan.n_pool and np.all(wi[p + 1 :] == n), "the pool ends at n; CTAs past P: no items"
+        back = unpack(buf, lay)
+        assert back.n_pool == plan.n_pool
+        np.testing.assert_array_equal(back.work_indptr, plan.work_indptr)
+        np.testing.assert_array_equal(back.item_kv_end, plan.item_kv_end)
+
+
+def test_no_pool_unless_asked_or_sorted():
+    """Plans without ``pool_share`` (the decode wrapper's: its kernel takes no tail) and linear cuts keep every item
+    on a CTA's list."""
+    cfg = dict(num_kv_heads=8, group_size=4, tile_rows=128, num_ctas=264, kv_granule=64, causal=True)
+    lens = np.arange(512, 2048, 96)
+    assert plan_work(lens, lens, **cfg).n_pool == 0
+    assert plan_work(None, lens, **cfg).n_pool == 0
+    tiny = np.full(64, 32)  # equal one-tile items (32 tokens x 4 heads = 128 rows, not causal): the linear cut
+    plan = plan_work(tiny, tiny, pool_share=0.3, **{**cfg, "causal": False})
+    assert plan.assign_mode == "linear" and plan.n_pool == 0
 
 
 @_SETTINGS

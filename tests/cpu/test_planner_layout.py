@@ -42,7 +42,7 @@ def test_layout_offsets_are_aligned_and_disjoint():
         assert a1 <= b0, "arrays overlap"
     assert all(lay.offsets[a] % 4 == 0 for a in ARRAYS), "every array starts on 16 bytes"
     assert lay.total_words >= spans[-1][1] and lay.nbytes == 4 * lay.total_words
-    assert lay.size_of("work_indptr") == 134 and lay.size_of("merge_indptr") == 18
+    assert lay.size_of("work_indptr") == 135 and lay.size_of("merge_indptr") == 18
 
 
 @pytest.mark.parametrize("decode", [pytest.param(True, id="decode"), pytest.param(False, id="prefill-causal")])

@@ -197,16 +197,17 @@ def test_ldmatrix_phases_and_copies_are_bank_conflict_free(chunks):
 
 
 @pytest.mark.parametrize(("tile_q", "tile_kv", "dqk", "dvo", "paged", "want"), [
-    # Q 128x128 bf16 + 2 stages x (K + V) 64x128 + item info (8 + 8 per warp ints) + the cross-item table
+    # Q 128x128 bf16 + 2 stages x (K + V) 64x128 + item info (12 + 8 per warp ints: the item's facts, the work
+    # ranges, the warps' bounds) + the cross-item table
     # (16 items x 10 ints; one warp per row block: no epilogue staging)
-    pytest.param(128, 64, 128, 128, False, 32768 + 2 * 2 * 16384 + (8 + 32) * 4 + 640, id="p1-ragged"),
+    pytest.param(128, 64, 128, 128, False, 32768 + 2 * 2 * 16384 + (12 + 32) * 4 + 640, id="p1-ragged"),
     # + paged row offsets: 128 threads x 4 rows x 8 bytes
-    pytest.param(128, 64, 128, 128, True, 32768 + 2 * 2 * 16384 + 4096 + (8 + 32) * 4 + 640, id="p4-paged"),
+    pytest.param(128, 64, 128, 128, True, 32768 + 2 * 2 * 16384 + 4096 + (12 + 32) * 4 + 640, id="p4-paged"),
     # Q 16 rows; the epilogue staging (4 warps x 16 rows x (128 + 8) fp32 + m, d) is smaller than the pipeline
-    pytest.param(16, 64, 128, 128, False, 4096 + 2 * 2 * 16384 + (8 + 32) * 4, id="decode-tiles"),
+    pytest.param(16, 64, 128, 128, False, 4096 + 2 * 2 * 16384 + (12 + 32) * 4, id="decode-tiles"),
     # 8 warps of 16 rows at head dim 256 (one warp per row block: cross-item, no epilogue staging):
-    # Q 128x256 + 2 x (K + V) 32x256 = 128 KB, item info (8 + 8 x 8 ints), the item table
-    pytest.param(128, 32, 256, 256, False, 65536 + 2 * 32 * 512 * 2 + (8 + 64) * 4 + 640, id="d256-8warps"),
+    # Q 128x256 + 2 x (K + V) 32x256 = 128 KB, item info (12 + 8 x 8 ints), the item table
+    pytest.param(128, 32, 256, 256, False, 65536 + 2 * 32 * 512 * 2 + (12 + 64) * 4 + 640, id="d256-8warps"),
 ])  # fmt: skip
 def test_smem_bytes_worked_examples(tile_q, tile_kv, dqk, dvo, paged, want):
     assert smem_bytes(tile_config(tile_q, tile_kv, dvo), dqk, dvo, paged) == want

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from cuinfer.planner.assign import POOL_SHARE
 
 from cuinfer import reference
 from cuinfer.prefill import BatchPrefill, single_prefill
@@ -157,9 +158,10 @@ def test_plan_work_of_plan_is_the_public_planners(paged, causal, group, rng):
         w.plan(qo_indptr, np.concatenate([[0], np.cumsum(kv)]).astype(np.int32), **kw)
     plan = w._plan
     want = plan_work(qo, kv, num_kv_heads=2, group_size=group, tile_rows=plan.config.tile_q,
-                     num_ctas=plan.work.num_ctas, kv_granule=plan.config.tile_kv, causal=causal)  # fmt: skip
+                     num_ctas=plan.work.num_ctas, kv_granule=plan.config.tile_kv, causal=causal,
+                     pool_share=POOL_SHARE)  # fmt: skip
     got = plan.work
-    assert (got.assign_mode, got.chunk_size) == (want.assign_mode, want.chunk_size)
+    assert (got.assign_mode, got.chunk_size, got.n_pool) == (want.assign_mode, want.chunk_size, want.n_pool)
     for name in ("work_indptr", "item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end",
                  "item_partial", "merge_src", "merge_dst_token"):  # fmt: skip
         np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)

@@ -337,6 +337,63 @@ def test_cuda_graph_replays_after_replan(rng):
         _check(out.get(), lse.get(), ref_o, ref_lse, "bf16", what=f"graph replay {lens}")
 
 
+@pytest.mark.parametrize("split", [pytest.param(None, id="unsplit"), pytest.param(256, id="split256")])
+def test_shared_tail_is_taken_once_per_launch(rng, monkeypatch, split):
+    """A plan whose sorted deal leaves half its cost to the shared tail (the CTAs take those items by an atomic
+    counter): every output row right in three launches in a row and in CUDA-graph replays after a re-plan, and the
+    counters back at 0 after each launch (outputs poisoned before every run)."""
+    from cuinfer.planner import assign as plan_assign
+
+    from cuinfer.prefill import BatchPrefill
+
+    monkeypatch.setattr(plan_assign, "POOL_SHARE", 0.5)
+    cupy = _framework("cupy").module
+    fw = _framework("cupy")
+    c = Case(((577, 127, 1000, 37, 300), (4097, 513, 1000, 97, 2048)), heads=(28, 4))
+    h = _build(rng, c)
+    ref_o, ref_lse = _reference(c, h)
+    w = BatchPrefill(paged=False)
+    kw = dict(num_qo_heads=28, num_kv_heads=4, head_dim=128, causal=True, q_dtype="bfloat16", fixed_split_size=split)
+    w.plan(h["qo_indptr"], h["kv_indptr"], **kw)
+    work = w._plan.work
+    assert work.assign_mode == "snake+pool" and work.n_pool >= 100, (work.assign_mode, work.n_pool)
+    gq, gk, gv = fw.asarray(h["q"]), fw.asarray(h["k"]), fw.asarray(h["v"])
+    n = h["q"].shape[0]
+    for launch in range(3):
+        out = cupy.full((n, 28, 128), np.nan, dtype=ml_dtypes.bfloat16)
+        lse = cupy.full((n, 28), np.nan, dtype=np.float32)
+        _poison_workspace(w)
+        w.run(gq, gk, gv, out=out, lse=lse)
+        _check(out.get(), lse.get(), ref_o, ref_lse, "bf16", what=f"launch {launch}")
+        assert w._buffers.merge_count[:2].get().tolist() == [0, 0], "the last CTA out resets the pool counters"
+
+    if split is not None:
+        return  # (CUDA-graph capacities follow the automatic split policy)
+    # CUDA graph: captured once, replayed after a plan of other lengths (the same token counts: the tail moves)
+    g = BatchPrefill(paged=False, use_cuda_graph=True, max_batch_size=8, workspace_bytes=256 << 20)
+    ind_a = (h["qo_indptr"], h["kv_indptr"])
+    ind_b = (_indptr((600, 127, 977, 37, 300)), _indptr((700, 2000, 977, 3778, 300)))
+    assert ind_b[0][-1] == ind_a[0][-1] and ind_b[1][-1] == ind_a[1][-1]
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        g.plan(*ind_a, **kw)
+        g.run(gq, gk, gv, out=out, lse=lse)  # compiles and loads everything before the capture
+        stream.begin_capture()
+        g.run(gq, gk, gv, out=out, lse=lse)
+        graph = stream.end_capture()
+    for ind in (ind_b, ind_a, ind_b):
+        with stream:
+            g.plan(*ind, **kw)
+            assert g._plan.work.n_pool > 0
+            out.fill(np.nan)
+            lse.fill(np.nan)
+            graph.launch(stream)
+        stream.synchronize()
+        ro, rl = reference.batch_attention_ragged(h["q"], h["k"], h["v"], *ind, causal=True)
+        _check(out.get(), lse.get(), ro, rl, "bf16", what=f"graph replay, kv_indptr {ind[1].tolist()}")
+        assert g._buffers.merge_count[:2].get().tolist() == [0, 0]
+
+
 def test_one_wrapper_replanned_runs_fresh_launches(rng):
     """run() keeps what a plan launches (kernel, plan-buffer and workspace pointers, parameter struct) between calls:
     re-planning the same wrapper -- a bigger batch that grows the plan buffer, a split plan that needs the merge, an
