@@ -246,11 +246,13 @@ class BatchPrefill:
         copy). ``tile_sizes=(query_tile, kv_tile[, stages])`` overrides the tile policy (tests, tuning).
         Raises before anything reaches the GPU when the inputs or the workspace do not fit."""
         device_id = self._device_id if self._device_id is not False else self._device_or_none()
+        memo = self._limits_memo  # (_limits, inlined)
+        limits = memo[1] if memo is not None and memo[0] == device_id else self._limits(device_id)
         # host_plan's arguments in one tuple, in its order (see plan_of)
         static = (
             self.paged, num_qo_heads, num_kv_heads, head_dim, page_size, causal, head_dim_vo, q_dtype, kv_dtype,
             o_dtype, sm_scale, logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant, tile_sizes,
-            self._limits(device_id),
+            limits,
         )  # fmt: skip
         plan = plan_of(
             static, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, custom_mask, packed_custom_mask,

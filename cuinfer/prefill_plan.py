@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,6 +180,7 @@ _STATIC = (
     "tile_sizes",
 )  # fmt: skip
 _I32 = np.dtype(np.int32)
+_U32 = np.dtype(np.uint32)
 _INT32_MAX = 2**31 - 1
 
 
@@ -292,10 +294,10 @@ def _static_facts(
     )
     ps = positive("page_size", page_size) if paged else 1
     tq, tkv, stages = parse_tile_sizes(tile_sizes)
-    # the last two: tile configs by query tile, and the PrefillPlan fields these arguments fix (with every other
-    # field present, see plan_of)
+    # then: tile configs by query tile, the PrefillPlan fields these arguments fix (with every other field present,
+    # see plan_of), and the largest query tile (query_tile of any longer average)
     fields = {f.name: _PLAN_DEFAULTS.get(f.name) for f in dataclasses.fields(PrefillPlan)}
-    facts = (hq, hkv, d, dvo, ps, qd, kvd, od, opts, (tq, tkv, stages), {}, fields)
+    facts = (hq, hkv, d, dvo, ps, qd, kvd, od, opts, (tq, tkv, stages), {}, fields, query_tile(math.inf, dvo))
     fields.update(
         num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, head_dim_vo=dvo, page_size=ps, q_dtype=qd, kv_dtype=kvd,
         o_dtype=od, options=opts, static=facts,
@@ -307,10 +309,13 @@ def _tiles_for(facts: tuple, avg: float, paged: bool, limits, memo: bool) -> Til
     """``choose_tiles`` for this batch. The policy reads the average packed query length only through
     ``query_tile(avg, head_dim_vo)`` (or not at all when the query tile is forced), so that is the memo key (in the
     facts of the other arguments, ``facts[10]``)."""
-    d, dvo, opts, (tq, tkv, stages), configs = facts[2], facts[3], facts[8], facts[9], facts[10]
-    key = query_tile(avg, dvo) if tq is None else None
+    tq, cap = facts[9][0], facts[12]
+    # (at or past the largest query tile, query_tile is that tile: the usual prefill batch skips the policy's loop)
+    key = (cap if avg >= cap else query_tile(avg, facts[3])) if tq is None else None
+    configs = facts[10]
     config = configs.get(key) if memo else None
     if config is None:
+        d, dvo, opts, (tq, tkv, stages) = facts[2], facts[3], facts[8], facts[9]
         config = choose_tiles(
             avg, d, dvo, paged=paged, limits=limits, tile_q=tq, tile_kv=tkv, stages=stages,
             variant=opts.logits_soft_cap > 0 or opts.pos_encoding == "alibi",
@@ -351,36 +356,47 @@ def _index_arrays(paged: bool, qo_indptr, kv_indptr, kv_indices, kv_last_page_le
 def _index_arrays_fast(paged: bool, qo, kvi, indices, last, ps: int) -> tuple | None:
     """``_index_arrays`` for 1-D NumPy int32 inputs in one reduction over the rows ``[qo_lens, kv_lens, lp, -qo_lens,
     -kv_lens, -lp]`` (``lp = last - page_size``, see ``decode_host._page_table_fast``), or None: the validators' path
-    then runs and names whatever is wrong."""
+    then runs and names whatever is wrong. The rows lie end to end in one buffer: ``reduceat`` takes their maxima in
+    two thirds of the instructions of a 2-D reduction, and scalars are read with ``item`` (no NumPy scalar)."""
     nd = np.ndarray
     if type(qo) is not nd or type(kvi) is not nd or qo.dtype is not _I32 or kvi.dtype is not _I32:
         return None
     if paged and (type(indices) is not nd or type(last) is not nd or indices.dtype is not _I32
                   or last.dtype is not _I32 or indices.ndim != 1 or last.ndim != 1):  # fmt: skip
         return None
-    batch = qo.shape[0] - 1
-    if batch < 1 or qo.ndim != 1 or kvi.shape != qo.shape or qo[0] != 0 or kvi[0] != 0:
+    if qo.ndim != 1 or kvi.ndim != 1:
+        return None
+    batch = len(qo) - 1
+    if batch < 1 or len(kvi) != batch + 1 or qo.item(0) or kvi.item(0):
         return None
     r = 3 if paged else 2
-    rows = np.empty((2 * r, batch), dtype=np.int32)
-    qo_lens, kv_lens = rows[0], rows[1]
+    half = r * batch
+    rows = np.empty(2 * half, _I32)
+    qo_lens, kv_lens = rows[:batch], rows[batch : 2 * batch]
     np.subtract(qo[1:], qo[:-1], out=qo_lens)
     np.subtract(kvi[1:], kvi[:-1], out=kv_lens)
     max_page = -1
     if paged:
-        nnz = int(kvi[-1])
+        nnz = kvi.item(-1)
         if last.shape[0] != batch or indices.shape[0] < nnz:
             return None
         c = _const32(ps)
-        np.subtract(last, c, out=rows[2])
+        lp = np.subtract(last, c, out=rows[2 * batch : half])
         np.multiply(kv_lens, c, out=kv_lens)
-        kv_lens += rows[2]
+        kv_lens += lp
         if nnz:
-            max_page = int(np.maximum.reduce(indices[:nnz].view(np.uint32)))
+            used = indices if indices.shape[0] == nnz else indices[:nnz]
+            max_page = int(np.maximum.reduce(used.view(_U32)))
             if max_page > _INT32_MAX:
                 return None
-    np.negative(rows[:r], out=rows[r:])
-    hi = np.maximum.reduce(rows, axis=1).tolist()
+    np.negative(rows[:half], out=rows[half:])
+    kept = _ROW_STARTS[paged]
+    starts = kept.get(batch)
+    if starts is None:
+        if len(kept) >= 64:
+            kept.clear()
+        starts = kept[batch] = np.arange(0, 2 * half, batch)
+    hi = np.maximum.reduceat(rows, starts).tolist()
     qo_hi, kv_hi, qo_lo, kv_lo = hi[0], hi[1], -hi[r], -hi[r + 1]
     if qo_lo < 0:
         return None
@@ -395,6 +411,10 @@ def _index_arrays_fast(paged: bool, qo, kvi, indices, last, ps: int) -> tuple | 
     if kv_lo < 0:
         return None
     return qo, kvi, None, None, qo_lens, kv_lens, -1, (qo_lo, qo_hi), (kv_lo, kv_hi), 0
+
+
+# paged -> {batch: the first word of each row of _index_arrays_fast's buffer} (for reduceat)
+_ROW_STARTS: dict = {False: {}, True: {}}
 
 
 @functools.lru_cache(maxsize=64)

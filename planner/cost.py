@@ -38,6 +38,8 @@ class CostModel:
     partial_row: float = 2.0
     split_fixed: float = 128.0
     integral: bool = field(default=False, init=False, compare=False, repr=False)  # set from the terms
+    # (int(alpha), int(beta), int(gamma)) when integral, else None: the plan path reads them as ints every call
+    int_terms: tuple | None = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # gamma > 0 keeps every item's cost positive (an empty tile still costs its launch), which the assignment
@@ -57,7 +59,9 @@ class CostModel:
                     f"{getattr(CostModel, name)!r} unless you have calibrated the kernels"
                 )
         # alpha, beta, gamma whole numbers: the costs of whole tiles can be int64 (faster prefix sums)
-        object.__setattr__(self, "integral", all(float(v).is_integer() for v in (self.alpha, self.beta, self.gamma)))
+        integral = all(float(v).is_integer() for v in (self.alpha, self.beta, self.gamma))
+        object.__setattr__(self, "integral", integral)
+        object.__setattr__(self, "int_terms", (int(self.alpha), int(self.beta), int(self.gamma)) if integral else None)
 
     def item_cost(self, rows, kv_tokens, split=False):
         """Cost of items with ``rows`` packed query rows over ``kv_tokens`` KV tokens (arrays broadcast)."""

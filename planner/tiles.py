@@ -40,9 +40,9 @@ class Tiles:
     rows: np.ndarray | int  # [T] packed rows in the tile (<= tile_rows)
     kv_start: np.ndarray | int  # [T] first KV token the tile attends to
     kv_end: np.ndarray  # [T] one past the last (kv_start <= kv_end)
-    # When ``rows`` is the scalar tile_rows but each request's last tile is shorter: one past each such tile (so
-    # ``last_end - 1`` are the tiles) and the rows it lacks (``rows - short`` are its rows).
-    last_end: np.ndarray | None = None
+    # When ``rows`` is the scalar tile_rows but each request's last tile is shorter: those tiles (intp) and the rows
+    # each lacks (``rows - short`` are its rows).
+    last: np.ndarray | None = None
     short: np.ndarray | None = None
     # ``req`` and ``index`` are cached read-only arrays: the same objects always hold the same values
     fixed: bool = False
@@ -50,16 +50,16 @@ class Tiles:
     @property
     def last_rows(self) -> tuple | None:
         """``(last tiles, their rows)`` when ``rows`` is a scalar but those tiles are shorter, else None."""
-        if self.last_end is None:
+        if self.last is None:
             return None
-        return self.last_end - 1, self.rows - self.short
+        return self.last, self.rows - self.short
 
     def row_array(self):
         """``rows`` with the last tiles' rows in (an array, or the scalar when every tile has it)."""
-        if self.last_end is None:
+        if self.last is None:
             return self.rows
         rows = np.full(self.count, self.rows, dtype=self.req.dtype)
-        rows[self.last_end - 1] = self.rows - self.short
+        rows[self.last] = self.rows - self.short
         return rows
 
 
@@ -209,15 +209,17 @@ def tiles_of(qo, kv: np.ndarray, g: int, br: int, causal: bool, w: int, qo_min: 
     return Tiles(count=n_tiles, decode=decode, req=req, index=index, rows=rows, kv_start=start, kv_end=end)
 
 
-def _whole_token_tiles(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: bool, qo_min: int) -> Tiles:
+def _whole_token_tiles(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: bool, qo_min: int,
+                       qo_max: int | None = None) -> Tiles:  # fmt: skip
     """Tiles that hold whole tokens (``Br % g == 0``, ``t = Br / g`` tokens each) and no window, in about fifteen
     NumPy calls (on request and tile arrays alike they cost ~1 us each, so every call counts), six when the query
-    lengths repeat (their structure is cached, below).
+    lengths repeat (their structure is cached, below). ``qo_min`` / ``qo_max``: the range of ``qo`` (the maximum is
+    found when not given).
 
     Tile ``j`` of the batch (the ``index``-th of request ``b``) holds tokens ``[index*t, min((index+1)*t, qo))``;
     causal, it sees keys below ``kv - qo + min((index+1)*t, qo)``, which is ``(j+1)*t + c_b`` with
     ``c_b = kv_b - q_b`` and ``q_b = qo_b + first_b * t`` (``first_b`` its first tile), except the request's last
-    tile, which sees all ``kv_b``. Rows are ``Br`` except in each request's last tile (``last_end``, ``short``).
+    tile, which sees all ``kv_b``. Rows are ``Br`` except in each request's last tile (``last``, ``short``).
 
     The tile arrays are computed in the lengths' dtype with operands of that dtype (int32: no cast, half the memory
     traffic of int64). ``q_b`` and ``c_b`` may wrap in int32, but they only feed the ends, which fit int32: the ends
@@ -242,13 +244,13 @@ def _whole_token_tiles(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: 
         if len(_STRUCTURES) >= 32:
             _STRUCTURES.clear()
         _STRUCTURES[key] = (qb, None)
-        return _new_structure(qo, kv, g, br, causal, qo_min, None, None)
+        return _new_structure(qo, kv, g, br, causal, qo_min, qo_max, None, None)
     st = hit[1]
     if st is None:
-        return _new_structure(qo, kv, g, br, causal, qo_min, key, qb)
+        return _new_structure(qo, kv, g, br, causal, qo_min, qo_max, key, qb)
     n, nt = st.count, st.nt
     line = _LINES.get(key[:3])
-    if line is None or line[0].shape[0] < n:
+    if line is None or line[6] < n:
         line = _line(br, g, dtype, n)
     if causal:
         end = np.subtract(kv, st.q).repeat(nt)
@@ -260,65 +262,84 @@ def _whole_token_tiles(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: 
     tiles = object.__new__(Tiles)  # (the dataclass __init__ costs a microsecond)
     tiles.__dict__ = {
         "count": n, "decode": False, "req": st.req, "index": st.index, "rows": br, "kv_start": 0, "kv_end": end,
-        "last_end": st.last_end, "short": st.short, "fixed": True,
+        "last": st.last, "short": st.short, "fixed": True,
     }  # fmt: skip
     return tiles
 
 
-def _new_structure(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: bool, qo_min: int, key: tuple | None,
-                   qb: bytes | None) -> Tiles:  # fmt: skip
+def _new_structure(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: bool, qo_min: int, qo_max: int | None,
+                   key: tuple | None, qb: bytes | None) -> Tiles:  # fmt: skip
     """``_whole_token_tiles`` without a cached structure: the tiles, and (``key`` given) their structure cached for
     the query lengths ``qb``. Caching costs a few microseconds (read-only flags, the record), which is why query
-    lengths are only cached the second time they come."""
+    lengths are only cached the second time they come.
+
+    Every NumPy call costs about a microsecond here, a mixed-dtype one (a cast) twice that, so the per-request
+    values are computed in the tiles' dtype into the rows of ONE array ``[request, -first tile, c_b (not causal:
+    kv_b), one past the last tile]`` (the first a copy of a cached ramp), and the first three go to the tiles in ONE
+    repeat. int32 lengths are
+    computed in int32 when the tile counts and their running sum surely fit it (``qo_max``: always but for absurd
+    lengths), else in int64 (``wide``, the rows then take int32 casts of what fits them)."""
     t = br // g
     b = qo.shape[0]
     dtype = qo.dtype
     line = _LINES.get((br, g, dtype))  # constants, ramps
-    if line is None or line[0].shape[0] < b:
+    if line is None or line[6] < b:
         line = _line(br, g, dtype, b)
-    c_t1, c_t, c_br, c_g = line[3]  # (int64: the tile counts feed repeat, which wants intp)
-    nt = qo + c_t1
-    nt //= c_t
-    ends = np.add.accumulate(nt)
-    n = int(ends[-1])
+    if qo_max is None:
+        qo_max = int(np.maximum.reduce(qo))
+    wide = dtype is _I32 and b * (qo_max + t) >= 2**31
+    rows = line[7].get(b)
+    rows = _request_rows(line[7], b, dtype) if rows is None else rows.copy()
+    by_length = line[8]
+    if qo_max < by_length[0]:
+        per = by_length[1].take(qo, axis=1)  # one gather in place of five calls
+        nt, short = per[0], per[1]
+    elif qo_max < _BY_LENGTH_MAX and not wide:
+        by_length = _by_length(line, t, g, dtype, qo_max)
+        per = by_length[1].take(qo, axis=1)
+        nt, short = per[0], per[1]
+    else:
+        c_t1, c_t, c_g = line[4] if wide else line[3]  # 0-d operands of the arithmetic's dtype
+        nt = (qo.astype(_I64) if wide else qo) + c_t1
+        nt //= c_t  # tiles per request
+        short = nt * c_t
+        short -= qo
+        short *= c_g  # rows the last tile lacks: g * (t * tiles - tokens), < Br
+        if wide:
+            short = short.astype(_I32)
+    ends = np.add.accumulate(nt) if wide else np.add.accumulate(nt, out=rows[3])
+    n = ends.item(-1)
     if dtype is _I32 and not 0 <= (n + 1) * t < 2**31:  # (absurd sizes) the tile line does not fit int32
-        return _whole_token_tiles(qo.astype(_I64), kv.astype(_I64), g, br, causal, qo_min)
-    if line[0].shape[0] < n:
+        return _whole_token_tiles(qo.astype(_I64), kv.astype(_I64), g, br, causal, qo_min, qo_max)
+    # each request's last tile, as intp: NumPy converts other index arrays on every use (~2 us each)
+    last = np.subtract(ends, line[5])
+    if line[6] < n:
         line = _line(br, g, dtype, n)
-    ramp, steps = line[0], line[1]
-    # Per-request values spread over the tiles by ONE repeat of stacked rows: [request, first tile, c]; the tile
-    # arrays are then computed in place in the rows of the spread.
-    per_req = np.empty((3 if causal else 2, b), dtype=dtype)
-    per_req[0] = ramp[:b]
-    first = np.subtract(ends, nt, out=per_req[1])
+    neg_first = np.subtract(nt, ends, out=rows[1])
+    c = rows[2]
+    if causal:
+        np.multiply(neg_first, line[3][1], out=c)
+        c += kv
+        c -= qo  # kv - (qo + first * t): may wrap in int32, like the ends it feeds (see _whole_token_tiles)
+    else:
+        c[...] = kv  # the ends, spread with the rest
+    nt64 = nt if nt.dtype is _I64 else nt.astype(_I64)  # (repeat takes intp counts: others cost a cast inside)
+    spread = rows[:3].repeat(nt64, axis=1)
+    req, index, end = spread[0], spread[1], spread[2]
+    np.add(index, line[0][:n], out=index)  # j - first
+    has = None if qo_min > 0 else nt > 0  # requests without query tokens have no tile
+    if has is not None:
+        last, short = last[has], short[has]
     q = None
     if causal:
-        q = first * line[4]
-        q += qo
-        np.subtract(kv, q, out=per_req[2])
-    spread = per_req.repeat(nt, axis=1)
-    req, index = spread[0], spread[1]
-    np.subtract(ramp[:n], index, out=index)
-    has = None if qo_min > 0 else nt > 0  # requests without query tokens have no tile
-    last_end = ends if has is None else ends[has]  # one past each request's last tile
-    short = nt * c_br
-    short -= qo * c_g  # rows the last tile lacks: Br * tiles - packed rows (int64: qo * g may pass 2**31)
-    if has is not None:
-        short = short[has]
-    if dtype is _I32:  # (< Br) in the tiles' dtype: the costs subtract it without a cast
-        short = short.astype(_I32)
-    if causal:
-        end = spread[2]
-        end += steps[:n]  # (j+1)*t + c_b
-        # The last tile sees all the keys (the others end below kv): written through the flat spread, where word
-        # 2n - 1 + last_end is that tile's end.
-        spread.reshape(-1)[2 * n - 1 :][last_end] = kv if has is None else kv[has]
+        end += line[1][:n]  # (j+1)*t + c_b
+        end[last] = kv if has is None else kv[has]  # the last tile sees all the keys (the others end below kv)
         # More queries than keys: the first tiles see nothing (a clamp over the tiles is cheaper than finding out
         # whether any request needs it: a reduction costs more than this pass). Against an array of zeros: NumPy's
         # maximum is vectorised for two arrays, not for an array and a scalar.
         np.maximum(end, line[2][:n], out=end)
-    else:
-        end = kv.repeat(nt)
+        if key is not None:
+            q = np.subtract(kv, c)  # qo + first * t, what the cached path subtracts from the next KV lengths
     fixed = key is not None and n <= _CACHE_TILES
     if fixed:
         # req and index go into plans (and pack's FIXED fields): read-only. The other arrays of the structure are
@@ -327,11 +348,11 @@ def _new_structure(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: bool
         index.setflags(write=False)
         if len(_STRUCTURES) >= 32:
             _STRUCTURES.clear()
-        _STRUCTURES[key] = (qb, _Structure(n, nt, req, index, last_end, short, has, q))
+        _STRUCTURES[key] = (qb, _Structure(n, nt64, req, index, last, short, has, q))
     tiles = object.__new__(Tiles)  # (the dataclass __init__ costs a microsecond)
     tiles.__dict__ = {
         "count": n, "decode": False, "req": req, "index": index, "rows": br, "kv_start": 0, "kv_end": end,
-        "last_end": last_end, "short": short, "fixed": fixed,
+        "last": last, "short": short, "fixed": fixed,
     }  # fmt: skip
     return tiles
 
@@ -340,18 +361,11 @@ class _Structure:
     """What the tiles of one set of query lengths share whatever the KV lengths (``req`` and ``index`` read-only, the
     other arrays never written after they are made)."""
 
-    __slots__ = ("count", "nt", "req", "index", "last_end", "short", "has", "q", "_last")
+    __slots__ = ("count", "nt", "req", "index", "last", "short", "has", "q")
 
-    def __init__(self, count, nt, req, index, last_end, short, has, q) -> None:
-        self.count, self.nt, self.req, self.index, self.last_end, self.short = count, nt, req, index, last_end, short
-        self.has, self.q, self._last = has, q, None
-
-    @property
-    def last(self) -> np.ndarray:
-        """The last tile of each request with tiles (``last_end - 1``)."""
-        if self._last is None:
-            self._last = self.last_end - 1
-        return self._last
+    def __init__(self, count, nt, req, index, last, short, has, q) -> None:
+        self.count, self.nt, self.req, self.index, self.last, self.short = count, nt, req, index, last, short
+        self.has, self.q = has, q
 
 
 #: Structures (``_whole_token_tiles``) of at most this many tiles are cached (a few arrays of as many words).
@@ -367,9 +381,10 @@ _LINES: dict = {}
 
 
 def _line(br: int, g: int, dtype, n: int) -> tuple:
-    """``(arange(m), (arange(m) + 1) * t, zeros(m), 0-d int64 (t - 1, t, Br, g), 0-d t of the dtype)`` for
-    ``t = Br / g``, ``m >= n``: what ``_whole_token_tiles`` reads, read-only, cached per ``(Br, g, dtype)`` and grown
-    by doubling."""
+    """``(arange(m), (arange(m) + 1) * t, zeros(m), 0-d (t - 1, t, g) of the dtype, the same in int64, 0-d int64 1,
+    m, {batch: request rows}, [M, per-length table])`` for ``t = Br / g``, ``m >= n``: what ``_whole_token_tiles``
+    reads, read-only (the rows: see ``_request_rows``; the table: ``_by_length``), cached per ``(Br, g, dtype)`` and
+    grown by doubling."""
     t = br // g
     old = _LINES.get((br, g, dtype))
     m = max(n, 2 * (0 if old is None else old[0].shape[0]), 4096)
@@ -383,8 +398,40 @@ def _line(br: int, g: int, dtype, n: int) -> tuple:
     ramp.flags.writeable = steps.flags.writeable = zeros.flags.writeable = False
     if len(_LINES) >= 32:
         _LINES.clear()
-    line = _LINES[(br, g, dtype)] = (ramp, steps, zeros, _consts(_I64, t - 1, t, br, g), _consts(dtype, t)[0])
+    line = _LINES[(br, g, dtype)] = (
+        ramp, steps, zeros, _consts(dtype, t - 1, t, g), _consts(_I64, t - 1, t, g), _consts(_I64, 1)[0], m,
+        {} if old is None else old[7], [0, None] if old is None else old[8],
+    )  # fmt: skip
     return line
+
+
+#: Query lengths below this use the table of ``_by_length`` (two rows of int32 per length: 256 KB at most).
+_BY_LENGTH_MAX = 1 << 15
+
+
+def _by_length(line: tuple, t: int, g: int, dtype, qo_max: int) -> list:
+    """Grow ``line[8] = [M, table]``: ``table[:, q]`` is ``[tiles, rows the last tile lacks]`` of a request of ``q``
+    query tokens, ``q < M`` (``M > qo_max``, doubled, at most ``_BY_LENGTH_MAX``): what ``_new_structure`` would
+    compute with five NumPy calls, gathered with one."""
+    m = min(max(4096, 2 * line[8][0], 1 << int(qo_max).bit_length()), _BY_LENGTH_MAX)
+    q = np.arange(m, dtype=np.int64)
+    tiles = -(-q // t)
+    table = np.stack([tiles, g * (t * tiles - q)]).astype(dtype)
+    table.flags.writeable = False
+    line[8][:] = [m, table]
+    return line[8]
+
+
+def _request_rows(kept: dict, b: int, dtype) -> np.ndarray:
+    """A fresh ``(4, b)`` array for ``_new_structure``, its row 0 ``arange(b)``; the first of each batch size is
+    kept (read-only, in ``kept``) and copied for the next ones."""
+    rows = np.zeros((4, b), dtype=dtype)
+    rows[0] = np.arange(b)
+    rows.flags.writeable = False
+    if len(kept) >= 64:
+        kept.clear()
+    kept[b] = rows
+    return rows.copy()
 
 
 @functools.lru_cache(maxsize=64)

@@ -17,6 +17,7 @@ import functools
 
 import numpy as np
 
+from . import split_kv as _split_kv
 from .assign import LINEAR_ITEMS_PER_CTA, assign_items
 from .cost import DEFAULT_COST, CostModel
 from .decode_plan import decode_planner
@@ -31,37 +32,35 @@ _ZERO1 = np.zeros(1, dtype=np.int64)
 
 def _tile_costs(tiles, n: np.ndarray, cost: CostModel, kv_hi: int | None) -> tuple:
     """``(costs, prefix)``: one head's cost of each whole tile, ``beta * kv + alpha * rows + gamma``, and their
-    running sum after a leading 0 (None without tiles). The prefix sum serves the linear assignment (the usual one
-    for prefill: its midpoints are then one add, see ``assign._linear``) and gives the total.
+    running sum (None without tiles). The prefix sum serves the linear assignment (the usual one for prefill, see
+    ``assign._linear``) and gives the total.
 
     Integers when the terms are whole numbers (the default model: the prefix sum of the assignment is faster on
     integers): int32 when the tile arrays are int32 and twice the largest possible total fits int32 (every tile sees
     at most ``kv_hi`` keys and has at most Br rows; the linear cut doubles the prefix), else int64."""
     rows = tiles.rows
     count = tiles.count
-    if not isinstance(rows, np.ndarray) and cost.integral:
-        last = tiles.last_end
-        fixed = int(cost.alpha) * rows + int(cost.gamma)
+    terms = cost.int_terms
+    if terms is not None and not isinstance(rows, np.ndarray):
+        alpha, beta, gamma = terms
+        last = tiles.last
+        fixed = alpha * rows + gamma
         dtype = _I64
-        if n.dtype is _I32 and kv_hi is not None and 2 * count * (int(cost.beta) * kv_hi + fixed) < 2**31:
+        if n.dtype is _I32 and kv_hi is not None and 2 * count * (beta * kv_hi + fixed) < 2**31:
             dtype = _I32
-        # [costs, prefix], each after a leading word: word 0 of the costs lets ``last_end`` index the last tiles
-        buf = np.empty((2, count + 1), dtype=dtype)
-        costs = buf[0, 1:]
-        np.add(n, _const(dtype, fixed), out=costs)
-        if cost.beta != 1:
-            costs += n * int(cost.beta)
+        costs = n + _const(dtype, fixed)
+        if beta != 1:
+            costs += n * beta
             costs -= n
         if last is not None:  # the last tiles' missing rows
             short = tiles.short
-            if cost.alpha != 1:  # (in the costs' dtype: int32 only when every cost, alpha * Br included, fits)
-                short = np.multiply(short, int(cost.alpha), dtype=dtype)
-            buf[0][last] -= short
+            if alpha != 1:  # (in the costs' dtype: int32 only when every cost, alpha * Br included, fits)
+                short = np.multiply(short, alpha, dtype=dtype)
+            costs[last] -= short
         if not count:
             return costs, None
-        prefix = buf[1]
-        prefix[0] = 0
-        np.add.accumulate(costs, out=prefix[1:])
+        prefix = np.empty(count, dtype=dtype)  # (accumulate into a given array: a third of its cost without one)
+        np.add.accumulate(costs, out=prefix)
         return costs, prefix
     costs = n * cost.beta
     costs += tiles.row_array() * cost.alpha + cost.gamma
@@ -95,10 +94,19 @@ def _bounds(costs: np.ndarray, total: float, kv_hi: int | None, br: int, h: int,
     hi = float(cost.beta * kv_hi + cost.alpha * br + cost.gamma)
     if hi * LINEAR_ITEMS_PER_CTA * p > h * total:
         return None
-    c0, c1 = float(costs[0]), float(costs[-1])
+    c0, c1 = costs.item(0), costs.item(-1)
     if c0 == c1:
         return None
-    return total, hi, min(c0, c1)
+    return total, hi, float(min(c0, c1))
+
+
+def _balanced_under_bounds() -> bool:
+    """Whether ``_choose`` finds every batch balanced (no split) on ``_bounds``: bounds are only given when the largest
+    cost ``hi`` is at most ``1 / LINEAR_ITEMS_PER_CTA`` of the mean CTA load ``M``, and then the unsplit makespan
+    estimate is at most ``M + hi <= M * (L + 1) / L``, so ``M >= BALANCED_EFFICIENCY * estimate`` whenever
+    ``BALANCED_EFFICIENCY * (L + 1) <= L`` (0.93 * 17 = 15.8 <= 16; 0.1 % kept for rounding). Read at call time: the
+    split policy's constants are module attributes (tests change them)."""
+    return _split_kv.BALANCED_EFFICIENCY * (LINEAR_ITEMS_PER_CTA + 1) <= 0.999 * LINEAR_ITEMS_PER_CTA
 
 
 @functools.lru_cache(maxsize=32)
@@ -200,7 +208,7 @@ def plan_checked(
             return plan
 
     if qo is not None and w < 0 and br % g == 0 and kv.shape[0]:  # (tiles_of's choice, made here: one call less)
-        tiles = _whole_token_tiles(qo, kv, g, br, causal, qo_lo)
+        tiles = _whole_token_tiles(qo, kv, g, br, causal, qo_lo, qo_hi)
     else:
         tiles = tiles_of(qo, kv, g, br, causal, w, qo_lo)
     rows, start, end = tiles.rows, tiles.kv_start, tiles.kv_end
@@ -208,9 +216,10 @@ def plan_checked(
     costs, prefix = _tile_costs(tiles, n, cost, kv_hi)
     stats = bounds = None
     if tiles.count:
-        stats = bounds = _bounds(costs, float(prefix[-1]), kv_hi, br, h, p, cost) if fixed_split_size is None else None
+        total = float(prefix.item(-1))
+        stats = bounds = _bounds(costs, total, kv_hi, br, h, p, cost) if fixed_split_size is None else None
         if bounds is None:
-            stats = _exact_stats(costs, float(prefix[-1]))
+            stats = _exact_stats(costs, total)
 
     # --- split decision: which tiles are cut, into how many pieces -----------------------------------------------
     counts = None  # pieces per tile (None: nothing is split)
@@ -224,7 +233,10 @@ def plan_checked(
         else:
             counts = None
     elif not disable_split and tiles.count:
-        choice = _choose(rows, n, stats, h, p, gr, cost, min_chunk)
+        if bounds is not None and _balanced_under_bounds():
+            choice = None  # (what _choose returns on these bounds, see _balanced_under_bounds)
+        else:
+            choice = _choose(rows, n, stats, h, p, gr, cost, min_chunk)
         if choice is not None and bounds is not None:  # bounds did not settle it: the exact costs decide
             stats = _exact_stats(costs, stats[0])
             choice = _choose(rows, n, stats, h, p, gr, cost, min_chunk)
