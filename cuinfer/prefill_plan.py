@@ -218,7 +218,7 @@ def plan_of(
     if arrays is None:
         arrays = _index_arrays(paged, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, ps)
     qo, kvi, indices, last, qo_lens, kv_lens, max_page, qo_range, kv_range, n_pages = arrays
-    batch = qo.shape[0] - 1
+    batch = len(qo) - 1
     mask_bytes, mask_indptr = None, None
     if custom_mask is not None or packed_custom_mask is not None:
         mask_bytes, mask_indptr = custom_mask_bytes(custom_mask, packed_custom_mask, qo_lens, kv_lens)
@@ -237,7 +237,9 @@ def plan_of(
     fields["batch"], fields["config"], fields["max_page"] = batch, config, max_page
     fields["qo_indptr"], fields["kv_indptr"], fields["kv_indices"], fields["kv_last_page_len"] = qo, kvi, indices, last
     fields["qo_lens"], fields["kv_lens"], fields["qo_range"], fields["kv_range"] = qo_lens, kv_lens, qo_range, kv_range
-    fields["mask_bytes"], fields["mask_indptr"], fields["n_pages"] = mask_bytes, mask_indptr, n_pages
+    fields["n_pages"] = n_pages
+    if mask_bytes is not None:  # (else the defaults, None)
+        fields["mask_bytes"], fields["mask_indptr"] = mask_bytes, mask_indptr
     plan = object.__new__(PrefillPlan)
     plan.__dict__ = fields
     return plan
@@ -396,6 +398,7 @@ def _index_arrays_fast(paged: bool, qo, kvi, indices, last, ps: int) -> tuple | 
         if len(kept) >= 64:
             kept.clear()
         starts = kept[batch] = np.arange(0, 2 * half, batch)
+        starts.flags.writeable = False
     hi = np.maximum.reduceat(rows, starts).tolist()
     qo_hi, kv_hi, qo_lo, kv_lo = hi[0], hi[1], -hi[r], -hi[r + 1]
     if qo_lo < 0:

@@ -24,13 +24,14 @@ from dataclasses import dataclass
 import numpy as np
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Tiles:
     """One entry per query tile, in request order then tile order.
 
     For speed, fields that are the same for every tile (decode: ``index = 0``, ``rows = g``, ``kv_start = 0``
     without a window) are Python ints instead of arrays; ``at`` reads either kind. ``req`` and ``index`` may be
     read-only arrays shared with earlier tiles of the same query lengths (``fixed``, see ``_whole_token_tiles``).
+    Slots: the plan path makes one per call (``_whole_tiles``) and reads it a dozen times.
     """
 
     count: int
@@ -237,7 +238,7 @@ def _whole_token_tiles(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: 
     if dtype is not _I32 or kv.dtype is not _I32:  # int32 packs without a cast; anything else goes to int64
         dtype = _I32 if dtype == _I32 and kv.dtype == _I32 else _I64
         qo, kv = qo.astype(dtype, copy=False), kv.astype(dtype, copy=False)
-    key = (br, g, dtype, causal)
+    key = (br, g, dtype is _I32, causal)  # (the dtype is int32 or int64 here: a bool hashes faster)
     qb = qo.tobytes()  # (a copy of b words: cheaper than any comparison that does not keep one)
     hit = _STRUCTURES.get(key)
     if hit is None or hit[0] != qb:  # new query lengths: remembered, their structure is kept if they come again
@@ -259,12 +260,7 @@ def _whole_token_tiles(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: 
         np.maximum(end, line[2][:n], out=end)  # (see _new_structure)
     else:
         end = kv.repeat(nt)
-    tiles = object.__new__(Tiles)  # (the dataclass __init__ costs a microsecond)
-    tiles.__dict__ = {
-        "count": n, "decode": False, "req": st.req, "index": st.index, "rows": br, "kv_start": 0, "kv_end": end,
-        "last": st.last, "short": st.short, "fixed": True,
-    }  # fmt: skip
-    return tiles
+    return _whole_tiles(n, st.req, st.index, br, end, st.last, st.short, True)
 
 
 def _new_structure(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: bool, qo_min: int, qo_max: int | None,
@@ -273,16 +269,17 @@ def _new_structure(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: bool
     the query lengths ``qb``. Caching costs a few microseconds (read-only flags, the record), which is why query
     lengths are only cached the second time they come.
 
-    Every NumPy call costs about a microsecond here, a mixed-dtype one (a cast) twice that, so the per-request
-    values are computed in the tiles' dtype into the rows of ONE array ``[request, -first tile, c_b (not causal:
-    kv_b), one past the last tile]`` (the first a copy of a cached ramp), and the first three go to the tiles in ONE
-    repeat. int32 lengths are
-    computed in int32 when the tile counts and their running sum surely fit it (``qo_max``: always but for absurd
-    lengths), else in int64 (``wide``, the rows then take int32 casts of what fits them)."""
+    Every NumPy call costs about a microsecond here, a mixed-dtype one (a cast) up to twice that, so: the tile
+    count and the short last tile's missing rows of each request are read from a table by query length (one gather,
+    ``_by_length``); the other per-request values go, in the tiles' dtype, into the rows of ONE array ``[request,
+    -first tile, c_b (not causal: kv_b), one past the last tile]`` (the first a copy of a cached ramp), and the first
+    three reach the tiles in ONE repeat. Past the table, int32 lengths are computed in int32 when the tile counts and
+    their running sum surely fit it (``qo_max``: always but for absurd lengths), else in int64 (``wide``, the rows
+    then take int32 casts of what fits them)."""
     t = br // g
     b = qo.shape[0]
     dtype = qo.dtype
-    line = _LINES.get((br, g, dtype))  # constants, ramps
+    line = _LINES.get((br, g, dtype is _I32))  # constants, ramps
     if line is None or line[6] < b:
         line = _line(br, g, dtype, b)
     if qo_max is None:
@@ -326,7 +323,7 @@ def _new_structure(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: bool
     nt64 = nt if nt.dtype is _I64 else nt.astype(_I64)  # (repeat takes intp counts: others cost a cast inside)
     spread = rows[:3].repeat(nt64, axis=1)
     req, index, end = spread[0], spread[1], spread[2]
-    np.add(index, line[0][:n], out=index)  # j - first
+    index += line[0][:n]  # j - first (in-place operators: the cheapest NumPy calls)
     has = None if qo_min > 0 else nt > 0  # requests without query tokens have no tile
     if has is not None:
         last, short = last[has], short[has]
@@ -349,11 +346,15 @@ def _new_structure(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: bool
         if len(_STRUCTURES) >= 32:
             _STRUCTURES.clear()
         _STRUCTURES[key] = (qb, _Structure(n, nt64, req, index, last, short, has, q))
-    tiles = object.__new__(Tiles)  # (the dataclass __init__ costs a microsecond)
-    tiles.__dict__ = {
-        "count": n, "decode": False, "req": req, "index": index, "rows": br, "kv_start": 0, "kv_end": end,
-        "last": last, "short": short, "fixed": fixed,
-    }  # fmt: skip
+    return _whole_tiles(n, req, index, br, end, last, short, fixed)
+
+
+def _whole_tiles(n: int, req, index, br: int, end, last, short, fixed: bool) -> Tiles:
+    """``Tiles`` of whole tokens without a window (``kv_start`` 0), without the dataclass ``__init__`` (its keyword
+    handling costs a microsecond on the plan path)."""
+    tiles = object.__new__(Tiles)
+    tiles.count, tiles.decode, tiles.req, tiles.index, tiles.rows = n, False, req, index, br
+    tiles.kv_start, tiles.kv_end, tiles.last, tiles.short, tiles.fixed = 0, end, last, short, fixed
     return tiles
 
 
@@ -370,7 +371,7 @@ class _Structure:
 
 #: Structures (``_whole_token_tiles``) of at most this many tiles are cached (a few arrays of as many words).
 _CACHE_TILES = 1 << 20
-_STRUCTURES: dict = {}  # (Br, g, dtype, causal) -> (the query lengths' bytes, _Structure)
+_STRUCTURES: dict = {}  # (Br, g, int32?, causal) -> (the query lengths' bytes, _Structure)
 
 
 _I32 = np.dtype(np.int32)
@@ -386,7 +387,7 @@ def _line(br: int, g: int, dtype, n: int) -> tuple:
     reads, read-only (the rows: see ``_request_rows``; the table: ``_by_length``), cached per ``(Br, g, dtype)`` and
     grown by doubling."""
     t = br // g
-    old = _LINES.get((br, g, dtype))
+    old = _LINES.get((br, g, dtype is _I32))
     m = max(n, 2 * (0 if old is None else old[0].shape[0]), 4096)
     ramp = np.arange(m, dtype=np.int64)
     steps = ramp + 1
@@ -398,7 +399,7 @@ def _line(br: int, g: int, dtype, n: int) -> tuple:
     ramp.flags.writeable = steps.flags.writeable = zeros.flags.writeable = False
     if len(_LINES) >= 32:
         _LINES.clear()
-    line = _LINES[(br, g, dtype)] = (
+    line = _LINES[(br, g, dtype is _I32)] = (
         ramp, steps, zeros, _consts(dtype, t - 1, t, g), _consts(_I64, t - 1, t, g), _consts(_I64, 1)[0], m,
         {} if old is None else old[7], [0, None] if old is None else old[8],
     )  # fmt: skip

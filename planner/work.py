@@ -59,7 +59,7 @@ def _tile_costs(tiles, n: np.ndarray, cost: CostModel, kv_hi: int | None) -> tup
             costs[last] -= short
         if not count:
             return costs, None
-        prefix = np.empty(count, dtype=dtype)  # (accumulate into a given array: a third of its cost without one)
+        prefix = np.empty(count, dtype=dtype)  # (accumulate without an out array costs ~1.6x as much)
         np.add.accumulate(costs, out=prefix)
         return costs, prefix
     costs = n * cost.beta

@@ -1,0 +1,230 @@
+"""The fast paths of the prefill plan() (a new batch every call) against the plain-Python reference and the slow paths
+they stand in for: the query tiles of new query lengths (per-length table, int32 arithmetic, the int64 fallback, the
+cached structure of repeated lengths), the tile costs and their running sum, the split policy skipped on cost bounds,
+and the index-array validation of ``_index_arrays_fast`` against the validators' path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cuinfer.planner import CostModel, plan_work, split_kv, tiles, work
+from cuinfer.planner.assign import POOL_SHARE
+from cuinfer.planner.cost import DEFAULT_COST
+from test_planner import check_plan, reference_tiles
+
+from cuinfer import prefill_plan
+from cuinfer.prefill import BatchPrefill
+
+
+def _lengths(rng, b: int, qo_hi: int, *, empty: bool, more_queries: bool):
+    """Random int32 (qo, kv) lengths: prefill onto a cache (kv >= qo), some requests without queries, some with more
+    queries than keys (causal tiles that see nothing)."""
+    qo = rng.integers(1, qo_hi + 1, b)
+    kv = qo + rng.integers(0, 3 * qo_hi + 1, b)
+    if empty:
+        qo[rng.random(b) < 0.2] = 0
+    if more_queries:
+        short = rng.random(b) < 0.3
+        kv[short] = rng.integers(0, qo[short] + 1)
+    return qo.astype(np.int32), kv.astype(np.int32)
+
+
+def _assert_tiles_are_reference(t, qo, kv, g: int, br: int, causal: bool) -> None:
+    ref = reference_tiles(qo.tolist(), kv.tolist(), g, br, causal, -1)
+    assert t.count == len(ref)
+    assert t.req.tolist() == [r[0] for r in ref]
+    assert t.index.tolist() == [r[1] for r in ref]
+    assert np.broadcast_to(t.row_array(), (t.count,)).tolist() == [r[2] for r in ref]
+    assert t.kv_start == 0 and t.kv_end.tolist() == [r[5] for r in ref]
+    assert t.req.dtype == t.index.dtype == t.kv_end.dtype == np.int32  # packs without a cast
+    if t.last is not None:
+        assert t.last.dtype == np.intp  # (other index arrays cost a conversion on every use)
+        assert t.short.dtype == np.int32
+
+
+SHAPES = [
+    pytest.param(4, 128, True, False, 2048, id="gqa4-br128-causal"),
+    pytest.param(4, 128, False, False, 2048, id="gqa4-br128"),
+    pytest.param(1, 16, True, True, 113, id="mha-br16-causal-empty"),
+    pytest.param(8, 64, True, True, 1023, id="gqa8-br64-causal-empty"),
+    pytest.param(2, 64, True, False, 40000, id="gqa2-long-past-the-table"),
+]
+
+
+@pytest.mark.parametrize("g, br, causal, empty, qo_hi", SHAPES)
+def test_new_query_lengths_give_the_reference_tiles(g, br, causal, empty, qo_hi, rng):
+    """Every call with new query lengths builds the tiles from scratch (the per-length table below
+    ``_BY_LENGTH_MAX``, int32 arithmetic above it); the second call with the same lengths caches their structure
+    and the third reads it: all three are the reference tiles."""
+    b = int(rng.integers(1, 97))
+    qo, kv = _lengths(rng, b, qo_hi, empty=empty, more_queries=causal)
+    lo, hi = int(qo.min()), int(qo.max())
+    for _ in range(3):  # new, cached, read from the cache
+        t = tiles._whole_token_tiles(qo, kv, g, br, causal, lo, hi)
+        _assert_tiles_are_reference(t, qo, kv, g, br, causal)
+        kv = kv + rng.integers(0, 50, b).astype(np.int32)  # the same query lengths over a growing cache
+
+
+@pytest.mark.parametrize("causal", [pytest.param(True, id="causal"), pytest.param(False, id="not-causal")])
+def test_int64_fallback_is_the_int32_path(causal, rng):
+    """A query maximum whose tile counts might pass int32 takes the int64 arithmetic (``wide``) and writes int32 rows;
+    told a huge maximum, small batches take that path and must give the same tiles as the table."""
+    qo, kv = _lengths(rng, 37, 517, empty=True, more_queries=causal)
+    lo = int(qo.min())
+    table = tiles._new_structure(qo, kv, 4, 128, causal, lo, int(qo.max()), None, None)
+    wide = tiles._new_structure(qo, kv, 4, 128, causal, lo, 2**30, None, None)
+    for name in ("req", "index", "kv_end", "last", "short"):
+        a, b = getattr(table, name), getattr(wide, name)
+        assert a.dtype == b.dtype, name
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    _assert_tiles_are_reference(wide, qo, kv, 4, 128, causal)
+
+
+@pytest.mark.parametrize(
+    "cost",
+    [
+        pytest.param(DEFAULT_COST, id="default-int32"),
+        pytest.param(CostModel(alpha=2.0, beta=3.0, gamma=17.0), id="integral-alpha2-beta3"),
+        pytest.param(CostModel(alpha=0.5, beta=1.25, gamma=64.5), id="float"),
+    ],
+)
+def test_tile_costs_and_running_sum(cost, rng):
+    """``beta * kv + alpha * rows + gamma`` of each tile (the short last tile of each request included) and their
+    running sum, in float64 from the reference tiles."""
+    qo, kv = _lengths(rng, 53, 1023, empty=True, more_queries=True)
+    t = tiles._whole_token_tiles(qo, kv, 4, 128, True, int(qo.min()), int(qo.max()))
+    costs, prefix = work._tile_costs(t, t.kv_end, cost, int(kv.max()))
+    ref = reference_tiles(qo.tolist(), kv.tolist(), 4, 128, True, -1)
+    want = np.array([cost.beta * (r[5] - r[4]) + cost.alpha * r[2] + cost.gamma for r in ref])
+    np.testing.assert_allclose(costs.astype(np.float64), want, rtol=1e-12)
+    if cost.int_terms is not None:
+        assert costs.dtype.kind == "i"
+    np.testing.assert_allclose(prefix.astype(np.float64)[-len(want) :], np.cumsum(want), rtol=1e-12)
+    assert float(prefix[-1]) == pytest.approx(want.sum())
+
+
+def test_cost_model_int_terms():
+    assert DEFAULT_COST.int_terms == (1, 1, 64)
+    assert CostModel(alpha=2.0, beta=3.0, gamma=5.0).int_terms == (2, 3, 5)
+    assert CostModel(alpha=1.5).int_terms is None
+
+
+@pytest.mark.parametrize(
+    "b, qo_hi, num_ctas",
+    [
+        pytest.param(64, 2048, 264, id="P64-like"),
+        pytest.param(113, 511, 132, id="113-requests"),
+        pytest.param(17, 3001, 66, id="17-long-on-66"),
+    ],
+)
+def test_bounds_settle_no_split(b, qo_hi, num_ctas, rng):
+    """plan_checked skips the split policy when ``_bounds`` gives bounds and ``_balanced_under_bounds`` holds: the
+    policy run on those bounds (what it would be given) must then find the batch balanced."""
+    assert work._balanced_under_bounds()
+    for _ in range(5):  # (no bounds when the first and last tile cost the same: rare, draw again)
+        qo, kv = _lengths(rng, b, qo_hi, empty=False, more_queries=False)
+        t = tiles._whole_token_tiles(qo, kv, 4, 128, True, int(qo.min()), int(qo.max()))
+        costs, prefix = work._tile_costs(t, t.kv_end, DEFAULT_COST, int(kv.max()))
+        bounds = work._bounds(costs, float(prefix[-1]), int(kv.max()), 128, 8, num_ctas, DEFAULT_COST)
+        if bounds is not None:
+            break
+    assert bounds is not None, "these shapes are meant to give bounds"
+    assert bounds[1] >= float(costs.max()) and bounds[2] >= float(costs.min())
+    assert split_kv._choose(128, t.kv_end, bounds, 8, num_ctas, 64, DEFAULT_COST, 256) is None
+
+
+def test_split_policy_runs_when_its_constants_change(monkeypatch):
+    """The skip reads the policy's constants at call time: a balance demand the bounds cannot prove turns it off."""
+    assert work._balanced_under_bounds()
+    monkeypatch.setattr(split_kv, "BALANCED_EFFICIENCY", 0.999)
+    assert not work._balanced_under_bounds()
+
+
+def _page_table(rng, kv, ps: int, zero_pages: bool):
+    pages = -(-kv // ps)
+    if zero_pages:
+        pages[rng.random(len(kv)) < 0.15] = 0
+    indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+    last = np.where(pages > 0, kv - (np.maximum(pages, 1) - 1) * ps, rng.integers(1, ps + 1, len(kv)))
+    indices = rng.permutation(int(indptr[-1]) + int(rng.integers(0, 9))).astype(np.int32)
+    return indptr, indices, last.astype(np.int32)
+
+
+@pytest.mark.parametrize(
+    "paged, b, ps, zero_pages",
+    [
+        pytest.param(True, 64, 16, False, id="paged-64-page16"),
+        pytest.param(True, 113, 5, True, id="paged-113-page5-empty-requests"),
+        pytest.param(True, 1, 1, False, id="paged-1-page1"),
+        pytest.param(False, 97, 1, False, id="ragged-97"),
+    ],
+)
+def test_fast_index_arrays_are_the_validators(paged, b, ps, zero_pages, rng):
+    """``_index_arrays_fast`` (one reduction, ``item`` reads) returns what the validators' path returns."""
+    qo = rng.integers(0, 900, b)
+    kv = qo + rng.integers(1, 700, b)
+    qo_indptr = np.concatenate([[0], np.cumsum(qo)]).astype(np.int32)
+    if paged:
+        kvi, indices, last = _page_table(rng, kv, ps, zero_pages)
+    else:
+        kvi, indices, last = np.concatenate([[0], np.cumsum(kv)]).astype(np.int32), None, None
+    fast = prefill_plan._index_arrays_fast(paged, qo_indptr, kvi, indices, last, ps)
+    slow = prefill_plan._index_arrays(paged, qo_indptr, kvi, indices, last, ps)
+    assert fast is not None
+    for i, (a, s) in enumerate(zip(fast, slow, strict=True)):
+        if isinstance(a, np.ndarray):
+            np.testing.assert_array_equal(a, s, err_msg=f"item {i}")
+        else:
+            assert a == s, (i, a, s)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param("negative-page", id="negative-page"),
+        pytest.param("last-page-0", id="last-page-0"),
+        pytest.param("decreasing-qo", id="decreasing-qo"),
+        pytest.param("2d-indptr", id="2d-indptr"),
+    ],
+)
+def test_fast_index_arrays_hand_bad_input_to_the_validators(bad, rng):
+    """Anything the fast path cannot vouch for goes to the validators (None), which then name the problem."""
+    kv = rng.integers(1, 300, 9)
+    qo = rng.integers(1, 100, 9)
+    qo_indptr = np.concatenate([[0], np.cumsum(qo)]).astype(np.int32)
+    kvi, indices, last = _page_table(rng, kv, 16, False)
+    if bad == "negative-page":
+        indices[int(rng.integers(0, int(kvi[-1])))] = -3
+    elif bad == "last-page-0":
+        last[4] = 0
+    elif bad == "decreasing-qo":
+        qo_indptr[5] = qo_indptr[4] - 1
+    else:
+        qo_indptr = qo_indptr.reshape(1, -1)
+    assert prefill_plan._index_arrays_fast(True, qo_indptr, kvi, indices, last, 16) is None
+    with pytest.raises(ValueError):
+        prefill_plan._index_arrays(True, qo_indptr, kvi, indices, last, 16)
+
+
+def test_new_batches_plan_as_the_planner_and_as_repeated_batches(rng):
+    """A serving loop of new batches through BatchPrefill.plan (every structure new), then the same batch planned
+    again (its structure cached): every work plan is the planner's from the bare lengths and passes the checker."""
+    kw = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=16, causal=True, q_dtype="bfloat16")
+    w = BatchPrefill(paged=True)
+    batches = []
+    for _ in range(4):
+        qo = rng.integers(512, 2049, 64)
+        kvi, indices, last = _page_table(rng, qo, 16, False)
+        batches.append((qo, np.concatenate([[0], np.cumsum(qo)]).astype(np.int32), kvi, indices, last))
+    for qo, qo_indptr, kvi, indices, last in batches + [batches[-1]] * 2:
+        w.plan(qo_indptr, kvi, indices, last, **kw)
+        got, cfg = w._plan.work, w._plan.config
+        want = plan_work(qo, qo, num_kv_heads=8, group_size=4, tile_rows=cfg.tile_q, num_ctas=got.num_ctas,
+                         kv_granule=cfg.tile_kv, causal=True, pool_share=POOL_SHARE)  # fmt: skip
+        assert (got.assign_mode, got.chunk_size, got.n_pool) == (want.assign_mode, want.chunk_size, want.n_pool)
+        for name in ("work_indptr", "item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end",
+                     "item_partial"):  # fmt: skip
+            np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+    check_plan(got, qo, qo, num_kv_heads=8, group_size=4, tile_rows=cfg.tile_q, num_ctas=got.num_ctas,
+               kv_granule=cfg.tile_kv, causal=True)  # fmt: skip
