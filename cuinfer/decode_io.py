@@ -114,12 +114,13 @@ class Buffers:
 
     def _new_merge_counters(self) -> None:
         """Zeroed arrival counters of the decode kernels' in-kernel merge (decode.cuh ``merge_split``), one per partial
-        row the workspace can hold at the smallest head dim (a unit's counter is its first partial row). The kernel
-        returns every counter it uses to 0, so they are zeroed only here, at plan time (never inside a graph
+        row the workspace can hold at the smallest head dim (a unit's counter is its first partial row); a prefill
+        wrapper's kernel, which merges in a second launch, keeps its shared-tail counters in words 0-1 (prefill.cuh).
+        The kernels return every counter they use to 0, so they are zeroed only here, at plan time (never inside a graph
         capture), and the device is synchronised so no stream can see them before the zeros land."""
         import cupy
 
-        n = max(1, self.workspace_bytes // (4 * 64 + 4))
+        n = max(2, self.workspace_bytes // (4 * 64 + 4))  # (at least the prefill tail's two)
         with cupy.cuda.Device(self.device_id):
             self.merge_count = cupy.zeros(n, dtype=np.int32)
             cupy.cuda.Device(self.device_id).synchronize()

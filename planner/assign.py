@@ -174,7 +174,6 @@ def _sorted(costs: np.ndarray, h: int, p: int, total: float, pool_share: float =
     g = costs.shape[0]
     n = g * h
     order = (-costs).argsort()
-    x = costs.take(order).repeat(h)  # cost of rank r (0 = largest): head r % H of sorted group r // H
     if pool_share > 0.0:
         # Whole groups from the smallest up while they hold at most pool_share of the cost, leaving at least one
         # item per CTA to the lists; the snake deals the rest.
@@ -183,6 +182,7 @@ def _sorted(costs: np.ndarray, h: int, p: int, total: float, pool_share: float =
         if pool:
             indptr, j, head = _snake_pool_order(n, pool, p, h)
             return Assignment(indptr, order.take(j), head, "snake+pool", pool)
+    x = costs.take(order).repeat(h)  # cost of rank r (0 = largest): head r % H of sorted group r // H
     rounds = -(-n // p)
     snake = float(np.maximum.reduce(_snake_loads(x, n, p, rounds)))
     bound = max(float(x[0]), total * h / p)  # no assignment does better than this

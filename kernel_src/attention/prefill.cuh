@@ -106,11 +106,11 @@ __device__ __forceinline__ ItemRef item_ref(const PrefillParams& p, int it) {
   return r;
 }
 
-// A load the compiler may not merge with an earlier one: the epilogue re-reads the item's fields instead of keeping
-// them in registers across the KV loop (where every register is taken by accumulators).
 // A shared-memory int read where it is used (not kept in a register across the KV loop).
 __device__ __forceinline__ int lds_volatile(const int* p) { return *static_cast<const volatile int*>(p); }
 
+// A load the compiler may not merge with an earlier one: the epilogue re-reads the item's fields instead of keeping
+// them in registers across the KV loop (where every register is taken by accumulators).
 __device__ __forceinline__ int reload_i32(const void* p, int i) {
   int v;
   asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(v) : "l"(static_cast<const int*>(p) + i));
@@ -501,646 +501,648 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
   // (item_end, and on the cross-item path the item's table slot, are re-derived each time: fewer registers across the
   // KV loop.)
   for (;;) {
-  for (int item = prefill::lds_volatile(sched); item < prefill::lds_volatile(sched + 1); ++item) {
+    for (int item = prefill::lds_volatile(sched); item < prefill::lds_volatile(sched + 1); ++item) {
 #ifdef CUINFER_TRACE
-    // Diagnostic builds only (bench/tune_sched.py): thread 0 stamps each item's start and end (global ns timer) and
-    // the SM clock at its phases: start, loop start (table and prologue done), first tile ready (after the first
-    // barrier), loop end, o stored, end (next item's copies issued).
-    __shared__ unsigned long long trace_t0, trace_c[6];  // smem, not registers: the accumulators fill the file
-    if (tid == 0) {
-      unsigned long long t0;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-      trace_t0 = t0;
-      trace_c[0] = clock64();
-      trace_c[2] = 0;
-    }
+      // Diagnostic builds only (bench/tune_sched.py): thread 0 stamps each item's start and end (global ns timer) and
+      // the SM clock at its phases: start, loop start (table and prologue done), first tile ready (after the first
+      // barrier), loop end, o stored, end (next item's copies issued).
+      __shared__ unsigned long long trace_t0, trace_c[6];  // smem, not registers: the accumulators fill the file
+      if (tid == 0) {
+        unsigned long long t0;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        trace_t0 = t0;
+        trace_c[0] = clock64();
+        trace_c[2] = 0;
+      }
 #define CUINFER_TRACE_STAMP(k) \
-  if (tid == 0) trace_c[k] = clock64();
+    if (tid == 0) trace_c[k] = clock64();
 #else
 #define CUINFER_TRACE_STAMP(k)
 #endif
-    int b, row0, kvh, kv_start, kv_end, qo_base, qo_len, kv_base, kv_len;
-    bool has_next = false;  // cross-item: the next item is in the table, and this one starts it
-    // cross-item: the item's table slot (items of a CTA fill the table kTableItems at a time)
-    const int slot = XI ? (item - prefill::lds_volatile(sched)) % C::kTableItems : 0;
-    if constexpr (XI) {
-      const int item_end = prefill::lds_volatile(sched + 1);
-      if (slot == 0) {
-        // Resolve the facts of the next kTableItems items, one per thread: two dependent reads, paid once.
-        __syncthreads();  // every warp is done with the previous entries (epilogue)
-        if (tid < min(C::kTableItems, item_end - item)) {
-          const int it = item + tid;
-          int* e = table + tid * NF;
-          const prefill::ItemRef ref = prefill::item_ref(p, it);
-          const int eb = static_cast<const int*>(p.item_req)[ref.entry];
-          const int qb = qo_indptr[eb], kb = kv_indptr[eb];
-          int len;
-          if constexpr (C::kPaged) {
-            const int num_pages = kv_indptr[eb + 1] - kb;
-            len = num_pages > 0 ? (num_pages - 1) * p.page_size + static_cast<const int*>(p.kv_last_page_len)[eb] : 0;
-          } else {
-            len = kv_indptr[eb + 1] - kb;
+      int b, row0, kvh, kv_start, kv_end, qo_base, qo_len, kv_base, kv_len;
+      bool has_next = false;  // cross-item: the next item is in the table, and this one starts it
+      // cross-item: the item's table slot (items of a CTA fill the table kTableItems at a time)
+      const int slot = XI ? (item - prefill::lds_volatile(sched)) % C::kTableItems : 0;
+      if constexpr (XI) {
+        const int item_end = prefill::lds_volatile(sched + 1);
+        if (slot == 0) {
+          // Resolve the facts of the next kTableItems items, one per thread: two dependent reads, paid once.
+          __syncthreads();  // every warp is done with the previous entries (epilogue)
+          if (tid < min(C::kTableItems, item_end - item)) {
+            const int it = item + tid;
+            int* e = table + tid * NF;
+            const prefill::ItemRef ref = prefill::item_ref(p, it);
+            const int eb = static_cast<const int*>(p.item_req)[ref.entry];
+            const int qb = qo_indptr[eb], kb = kv_indptr[eb];
+            int len;
+            if constexpr (C::kPaged) {
+              const int num_pages = kv_indptr[eb + 1] - kb;
+              len = num_pages > 0 ? (num_pages - 1) * p.page_size + static_cast<const int*>(p.kv_last_page_len)[eb] : 0;
+            } else {
+              len = kv_indptr[eb + 1] - kb;
+            }
+            e[prefill::kFReq] = eb;
+            e[prefill::kFRow0] = static_cast<const int*>(p.item_qo_tile)[ref.entry] * TILE_Q;
+            e[prefill::kFKvHead] = ref.kv_head;
+            e[prefill::kFKvStart] = static_cast<const int*>(p.item_kv_start)[ref.entry];
+            e[prefill::kFKvEnd] = static_cast<const int*>(p.item_kv_end)[ref.entry];
+            e[prefill::kFPartial] = ref.partial;
+            e[prefill::kFQoBase] = qb;
+            e[prefill::kFQoLen] = qo_indptr[eb + 1] - qb;
+            e[prefill::kFKvBase] = kb;
+            e[prefill::kFKvLen] = len;
           }
-          e[prefill::kFReq] = eb;
-          e[prefill::kFRow0] = static_cast<const int*>(p.item_qo_tile)[ref.entry] * TILE_Q;
-          e[prefill::kFKvHead] = ref.kv_head;
-          e[prefill::kFKvStart] = static_cast<const int*>(p.item_kv_start)[ref.entry];
-          e[prefill::kFKvEnd] = static_cast<const int*>(p.item_kv_end)[ref.entry];
-          e[prefill::kFPartial] = ref.partial;
-          e[prefill::kFQoBase] = qb;
-          e[prefill::kFQoLen] = qo_indptr[eb + 1] - qb;
-          e[prefill::kFKvBase] = kb;
-          e[prefill::kFKvLen] = len;
+          __syncthreads();
         }
-        __syncthreads();
-      }
-      const int* e = table + slot * NF;
-      b = e[prefill::kFReq], row0 = e[prefill::kFRow0], kvh = e[prefill::kFKvHead];
-      kv_start = e[prefill::kFKvStart], kv_end = e[prefill::kFKvEnd];
-      qo_base = e[prefill::kFQoBase], qo_len = e[prefill::kFQoLen];
-      kv_base = e[prefill::kFKvBase], kv_len = e[prefill::kFKvLen];
-      has_next = slot + 1 < C::kTableItems && item + 1 < item_end;
-    } else {
-      const prefill::ItemRef ref = prefill::item_ref(p, item);
-      b = static_cast<const int*>(p.item_req)[ref.entry];
-      row0 = static_cast<const int*>(p.item_qo_tile)[ref.entry] * TILE_Q;
-      kvh = ref.kv_head;
-      kv_start = static_cast<const int*>(p.item_kv_start)[ref.entry];
-      kv_end = static_cast<const int*>(p.item_kv_end)[ref.entry];
-      qo_base = qo_indptr[b];
-      qo_len = qo_indptr[b + 1] - qo_base;
-      kv_base = kv_indptr[b];  // ragged: first kv row; paged: first page-table entry
-      if constexpr (C::kPaged) {
-        const int num_pages = kv_indptr[b + 1] - kv_base;
-        kv_len = num_pages > 0 ? (num_pages - 1) * p.page_size + static_cast<const int*>(p.kv_last_page_len)[b] : 0;
+        const int* e = table + slot * NF;
+        b = e[prefill::kFReq], row0 = e[prefill::kFRow0], kvh = e[prefill::kFKvHead];
+        kv_start = e[prefill::kFKvStart], kv_end = e[prefill::kFKvEnd];
+        qo_base = e[prefill::kFQoBase], qo_len = e[prefill::kFQoLen];
+        kv_base = e[prefill::kFKvBase], kv_len = e[prefill::kFKvLen];
+        has_next = slot + 1 < C::kTableItems && item + 1 < item_end;
       } else {
-        kv_len = kv_indptr[b + 1] - kv_base;
+        const prefill::ItemRef ref = prefill::item_ref(p, item);
+        b = static_cast<const int*>(p.item_req)[ref.entry];
+        row0 = static_cast<const int*>(p.item_qo_tile)[ref.entry] * TILE_Q;
+        kvh = ref.kv_head;
+        kv_start = static_cast<const int*>(p.item_kv_start)[ref.entry];
+        kv_end = static_cast<const int*>(p.item_kv_end)[ref.entry];
+        qo_base = qo_indptr[b];
+        qo_len = qo_indptr[b + 1] - qo_base;
+        kv_base = kv_indptr[b];  // ragged: first kv row; paged: first page-table entry
+        if constexpr (C::kPaged) {
+          const int num_pages = kv_indptr[b + 1] - kv_base;
+          kv_len = num_pages > 0 ? (num_pages - 1) * p.page_size + static_cast<const int*>(p.kv_last_page_len)[b] : 0;
+        } else {
+          kv_len = kv_indptr[b + 1] - kv_base;
+        }
       }
-    }
-    const int packed_rows = qo_len * g;
-    const int valid_rows = min(TILE_Q, packed_rows - row0);
-    const int q_shift = kv_len - qo_len;  // query token i sits at kv position i + q_shift
-    if (tid == 0) {
-      info[0] = kv_base, info[1] = kvh, info[2] = q_shift, info[3] = kv_len, info[4] = row0, info[5] = b;
-      // cross-item: the next item's table slot, 0 when this item does not start it (slot 0 starts itself)
-      info[6] = has_next ? slot + 1 : 0;
-    }
+      const int packed_rows = qo_len * g;
+      const int valid_rows = min(TILE_Q, packed_rows - row0);
+      const int q_shift = kv_len - qo_len;  // query token i sits at kv position i + q_shift
+      if (tid == 0) {
+        info[0] = kv_base, info[1] = kvh, info[2] = q_shift, info[3] = kv_len, info[4] = row0, info[5] = b;
+        // cross-item: the next item's table slot, 0 when this item does not start it (slot 0 starts itself)
+        info[6] = has_next ? slot + 1 : 0;
+      }
 
-    // ---- prologue: Q + tile 0 (already issued by the previous item on the cross-item path, except at the start of
-    // a table), then tiles 1 .. STAGES-2, into the buffers after `stage`. Groups: Q+K0, V0, K1, V1, ...
-    int pages[KR];
-    if (!XI || slot == 0) {
-      load_q(row0, valid_rows, qo_base, kvh);
-      if (kv_start < kv_end) {
-        if constexpr (C::kPaged) read_pages(kv_start, kv_base, kv_end, pages);
-        load_k(kv_start, stage, kv_base, kvh, kv_end, pages);
-      }
-      prefill::cp_async_commit();
-      if (kv_start < kv_end) {
-        i64 offs[KR];
-        own_offsets(offs);
-        load_v(kv_start, stage, kv_base, kvh, kv_end, offs);
-      }
-      prefill::cp_async_commit();
-    }
-#pragma unroll
-    for (int s = 1; s < STAGES - 1; ++s) {
-      const int st = stage + s >= STAGES ? stage + s - STAGES : stage + s;
-      if (kv_start + s * TILE_KV < kv_end) {
-        if constexpr (C::kPaged) read_pages(kv_start + s * TILE_KV, kv_base, kv_end, pages);
-        load_k(kv_start + s * TILE_KV, st, kv_base, kvh, kv_end, pages);
-      }
-      prefill::cp_async_commit();
-      if (kv_start + s * TILE_KV < kv_end) {
-        i64 offs[KR];
-        own_offsets(offs);
-        load_v(kv_start + s * TILE_KV, st, kv_base, kvh, kv_end, offs);
-      }
-      prefill::cp_async_commit();
-    }
-
-    // ---- warp-uniform bounds: "does this tile need a mask at all" and "is it fully masked for this warp" ----
-    // Kept in smem (read once per tile after the barrier) rather than in registers.
-    {
-      const int warp_first = row0 + warp_row0;
-      const int warp_last = min(warp_first + MMA_Q * 16, packed_rows) - 1;
-      const int tok_first = static_cast<int>(prefill::fast_div(static_cast<u32>(warp_first), p.group_mul, p.group_shift));
-      const int tok_last = static_cast<int>(prefill::fast_div(static_cast<u32>(max(warp_last, 0)), p.group_mul, p.group_shift));
-      int* wb = info + C::kInfoInts + C::kWarpInts * (tid / 32);
-      if (lane == 0) {
-        // [0] keys >= this need the upper mask in some row; [1] keys >= this are masked in every row (skip);
-        // [2] keys < this need the window mask in some row; [3] keys < this are masked in every row;
-        // [4], [5]: kv_base and kvh (info[0], info[1]) for this warp's copies. The warp's own copy can be read before
-        // a barrier (its lane 0 wrote it): the loop reads it there, so that the read overlaps the wait.
-        wb[4] = kv_base, wb[5] = kvh;
-        wb[0] = C::kCausal ? min(tok_first + q_shift + 1, kv_end) : kv_end;
-        wb[1] = warp_first >= packed_rows ? -2147483647 : (C::kCausal ? min(tok_last + q_shift + 1, kv_end) : kv_end);
-        wb[2] = C::kWindow ? tok_last + q_shift - p.window_left : -2147483647;
-        wb[3] = C::kWindow ? tok_first + q_shift - p.window_left : -2147483647;
-      }
-      __syncwarp();  // (the loop reads them before its first barrier)
-    }
-
-    float o[MMA_Q][DVO / 8][4];
-    float row_max[MMA_Q][2];  // reference max of the transformed logits x (base-2 logit = x * x_scale)
-    float row_sum[MMA_Q][2];  // this thread's partial of sum 2^(x * x_scale - m * x_scale)
-#pragma unroll
-    for (int mq = 0; mq < MMA_Q; ++mq) {
-#pragma unroll
-      for (int j = 0; j < DVO / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[mq][j][e] = 0.f;
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        row_max[mq][h] = neg_inf();
-        row_sum[mq][h] = 0.f;
-      }
-    }
-    // x = q.k (scaled at the exp) in the plain case; with ALiBi / soft cap x is the final natural logit.
-    const float x_scale = (C::kSoftCap || C::kAlibi) ? kLog2e : p.sm_scale_log2;
-
-    if constexpr (C::kPaged) {
-      // Pages of tile STAGES-1, which the first iteration copies; past the item's end (cross-item), those of the
-      // next item's first tile instead, which the copies after its epilogue (pages[] is not touched in between).
-      if (kv_start + (STAGES - 1) * TILE_KV < kv_end) {
-        read_pages(kv_start + (STAGES - 1) * TILE_KV, kv_base, kv_end, pages);
-      } else if (XI && has_next) {
-        read_first_pages(slot + 1, pages);
-      }
-    }
-
-    CUINFER_TRACE_STAMP(1)
-    // Loop over KV tiles by first key (key0) and buffer (stage); the tile STAGES-1 ahead starts at `ahead`.
-    for (int key0 = kv_start; key0 < kv_end; key0 += TILE_KV) {
-      const int ahead = key0 + (STAGES - 1) * TILE_KV;
-      const int wkey0 = key0 + warp_col0;  // first key of this warp's slice
-      // This warp's bounds, read before the barrier: the read then overlaps the wait (read after the copies below,
-      // it also waited for their address registers, which ptxas reused for it).
-      const int* wb = info + C::kInfoInts + C::kWarpInts * (tid / 32);
-      const int wb0 = wb[0], wb1 = wb[1], cp_base = wb[4], cp_head = wb[5];
-      const int wb2 = C::kWindow ? wb[2] : 0, wb3 = C::kWindow ? wb[3] : 0;
-      prefill::cp_async_wait<2 * STAGES - 3>();
-      __syncthreads();
-#ifdef CUINFER_TRACE
-      if (key0 == kv_start) CUINFER_TRACE_STAMP(2)
-#endif
-      {
-        const int st = stage == 0 ? STAGES - 1 : stage - 1;  // buffer of the previous tile == of the tile ahead
-        if (ahead < kv_end) load_k(ahead, st, cp_base, cp_head, kv_end, pages);
+      // ---- prologue: Q + tile 0 (already issued by the previous item on the cross-item path, except at the start of
+      // a table), then tiles 1 .. STAGES-2, into the buffers after `stage`. Groups: Q+K0, V0, K1, V1, ...
+      int pages[KR];
+      if (!XI || slot == 0) {
+        load_q(row0, valid_rows, qo_base, kvh);
+        if (kv_start < kv_end) {
+          if constexpr (C::kPaged) read_pages(kv_start, kv_base, kv_end, pages);
+          load_k(kv_start, stage, kv_base, kvh, kv_end, pages);
+        }
+        prefill::cp_async_commit();
+        if (kv_start < kv_end) {
+          i64 offs[KR];
+          own_offsets(offs);
+          load_v(kv_start, stage, kv_base, kvh, kv_end, offs);
+        }
         prefill::cp_async_commit();
       }
-      // Fully masked for this warp (all keys past every row's limit, or before every row's window): skip the math.
-      const bool skip = wkey0 >= wb1 || (C::kWindow && wkey0 + MMA_KV * 16 <= wb3);
-      u32 pa[MMA_Q][MMA_KV][4];  // P as bf16/fp16 A fragments (packed before the V copy is issued: half the registers)
-      if (!skip) {
-        const bool need_mask = C::kCustomMask || wkey0 + MMA_KV * 16 > wb0 || (C::kWindow && wkey0 < wb2);
-        // 16-key slices holding a key that some row of this warp may see (wb1 > wkey0 here: >= 1)
-        const int live = C::kSliceSkip ? min(MMA_KV, (wb1 - wkey0 + 15) >> 4) : MMA_KV;
-        float s[MMA_Q][2 * MMA_KV][4];
-        // Max-free tiles: once every row of the warp has a finite reference max m, a tile skips the row max (16
-        // compares and 2 shuffles per row and thread, and their latency before the first exp2): it takes p = 2^(x - m)
-        // directly and checks its per-thread row sums instead. A sum <= kMaxFreeSum bounds every p in it (p >= 0), so
-        // o, d and the P fragments stay in range with the old m. A sum beyond it (or inf) means some max climbed far
-        // above m: the tile is recomputed (Q.K^T again) on the exact path below, which rescales. With the first tiles
-        // setting m near the rows' final max, that almost never happens.
-        bool fast = false;
-        if constexpr (prefill::kMaxFree) {
-          fast = true;
 #pragma unroll
-          for (int mq = 0; mq < MMA_Q; ++mq) fast = fast && row_max[mq][0] != neg_inf() && row_max[mq][1] != neg_inf();
-          fast = __all_sync(0xffffffffu, fast);
+      for (int s = 1; s < STAGES - 1; ++s) {
+        const int st = stage + s >= STAGES ? stage + s - STAGES : stage + s;
+        if (kv_start + s * TILE_KV < kv_end) {
+          if constexpr (C::kPaged) read_pages(kv_start + s * TILE_KV, kv_base, kv_end, pages);
+          load_k(kv_start + s * TILE_KV, st, kv_base, kvh, kv_end, pages);
         }
-#pragma unroll 1
-        while (true) {
-          // ---- S = Q K^T ----
-#pragma unroll
-          for (int mq = 0; mq < MMA_Q; ++mq) {
-#pragma unroll
-            for (int j = 0; j < 2 * MMA_KV; ++j) {
-#pragma unroll
-              for (int e = 0; e < 4; ++e) s[mq][j][e] = 0.f;
-            }
-          }
-          const u32 k_stage = k_lane + stage * C::kKBytes;
-          if (live < MMA_KV) {
-            prefill::qk_tile<C, true>(s, q_lane, k_stage, live);
-          } else {
-            prefill::qk_tile<C, false>(s, q_lane, k_stage, live);
-          }
+        prefill::cp_async_commit();
+        if (kv_start + s * TILE_KV < kv_end) {
+          i64 offs[KR];
+          own_offsets(offs);
+          load_v(kv_start + s * TILE_KV, st, kv_base, kvh, kv_end, offs);
+        }
+        prefill::cp_async_commit();
+      }
 
-          // ---- logits transform (variant) and mask ----
-          if (C::kAlibi || C::kSoftCap || need_mask) {
-            const int q_shift = info[2];
-            // Packed row of this thread's element (mq = 0, h = 0); rows + 16 mq + 8 h hold elements 2h, 2h+1.
-            const int thread_row0 = info[4] + warp_row0 + lane / 4;
+      // ---- warp-uniform bounds: "does this tile need a mask at all" and "is it fully masked for this warp" ----
+      // Kept in smem (read once per tile after the barrier) rather than in registers.
+      {
+        const int warp_first = row0 + warp_row0;
+        const int warp_last = min(warp_first + MMA_Q * 16, packed_rows) - 1;
+        const int tok_first = static_cast<int>(prefill::fast_div(static_cast<u32>(warp_first), p.group_mul, p.group_shift));
+        const int tok_last = static_cast<int>(prefill::fast_div(static_cast<u32>(max(warp_last, 0)), p.group_mul, p.group_shift));
+        int* wb = info + C::kInfoInts + C::kWarpInts * (tid / 32);
+        if (lane == 0) {
+          // [0] keys >= this need the upper mask in some row; [1] keys >= this are masked in every row (skip);
+          // [2] keys < this need the window mask in some row; [3] keys < this are masked in every row;
+          // [4], [5]: kv_base and kvh (info[0], info[1]) for this warp's copies. The warp's own copy can be read before
+          // a barrier (its lane 0 wrote it): the loop reads it there, so that the read overlaps the wait.
+          wb[4] = kv_base, wb[5] = kvh;
+          wb[0] = C::kCausal ? min(tok_first + q_shift + 1, kv_end) : kv_end;
+          wb[1] = warp_first >= packed_rows ? -2147483647 : (C::kCausal ? min(tok_last + q_shift + 1, kv_end) : kv_end);
+          wb[2] = C::kWindow ? tok_last + q_shift - p.window_left : -2147483647;
+          wb[3] = C::kWindow ? tok_first + q_shift - p.window_left : -2147483647;
+        }
+        __syncwarp();  // (the loop reads them before its first barrier)
+      }
+
+      float o[MMA_Q][DVO / 8][4];
+      float row_max[MMA_Q][2];  // reference max of the transformed logits x (base-2 logit = x * x_scale)
+      float row_sum[MMA_Q][2];  // this thread's partial of sum 2^(x * x_scale - m * x_scale)
+#pragma unroll
+      for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+        for (int j = 0; j < DVO / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[mq][j][e] = 0.f;
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          row_max[mq][h] = neg_inf();
+          row_sum[mq][h] = 0.f;
+        }
+      }
+      // x = q.k (scaled at the exp) in the plain case; with ALiBi / soft cap x is the final natural logit.
+      const float x_scale = (C::kSoftCap || C::kAlibi) ? kLog2e : p.sm_scale_log2;
+
+      if constexpr (C::kPaged) {
+        // Pages of tile STAGES-1, which the first iteration copies; past the item's end (cross-item), those of the
+        // next item's first tile instead, which the copies after its epilogue (pages[] is not touched in between).
+        if (kv_start + (STAGES - 1) * TILE_KV < kv_end) {
+          read_pages(kv_start + (STAGES - 1) * TILE_KV, kv_base, kv_end, pages);
+        } else if (XI && has_next) {
+          read_first_pages(slot + 1, pages);
+        }
+      }
+
+      CUINFER_TRACE_STAMP(1)
+      // Loop over KV tiles by first key (key0) and buffer (stage); the tile STAGES-1 ahead starts at `ahead`.
+      for (int key0 = kv_start; key0 < kv_end; key0 += TILE_KV) {
+        const int ahead = key0 + (STAGES - 1) * TILE_KV;
+        const int wkey0 = key0 + warp_col0;  // first key of this warp's slice
+        // This warp's bounds, read before the barrier: the read then overlaps the wait (read after the copies below,
+        // it also waited for their address registers, which ptxas reused for it).
+        const int* wb = info + C::kInfoInts + C::kWarpInts * (tid / 32);
+        const int wb0 = wb[0], wb1 = wb[1], cp_base = wb[4], cp_head = wb[5];
+        const int wb2 = C::kWindow ? wb[2] : 0, wb3 = C::kWindow ? wb[3] : 0;
+        prefill::cp_async_wait<2 * STAGES - 3>();
+        __syncthreads();
+#ifdef CUINFER_TRACE
+        if (key0 == kv_start) CUINFER_TRACE_STAMP(2)
+#endif
+        {
+          const int st = stage == 0 ? STAGES - 1 : stage - 1;  // buffer of the previous tile == of the tile ahead
+          if (ahead < kv_end) load_k(ahead, st, cp_base, cp_head, kv_end, pages);
+          prefill::cp_async_commit();
+        }
+        // Fully masked for this warp (all keys past every row's limit, or before every row's window): skip the math.
+        const bool skip = wkey0 >= wb1 || (C::kWindow && wkey0 + MMA_KV * 16 <= wb3);
+        u32 pa[MMA_Q][MMA_KV][4];  // P as bf16/fp16 A fragments (packed before the V copy is issued: half the registers)
+        if (!skip) {
+          const bool need_mask = C::kCustomMask || wkey0 + MMA_KV * 16 > wb0 || (C::kWindow && wkey0 < wb2);
+          // 16-key slices holding a key that some row of this warp may see (wb1 > wkey0 here: >= 1)
+          const int live = C::kSliceSkip ? min(MMA_KV, (wb1 - wkey0 + 15) >> 4) : MMA_KV;
+          float s[MMA_Q][2 * MMA_KV][4];
+          // Max-free tiles: once every row of the warp has a finite reference max m, a tile skips the row max (16
+          // compares and 2 shuffles per row and thread, and their latency before the first exp2): it takes
+          // p = 2^(x - m) directly and checks its per-thread row sums instead. A sum <= kMaxFreeSum bounds every p in
+          // it (p >= 0), so o, d and the P fragments stay in range with the old m. A sum beyond it (or inf) means some
+          // max climbed far above m: the tile is recomputed (Q.K^T again) on the exact path below, which rescales. With
+          // the first tiles setting m near the rows' final max, that almost never happens.
+          bool fast = false;
+          if constexpr (prefill::kMaxFree) {
+            fast = true;
+#pragma unroll
+            for (int mq = 0; mq < MMA_Q; ++mq) fast = fast && row_max[mq][0] != neg_inf() && row_max[mq][1] != neg_inf();
+            fast = __all_sync(0xffffffffu, fast);
+          }
+#pragma unroll 1
+          while (true) {
+            // ---- S = Q K^T ----
 #pragma unroll
             for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                const int pr = thread_row0 + mq * 16 + 8 * h;
-                const int token = static_cast<int>(prefill::fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
-                const int qpos = token + q_shift;  // kv position of this query row
-                const int lim_hi = C::kCausal ? min(qpos + 1, kv_end) : kv_end;  // keys >= lim_hi are masked
-                const int lim_lo = C::kWindow ? qpos - p.window_left : 0;        // keys < lim_lo are masked
-                float slope = 0.f;
-                if constexpr (C::kAlibi) {
-                  // ALiBi slopes (FlashInfer / the paper's code): m = largest power of two <= num_qo_heads;
-                  // head < m: 2^(-8 (head+1) / m), else 2^(-4 (2 (head - m) + 1) / m).
-                  const int head = info[1] * g + (pr - token * g);
-                  const float m = static_cast<float>(p.alibi_pow2);
-                  slope = exp2f(head < p.alibi_pow2 ? -8.f * (head + 1) / m : -4.f * (2 * (head - p.alibi_pow2) + 1) / m);
-                }
-                i64 mask_bit0 = 0;
-                if constexpr (C::kCustomMask) {
-                  mask_bit0 = static_cast<i64>(static_cast<const int*>(p.mask_indptr)[info[5]]) * 8 +
-                              static_cast<i64>(token) * info[3];
-                }
+              for (int j = 0; j < 2 * MMA_KV; ++j) {
 #pragma unroll
-                for (int j = 0; j < 2 * MMA_KV; ++j) {
+                for (int e = 0; e < 4; ++e) s[mq][j][e] = 0.f;
+              }
+            }
+            const u32 k_stage = k_lane + stage * C::kKBytes;
+            if (live < MMA_KV) {
+              prefill::qk_tile<C, true>(s, q_lane, k_stage, live);
+            } else {
+              prefill::qk_tile<C, false>(s, q_lane, k_stage, live);
+            }
+
+            // ---- logits transform (variant) and mask ----
+            if (C::kAlibi || C::kSoftCap || need_mask) {
+              const int q_shift = info[2];
+              // Packed row of this thread's element (mq = 0, h = 0); rows + 16 mq + 8 h hold elements 2h, 2h+1.
+              const int thread_row0 = info[4] + warp_row0 + lane / 4;
 #pragma unroll
-                  for (int e = 2 * h; e < 2 * h + 2; ++e) {
-                    const int key = wkey0 + j * 8 + 2 * (lane % 4) + (e % 2);
-                    float x = s[mq][j][e];
-                    if constexpr (C::kAlibi || C::kSoftCap) {
-                      x *= p.sm_scale;
-                      if constexpr (C::kAlibi) x += slope * static_cast<float>(key - qpos);
-                      if constexpr (C::kSoftCap) x = p.soft_cap * prefill::tanh_approx(x * p.inv_soft_cap);
-                    }
-                    if (need_mask) {
-                      bool keep = key < lim_hi;
-                      if constexpr (C::kWindow) keep = keep && key >= lim_lo;
-                      if constexpr (C::kCustomMask) {
-                        if (keep) {
-                          const i64 bit = mask_bit0 + key;
-                          const unsigned char byte = __ldg(static_cast<const unsigned char*>(p.mask) + (bit >> 3));
-                          keep = (byte >> (bit & 7)) & 1;
-                        }
+              for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                  const int pr = thread_row0 + mq * 16 + 8 * h;
+                  const int token = static_cast<int>(prefill::fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
+                  const int qpos = token + q_shift;  // kv position of this query row
+                  const int lim_hi = C::kCausal ? min(qpos + 1, kv_end) : kv_end;  // keys >= lim_hi are masked
+                  const int lim_lo = C::kWindow ? qpos - p.window_left : 0;        // keys < lim_lo are masked
+                  float slope = 0.f;
+                  if constexpr (C::kAlibi) {
+                    // ALiBi slopes (FlashInfer / the paper's code): m = largest power of two <= num_qo_heads;
+                    // head < m: 2^(-8 (head+1) / m), else 2^(-4 (2 (head - m) + 1) / m).
+                    const int head = info[1] * g + (pr - token * g);
+                    const float m = static_cast<float>(p.alibi_pow2);
+                    slope = exp2f(head < p.alibi_pow2 ? -8.f * (head + 1) / m : -4.f * (2 * (head - p.alibi_pow2) + 1) / m);
+                  }
+                  i64 mask_bit0 = 0;
+                  if constexpr (C::kCustomMask) {
+                    mask_bit0 = static_cast<i64>(static_cast<const int*>(p.mask_indptr)[info[5]]) * 8 +
+                                static_cast<i64>(token) * info[3];
+                  }
+#pragma unroll
+                  for (int j = 0; j < 2 * MMA_KV; ++j) {
+#pragma unroll
+                    for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                      const int key = wkey0 + j * 8 + 2 * (lane % 4) + (e % 2);
+                      float x = s[mq][j][e];
+                      if constexpr (C::kAlibi || C::kSoftCap) {
+                        x *= p.sm_scale;
+                        if constexpr (C::kAlibi) x += slope * static_cast<float>(key - qpos);
+                        if constexpr (C::kSoftCap) x = p.soft_cap * prefill::tanh_approx(x * p.inv_soft_cap);
                       }
-                      x = keep ? x : neg_inf();
+                      if (need_mask) {
+                        bool keep = key < lim_hi;
+                        if constexpr (C::kWindow) keep = keep && key >= lim_lo;
+                        if constexpr (C::kCustomMask) {
+                          if (keep) {
+                            const i64 bit = mask_bit0 + key;
+                            const unsigned char byte = __ldg(static_cast<const unsigned char*>(p.mask) + (bit >> 3));
+                            keep = (byte >> (bit & 7)) & 1;
+                          }
+                        }
+                        x = keep ? x : neg_inf();
+                      }
+                      s[mq][j][e] = x;
                     }
-                    s[mq][j][e] = x;
                   }
                 }
               }
             }
-          }
 
 
-          if (prefill::kMaxFree && fast) {
-            float tile_sum[MMA_Q][2];
-            bool bad = false;
+            if (prefill::kMaxFree && fast) {
+              float tile_sum[MMA_Q][2];
+              bool bad = false;
+#pragma unroll
+              for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                  const float sum = prefill::exp2_row<MMA_KV>(s[mq], h, x_scale, row_max[mq][h] * x_scale, 0.f);
+                  tile_sum[mq][h] = sum;
+                  bad |= !(sum <= prefill::kMaxFreeSum);
+                }
+              }
+              if (!__any_sync(0xffffffffu, bad)) {
+#pragma unroll
+                for (int mq = 0; mq < MMA_Q; ++mq) {
+                  row_sum[mq][0] += tile_sum[mq][0];
+                  row_sum[mq][1] += tile_sum[mq][1];
+                }
+                break;
+              }
+              fast = false;  // recompute this tile on the exact path
+              continue;
+            }
+
+            // ---- online softmax (base 2), with a lazy reference max ----
+            // row_max is the reference m of the exponentials, not necessarily the true running max: it moves only when
+            // a tile's max exceeds it by more than kRescaleSlack base-2 units, so p = 2^(x - m) stays
+            // <= 2^kRescaleSlack (256: exact in fp32 and in the bf16 / fp16 P fragments) while o, the row sum and the
+            // lse all use the same m, which is all the result needs. Past the first tiles the max rarely climbs that
+            // far, so the O rescale (d/2 multiplies per row block and an exp2 per row, between S and P.V) is skipped
+            // for the whole warp on almost every tile; with an exact running max it ran on most tiles of a causal
+            // prefill.
+            float alpha[MMA_Q][2];
+            bool moved = false;
 #pragma unroll
             for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
               for (int h = 0; h < 2; ++h) {
-                const float sum = prefill::exp2_row<MMA_KV>(s[mq], h, x_scale, row_max[mq][h] * x_scale, 0.f);
-                tile_sum[mq][h] = sum;
-                bad |= !(sum <= prefill::kMaxFreeSum);
+                const float m_old = row_max[mq][h];
+                float mx = m_old;
+#pragma unroll
+                for (int j = 0; j < 2 * MMA_KV; ++j) mx = fmaxf(mx, fmaxf(s[mq][j][2 * h], s[mq][j][2 * h + 1]));
+                mx = mma::quad_max(mx);
+                // mx >= m_old. A row's first finite max always moves it (inf > slack); a row with no key yet keeps
+                // m = -inf (-inf - -inf is NaN: not moved) and 0 as the exponent base, so exp2 never sees -inf - -inf.
+                const bool row_moved = (mx - m_old) * x_scale > prefill::kRescaleSlack;
+                const float m_new = row_moved ? mx : m_old;
+                const float base = m_new == neg_inf() ? 0.f : m_new * x_scale;
+                // (A row moving off -inf has o = 0, nothing to rescale: the first tile of an item skips the rescale
+                // too.)
+                moved |= row_moved && m_old != neg_inf();
+                alpha[mq][h] = row_moved ? fmath::ex2(m_old * x_scale - base) : 1.f;
+                row_max[mq][h] = m_new;
+                row_sum[mq][h] = prefill::exp2_row<MMA_KV>(s[mq], h, x_scale, base, row_sum[mq][h] * alpha[mq][h]);
               }
             }
-            if (!__any_sync(0xffffffffu, bad)) {
+            if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
               for (int mq = 0; mq < MMA_Q; ++mq) {
-                row_sum[mq][0] += tile_sum[mq][0];
-                row_sum[mq][1] += tile_sum[mq][1];
+#pragma unroll
+                for (int j = 0; j < DVO / 8; ++j) {
+#pragma unroll
+                  for (int e = 0; e < 4; ++e) o[mq][j][e] *= alpha[mq][e / 2];
+                }
               }
-              break;
             }
-            fast = false;  // recompute this tile on the exact path
-            continue;
+            break;
           }
+#pragma unroll
+          for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+            for (int kk = 0; kk < MMA_KV; ++kk) mma::frag_c_to_a<T>(pa[mq][kk], s[mq][2 * kk], s[mq][2 * kk + 1]);
+          }
+        }
 
-          // ---- online softmax (base 2), with a lazy reference max ----
-          // row_max is the reference m of the exponentials, not necessarily the true running max: it moves only when a
-          // tile's max exceeds it by more than kRescaleSlack base-2 units, so p = 2^(x - m) stays <= 2^kRescaleSlack
-          // (256: exact in fp32 and in the bf16 / fp16 P fragments) while o, the row sum and the lse all use the same m,
-          // which is all the result needs. Past the first tiles the max rarely climbs that far, so the O rescale
-          // (d/2 multiplies per row block and an exp2 per row, between S and P.V) is skipped for the whole warp on
-          // almost every tile; with an exact running max it ran on most tiles of a causal prefill.
-          float alpha[MMA_Q][2];
-          bool moved = false;
+        {
+          const int* wv = info + C::kInfoInts + C::kWarpInts * (tid / 32);  // (read before the barrier, as above)
+          const int v_base = wv[4], v_head = wv[5];
+          i64 v_offs[KR];
+          own_offsets(v_offs);
+          prefill::cp_async_wait<2 * STAGES - 3>();
+          __syncthreads();
+          const int st = stage == 0 ? STAGES - 1 : stage - 1;
+          if (ahead < kv_end) load_v(ahead, st, v_base, v_head, kv_end, v_offs);
+          prefill::cp_async_commit();
+          if constexpr (C::kPaged) {
+            if (ahead + TILE_KV < kv_end) {
+              read_pages(ahead + TILE_KV, v_base, kv_end, pages);
+            } else if (XI && ahead < kv_end && info[6]) {
+              // The first tile past the end (not the last iteration: thread 0 is still in this item): the next item's
+              // first tile, copied after the epilogue.
+              read_first_pages(info[6], pages);
+            }
+          }
+        }
+        if (!skip) {
+          // ---- O += P V ----
+          const u32 v_stage = v_lane + stage * C::kVBytes;
+          // (recomputed rather than kept across the barrier; only this warp writes its bounds)
+          const int live =
+              C::kSliceSkip ? min(MMA_KV, (info[C::kInfoInts + C::kWarpInts * (tid / 32) + 1] - wkey0 + 15) >> 4) : MMA_KV;
+          if (live < MMA_KV) {
+            prefill::pv_tile<C, true>(o, pa, v_stage, live);
+          } else {
+            prefill::pv_tile<C, false>(o, pa, v_stage, live);
+          }
+        }
+        stage = stage + 1 == STAGES ? 0 : stage + 1;
+      }
+
+      CUINFER_TRACE_STAMP(3)
+      if constexpr (XI) {
+        const int e_slot = (item - prefill::lds_volatile(sched)) % C::kTableItems;
+        const int* e = table + e_slot * NF;
+        // An item without KV tiles starts the next one here (after its own Q copy, issued by the item before, landed);
+        // other items start it after their epilogue (below). (Facts re-read from the table rather than kept live across
+        // the loop.)
+        // (Staged epilogue: after it, like the others. The staging overwrites this item's Q rows, so their copy, which
+        // no loop iteration waited for, must have landed first, next item or not.)
+        if (e[prefill::kFKvStart] >= e[prefill::kFKvEnd]) {
+          if constexpr (C::kStagedEpi) {
+            prefill::cp_async_wait_all();
+          } else if (e_slot + 1 < C::kTableItems && item + 1 < prefill::lds_volatile(sched + 1)) {
+            prefill::cp_async_wait_all();
+            issue_first(e_slot + 1, stage, pages);  // (pages: read before the loop)
+            prefill::cp_async_commit();
+          }
+        }
+
+        // ---- epilogue in registers: normalise, store o (or the fp32 partial state) and lse straight to global ----
+        const int e_row0 = e[prefill::kFRow0], e_partial = e[prefill::kFPartial];
+        const int e_rows = min(TILE_Q, e[prefill::kFQoLen] * g - e_row0);
+        const int e_kvh = e[prefill::kFKvHead], e_qo_base = e[prefill::kFQoBase];
+        // Thread coordinates recomputed from threadIdx (cheaper than keeping them live across the loop).
+        const int e_lane = static_cast<int>(threadIdx.x % 32u);
+        const int e_r0 = static_cast<int>(threadIdx.x / 32u) * MMA_Q * 16 + e_lane / 4;
+        // The output row of tile row r: packed row e_row0 + r is a token (its row of o) and a head of the group.
+        auto out_row = [&](int r, i64& row, int& head) {
+          const int pr = e_row0 + r;
+          const int token = static_cast<int>(prefill::fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
+          head = e_kvh * g + (pr - token * g);
+          row = e_qo_base + token;
+        };
+        if (C::kStagedEpi && e_partial < 0) {
+          // Normalised o rows (16-bit) into this warp's Q rows, one stmatrix per 16 x 16 block (the A-fragment layout:
+          // the ldmatrix addresses of Q), then each lane reads 16-byte pieces (chunks t + 4b) of its own 4 rows back
+          // and stores them: 64 contiguous bytes per row and instruction, as the shuffle transpose gave.
+          float inv[MMA_Q][2], lse[MMA_Q][2];
 #pragma unroll
           for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-              const float m_old = row_max[mq][h];
-              float mx = m_old;
+              const float d = mma::quad_sum(row_sum[mq][h]);
+              inv[mq][h] = d > 0.f ? fmath::rcp(d) : 0.f;
+              lse[mq][h] = d > 0.f ? row_max[mq][h] * x_scale + fmath::lg2(d) : neg_inf();
+            }
 #pragma unroll
-              for (int j = 0; j < 2 * MMA_KV; ++j) mx = fmaxf(mx, fmaxf(s[mq][j][2 * h], s[mq][j][2 * h + 1]));
-              mx = mma::quad_max(mx);
-              // mx >= m_old. A row's first finite max always moves it (inf > slack); a row with no key yet keeps
-              // m = -inf (-inf - -inf is NaN: not moved) and 0 as the exponent base, so exp2 never sees -inf - -inf.
-              const bool row_moved = (mx - m_old) * x_scale > prefill::kRescaleSlack;
-              const float m_new = row_moved ? mx : m_old;
-              const float base = m_new == neg_inf() ? 0.f : m_new * x_scale;
-              // (A row moving off -inf has o = 0, nothing to rescale: the first tile of an item skips the rescale too.)
-              moved |= row_moved && m_old != neg_inf();
-              alpha[mq][h] = row_moved ? fmath::ex2(m_old * x_scale - base) : 1.f;
-              row_max[mq][h] = m_new;
-              row_sum[mq][h] = prefill::exp2_row<MMA_KV>(s[mq], h, x_scale, base, row_sum[mq][h] * alpha[mq][h]);
+            for (int s = 0; s < DVO / 16; ++s) {
+              u32 a[4];
+              a[0] = mma::pack2<DTypeO>(o[mq][2 * s][0] * inv[mq][0], o[mq][2 * s][1] * inv[mq][0]);
+              a[1] = mma::pack2<DTypeO>(o[mq][2 * s][2] * inv[mq][1], o[mq][2 * s][3] * inv[mq][1]);
+              a[2] = mma::pack2<DTypeO>(o[mq][2 * s + 1][0] * inv[mq][0], o[mq][2 * s + 1][1] * inv[mq][0]);
+              a[3] = mma::pack2<DTypeO>(o[mq][2 * s + 1][2] * inv[mq][1], o[mq][2 * s + 1][3] * inv[mq][1]);
+              mma::stmatrix_x4(LdQK::at(q_lane, s, mq * 16), a);
             }
           }
-          if (__any_sync(0xffffffffu, moved)) {
+          __syncwarp();
+          const int t = e_lane % 4;
 #pragma unroll
-            for (int mq = 0; mq < MMA_Q; ++mq) {
+          for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int r = e_r0 + mq * 16 + 8 * h;
+              if (r < e_rows) {
+                i64 row;
+                int head;
+                out_row(r, row, head);
+                DTypeO* dst = static_cast<DTypeO*>(p.o) + row * p.o_stride_n + head * p.o_stride_h + 8 * t;
+                const unsigned char* src = smem + r * (C::kChunksQK * 16);
+#pragma unroll
+                for (int b = 0; b < DVO / 32; ++b) {
+                  const int chunk = (t + 4 * b) ^ (r % 8);
+                  *reinterpret_cast<uint4*>(dst + b * 32) = *reinterpret_cast<const uint4*>(src + chunk * 16);
+                }
+                if (t == 0 && p.lse != nullptr) {
+                  static_cast<float*>(p.lse)[row * p.lse_stride_n + head * p.lse_stride_h] = lse[mq][h];
+                }
+              }
+            }
+          }
+          __syncwarp();  // (the next item's Q copy overwrites these rows)
+        }
+#pragma unroll
+        for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            if (C::kStagedEpi && e_partial < 0) break;
+            const float d = mma::quad_sum(row_sum[mq][h]);
+            const float inv = d > 0.f ? fmath::rcp(d) : 0.f;
+            const float lse = d > 0.f ? row_max[mq][h] * x_scale + fmath::lg2(d) : neg_inf();
+            const int r = e_r0 + mq * 16 + 8 * h;
+            if (e_partial < 0) {
+              // 16-byte stores: a 4 x 4 transpose inside each lane quad gives lane t all 8 columns of n8 block 4b + t
+              // of its row, where the accumulator layout gives it 2 columns of every block (4-byte stores: 4x the store
+              // instructions, half-filled sectors). The shuffles run in every lane, rows past the tile included; only
+              // the stores are predicated.
+              const int t = e_lane % 4;
+              u32 v[DVO / 8];
+#pragma unroll
+              for (int j = 0; j < DVO / 8; ++j) v[j] = mma::pack2<DTypeO>(o[mq][j][2 * h] * inv, o[mq][j][2 * h + 1] * inv);
+#pragma unroll
+              for (int b = 0; b < DVO / 32; ++b) prefill::quad_transpose(v + 4 * b, t);
+              if (r < e_rows) {
+                i64 row;
+                int head;
+                out_row(r, row, head);
+                DTypeO* dst = static_cast<DTypeO*>(p.o) + row * p.o_stride_n + head * p.o_stride_h + 8 * t;
+#pragma unroll
+                for (int b = 0; b < DVO / 32; ++b) {
+                  *reinterpret_cast<uint4*>(dst + b * 32) = make_uint4(v[4 * b], v[4 * b + 1], v[4 * b + 2], v[4 * b + 3]);
+                }
+                if (t == 0 && p.lse != nullptr) static_cast<float*>(p.lse)[row * p.lse_stride_n + head * p.lse_stride_h] = lse;
+              }
+            } else if (r < e_rows) {
+              float* dst = static_cast<float*>(p.partial_o) + static_cast<i64>(e_partial + r) * DVO + 2 * (e_lane % 4);
 #pragma unroll
               for (int j = 0; j < DVO / 8; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) o[mq][j][e] *= alpha[mq][e / 2];
+                *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[mq][j][2 * h] * inv, o[mq][j][2 * h + 1] * inv);
               }
+              if (e_lane % 4 == 0) static_cast<float*>(p.partial_lse)[e_partial + r] = lse;
             }
           }
-          break;
         }
-#pragma unroll
-        for (int mq = 0; mq < MMA_Q; ++mq) {
-#pragma unroll
-          for (int kk = 0; kk < MMA_KV; ++kk) mma::frag_c_to_a<T>(pa[mq][kk], s[mq][2 * kk], s[mq][2 * kk + 1]);
-        }
-      }
 
-      {
-        const int* wv = info + C::kInfoInts + C::kWarpInts * (tid / 32);  // (read before the barrier, as above)
-        const int v_base = wv[4], v_head = wv[5];
-        i64 v_offs[KR];
-        own_offsets(v_offs);
-        prefill::cp_async_wait<2 * STAGES - 3>();
-        __syncthreads();
-        const int st = stage == 0 ? STAGES - 1 : stage - 1;
-        if (ahead < kv_end) load_v(ahead, st, v_base, v_head, kv_end, v_offs);
-        prefill::cp_async_commit();
-        if constexpr (C::kPaged) {
-          if (ahead + TILE_KV < kv_end) {
-            read_pages(ahead + TILE_KV, v_base, kv_end, pages);
-          } else if (XI && ahead < kv_end && info[6]) {
-            // The first tile past the end (not the last iteration: thread 0 is still in this item): the next item's
-            // first tile, copied after the epilogue.
-            read_first_pages(info[6], pages);
-          }
-        }
-      }
-      if (!skip) {
-        // ---- O += P V ----
-        const u32 v_stage = v_lane + stage * C::kVBytes;
-        // (recomputed rather than kept across the barrier; only this warp writes its bounds)
-        const int live =
-            C::kSliceSkip ? min(MMA_KV, (info[C::kInfoInts + C::kWarpInts * (tid / 32) + 1] - wkey0 + 15) >> 4) : MMA_KV;
-        if (live < MMA_KV) {
-          prefill::pv_tile<C, true>(o, pa, v_stage, live);
-        } else {
-          prefill::pv_tile<C, false>(o, pa, v_stage, live);
-        }
-      }
-      stage = stage + 1 == STAGES ? 0 : stage + 1;
-    }
-
-    CUINFER_TRACE_STAMP(3)
-    if constexpr (XI) {
-      const int e_slot = (item - prefill::lds_volatile(sched)) % C::kTableItems;
-      const int* e = table + e_slot * NF;
-      // An item without KV tiles starts the next one here (after its own Q copy, issued by the item before, landed);
-      // other items start it after their epilogue (below). (Facts re-read from the table rather than kept live across
-      // the loop.)
-      // (Staged epilogue: after it, like the others. The staging overwrites this item's Q rows, so their copy, which no
-      // loop iteration waited for, must have landed first, next item or not.)
-      if (e[prefill::kFKvStart] >= e[prefill::kFKvEnd]) {
-        if constexpr (C::kStagedEpi) {
-          prefill::cp_async_wait_all();
-        } else if (e_slot + 1 < C::kTableItems && item + 1 < prefill::lds_volatile(sched + 1)) {
-          prefill::cp_async_wait_all();
-          issue_first(e_slot + 1, stage, pages);  // (pages: read before the loop)
+        CUINFER_TRACE_STAMP(4)
+        // Start the next item in the table: its Q and first K/V tile, into the buffer after this item's last tile
+        // (every warp is done with Q and that buffer: barriers of the last iteration). Issued after the o stores rather
+        // than during the last P.V, where those copies queued in front of that P.V's ldmatrix reads and the stores (P3
+        // +4 %, measured with bench/tune_prefill.py); the other CTA of the SM covers their latency.
+        if ((C::kStagedEpi || e[prefill::kFKvStart] < e[prefill::kFKvEnd]) && e_slot + 1 < C::kTableItems &&
+            item + 1 < prefill::lds_volatile(sched + 1)) {
+          issue_first(e_slot + 1, stage, pages);  // (paged: pages holds that tile's page numbers, read in the loop)
           prefill::cp_async_commit();
         }
-      }
-
-      // ---- epilogue in registers: normalise, store o (or the fp32 partial state) and lse straight to global ----
-      const int e_row0 = e[prefill::kFRow0], e_partial = e[prefill::kFPartial];
-      const int e_rows = min(TILE_Q, e[prefill::kFQoLen] * g - e_row0);
-      const int e_kvh = e[prefill::kFKvHead], e_qo_base = e[prefill::kFQoBase];
-      // Thread coordinates recomputed from threadIdx (cheaper than keeping them live across the loop).
-      const int e_lane = static_cast<int>(threadIdx.x % 32u);
-      const int e_r0 = static_cast<int>(threadIdx.x / 32u) * MMA_Q * 16 + e_lane / 4;
-      // The output row of tile row r: packed row e_row0 + r is a token (its row of o) and a head of the group.
-      auto out_row = [&](int r, i64& row, int& head) {
-        const int pr = e_row0 + r;
-        const int token = static_cast<int>(prefill::fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
-        head = e_kvh * g + (pr - token * g);
-        row = e_qo_base + token;
-      };
-      if (C::kStagedEpi && e_partial < 0) {
-        // Normalised o rows (16-bit) into this warp's Q rows, one stmatrix per 16 x 16 block (the A-fragment layout:
-        // the ldmatrix addresses of Q), then each lane reads 16-byte pieces (chunks t + 4b) of its own 4 rows back
-        // and stores them: 64 contiguous bytes per row and instruction, as the shuffle transpose gave.
-        float inv[MMA_Q][2], lse[MMA_Q][2];
+      } else {
+        // ---- epilogue: stage (o, m, d) of every warp in smem, merge across WARPS_KV, write 16-byte vectors ----
+        prefill::cp_async_wait<0>();
+        __syncthreads();
+        float* epi_o = reinterpret_cast<float*>(smem);
+        float* epi_md = reinterpret_cast<float*>(smem + C::kEpiOBytes);
+        {
+          // Thread coordinates recomputed from threadIdx (cheaper than keeping them live across the loop).
+          const u32 e_lane = threadIdx.x % 32u, e_warp = threadIdx.x / 32u;
+          const u32 e_slot0 = (e_warp / C::kWarpsQ) * TILE_Q + (e_warp % C::kWarpsQ) * MMA_Q * 16 + e_lane / 4;
 #pragma unroll
-        for (int mq = 0; mq < MMA_Q; ++mq) {
+          for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float d = mma::quad_sum(row_sum[mq][h]);
-            inv[mq][h] = d > 0.f ? fmath::rcp(d) : 0.f;
-            lse[mq][h] = d > 0.f ? row_max[mq][h] * x_scale + fmath::lg2(d) : neg_inf();
-          }
+            for (int h = 0; h < 2; ++h) {
+              const int slot_r = e_slot0 + mq * 16 + 8 * h;
+              float* dst = epi_o + slot_r * C::kEpiPitch + 2 * (e_lane % 4);
 #pragma unroll
-          for (int s = 0; s < DVO / 16; ++s) {
-            u32 a[4];
-            a[0] = mma::pack2<DTypeO>(o[mq][2 * s][0] * inv[mq][0], o[mq][2 * s][1] * inv[mq][0]);
-            a[1] = mma::pack2<DTypeO>(o[mq][2 * s][2] * inv[mq][1], o[mq][2 * s][3] * inv[mq][1]);
-            a[2] = mma::pack2<DTypeO>(o[mq][2 * s + 1][0] * inv[mq][0], o[mq][2 * s + 1][1] * inv[mq][0]);
-            a[3] = mma::pack2<DTypeO>(o[mq][2 * s + 1][2] * inv[mq][1], o[mq][2 * s + 1][3] * inv[mq][1]);
-            mma::stmatrix_x4(LdQK::at(q_lane, s, mq * 16), a);
-          }
-        }
-        __syncwarp();
-        const int t = e_lane % 4;
-#pragma unroll
-        for (int mq = 0; mq < MMA_Q; ++mq) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int r = e_r0 + mq * 16 + 8 * h;
-            if (r < e_rows) {
-              i64 row;
-              int head;
-              out_row(r, row, head);
-              DTypeO* dst = static_cast<DTypeO*>(p.o) + row * p.o_stride_n + head * p.o_stride_h + 8 * t;
-              const unsigned char* src = smem + r * (C::kChunksQK * 16);
-#pragma unroll
-              for (int b = 0; b < DVO / 32; ++b) {
-                const int chunk = (t + 4 * b) ^ (r % 8);
-                *reinterpret_cast<uint4*>(dst + b * 32) = *reinterpret_cast<const uint4*>(src + chunk * 16);
+              for (int j = 0; j < DVO / 8; ++j) {
+                *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[mq][j][2 * h], o[mq][j][2 * h + 1]);
               }
-              if (t == 0 && p.lse != nullptr) {
-                static_cast<float*>(p.lse)[row * p.lse_stride_n + head * p.lse_stride_h] = lse[mq][h];
+              const float d = mma::quad_sum(row_sum[mq][h]);
+              if (e_lane % 4 == 0) {
+                // Store m in base-2 units; an empty row (d = 0) stores -inf so the merge ignores it.
+                epi_md[slot_r * 2] = d > 0.f ? row_max[mq][h] * x_scale : neg_inf();
+                epi_md[slot_r * 2 + 1] = d;
               }
             }
           }
         }
-        __syncwarp();  // (the next item's Q copy overwrites these rows)
-      }
+        __syncthreads();
+
+        // Item facts needed only here are re-read rather than kept live across the KV loop.
+        const int ng = p.natural_groups;  // (prefill::item_ref, with the reloads)
+        const int e_kvh = ng > 0 ? item / ng : prefill::reload_i32(p.item_kv_head, item);
+        const int e_entry = ng > 0 ? item - e_kvh * ng : item;
+        const int e_partial = ng > 0 ? -1 : prefill::reload_i32(p.item_partial, item);
+        const int e_row0 = prefill::reload_i32(p.item_qo_tile, e_entry) * TILE_Q;
+        const int e_req = prefill::reload_i32(p.item_req, e_entry);
+        const int e_qo_base = prefill::reload_i32(p.qo_indptr, e_req);
+        const int e_rows = min(TILE_Q, (prefill::reload_i32(p.qo_indptr, e_req + 1) - e_qo_base) * g - e_row0);
+        constexpr int VPR = DVO / 8;  // 8-element vectors per row
+        for (int idx = threadIdx.x; idx < e_rows * VPR; idx += NT) {
+          const int r = idx / VPR, cv = idx % VPR;
+          float m_all = neg_inf();
 #pragma unroll
-      for (int mq = 0; mq < MMA_Q; ++mq) {
+          for (int w = 0; w < C::kWarpsKV; ++w) m_all = fmaxf(m_all, epi_md[(w * TILE_Q + r) * 2]);
+          float acc[8];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if (C::kStagedEpi && e_partial < 0) break;
-          const float d = mma::quad_sum(row_sum[mq][h]);
-          const float inv = d > 0.f ? fmath::rcp(d) : 0.f;
-          const float lse = d > 0.f ? row_max[mq][h] * x_scale + fmath::lg2(d) : neg_inf();
-          const int r = e_r0 + mq * 16 + 8 * h;
+          for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+          float d_all = 0.f;
+          if (m_all != neg_inf()) {
+#pragma unroll
+            for (int w = 0; w < C::kWarpsKV; ++w) {
+              const int sl = w * TILE_Q + r;
+              const float wt = fmath::ex2(epi_md[sl * 2] - m_all);  // -inf (empty warp slice) -> 0
+              d_all += epi_md[sl * 2 + 1] * wt;
+              const float4 lo = *reinterpret_cast<const float4*>(epi_o + sl * C::kEpiPitch + cv * 8);
+              const float4 hi = *reinterpret_cast<const float4*>(epi_o + sl * C::kEpiPitch + cv * 8 + 4);
+              acc[0] += lo.x * wt, acc[1] += lo.y * wt, acc[2] += lo.z * wt, acc[3] += lo.w * wt;
+              acc[4] += hi.x * wt, acc[5] += hi.y * wt, acc[6] += hi.z * wt, acc[7] += hi.w * wt;
+            }
+          }
+          const float inv = d_all > 0.f ? fmath::rcp(d_all) : 0.f;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[e] *= inv;
+          const float lse = d_all > 0.f ? m_all + fmath::lg2(d_all) : neg_inf();
+
           if (e_partial < 0) {
-            // 16-byte stores: a 4 x 4 transpose inside each lane quad gives lane t all 8 columns of n8 block 4b + t of
-            // its row, where the accumulator layout gives it 2 columns of every block (4-byte stores: 4x the store
-            // instructions, half-filled sectors). The shuffles run in every lane, rows past the tile included; only
-            // the stores are predicated.
-            const int t = e_lane % 4;
-            u32 v[DVO / 8];
+            const int pr = e_row0 + r;
+            const int token = static_cast<int>(prefill::fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
+            const int head = e_kvh * g + (pr - token * g);
+            const i64 row = e_qo_base + token;
+            DTypeO* dst = static_cast<DTypeO*>(p.o) + row * p.o_stride_n + head * p.o_stride_h + cv * 8;
+            if constexpr (sizeof(DTypeO) == 2) {
+              uint4 packed;
+              packed.x = mma::pack2<DTypeO>(acc[0], acc[1]);
+              packed.y = mma::pack2<DTypeO>(acc[2], acc[3]);
+              packed.z = mma::pack2<DTypeO>(acc[4], acc[5]);
+              packed.w = mma::pack2<DTypeO>(acc[6], acc[7]);
+              *reinterpret_cast<uint4*>(dst) = packed;
+            } else {
 #pragma unroll
-            for (int j = 0; j < DVO / 8; ++j) v[j] = mma::pack2<DTypeO>(o[mq][j][2 * h] * inv, o[mq][j][2 * h + 1] * inv);
-#pragma unroll
-            for (int b = 0; b < DVO / 32; ++b) prefill::quad_transpose(v + 4 * b, t);
-            if (r < e_rows) {
-              i64 row;
-              int head;
-              out_row(r, row, head);
-              DTypeO* dst = static_cast<DTypeO*>(p.o) + row * p.o_stride_n + head * p.o_stride_h + 8 * t;
-#pragma unroll
-              for (int b = 0; b < DVO / 32; ++b) {
-                *reinterpret_cast<uint4*>(dst + b * 32) = make_uint4(v[4 * b], v[4 * b + 1], v[4 * b + 2], v[4 * b + 3]);
-              }
-              if (t == 0 && p.lse != nullptr) static_cast<float*>(p.lse)[row * p.lse_stride_n + head * p.lse_stride_h] = lse;
+              for (int e = 0; e < 8; ++e) dst[e] = from_float<DTypeO>(acc[e]);
             }
-          } else if (r < e_rows) {
-            float* dst = static_cast<float*>(p.partial_o) + static_cast<i64>(e_partial + r) * DVO + 2 * (e_lane % 4);
-#pragma unroll
-            for (int j = 0; j < DVO / 8; ++j) {
-              *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[mq][j][2 * h] * inv, o[mq][j][2 * h + 1] * inv);
+            if (cv == 0 && p.lse != nullptr) {
+              static_cast<float*>(p.lse)[row * p.lse_stride_n + head * p.lse_stride_h] = lse;
             }
-            if (e_lane % 4 == 0) static_cast<float*>(p.partial_lse)[e_partial + r] = lse;
-          }
-        }
-      }
-
-      CUINFER_TRACE_STAMP(4)
-      // Start the next item in the table: its Q and first K/V tile, into the buffer after this item's last tile (every
-      // warp is done with Q and that buffer: barriers of the last iteration). Issued after the o stores rather than
-      // during the last P.V, where those copies queued in front of that P.V's ldmatrix reads and the stores (P3 +4 %,
-      // measured with bench/tune_prefill.py); the other CTA of the SM covers their latency.
-      if ((C::kStagedEpi || e[prefill::kFKvStart] < e[prefill::kFKvEnd]) && e_slot + 1 < C::kTableItems &&
-          item + 1 < prefill::lds_volatile(sched + 1)) {
-        issue_first(e_slot + 1, stage, pages);  // (paged: pages holds that tile's page numbers, read in the loop)
-        prefill::cp_async_commit();
-      }
-    } else {
-      // ---- epilogue: stage (o, m, d) of every warp in smem, merge across WARPS_KV, write 16-byte vectors ----
-      prefill::cp_async_wait<0>();
-      __syncthreads();
-      float* epi_o = reinterpret_cast<float*>(smem);
-      float* epi_md = reinterpret_cast<float*>(smem + C::kEpiOBytes);
-      {
-        // Thread coordinates recomputed from threadIdx (cheaper than keeping them live across the loop).
-        const u32 e_lane = threadIdx.x % 32u, e_warp = threadIdx.x / 32u;
-        const u32 e_slot0 = (e_warp / C::kWarpsQ) * TILE_Q + (e_warp % C::kWarpsQ) * MMA_Q * 16 + e_lane / 4;
-#pragma unroll
-        for (int mq = 0; mq < MMA_Q; ++mq) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int slot_r = e_slot0 + mq * 16 + 8 * h;
-            float* dst = epi_o + slot_r * C::kEpiPitch + 2 * (e_lane % 4);
-#pragma unroll
-            for (int j = 0; j < DVO / 8; ++j) {
-              *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[mq][j][2 * h], o[mq][j][2 * h + 1]);
-            }
-            const float d = mma::quad_sum(row_sum[mq][h]);
-            if (e_lane % 4 == 0) {
-              // Store m in base-2 units; an empty row (d = 0) stores -inf so the merge ignores it.
-              epi_md[slot_r * 2] = d > 0.f ? row_max[mq][h] * x_scale : neg_inf();
-              epi_md[slot_r * 2 + 1] = d;
-            }
-          }
-        }
-      }
-      __syncthreads();
-
-      // Item facts needed only here are re-read rather than kept live across the KV loop.
-      const int ng = p.natural_groups;  // (prefill::item_ref, with the reloads)
-      const int e_kvh = ng > 0 ? item / ng : prefill::reload_i32(p.item_kv_head, item);
-      const int e_entry = ng > 0 ? item - e_kvh * ng : item;
-      const int e_partial = ng > 0 ? -1 : prefill::reload_i32(p.item_partial, item);
-      const int e_row0 = prefill::reload_i32(p.item_qo_tile, e_entry) * TILE_Q;
-      const int e_req = prefill::reload_i32(p.item_req, e_entry);
-      const int e_qo_base = prefill::reload_i32(p.qo_indptr, e_req);
-      const int e_rows = min(TILE_Q, (prefill::reload_i32(p.qo_indptr, e_req + 1) - e_qo_base) * g - e_row0);
-      constexpr int VPR = DVO / 8;  // 8-element vectors per row
-      for (int idx = threadIdx.x; idx < e_rows * VPR; idx += NT) {
-        const int r = idx / VPR, cv = idx % VPR;
-        float m_all = neg_inf();
-#pragma unroll
-        for (int w = 0; w < C::kWarpsKV; ++w) m_all = fmaxf(m_all, epi_md[(w * TILE_Q + r) * 2]);
-        float acc[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] = 0.f;
-        float d_all = 0.f;
-        if (m_all != neg_inf()) {
-#pragma unroll
-          for (int w = 0; w < C::kWarpsKV; ++w) {
-            const int sl = w * TILE_Q + r;
-            const float wt = fmath::ex2(epi_md[sl * 2] - m_all);  // -inf (empty warp slice) -> 0
-            d_all += epi_md[sl * 2 + 1] * wt;
-            const float4 lo = *reinterpret_cast<const float4*>(epi_o + sl * C::kEpiPitch + cv * 8);
-            const float4 hi = *reinterpret_cast<const float4*>(epi_o + sl * C::kEpiPitch + cv * 8 + 4);
-            acc[0] += lo.x * wt, acc[1] += lo.y * wt, acc[2] += lo.z * wt, acc[3] += lo.w * wt;
-            acc[4] += hi.x * wt, acc[5] += hi.y * wt, acc[6] += hi.z * wt, acc[7] += hi.w * wt;
-          }
-        }
-        const float inv = d_all > 0.f ? fmath::rcp(d_all) : 0.f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] *= inv;
-        const float lse = d_all > 0.f ? m_all + fmath::lg2(d_all) : neg_inf();
-
-        if (e_partial < 0) {
-          const int pr = e_row0 + r;
-          const int token = static_cast<int>(prefill::fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
-          const int head = e_kvh * g + (pr - token * g);
-          const i64 row = e_qo_base + token;
-          DTypeO* dst = static_cast<DTypeO*>(p.o) + row * p.o_stride_n + head * p.o_stride_h + cv * 8;
-          if constexpr (sizeof(DTypeO) == 2) {
-            uint4 packed;
-            packed.x = mma::pack2<DTypeO>(acc[0], acc[1]);
-            packed.y = mma::pack2<DTypeO>(acc[2], acc[3]);
-            packed.z = mma::pack2<DTypeO>(acc[4], acc[5]);
-            packed.w = mma::pack2<DTypeO>(acc[6], acc[7]);
-            *reinterpret_cast<uint4*>(dst) = packed;
           } else {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) dst[e] = from_float<DTypeO>(acc[e]);
+            float* dst = static_cast<float*>(p.partial_o) + static_cast<i64>(e_partial + r) * DVO + cv * 8;
+            *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+            *reinterpret_cast<float4*>(dst + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
+            if (cv == 0) static_cast<float*>(p.partial_lse)[e_partial + r] = lse;
           }
-          if (cv == 0 && p.lse != nullptr) {
-            static_cast<float*>(p.lse)[row * p.lse_stride_n + head * p.lse_stride_h] = lse;
-          }
-        } else {
-          float* dst = static_cast<float*>(p.partial_o) + static_cast<i64>(e_partial + r) * DVO + cv * 8;
-          *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
-          *reinterpret_cast<float4*>(dst + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
-          if (cv == 0) static_cast<float*>(p.partial_lse)[e_partial + r] = lse;
         }
+        __syncthreads();  // the next item's copies overwrite the staging area
       }
-      __syncthreads();  // the next item's copies overwrite the staging area
-    }
 #ifdef CUINFER_TRACE
-    if (tid == 0) {
-      unsigned long long t1;
-      unsigned sm;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-      const unsigned long long c5 = clock64();
-      auto* tr = (unsigned long long*)(p.mask_indptr) + 12 * item;  // NOLINT: diagnostic
-      tr[0] = trace_t0, tr[1] = t1, tr[2] = blockIdx.x, tr[3] = sm;
+      if (tid == 0) {
+        unsigned long long t1;
+        unsigned sm;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        const unsigned long long c5 = clock64();
+        auto* tr = (unsigned long long*)(p.mask_indptr) + 12 * item;  // NOLINT: diagnostic
+        tr[0] = trace_t0, tr[1] = t1, tr[2] = blockIdx.x, tr[3] = sm;
 #pragma unroll
-      for (int k = 0; k < 5; ++k) tr[4 + k] = trace_c[k];
-      tr[9] = c5;
-    }
+        for (int k = 0; k < 5; ++k) tr[4 + k] = trace_c[k];
+        tr[9] = c5;
+      }
 #endif
 #undef CUINFER_TRACE_STAMP
-  }
+    }
     // Range done: take the next pool item (an empty range once the pool is dry, or when there is none).
     __syncthreads();  // every thread has read the old range
     if (tid == 0) {

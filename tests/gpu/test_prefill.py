@@ -347,8 +347,8 @@ def test_shared_tail_is_taken_once_per_launch(rng, monkeypatch, split):
     from cuinfer.prefill import BatchPrefill
 
     monkeypatch.setattr(plan_assign, "POOL_SHARE", 0.5)
-    cupy = _framework("cupy").module
     fw = _framework("cupy")
+    cupy = fw.module
     c = Case(((577, 127, 1000, 37, 300), (4097, 513, 1000, 97, 2048)), heads=(28, 4))
     h = _build(rng, c)
     ref_o, ref_lse = _reference(c, h)
