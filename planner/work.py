@@ -158,6 +158,11 @@ def plan_work(
         names = ("num_kv_heads", "group_size", "tile_rows", "num_ctas", "kv_granule")
         bad = [f"{nm}={v}" for nm, v in zip(names, (h, g, br, p, gr), strict=True) if v < 1]
         raise ValueError(f"plan_work: {', '.join(bad)} must be >= 1")
+    if not 0.0 <= pool_share < 1.0:  # (NaN fails too)
+        raise ValueError(
+            f"plan_work: pool_share={pool_share} must be in [0, 1): the share of the cost left to a shared tail (0 for "
+            "none; the prefill wrapper uses assign.POOL_SHARE)"
+        )
     if fixed_split_size is not None:
         if disable_split:
             raise ValueError(

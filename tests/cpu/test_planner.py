@@ -323,6 +323,9 @@ def test_bad_arguments_raise_with_the_fix():
         plan_work(None, [5, -3], num_kv_heads=1, group_size=1, tile_rows=16, num_ctas=4, kv_granule=16)
     with pytest.raises(ValueError, match="qo_lens has 1 requests but kv_lens has 2"):
         plan_work([3], [5, 6], num_kv_heads=1, group_size=1, tile_rows=16, num_ctas=4, kv_granule=16)
+    for share in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ValueError, match=rf"pool_share={share} must be in \[0, 1\).*0 for none"):
+            plan_work([3], [5], num_kv_heads=1, group_size=1, tile_rows=16, num_ctas=4, kv_granule=16, pool_share=share)
 
 
 def test_empty_batch():
