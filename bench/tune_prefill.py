@@ -137,7 +137,7 @@ FI_MARKER = "/tmp/cuinfer-tune-fi-warm.done"
 
 
 def _name(variant: str, tiles: tuple) -> str:
-    return f"{variant} q{tiles[0]}k{tiles[1]}s{tiles[2]}"
+    return f"{variant} q{tiles[0]}k{tiles[1]}s{tiles[2]}" + (f"g{tiles[3]}" if len(tiles) > 3 else "")
 
 
 def spec_for(key, variant: str):
@@ -154,7 +154,7 @@ def spec_for(key, variant: str):
 def _keys(variant: str, tiles: tuple):
     from cuinfer.prefill_specs import MASK_CAUSAL, PrefillKernelKey, tile_config
 
-    cfg = tile_config(tiles[0], tiles[1], 128, tiles[2])
+    cfg = tile_config(tiles[0], tiles[1], 128, *tiles[2:])
     return [PrefillKernelKey("bfloat16", "bfloat16", 128, 128, cfg, paged, MASK_CAUSAL, False, False)
             for paged in (False, True)]  # fmt: skip
 

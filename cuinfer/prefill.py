@@ -54,7 +54,7 @@ from cuinfer.prefill_plan import (
     ragged_kv,
 )
 from cuinfer.prefill_policy import DeviceLimits, ctas_per_sm
-from cuinfer.prefill_specs import default_specs, prefill_spec, smem_bytes
+from cuinfer.prefill_specs import block_smem_bytes, default_specs, prefill_spec
 
 register("prefill", default_specs)
 
@@ -145,14 +145,16 @@ class BatchPrefill:
             cfg = plan.config
             if device_id is None:
                 per_sm = max(1, ctas_per_sm(cfg, plan.head_dim, plan.head_dim_vo, self.paged, DeviceLimits()))
+                per_sm = max(cfg.groups, per_sm // cfg.groups * cfg.groups)  # whole blocks
                 sms = _DEFAULT_SMS
             else:
                 from cuinfer.device import device_info
 
                 k = plan.key(self.paged)
                 kernel = get_kernel(prefill_spec(k), k.name_expr(), device_id)
-                smem = smem_bytes(cfg, plan.head_dim, plan.head_dim_vo, self.paged)
-                per_sm = max(1, kernel.max_active_blocks(cfg.threads, smem))
+                smem = block_smem_bytes(cfg, plan.head_dim, plan.head_dim_vo, self.paged)
+                # (a paired block holds cfg.groups CTAs of the plan)
+                per_sm = max(1, kernel.max_active_blocks(cfg.block_threads, smem)) * cfg.groups
                 sms = device_info(device_id).sm_count
             n = self._ctas[key] = per_sm * (sms if num_sms is None else positive("num_sms", num_sms))
         return n
@@ -243,7 +245,8 @@ class BatchPrefill:
         tile_sizes: tuple[int, ...] | None = None,
     ) -> None:  # fmt: skip
         """Plan one batch. Index arrays may be lists, NumPy arrays, host tensors or device arrays (one device-to-host
-        copy). ``tile_sizes=(query_tile, kv_tile[, stages])`` overrides the tile policy (tests, tuning).
+        copy). ``tile_sizes=(query_tile, kv_tile[, stages[, groups]])`` overrides the tile policy (tests, tuning; groups
+        2 pairs two CTAs per block).
         Raises before anything reaches the GPU when the inputs or the workspace do not fit."""
         device_id = self._device_id if self._device_id is not False else self._device_or_none()
         memo = self._limits_memo  # (_limits, inlined)

@@ -14,7 +14,7 @@ from typing import Any
 from cuinfer.decode_io import KV
 from cuinfer.interop.arrays import Tensor
 from cuinfer.jit import get_kernel
-from cuinfer.prefill_specs import PrefillParams, fast_div_magic, prefill_spec, smem_bytes
+from cuinfer.prefill_specs import PrefillParams, block_smem_bytes, fast_div_magic, prefill_spec
 
 _LOG2E = 1.0 / math.log(2.0)
 
@@ -38,9 +38,10 @@ class PrefillLaunch:
         self.buffers, self.stamp = buf, _stamp(buf)
         key = plan.key(w.paged)
         self.kernel = get_kernel(prefill_spec(key), key.name_expr(), device_id)
-        self.num_ctas, self.threads = work.num_ctas, cfg.threads
+        # A paired block (cfg.groups == 2) runs two CTAs of the plan: half the blocks, twice the threads and smem.
+        self.num_ctas, self.threads = work.num_ctas // cfg.groups, cfg.block_threads
         dvo = plan.head_dim_vo
-        self.smem_bytes = smem_bytes(cfg, plan.head_dim, dvo, w.paged)
+        self.smem_bytes = block_smem_bytes(cfg, plan.head_dim, dvo, w.paged)
         partial_o, partial_lse = buf.partial_pointers(dvo)
         g = plan.num_qo_heads // plan.num_kv_heads
         g_mul, g_shift = fast_div_magic(g)

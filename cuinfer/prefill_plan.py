@@ -149,15 +149,16 @@ def custom_mask_bytes(custom_mask, packed_custom_mask, qo_lens: np.ndarray, kv_l
     return np.ascontiguousarray(packed, dtype=np.uint8), indptr.astype(np.int32)
 
 
-def parse_tile_sizes(tile_sizes) -> tuple[int | None, int | None, int]:
-    """``None`` (policy) or ``(query_tile[, kv_tile[, stages]])``; a None entry leaves that choice to the policy."""
+def parse_tile_sizes(tile_sizes) -> tuple[int | None, int | None, int, int | None]:
+    """``None`` (policy) or ``(query_tile[, kv_tile[, stages[, groups]]])``; a None entry leaves that choice to the
+    policy (``groups``: CTAs per block, 2 = paired blocks)."""
     if tile_sizes is None:
-        return None, None, 2
+        return None, None, 2, None
     t = tuple(tile_sizes)
-    if not 1 <= len(t) <= 3:
-        raise ValueError(f"tile_sizes must be (query_tile, kv_tile[, stages]) but is {tile_sizes!r}")
-    t = t + (None,) * (3 - len(t))
-    return t[0], t[1], 2 if t[2] is None else int(t[2])
+    if not 1 <= len(t) <= 4:
+        raise ValueError(f"tile_sizes must be (query_tile, kv_tile[, stages[, groups]]) but is {tile_sizes!r}")
+    t = t + (None,) * (4 - len(t))
+    return t[0], t[1], 2 if t[2] is None else int(t[2]), None if t[3] is None else int(t[3])
 
 
 def host_array(x: Any, name: str) -> np.ndarray:
@@ -295,11 +296,11 @@ def _static_facts(
         causal, sm_scale, logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant, d
     )
     ps = positive("page_size", page_size) if paged else 1
-    tq, tkv, stages = parse_tile_sizes(tile_sizes)
+    tq, tkv, stages, groups = parse_tile_sizes(tile_sizes)
     # then: tile configs by query tile, the PrefillPlan fields these arguments fix (with every other field present,
     # see plan_of), and the largest query tile (query_tile of any longer average)
     fields = {f.name: _PLAN_DEFAULTS.get(f.name) for f in dataclasses.fields(PrefillPlan)}
-    facts = (hq, hkv, d, dvo, ps, qd, kvd, od, opts, (tq, tkv, stages), {}, fields, query_tile(math.inf, dvo))
+    facts = (hq, hkv, d, dvo, ps, qd, kvd, od, opts, (tq, tkv, stages, groups), {}, fields, query_tile(math.inf, dvo))
     fields.update(
         num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, head_dim_vo=dvo, page_size=ps, q_dtype=qd, kv_dtype=kvd,
         o_dtype=od, options=opts, static=facts,
@@ -317,9 +318,9 @@ def _tiles_for(facts: tuple, avg: float, paged: bool, limits, memo: bool) -> Til
     configs = facts[10]
     config = configs.get(key) if memo else None
     if config is None:
-        d, dvo, opts, (tq, tkv, stages) = facts[2], facts[3], facts[8], facts[9]
+        d, dvo, opts, (tq, tkv, stages, groups) = facts[2], facts[3], facts[8], facts[9]
         config = choose_tiles(
-            avg, d, dvo, paged=paged, limits=limits, tile_q=tq, tile_kv=tkv, stages=stages,
+            avg, d, dvo, paged=paged, limits=limits, tile_q=tq, tile_kv=tkv, stages=stages, groups=groups,
             variant=opts.logits_soft_cap > 0 or opts.pos_encoding == "alibi",
         )  # fmt: skip
         if memo:

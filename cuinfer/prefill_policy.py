@@ -25,10 +25,11 @@ Worked example (H200: 228 KB smem/SM, 227 KB per block, 64 K registers/SM; Llama
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
-from cuinfer.prefill_specs import KV_TILES, QUERY_TILES, TileConfig, smem_bytes, tile_config
+from cuinfer.prefill_specs import KV_TILES, QUERY_TILES, TileConfig, block_smem_bytes, smem_bytes, tile_config
 
 SUPPORTED_HEAD_DIMS = ((64, 64), (128, 128), (256, 256), (192, 128))
 MAX_ACCUMULATORS = 192  # fp32 accumulators per thread above which ptxas spills (measured: 256 spills ~500 bytes)
@@ -141,6 +142,32 @@ def default_kv_tile(tile_q: int, head_dim_qk: int, head_dim_vo: int, variant: bo
     return kv_tile(tile_q, head_dim_qk, head_dim_vo, paged=False, variant=variant)
 
 
+def block_groups(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool,
+                 limits: DeviceLimits = DeviceLimits()) -> int:  # fmt: skip
+    """CTAs of the plan per launched block: 2 (paired blocks, kernel_src/attention/prefill.cuh) for the ragged
+    128 x 64 tiles at head dim 128 when two of them fit in one block and the SM holds exactly two CTAs either way;
+    else 1.
+
+    Measured on the H200 (bench/tune_prefill.py, same call, outputs bit-identical): paired blocks ran the ragged
+    P1-P3 3.6 / 3.1 / 2.1 % faster than two CTAs per SM, and the paged P4-P6 8-9 % slower, so paged tiles stay
+    unpaired. Other head dims and tiles were not measured and stay unpaired.
+
+    >>> block_groups(tile_config(128, 64, 128), 128, 128, paged=False), block_groups(tile_config(128, 64, 128), 128,
+    ...     128, paged=True)
+    (2, 1)
+    """
+    if paged or cfg.warps_kv != 1 or (cfg.tile_q, cfg.tile_kv) != (128, 64) or (head_dim_qk, head_dim_vo) != (128, 128):
+        return 1
+    pair = dataclasses.replace(cfg, groups=2)
+    smem = block_smem_bytes(pair, head_dim_qk, head_dim_vo, paged)
+    fits = (
+        smem <= limits.smem_per_block_optin
+        and smem + SMEM_RESERVED_PER_CTA <= limits.smem_per_sm
+        and pair.block_threads * estimated_registers(cfg, head_dim_vo) <= limits.regs_per_sm
+    )
+    return 2 if fits and ctas_per_sm(cfg, head_dim_qk, head_dim_vo, paged, limits) == 2 else 1
+
+
 def choose_tiles(
     avg_packed_qo_len: float,
     head_dim_qk: int,
@@ -152,9 +179,10 @@ def choose_tiles(
     tile_kv: int | None = None,
     stages: int = DEFAULT_STAGES,
     variant: bool = False,
+    groups: int | None = None,
 ) -> TileConfig:
-    """The full tile configuration of a batch; ``tile_q`` / ``tile_kv`` force either choice (tests, tuning);
-    ``variant``: the logits carry ALiBi or a soft cap (fewer registers to spare).
+    """The full tile configuration of a batch; ``tile_q`` / ``tile_kv`` / ``groups`` force either choice (tests,
+    tuning); ``variant``: the logits carry ALiBi or a soft cap (fewer registers to spare).
 
     >>> c = choose_tiles(32768, 128, 128, paged=False)
     >>> (c.tile_q, c.tile_kv, c.warps_q, c.warps_kv, c.mma_kv)
@@ -163,6 +191,20 @@ def choose_tiles(
     >>> (c.tile_q, c.tile_kv, c.warps_q, c.warps_kv, c.mma_kv)
     (16, 64, 1, 4, 1)
     """
+    cfg = _tiles(avg_packed_qo_len, head_dim_qk, head_dim_vo, paged, limits, tile_q, tile_kv, stages, variant)
+    if groups is None:
+        return dataclasses.replace(cfg, groups=block_groups(cfg, head_dim_qk, head_dim_vo, paged, limits))
+    cfg = tile_config(cfg.tile_q, cfg.tile_kv, head_dim_vo, cfg.stages, int(groups))
+    need = block_smem_bytes(cfg, head_dim_qk, head_dim_vo, paged)
+    if need > limits.smem_per_block_optin:
+        raise ValueError(
+            f"{groups} CTAs per block of tiles ({cfg.tile_q}, {cfg.tile_kv}) need {need} bytes of shared memory but "
+            f"a block may use {limits.smem_per_block_optin}; use groups=1"
+        )
+    return cfg
+
+
+def _tiles(avg_packed_qo_len, head_dim_qk, head_dim_vo, paged, limits, tile_q, tile_kv, stages, variant) -> TileConfig:
     check_head_dims(head_dim_qk, head_dim_vo)
     if stages < 2:
         raise ValueError(

@@ -3,6 +3,7 @@ name expressions, shared-memory sizes. No GPU needed (CI compiles every register
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -62,18 +63,26 @@ class TileConfig:
     warps_kv: int
     mma_kv: int  # 16-key slices per warp per KV tile
     stages: int = 2
+    groups: int = 1  # CTAs of the plan per block: 2 = paired blocks (prefill.cuh, GROUPS)
 
     @property
     def threads(self) -> int:
+        """Threads of one CTA of the plan (one group)."""
         return 32 * self.warps_q * self.warps_kv
+
+    @property
+    def block_threads(self) -> int:
+        """Threads of one launched block: ``groups`` CTAs side by side."""
+        return self.groups * self.threads
 
     @property
     def mma_q(self) -> int:
         return self.tile_q // (16 * self.warps_q)
 
 
-def tile_config(tile_q: int, tile_kv: int, head_dim_vo: int, stages: int = 2) -> TileConfig:
-    """Warp layout for a (query tile, KV tile) pair.
+def tile_config(tile_q: int, tile_kv: int, head_dim_vo: int, stages: int = 2, groups: int = 1) -> TileConfig:
+    """Warp layout for a (query tile, KV tile) pair; ``groups=2`` pairs two CTAs in one block (one warp per row block
+    only: query tiles of 64 rows and more).
 
     4 warps per CTA. Query tiles of 64 and 128 rows split rows over 4 warps (16 or 32 rows each, so a K fragment
     serves two m16 blocks at 128); small query tiles split the KV tile instead (16 rows: 1 x 4 warps, 32 rows: 2 x 2)
@@ -97,7 +106,12 @@ def tile_config(tile_q: int, tile_kv: int, head_dim_vo: int, stages: int = 2) ->
             f"query tile {tile_q} splits the KV tile over {warps_kv} warps of 16 keys: KV tile must be a multiple "
             f"of {16 * warps_kv} but is {tile_kv}"
         )
-    return TileConfig(tile_q, tile_kv, warps_q, warps_kv, tile_kv // (16 * warps_kv), stages)
+    if groups not in (1, 2) or (groups == 2 and warps_kv != 1):
+        raise ValueError(
+            f"groups (CTAs per block) must be 1, or 2 for query tiles of 64 rows and more, but is {groups} at query "
+            f"tile {tile_q}; use groups=1"
+        )
+    return TileConfig(tile_q, tile_kv, warps_q, warps_kv, tile_kv // (16 * warps_kv), stages, groups)
 
 
 TABLE_ITEMS, TABLE_FIELDS = 16, 10  # PrefillTraits::kTableItems / kTableFields (cross-item item table)
@@ -121,6 +135,13 @@ def smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool,
     return max(main, epi) + info + table
 
 
+def block_smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool) -> int:
+    """Dynamic shared memory of one launched block: each group's ``smem_bytes`` at a 128-byte aligned offset
+    (PrefillTraits::kGroupBytes); one group's size when unpaired."""
+    one = smem_bytes(cfg, head_dim_qk, head_dim_vo, paged)
+    return one if cfg.groups == 1 else cfg.groups * (-(-one // 128) * 128)
+
+
 @dataclass(frozen=True)
 class PrefillKernelKey:
     """Everything that selects one compiled specialisation."""
@@ -140,7 +161,8 @@ class PrefillKernelKey:
         return (
             f"cuinfer::batch_prefill<cuinfer::PrefillTraits<{CTYPES[self.dtype]}, {CTYPES[self.out_dtype]}, "
             f"{self.head_dim_qk}, {self.head_dim_vo}, {c.tile_q}, {c.warps_q}, {c.warps_kv}, {c.mma_kv}, {c.stages}, "
-            f"{str(self.paged).lower()}, {self.mask}, {str(self.soft_cap).lower()}, {str(self.alibi).lower()}>>"
+            f"{str(self.paged).lower()}, {self.mask}, {str(self.soft_cap).lower()}, {str(self.alibi).lower()}, "
+            f"{c.groups}>>"
         )
 
     def short_name(self) -> str:
@@ -158,7 +180,7 @@ class PrefillKernelKey:
         )
         return (
             f"prefill/{'paged' if self.paged else 'ragged'}/{self.dtype}/d{self.head_dim_qk}x{self.head_dim_vo}/"
-            f"q{c.tile_q}k{c.tile_kv}s{c.stages}/{flags or 'plain'}"
+            f"q{c.tile_q}k{c.tile_kv}s{c.stages}{'g2' if c.groups == 2 else ''}/{flags or 'plain'}"
         )
 
 
@@ -177,10 +199,11 @@ def prefill_spec(key: PrefillKernelKey) -> KernelSpec:
 def default_specs() -> list[KernelSpec]:
     """The specialisations CI compiles (sm_80 and sm_90a, no spills): per head-dim pair the long-prefill tiles on
     ragged and paged KV (causal) and the decode-like tiles (paged); then one of each variant flag."""
-    from cuinfer.prefill_policy import default_kv_tile, query_tile
+    from cuinfer.prefill_policy import block_groups, default_kv_tile, query_tile
 
     def key(dtype, dqk, dvo, tq, paged, mask, soft_cap=False, alibi=False):
         cfg = tile_config(tq, default_kv_tile(tq, dqk, dvo, soft_cap or alibi), dvo)
+        cfg = dataclasses.replace(cfg, groups=block_groups(cfg, dqk, dvo, paged))
         return PrefillKernelKey(dtype, dtype, dqk, dvo, cfg, paged, mask, soft_cap, alibi)
 
     keys = []

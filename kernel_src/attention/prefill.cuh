@@ -9,6 +9,8 @@
 // CTA = WARPS_Q x WARPS_KV warps. Warp (wq, wkv) owns MMA_Q m16 row blocks (rows wq*16*MMA_Q ...) of the query tile
 // and MMA_KV 16-key slices (keys wkv*16*MMA_KV ...) of every KV tile of TILE_KV = 16 * MMA_KV * WARPS_KV keys. With
 // WARPS_KV > 1 (small query tiles) each warp keeps its own softmax state and the states merge in the epilogue.
+// GROUPS = 2 (paired blocks, cross-item tiles): a block holds two such CTAs of the plan, side by side (see
+// batch_prefill); the policy pairs the ragged 128-row tiles (cuinfer/prefill_policy.py, block_groups).
 //
 // Per KV tile:  S = Q·K^T (ldmatrix Q and K from swizzled smem, mma m16n8k16, fp32)  ->  logits transform and mask
 // (mask only on boundary tiles)  ->  online softmax in base 2 (exp2, lazy reference max m, per-thread partial row
@@ -182,7 +184,7 @@ __device__ __forceinline__ void quad_transpose(u32 a[4], int t) {
 
 // Compile-time configuration of one specialisation (the Python side picks it: cuinfer/prefill_policy.py).
 template <typename DTypeKV_, typename DTypeO_, int HEAD_DIM_QK_, int HEAD_DIM_VO_, int TILE_Q_, int WARPS_Q_,
-          int WARPS_KV_, int MMA_KV_, int STAGES_, bool PAGED_, int MASK_, bool SOFT_CAP_, bool ALIBI_>
+          int WARPS_KV_, int MMA_KV_, int STAGES_, bool PAGED_, int MASK_, bool SOFT_CAP_, bool ALIBI_, int GROUPS_>
 struct PrefillTraits {
   using DTypeKV = DTypeKV_;  // q, k and v share it (fp16 or bf16)
   using DTypeO = DTypeO_;
@@ -254,6 +256,11 @@ struct PrefillTraits {
   static constexpr int kTableFields = 10;
   static constexpr int kTableOff = kInfoOff + (kInfoInts + kWarpInts * kWarpsQ * kWarpsKV) * 4;
   static constexpr int kSmemBytes = kTableOff + (kCrossItem ? kTableItems * kTableFields * 4 : 0);
+  // Paired blocks (GROUPS = 2, cross-item tiles only): two groups of kThreads per block, each one CTA of the plan
+  // with kSmemBytes of its own at a 128-byte aligned offset (see batch_prefill).
+  static constexpr int kGroups = GROUPS_;
+  static constexpr int kBlockThreads = kGroups * kThreads;
+  static constexpr int kGroupBytes = (kSmemBytes + 127) / 128 * 128;
 
   static_assert(is_same<DTypeKV, half>::value || is_same<DTypeKV, __nv_bfloat16>::value, "q/k/v are fp16 or bf16");
   static_assert(sizeof(DTypeO) == 2, "o is fp16 or bf16 (16-bit output stores)");
@@ -263,6 +270,7 @@ struct PrefillTraits {
   static_assert(kStages >= 2, "the pipeline refills the buffer of the previous tile: at least 2 stages");
   static_assert(kHeadDimVO % 8 == 0, "epilogue writes 8 elements per thread");
   static_assert(kTableItems <= kThreads, "the item table is filled one item per thread");
+  static_assert(kGroups == 1 || (kGroups == 2 && kCrossItem), "paired blocks run cross-item tiles (WARPS_KV == 1)");
 };
 
 namespace prefill {
@@ -315,7 +323,7 @@ __device__ __forceinline__ void pv_tile(float (&o)[C::kMmaQ][C::kHeadDimVO / 8][
 }  // namespace prefill
 
 template <class C>
-__global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_constant__ PrefillParams p) {
+__global__ void __launch_bounds__(C::kBlockThreads) batch_prefill(const __grid_constant__ PrefillParams p) {
   using T = typename C::DTypeKV;
   using DTypeO = typename C::DTypeO;
   constexpr int MMA_Q = C::kMmaQ, MMA_KV = C::kMmaKV, DVO = C::kHeadDimVO;
@@ -324,7 +332,23 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
   constexpr int KR = C::kKVRowsPerThread;
   constexpr int NF = C::kTableFields;
 
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem_block[];
+  // Paired blocks: thread group wg (kThreads threads, warps 4 wg .. 4 wg + 3) is CTA 2 blockIdx.x + wg of the plan's
+  // 2 gridDim.x, with its own shared memory, items and named barrier; nothing else is shared. Measured on the H200
+  // (bench/tune_prefill.py): +3-4 % on the ragged 128-row tiles, -6 % on the paged ones (those keep one group).
+  constexpr int GROUPS = C::kGroups;
+  const u32 wg = GROUPS > 1 ? threadIdx.x / NT : 0u;
+  const u32 cta = GROUPS > 1 ? blockIdx.x * 2u + wg : blockIdx.x;
+  const u32 num_ctas = GROUPS > 1 ? gridDim.x * 2u : gridDim.x;
+  unsigned char* smem = smem_block + (GROUPS > 1 ? wg * C::kGroupBytes : 0u);
+  // The group's barrier: named barrier 1 + wg of its kThreads threads in a paired block, else the block's.
+  auto group_sync = [&]() {
+    if constexpr (GROUPS > 1) {
+      asm volatile("bar.sync %0, %1;" ::"r"(1 + wg), "n"(NT) : "memory");
+    } else {
+      __syncthreads();
+    }
+  };
   const u32 smem_base = mma::smem_addr(smem);
   const u32 q_smem = smem_base;
   const u32 k_smem = smem_base + C::kKOff;
@@ -333,8 +357,11 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
   int* info = reinterpret_cast<int*>(smem + C::kInfoOff);
   int* table = reinterpret_cast<int*>(smem + C::kTableOff);
 
-  const int tid = static_cast<int>(threadIdx.x), lane = static_cast<int>(threadIdx.x % 32u);
-  const int wq = static_cast<int>((threadIdx.x / 32u) % C::kWarpsQ), wkv = static_cast<int>(threadIdx.x / 32u / C::kWarpsQ);
+  // The thread within its group, taken modulo the group size in every build (the bound lets ptxas fold the copy
+  // and table addressing: +3-4 % on the paged P4-P6 kernels, measured; the index is the same).
+  const u32 ltid = threadIdx.x % NT;
+  const int tid = static_cast<int>(ltid), lane = static_cast<int>(threadIdx.x % 32u);
+  const int wq = static_cast<int>((ltid / 32u) % C::kWarpsQ), wkv = static_cast<int>(ltid / 32u / C::kWarpsQ);
   const int warp_row0 = wq * MMA_Q * 16;    // first tile row of this warp
   const int warp_col0 = wkv * MMA_KV * 16;  // first key of this warp within a KV tile
 
@@ -486,16 +513,16 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
   };
 
   // Work ranges: this CTA's own list work_indptr[c] .. [c + 1], then items of the plan's shared tail (the pool,
-  // work_indptr[P] .. [P + 1], P = gridDim.x) taken one at a time by an atomic counter until it runs dry, so the CTAs
+  // work_indptr[P] .. [P + 1], P = num_ctas) taken one at a time by an atomic counter until it runs dry, so the CTAs
   // that run fast finish the work of those that run slow (docs/internals.md, "Dynamic tail"). sched[0..1] is the
   // current range [first item, end), sched[2..3] the pool; all written by thread 0 between two barriers and read from
   // smem where needed (fewer registers across the KV loop; in the info block, whose address costs no register).
   int* sched = info + 8;
   if (tid == 0) {
-    sched[0] = work_indptr[blockIdx.x], sched[1] = work_indptr[blockIdx.x + 1];
-    sched[2] = work_indptr[gridDim.x], sched[3] = work_indptr[gridDim.x + 1];
+    sched[0] = work_indptr[cta], sched[1] = work_indptr[cta + 1];
+    sched[2] = work_indptr[num_ctas], sched[3] = work_indptr[num_ctas + 1];
   }
-  __syncthreads();
+  group_sync();
 
   int stage = 0;  // buffer of the next KV tile; runs on across items (the next item's first tile follows the last)
   // (item_end, and on the cross-item path the item's table slot, are re-derived each time: fewer registers across the
@@ -506,16 +533,17 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
       // Diagnostic builds only (bench/tune_sched.py): thread 0 stamps each item's start and end (global ns timer) and
       // the SM clock at its phases: start, loop start (table and prologue done), first tile ready (after the first
       // barrier), loop end, o stored, end (next item's copies issued).
-      __shared__ unsigned long long trace_t0, trace_c[6];  // smem, not registers: the accumulators fill the file
+      // (smem, not registers: the accumulators fill the file; one slot per group of a paired block)
+      __shared__ unsigned long long trace_t0[C::kGroups], trace_c[C::kGroups][6];
       if (tid == 0) {
         unsigned long long t0;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-        trace_t0 = t0;
-        trace_c[0] = clock64();
-        trace_c[2] = 0;
+        trace_t0[wg] = t0;
+        trace_c[wg][0] = clock64();
+        trace_c[wg][2] = 0;
       }
 #define CUINFER_TRACE_STAMP(k) \
-    if (tid == 0) trace_c[k] = clock64();
+    if (tid == 0) trace_c[wg][k] = clock64();
 #else
 #define CUINFER_TRACE_STAMP(k)
 #endif
@@ -527,7 +555,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         const int item_end = prefill::lds_volatile(sched + 1);
         if (slot == 0) {
           // Resolve the facts of the next kTableItems items, one per thread: two dependent reads, paid once.
-          __syncthreads();  // every warp is done with the previous entries (epilogue)
+          group_sync();  // every warp is done with the previous entries (epilogue)
           if (tid < min(C::kTableItems, item_end - item)) {
             const int it = item + tid;
             int* e = table + tid * NF;
@@ -552,7 +580,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
             e[prefill::kFKvBase] = kb;
             e[prefill::kFKvLen] = len;
           }
-          __syncthreads();
+          group_sync();
         }
         const int* e = table + slot * NF;
         b = e[prefill::kFReq], row0 = e[prefill::kFRow0], kvh = e[prefill::kFKvHead];
@@ -681,7 +709,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         const int wb0 = wb[0], wb1 = wb[1], cp_base = wb[4], cp_head = wb[5];
         const int wb2 = C::kWindow ? wb[2] : 0, wb3 = C::kWindow ? wb[3] : 0;
         prefill::cp_async_wait<2 * STAGES - 3>();
-        __syncthreads();
+        group_sync();
 #ifdef CUINFER_TRACE
         if (key0 == kv_start) CUINFER_TRACE_STAMP(2)
 #endif
@@ -868,7 +896,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
           i64 v_offs[KR];
           own_offsets(v_offs);
           prefill::cp_async_wait<2 * STAGES - 3>();
-          __syncthreads();
+          group_sync();
           const int st = stage == 0 ? STAGES - 1 : stage - 1;
           if (ahead < kv_end) load_v(ahead, st, v_base, v_head, kv_end, v_offs);
           prefill::cp_async_commit();
@@ -922,7 +950,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         const int e_kvh = e[prefill::kFKvHead], e_qo_base = e[prefill::kFQoBase];
         // Thread coordinates recomputed from threadIdx (cheaper than keeping them live across the loop).
         const int e_lane = static_cast<int>(threadIdx.x % 32u);
-        const int e_r0 = static_cast<int>(threadIdx.x / 32u) * MMA_Q * 16 + e_lane / 4;
+        const int e_r0 = static_cast<int>((threadIdx.x % NT) / 32u) * MMA_Q * 16 + e_lane / 4;
         // The output row of tile row r: packed row e_row0 + r is a token (its row of o) and a head of the group.
         auto out_row = [&](int r, i64& row, int& head) {
           const int pr = e_row0 + r;
@@ -1034,12 +1062,12 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
       } else {
         // ---- epilogue: stage (o, m, d) of every warp in smem, merge across WARPS_KV, write 16-byte vectors ----
         prefill::cp_async_wait<0>();
-        __syncthreads();
+        group_sync();
         float* epi_o = reinterpret_cast<float*>(smem);
         float* epi_md = reinterpret_cast<float*>(smem + C::kEpiOBytes);
         {
           // Thread coordinates recomputed from threadIdx (cheaper than keeping them live across the loop).
-          const u32 e_lane = threadIdx.x % 32u, e_warp = threadIdx.x / 32u;
+          const u32 e_lane = threadIdx.x % 32u, e_warp = (threadIdx.x % NT) / 32u;
           const u32 e_slot0 = (e_warp / C::kWarpsQ) * TILE_Q + (e_warp % C::kWarpsQ) * MMA_Q * 16 + e_lane / 4;
 #pragma unroll
           for (int mq = 0; mq < MMA_Q; ++mq) {
@@ -1060,7 +1088,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
             }
           }
         }
-        __syncthreads();
+        group_sync();
 
         // Item facts needed only here are re-read rather than kept live across the KV loop.
         const int ng = p.natural_groups;  // (prefill::item_ref, with the reloads)
@@ -1072,7 +1100,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         const int e_qo_base = prefill::reload_i32(p.qo_indptr, e_req);
         const int e_rows = min(TILE_Q, (prefill::reload_i32(p.qo_indptr, e_req + 1) - e_qo_base) * g - e_row0);
         constexpr int VPR = DVO / 8;  // 8-element vectors per row
-        for (int idx = threadIdx.x; idx < e_rows * VPR; idx += NT) {
+        for (int idx = static_cast<int>(threadIdx.x % NT); idx < e_rows * VPR; idx += NT) {
           const int r = idx / VPR, cv = idx % VPR;
           float m_all = neg_inf();
 #pragma unroll
@@ -1125,7 +1153,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
             if (cv == 0) static_cast<float*>(p.partial_lse)[e_partial + r] = lse;
           }
         }
-        __syncthreads();  // the next item's copies overwrite the staging area
+        group_sync();  // the next item's copies overwrite the staging area
       }
 #ifdef CUINFER_TRACE
       if (tid == 0) {
@@ -1135,22 +1163,22 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
         const unsigned long long c5 = clock64();
         auto* tr = (unsigned long long*)(p.mask_indptr) + 12 * item;  // NOLINT: diagnostic
-        tr[0] = trace_t0, tr[1] = t1, tr[2] = blockIdx.x, tr[3] = sm;
+        tr[0] = trace_t0[wg], tr[1] = t1, tr[2] = cta, tr[3] = sm;
 #pragma unroll
-        for (int k = 0; k < 5; ++k) tr[4 + k] = trace_c[k];
+        for (int k = 0; k < 5; ++k) tr[4 + k] = trace_c[wg][k];
         tr[9] = c5;
       }
 #endif
 #undef CUINFER_TRACE_STAMP
     }
     // Range done: take the next pool item (an empty range once the pool is dry, or when there is none).
-    __syncthreads();  // every thread has read the old range
+    group_sync();  // every thread has read the old range
     if (tid == 0) {
       const int lo = sched[2], hi = sched[3];
       const int it = lo < hi ? lo + atomicAdd(static_cast<int*>(p.pool_count), 1) : hi;
       sched[0] = it, sched[1] = it < hi ? it + 1 : it;
     }
-    __syncthreads();
+    group_sync();
     if (sched[0] >= sched[1]) break;
   }
   // The last CTA out returns both pool counters to 0 for the next launch (a CUDA graph replays it as is): every CTA
@@ -1158,7 +1186,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_prefill(const __grid_consta
   // (p.pool_count[0]: items taken, [1]: CTAs done)
   if (tid == 0 && sched[2] < sched[3]) {
     int* count = static_cast<int*>(p.pool_count);
-    if (atomicAdd(count + 1, 1) == static_cast<int>(gridDim.x) - 1) count[0] = 0, count[1] = 0;
+    if (atomicAdd(count + 1, 1) == static_cast<int>(num_ctas) - 1) count[0] = 0, count[1] = 0;
   }
 }
 

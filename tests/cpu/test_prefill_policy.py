@@ -9,6 +9,7 @@ from cuinfer.prefill_policy import (
     MAX_ACCUMULATORS,
     DeviceLimits,
     accumulators,
+    block_groups,
     check_head_dims,
     choose_tiles,
     ctas_per_sm,
@@ -16,7 +17,7 @@ from cuinfer.prefill_policy import (
     kv_tile,
     query_tile,
 )
-from cuinfer.prefill_specs import QUERY_TILES, smem_bytes, tile_config
+from cuinfer.prefill_specs import QUERY_TILES, block_smem_bytes, smem_bytes, tile_config
 
 A100 = DeviceLimits(smem_per_sm=167936, smem_per_block_optin=166912)
 SMALL_SMEM = DeviceLimits(smem_per_sm=102400, smem_per_block_optin=101376)  # sm_86/89 class
@@ -50,6 +51,29 @@ def test_p1_worked_example_picks_128_by_64():
     assert accumulators(c128, 128) > MAX_ACCUMULATORS
     cfg = choose_tiles(8192 * 4, 128, 128, paged=False)
     assert (cfg.tile_q, cfg.tile_kv, cfg.warps_q, cfg.warps_kv, cfg.mma_q, cfg.mma_kv) == (128, 64, 4, 1, 2, 4)
+
+
+def test_paired_blocks_only_for_the_measured_ragged_tiles():
+    """block_groups pairs the ragged 128 x 64 tiles at head dim 128 (measured faster on the H200) and nothing else:
+    paged, other tiles / head dims, devices where two CTAs do not fit one block, forced choices honoured."""
+    lim = DeviceLimits()
+    p1 = choose_tiles(8192 * 4, 128, 128, paged=False)
+    assert (p1.tile_q, p1.tile_kv, p1.groups, p1.block_threads) == (128, 64, 2, 256)
+    assert block_smem_bytes(p1, 128, 128, False) <= lim.smem_per_block_optin
+    assert choose_tiles(8192 * 4, 128, 128, paged=True).groups == 1
+    assert choose_tiles(8192 * 4, 128, 128, paged=False, variant=True).groups == 1  # 128 x 32
+    assert choose_tiles(8192 * 4, 64, 64, paged=False).groups == 1
+    assert choose_tiles(8192 * 4, 192, 128, paged=False).groups == 1
+    assert choose_tiles(40, 128, 128, paged=False).groups == 1  # 64-row tiles
+    assert choose_tiles(8192 * 4, 128, 128, paged=False, limits=A100).groups == 1  # 2 x 99 KB > 163 KB
+    assert block_groups(tile_config(128, 64, 128), 128, 128, False, SMALL_SMEM) == 1
+    assert choose_tiles(8192 * 4, 128, 128, paged=False, groups=1).groups == 1
+    assert choose_tiles(8192 * 4, 128, 128, paged=True, groups=2).groups == 2
+    assert choose_tiles(40, 128, 128, paged=False, groups=2).groups == 2
+    with pytest.raises(ValueError, match="must be 1, or 2 for query tiles of 64 rows"):
+        choose_tiles(4, 128, 128, paged=True, groups=2)  # 16-row tiles split the keys over warps
+    with pytest.raises(ValueError, match="2 CTAs per block of tiles .128, 64. need .* use groups=1"):
+        choose_tiles(8192 * 4, 128, 128, paged=False, groups=2, tile_kv=64, limits=A100)
 
 
 def test_decode_worked_example_picks_16_by_64():

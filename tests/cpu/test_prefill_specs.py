@@ -15,6 +15,7 @@ from cuinfer.prefill_specs import (
     QUERY_TILES,
     PrefillKernelKey,
     PrefillParams,
+    block_smem_bytes,
     default_specs,
     fast_div_magic,
     smem_bytes,
@@ -55,9 +56,27 @@ def test_name_expression_spells_every_template_argument():
     key = PrefillKernelKey("bfloat16", "float16", 192, 128, tile_config(64, 32, 128), True, MASK_CAUSAL, True, False)
     assert key.name_expr() == (
         "cuinfer::batch_prefill<cuinfer::PrefillTraits<__nv_bfloat16, half, 192, 128, 64, 4, 1, 2, 2, true, 1, "
-        "true, false>>"
+        "true, false, 1>>"
     )
     assert key.short_name() == "prefill/paged/bfloat16/d192x128/q64k32s2/cs"
+    paired = PrefillKernelKey("bfloat16", "bfloat16", 128, 128, tile_config(128, 64, 128, 2, 2), False, 1, False, False)
+    assert paired.name_expr().endswith("128, 128, 128, 4, 1, 4, 2, false, 1, false, false, 2>>")
+    assert paired.short_name() == "prefill/ragged/bfloat16/d128x128/q128k64s2g2/c"
+
+
+def test_paired_blocks_hold_two_cross_item_ctas():
+    """groups=2 doubles the block's threads and (128-byte aligned) shared memory; only one-warp-per-row-block tiles
+    (64 rows and more) may pair."""
+    cfg = tile_config(128, 64, 128, 2, 2)
+    assert (cfg.threads, cfg.block_threads, cfg.groups) == (128, 256, 2)
+    one = smem_bytes(cfg, 128, 128, False)
+    assert block_smem_bytes(cfg, 128, 128, False) == 2 * (-(-one // 128) * 128) >= 2 * one
+    assert block_smem_bytes(tile_config(128, 64, 128), 128, 128, False) == one
+    for tq in (16, 32):
+        with pytest.raises(ValueError, match="groups .CTAs per block. must be 1, or 2 for query tiles of 64"):
+            tile_config(tq, 64, 128, 2, 2)
+    with pytest.raises(ValueError, match="must be 1, or 2"):
+        tile_config(128, 64, 128, 2, 3)
 
 
 def test_default_specs_have_unique_names_and_expect_tensor_core_sass():
@@ -76,7 +95,8 @@ def test_param_struct_is_16_byte_friendly():
 
 @pytest.mark.compile
 def test_cpp_traits_agree_with_python_smem_sizes():
-    """One NVRTC compile of static_asserts: PrefillTraits<...>::kSmemBytes == smem_bytes(...) for every config."""
+    """One NVRTC compile of static_asserts: PrefillTraits<...>::kSmemBytes == smem_bytes(...) for every config, and
+    a paired block's threads and shared memory == block_threads / block_smem_bytes(...)."""
     from cuinfer.errors import CompileError
     from cuinfer.jit.compiler import nvrtc_options
     from cuinfer.jit.toolchain import nvrtc_module
@@ -84,18 +104,23 @@ def test_cpp_traits_agree_with_python_smem_sizes():
     nvrtc = nvrtc_module()
     lines = [PrefillParams.c_decl(), '#include "attention/prefill.cuh"']
     n = 0
-    for (dqk, dvo), tq, tkv, paged, stages in itertools.product(HEAD_DIMS, QUERY_TILES, KV_TILES, (0, 1), (2, 3)):
+    combos = itertools.product(HEAD_DIMS, QUERY_TILES, KV_TILES, (0, 1), (2, 3), (1, 2))
+    for (dqk, dvo), tq, tkv, paged, stages, groups in combos:
         try:
-            cfg = tile_config(tq, tkv, dvo, stages)
+            cfg = tile_config(tq, tkv, dvo, stages, groups)
         except ValueError:
             continue
         t = (
             f"cuinfer::PrefillTraits<__nv_bfloat16, __nv_bfloat16, {dqk}, {dvo}, {tq}, {cfg.warps_q}, {cfg.warps_kv}, "
-            f"{cfg.mma_kv}, {stages}, {'true' if paged else 'false'}, 1, false, false>"
+            f"{cfg.mma_kv}, {stages}, {'true' if paged else 'false'}, 1, false, false, {groups}>"
         )
         want = smem_bytes(cfg, dqk, dvo, bool(paged))
-        lines.append(f'static_assert({t}::kSmemBytes == {want}, "smem {dqk} {dvo} {tq} {tkv} {paged} {stages}");')
-        lines.append(f'static_assert({t}::kThreads == {cfg.threads}, "threads");')
+        tag = f"{dqk} {dvo} {tq} {tkv} {paged} {stages} {groups}"
+        lines.append(f'static_assert({t}::kSmemBytes == {want}, "smem {tag}");')
+        lines.append(f'static_assert({t}::kThreads == {cfg.threads}, "threads {tag}");')
+        lines.append(f'static_assert({t}::kBlockThreads == {cfg.block_threads}, "block threads {tag}");')
+        block = block_smem_bytes(cfg, dqk, dvo, bool(paged))
+        lines.append(f'static_assert({t}::kGroups * {t}::kGroupBytes == {block} || {groups} == 1, "block {tag}");')
         n += 1
     src = "\n".join(lines).encode()
     err, prog = nvrtc.nvrtcCreateProgram(src, b"prefill_traits_probe.cu", 0, [], [])

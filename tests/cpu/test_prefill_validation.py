@@ -104,7 +104,8 @@ def test_gqa_heads_not_divisible():
         pytest.param(dict(variant=object()), NotImplementedError, "variants are not implemented", id="variant"),
         pytest.param(dict(tile_sizes=(48,)), ValueError, "query tile must be one of", id="tile-q"),
         pytest.param(dict(tile_sizes=(16, 32)), ValueError, "multiple of 64", id="tile-kv"),
-        pytest.param(dict(tile_sizes=(1, 2, 3, 4)), ValueError, "tile_sizes must be", id="tile-tuple"),
+        pytest.param(dict(tile_sizes=(1, 2, 3, 4, 5)), ValueError, "tile_sizes must be", id="tile-tuple"),
+        pytest.param(dict(tile_sizes=(16, 64, 2, 2)), ValueError, "must be 1, or 2 for query tiles", id="groups"),
         pytest.param(dict(fixed_split_size=0), ValueError, "fixed_split_size must be a positive integer", id="split"),
     ],
 )

@@ -64,7 +64,7 @@ class Case:
     page: int | None = None  # None: ragged k / v
     causal: bool = True
     dtype: str = "bf16"
-    tiles: tuple | None = None  # tile_sizes=(query tile[, kv tile[, stages]])
+    tiles: tuple | None = None  # tile_sizes=(query tile[, kv tile[, stages[, groups]]])
     layout: str = "NHD"
     split: int | None = None  # fixed_split_size
     cache: str = "5d"  # paged: "5d" or "tuple"
@@ -123,6 +123,12 @@ CASES = [
     pytest.param(Case(QO_MIX, split=256, sms=1), id="one-sm-qo>kv-mix-split256"),
     pytest.param(Case(QO_MIX, page=5, dtype="fp16", tiles=(128, 32, 3), sms=1), id="one-sm-qo>kv-mix-p5-3stages"),
     pytest.param(Case(QO_MIX, (28, 4), (256, 256), page=1, tiles=(128,), sms=1), id="one-sm-d256-8warps-p1"),
+    # --- paired blocks (two CTAs of the plan per block; the policy pairs the ragged 128 x 64 tiles at d128) ----------
+    pytest.param(Case(B12, tiles=(128, 64, 2, 1)), id="b12mix-ragged-unpaired"),
+    pytest.param(Case(QO_MIX, split=256, sms=1, tiles=(128, 64, 2, 2)), id="one-sm-paired-qo>kv-mix-split256"),
+    pytest.param(Case(QO_MIX, page=5, sms=2, tiles=(128, 64, 2, 2)), id="two-sm-paired-p5"),
+    pytest.param(Case(B12, (28, 4), causal=False, dtype="fp16", tiles=(64, 64, 2, 2)), id="paired-q64-fp16"),
+    pytest.param(Case(B12, (4, 4), (64, 64), tiles=(128, 32, 3, 2)), id="paired-d64-3stages"),
     # --- logits that keep rising along the keys: the rows' max climbs far above its first tiles' (the softmax's
     # lazy rescale and, on sm_90, the max-free tiles' fallback that recomputes a tile on the exact path) ---------------
     pytest.param(Case(B12, ramp=6.0), id="rising-logits-b12mix-ragged"),
@@ -236,6 +242,10 @@ def _run_case(fw, c: Case, h: dict):
         kv = ((fw.asarray(cache[:, 0]), fw.asarray(cache[:, 1])),) if c.cache == "tuple" else (fw.asarray(cache),)
     if c.tiles is not None:
         assert w._plan.config.tile_q == c.tiles[0]
+        if len(c.tiles) > 3:
+            assert w._plan.config.groups == c.tiles[3]
+    elif c.page is None and c.dims == (128, 128) and w._plan.config.tile_q == 128 and not c.opts:
+        assert w._plan.config.groups == 2, "the policy pairs the ragged 128 x 64 tiles at head dim 128"
     if c.split is not None and w._plan.work.n_items:
         assert w._plan.work.num_partial_rows > 0, "the fixed split size must split something"
     if c.q_slice:
