@@ -16,6 +16,8 @@ dtrace   D1-D5 (CUINFER_TUNE_CASES) with the decode kernel built with -DCUINFER_
          last epilogue), medians over the CTAs of five runs under a dirty and a clean L2, for the A/B builds of
          DTRACE_VARIANTS (CUINFER_DTRACE), timed by the PERF.md method in alternating rounds; plus the floors of the
          same timer (near-empty kernel, torch.sum over the case's bytes).
+dab      D1-D9 (CUINFER_TUNE_CASES): the default decode kernel against an A/B build with CUINFER_DAB_DEFINES (e.g.
+         "-DCUINFER_DECODE_MERGE_FENCE"), same plans, alternating rounds.
 decode   D1-D4 split / unsplit, L2 flushed by a write (the PERF.md method, which leaves the L2 full of dirty lines
          that the timed kernel must write back) and by a write then a read (clean lines).
 pool     P1-P6 (CUINFER_TUNE_CASES) planned with each shared-tail share of CUINFER_POOL_SHARES (planner.assign
@@ -47,6 +49,11 @@ range 0.69, items 0.60 (0.83 before the plan prefetch), first pages 1.10, copies
 14.84 (slowest CTA 16.6), last epilogue with the split merge 2.24 (2.36 with per-thread fences; unsplit items 0.73).
 With a clean L2 the first tile takes 2.04 and the loop 13.39 us: 4.35 TB/s of streaming against 3.7. Not kept: 2
 stages (3 CTAs per SM) and 4 stages (1 CTA per SM), no split, the first item's q prefetched.
+Thread-index bound (eighth session, `dab`): `__builtin_assume(threadIdx.x < kThreads)` in both decode kernels cut
+their SASS by ~30 % (tensor-core kernel 4104 -> 2864 instructions, 205 -> 190 registers) but ran D5-D8 0.7-2 % slower
+(D6 261.8 / 266.6, D7 266.2 / 271.5 us; D1-D4, D9 within +-1.4 %), bit-identical outputs: not kept. (The prefill
+kernel's thread index modulo its group size, which is kept, gained 3-4 % on P4-P6; the same assume on top of it
+changed P1-P6 by 0..-0.8 %.)
 Small-batch plans (sixth session, `dtrace` variant `tileplan`): the equal pieces of DecodePlanner._aligned against
 the tile pipeline's chunks, D2 26.3 / 26.2 against 29.7 / 29.8 us, S1 57.0 / 57.1 against 59.7 / 59.6, S2 75.4 /
 75.2 against 77.1 / 76.3, D1 and D4 the same pieces; the lanes' CTAs numbered head-major (an A/B of lanes.expand, not
@@ -225,6 +232,46 @@ def decode_cut(case_ids: list[str]) -> None:
             print(f"{cid} {'cut' if forced else 'def':3s} {ab:8s} {t.us:7.1f} us {tbs:5.3f} TB/s items "
                   f"{work.n_items} ctas {work.num_ctas} merge {work.n_merge} mode {work.assign_mode}")  # fmt: skip
         dec.decode_spec = spec_of
+        torch.cuda.synchronize()
+        inputs.free()
+
+
+def decode_ab(case_ids: list[str], defines: tuple[str, ...], rounds: int = 3) -> None:
+    """The default decode kernel against an A/B build with ``defines``, same plans, alternating rounds of 20 timed
+    runs each (PERF.md method); prints the median of each build's round medians, TB/s and the ratio."""
+    import statistics
+
+    import torch
+
+    import cuinfer.decode_launch as dec
+    from bench import cases, inputs
+    from bench.timing import CudaTimer
+
+    timer = CudaTimer()
+    by_id = {c.id: c for c in cases.DECODE_CASES}
+    spec_of = dec.decode_spec
+    for cid in case_ids:
+        inp = inputs.decode_inputs(by_id[cid])
+        s, kv = inp.case.shape, inp.kv
+        nbytes = cases.decode_bytes(inp.case.lengths.draw(inp.case.seed), s, inp.case.kv_dtype)
+        runs = []
+        for ab in (False, True):
+            dec.decode_spec = (lambda key: dataclasses.replace(spec_of(key), extra_options=defines)) if ab else spec_of
+            try:
+                w = _decode_wrapper(inp)
+                out = w.run(inp.q, kv.cache)  # prepares the launch (kernel lookup) while the A/B spec is in place
+            finally:
+                dec.decode_spec = spec_of
+            runs.append((w, out.float()))
+        diff = (runs[0][1] - runs[1][1]).abs().max().item()
+        meds: list[list[float]] = [[], []]
+        for _ in range(rounds):
+            for i, (w, _o) in enumerate(runs):
+                meds[i].append(timer.time(functools.partial(w.run, inp.q, kv.cache), iters=20, warmup=2).us)
+        a, b = (statistics.median(m) for m in meds)
+        print(f"{cid}: default {a:7.2f} us ({nbytes / a / 1e3:5.0f} GB/s), {' '.join(defines)} {b:7.2f} us "
+              f"({nbytes / b / 1e3:5.0f} GB/s), ratio {a / b:.3f}, max |diff| {diff:.1e}", flush=True)  # fmt: skip
+        del runs
         torch.cuda.synchronize()
         inputs.free()
 
@@ -551,6 +598,10 @@ if __name__ == "__main__":
         decode_trace(os.environ.get("CUINFER_TUNE_CASES", "D1,D2,D3,D4,D5").split(","),
                      os.environ.get("CUINFER_DTRACE", ",".join(DTRACE_VARIANTS)).split(","),
                      int(os.environ.get("CUINFER_TUNE_ROUNDS", "2")))  # fmt: skip
+    if "dab" in args:
+        decode_ab(os.environ.get("CUINFER_TUNE_CASES", "D1,D2,D3,D4,D5,D6,D7,D8,D9").split(","),
+                  tuple(os.environ["CUINFER_DAB_DEFINES"].split()),
+                  int(os.environ.get("CUINFER_TUNE_ROUNDS", "3")))  # fmt: skip
     if "evict" in args:
         decode_evict(["D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9"])
     if "pool" in args:
