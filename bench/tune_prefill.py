@@ -93,6 +93,16 @@ after the barriers. The phase stamps of `bench.tune_sched trace` then showed the
 in the copy addresses (one IMAD.WIDE per product) saved 32 instructions on the ragged kernel and added 40 on the
 paged one: not measured.
 
+Paired blocks (H200, 2026-11-30, eighth session; the tiles' fourth entry forces the CTAs per block, "new:128,64,2,2";
+the lock variants were A/B macros removed afterwards):
+
+                               P1     P2     P3     P4     P5     P6
+    kernel before              384    379    333    354    346    300
+    thread index % block size  388    383    335    368    359    308   <- kept (every build)
+    paired (2 CTAs per block)  402    395    342    333    327    285   <- kept for the ragged 128 x 64 tiles
+    paired + tensor-core lock  229    226    207    210    206    180   (per GEMM phase; held P.V -> Q.K^T: 263 ...)
+    q64k64: one / paired       298/285 279/270 254/244 258/246 239/235 223/214
+
 $CUINFER_TUNE_CONFIGS ("new:128,64,2;noxi:128,64,2") and $CUINFER_TUNE_ROUNDS pick configurations and rounds.
 """
 
