@@ -4,11 +4,13 @@ ncu --kernel-name regex:batch_decode --launch-skip 3 --launch-count 1 --set full
 ncu --kernel-name regex:BatchPrefill --launch-skip 3 --launch-count 1 --set full python3 -m bench.ncu_case P2 fi
 
 The optional second argument ``fi`` runs FlashInfer's kernel for the case instead (decode: BatchDecode with tensor
-cores; prefill: the fa2 backend), so both sides of a ratio can be profiled the same way.
+cores; prefill: the fa2 backend), so both sides of a ratio can be profiled the same way. ``$CUINFER_NCU_GROUPS``
+(1 or 2) forces cuinfer's prefill CTAs per block (paired blocks) in place of the policy's choice.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -24,6 +26,11 @@ def main(case_id: str, peer: str = "", runs: int = 5) -> None:
     decode = {c.id: c for c in cases.DECODE_CASES}
     prefill = {c.id: c for c in cases.PREFILL_CASES}
     fi = peer == "fi"
+    groups = os.environ.get("CUINFER_NCU_GROUPS")
+    if groups:
+        import cuinfer.prefill_policy as policy
+
+        policy.block_groups = lambda *args, **kwargs: int(groups)
     if case_id in decode:
         inp = inputs.decode_inputs(decode[case_id])
         prep = prepare_fi_decode(inp, True) if fi else prepare_decode(inp, None)
