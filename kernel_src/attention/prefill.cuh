@@ -333,9 +333,10 @@ __global__ void __launch_bounds__(C::kBlockThreads) batch_prefill(const __grid_c
   constexpr int NF = C::kTableFields;
 
   extern __shared__ __align__(128) unsigned char smem_block[];
-  // Paired blocks: thread group wg (kThreads threads, warps 4 wg .. 4 wg + 3) is CTA 2 blockIdx.x + wg of the plan's
+  // Paired blocks: thread group wg (the kThreads threads from wg * kThreads) is CTA 2 blockIdx.x + wg of the plan's
   // 2 gridDim.x, with its own shared memory, items and named barrier; nothing else is shared. Measured on the H200
-  // (bench/tune_prefill.py): +3-4 % on the ragged 128-row tiles, -6 % on the paged ones (those keep one group).
+  // (bench/tune_prefill.py): +3-4 % on the ragged 128 x 64 tiles, 4-9 % slower on the paged and 64-row ones (those
+  // keep one group per block).
   constexpr int GROUPS = C::kGroups;
   const u32 wg = GROUPS > 1 ? threadIdx.x / NT : 0u;
   const u32 cta = GROUPS > 1 ? blockIdx.x * 2u + wg : blockIdx.x;
