@@ -347,11 +347,10 @@ class BatchPrefill:
             hit = self._offsets[key] = (lay, off, pos)
         return hit
 
-    def _index_views(self, host: np.ndarray, off: dict, batch: int, n_pages: int) -> tuple:
-        """``host``'s slices for qo_indptr, kv_indptr, kv_last_page_len and kv_indices."""
-        o_q, o_k, o_l, o_i = off["qo_indptr"], off["kv_indptr"], off["kv_last_page_len"], off["kv_indices"]
-        qo, kv = host[o_q : o_q + batch + 1], host[o_k : o_k + batch + 1]
-        return qo, kv, host[o_l : o_l + batch], host[o_i : o_i + n_pages]
+    def _index_views(self, host: np.ndarray, off: dict, batch: int) -> tuple:
+        """``host``'s slices for qo_indptr, kv_indptr and kv_last_page_len."""
+        o_q, o_k, o_l = off["qo_indptr"], off["kv_indptr"], off["kv_last_page_len"]
+        return host[o_q : o_q + batch + 1], host[o_k : o_k + batch + 1], host[o_l : o_l + batch]
 
     def _fill_words(self, plan: PrefillPlan, host: np.ndarray, lay, off: dict, generation: int) -> None:
         """Pack the work plan and the index arrays (and the packed mask) into ``host`` at the word offsets ``off``."""
@@ -371,16 +370,17 @@ class BatchPrefill:
             plan_layout.pack(plan.work, lay, host, generation=generation, memo=memo[2])
         plan.compact_groups = g
         batch, n_pages = plan.batch, plan.n_pages
-        # The views of the index arrays in host, kept while the offsets and sizes stay (a serving loop's batch)
+        # The views of the per-request arrays in host, kept while the offsets and the batch size stay (a serving loop's
+        # batch); the page table, whose length changes with nearly every new batch, is written through a slice.
         views = memo[3][0]
-        if views is None or views[0] is not off or views[1] != batch or views[2] != n_pages:
-            views = memo[3][0] = (off, batch, n_pages, *self._index_views(host, off, batch, n_pages))
-        views[3][...] = plan.qo_indptr
-        views[4][...] = plan.kv_indptr
+        if views is None or views[0] is not off or views[1] != batch:
+            views = memo[3][0] = (off, batch, *self._index_views(host, off, batch))
+        views[2][...] = plan.qo_indptr
+        views[3][...] = plan.kv_indptr
         if self.paged:
-            views[5][...] = plan.kv_last_page_len
-            indices = plan.kv_indices
-            views[6][...] = indices if indices.shape[0] == n_pages else indices[:n_pages]
+            views[4][...] = plan.kv_last_page_len
+            indices, o_i = plan.kv_indices, off["kv_indices"]
+            host[o_i : o_i + n_pages] = indices if indices.shape[0] == n_pages else indices[:n_pages]
         if plan.mask_bytes is not None:
             n_mask = plan.mask_bytes.shape[0]
             host[off["mask_indptr"] : off["mask_indptr"] + batch + 1] = plan.mask_indptr

@@ -68,6 +68,11 @@ _ARRAYS = (
     ("merge_dst_head", "max_merge", 0),
 )
 ARRAY_NAMES = tuple(a[0] for a in _ARRAYS)
+_CAP_NAMES = ("max_items", "max_ctas", "max_merge", "max_merge_src")
+# (array name, index of its capacity in _CAP_NAMES, extra entries): _ARRAYS for PlanLayout._build
+_ARRAY_CAPS = tuple((name, _CAP_NAMES.index(by), extra) for name, by, extra in _ARRAYS)
+_HEADER = np.zeros(HEADER_WORDS, dtype=np.int32)  # a layout's header before its capacities (words 8-11)
+_HEADER[7] = PLAN_MAGIC
 
 
 @dataclass(frozen=True)
@@ -110,21 +115,32 @@ class PlanLayout:
 
     @classmethod
     def _build(cls, max_items: int, max_ctas: int, max_merge: int, max_merge_src: int) -> PlanLayout:
-        cap = PlanCapacity(max_items, max_ctas, max_merge, max_merge_src)
-        for name in ("max_items", "max_ctas", "max_merge", "max_merge_src"):
-            if getattr(cap, name) < 0:
-                raise ValueError(f"PlanLayout.for_capacity: {name} must be >= 0, got {getattr(cap, name)}")
-        if cap.max_ctas < 1:
-            raise ValueError(f"PlanLayout.for_capacity: max_ctas must be >= 1, got {cap.max_ctas}")
+        # Plans without CUDA graphs take the tight layout of their item count, so a new batch size is a new layout:
+        # built in a few microseconds (the frozen dataclasses' __init__, getattr per array and a header from a list
+        # took ten), to the same values.
+        caps = (max_items, max_ctas, max_merge, max_merge_src)
+        if min(caps) < 0 or max_ctas < 1:
+            for name, v in zip(_CAP_NAMES, caps, strict=True):
+                if v < 0:
+                    raise ValueError(f"PlanLayout.for_capacity: {name} must be >= 0, got {v}")
+            raise ValueError(f"PlanLayout.for_capacity: max_ctas must be >= 1, got {max_ctas}")
         offsets = {}
         pos = HEADER_WORDS
-        for name, by, extra in _ARRAYS:
+        for name, k, extra in _ARRAY_CAPS:
             offsets[name] = pos
-            pos = _align4(pos + getattr(cap, by) + extra)
-        header = np.array([0] * 8 + [max_items, max_ctas, max_merge, max_merge_src, 0, 0, 0, 0], dtype=np.int32)
-        header[7] = PLAN_MAGIC
-        header.flags.writeable = False
-        return cls(cap, offsets, pos, header)
+            pos = (pos + caps[k] + extra + 3) & ~3  # (_align4)
+        header = _HEADER.copy()  # words 7-11: the magic, then the capacities
+        header[8] = max_items
+        header[9] = max_ctas
+        header[10] = max_merge
+        header[11] = max_merge_src
+        header.setflags(write=False)  # (half the cost of the flags attribute)
+        cap = object.__new__(PlanCapacity)
+        object.__setattr__(cap, "__dict__", {"max_items": max_items, "max_ctas": max_ctas, "max_merge": max_merge,
+                                             "max_merge_src": max_merge_src})  # fmt: skip
+        lay = object.__new__(cls)
+        object.__setattr__(lay, "__dict__", {"capacity": cap, "offsets": offsets, "total_words": pos, "header": header})
+        return lay
 
     @classmethod
     def for_plan(cls, plan: WorkPlan) -> PlanLayout:
@@ -476,9 +492,22 @@ def pack_compact(
         check_fits(plan, layout)  # (raises, naming the limit)
     off = layout.offsets
     out[:HEADER_WORDS] = layout.header
-    out[:7] = (n, 0, 0, p, 0, plan.chunk_size, generation)
+    # words 0-6 are (n, 0, 0, p, 0, chunk size, generation), the header's 0 in words 1, 2 and 4: four scalar writes
+    # cost less than one from a tuple (which NumPy converts to an array first)
+    out[0] = n
+    out[3] = p
+    out[5] = plan.chunk_size
+    out[6] = generation
     _put_work_indptr(out, off["work_indptr"], plan.work_indptr, n, p, cap.max_ctas)
     shape, dynamic = plan.pack_fields()
+    if shape is _PREFILL_SHAPE:  # (natural_pack_fields' prefill plan: starts 0, dynamic req, tile and end)
+        o = off["item_kv_start"]
+        out[o : o + g] = 0
+        for name, item in dynamic:
+            o = off[name]
+            out[o : o + g] = item[1]
+        out[off["merge_indptr"]] = 0
+        return g
     for name, value in shape:
         if name in COMPACT_FIELDS:
             o = off[name]
@@ -496,7 +525,10 @@ def _put_work_indptr(out: np.ndarray, o: int, work_indptr: np.ndarray, n: int, p
     """``work_indptr`` at word ``o``, then ``n`` up to ``max_ctas + 2`` entries: entry ``p + 1`` ends the pool that
     starts at ``work_indptr[p]`` (empty without one), CTAs past ``p`` get empty lists."""
     out[o : o + p + 1] = work_indptr
-    out[o + p + 1 : o + max_ctas + 2] = n
+    if max_ctas == p:  # (a tight layout: one word, written as a scalar)
+        out[o + p + 1] = n
+    else:
+        out[o + p + 1 : o + max_ctas + 2] = n
 
 
 def _put_shape(out: np.ndarray, off: dict, shape: tuple, n: int, h: int, g: int) -> None:

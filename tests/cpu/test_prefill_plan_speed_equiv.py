@@ -1,16 +1,18 @@
 """The fast paths of the prefill plan() (a new batch every call) against the plain-Python reference and the slow paths
 they stand in for: the query tiles of new query lengths (per-length table, int32 arithmetic, the int64 fallback, the
 cached structure of repeated lengths), the tile costs and their running sum, the split policy skipped on cost bounds,
-and the index-array validation of ``_index_arrays_fast`` against the validators' path.
+the index-array validation of ``_index_arrays_fast`` against the validators' path, the compact pack's prefill path
+against the words of the general form, and the layouts built for new item counts against the dataclass construction.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from cuinfer.planner import CostModel, plan_work, split_kv, tiles, work
+from cuinfer.planner import CostModel, PlanCapacity, PlanLayout, layout, plan_work, split_kv, tiles, work, workplan
 from cuinfer.planner.assign import POOL_SHARE
 from cuinfer.planner.cost import DEFAULT_COST
+from cuinfer.planner.layout import COMPACT_FIELDS, compact_groups, pack_compact
 from test_planner import check_plan, reference_tiles
 
 from cuinfer import prefill_plan
@@ -228,3 +230,84 @@ def test_new_batches_plan_as_the_planner_and_as_repeated_batches(rng):
             np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
     check_plan(got, qo, qo, num_kv_heads=8, group_size=4, tile_rows=cfg.tile_q, num_ctas=got.num_ctas,
                kv_granule=cfg.tile_kv, causal=True)  # fmt: skip
+
+
+def _words_of_compact_pack(plan, lay, generation: int, sentinel: int) -> np.ndarray:
+    """The words ``pack_compact`` writes, from the plan's item arrays and the layout alone (the general form: the
+    header from a tuple, ``work_indptr`` then ``n`` up to ``max_ctas + 2``, the first ``G`` items of each compact
+    field), every other word left at ``sentinel``."""
+    n, g, p = plan.n_items, plan.n_groups, plan.num_ctas
+    off, cap = lay.offsets, lay.capacity
+    out = np.full(lay.total_words, sentinel, dtype=np.int32)
+    out[:16] = lay.header
+    out[:7] = (n, 0, 0, p, 0, plan.chunk_size, generation)
+    o = off["work_indptr"]
+    out[o : o + p + 1] = plan.work_indptr
+    out[o + p + 1 : o + cap.max_ctas + 2] = n
+    for name in COMPACT_FIELDS:
+        out[off[name] : off[name] + g] = getattr(plan, name)[:g]  # items 0..G-1: head 0, groups 0..G-1
+    out[off["merge_indptr"]] = 0
+    return out
+
+
+@pytest.mark.parametrize(
+    "b, lo, hi, tight",
+    [
+        pytest.param(64, 512, 2048, True, id="P64-tight"),
+        pytest.param(64, 512, 2048, False, id="P64-graph-capacity"),
+        pytest.param(97, 300, 1200, True, id="97-shorter-tight"),
+        pytest.param(113, 100, 1500, False, id="113-graph-capacity"),
+    ],
+)
+def test_compact_pack_fast_path_writes_the_general_words(b, lo, hi, tight, rng):
+    """``pack_compact`` of a prefill plan (the shape ``natural_pack_fields`` gives: scalar header writes, one word
+    of ``work_indptr`` tail in a tight layout, the starts' zeros) writes exactly the words of the general form into
+    a buffer of stale words, and no other word."""
+    qo = rng.integers(lo, hi + 1, b).astype(np.int32)
+    kv = (qo + rng.integers(0, 300, b)).astype(np.int32)
+    plan = plan_work(qo, kv, num_kv_heads=8, group_size=4, tile_rows=128, num_ctas=264, kv_granule=64,
+                     causal=True, pool_share=POOL_SHARE)  # fmt: skip
+    g = compact_groups(plan)
+    assert g == plan.n_groups and plan.pack_fields()[0] is workplan._PREFILL_SHAPE
+    if tight:
+        lay = PlanLayout.for_plan(plan)
+    else:  # a CUDA-graph style layout: room for more CTAs and items than the plan has
+        lay = PlanLayout.for_capacity(plan.n_items + int(rng.integers(1, 999)), 264 + int(rng.integers(1, 40)), 7, 9)
+    sentinel = int(rng.integers(-(2**31), 2**31))
+    out = np.full(lay.total_words, sentinel, dtype=np.int32)
+    generation = int(rng.integers(0, 2**31))
+    assert pack_compact(plan, lay, out, generation=generation, groups=g) == g
+    np.testing.assert_array_equal(out, _words_of_compact_pack(plan, lay, generation, sentinel))
+
+
+def test_layout_build_is_the_dataclass_layout(rng):
+    """``PlanLayout._build`` (no dataclass __init__) gives the offsets, size, header and capacity that the field by
+    field construction gives, for random capacities; the capacity compares and hashes like one built normally."""
+    for _ in range(300):
+        caps = [int(v) for v in rng.integers(0, 70000, 4)]
+        caps[1] = max(caps[1], 1)
+        lay = layout.PlanLayout._build(*caps)
+        cap = PlanCapacity(*caps)
+        offsets, pos = {}, layout.HEADER_WORDS
+        for name, by, extra in layout._ARRAYS:
+            offsets[name] = pos
+            pos = -(-(pos + getattr(cap, by) + extra) // 4) * 4
+        assert lay.offsets == offsets and lay.total_words == pos
+        assert lay.capacity == cap and hash(lay.capacity) == hash(cap) and repr(lay.capacity) == repr(cap)
+        header = np.array([0] * 7 + [layout.PLAN_MAGIC] + caps + [0] * 4, dtype=np.int32)
+        np.testing.assert_array_equal(lay.header, header)
+        assert lay.header.dtype == np.int32 and not lay.header.flags.writeable
+        assert lay == layout.PlanLayout(cap, offsets, pos, header)
+
+
+@pytest.mark.parametrize(
+    "caps, rule",
+    [
+        pytest.param((-1, 4, 0, 0), "max_items must be >= 0, got -1", id="negative-items"),
+        pytest.param((9, 0, 0, 0), "max_ctas must be >= 1, got 0", id="no-ctas"),
+        pytest.param((9, 4, 0, -5), "max_merge_src must be >= 0, got -5", id="negative-merge-src"),
+    ],
+)
+def test_layout_build_names_the_bad_capacity(caps, rule):
+    with pytest.raises(ValueError, match=rule):
+        PlanLayout.for_capacity(*caps)
