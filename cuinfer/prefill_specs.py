@@ -81,8 +81,8 @@ class TileConfig:
 
 
 def tile_config(tile_q: int, tile_kv: int, head_dim_vo: int, stages: int = 2, groups: int = 1) -> TileConfig:
-    """Warp layout for a (query tile, KV tile) pair; ``groups=2`` pairs two CTAs in one block (one warp per row block
-    only: query tiles of 64 rows and more).
+    """Warp layout for a (query tile, KV tile) pair; ``groups=2`` pairs two 4-warp CTAs in one block (one warp per
+    row block only: query tiles of 64 rows and more; 128 rows only up to head dim 128).
 
     4 warps per CTA. Query tiles of 64 and 128 rows split rows over 4 warps (16 or 32 rows each, so a K fragment
     serves two m16 blocks at 128); small query tiles split the KV tile instead (16 rows: 1 x 4 warps, 32 rows: 2 x 2)
@@ -106,10 +106,11 @@ def tile_config(tile_q: int, tile_kv: int, head_dim_vo: int, stages: int = 2, gr
             f"query tile {tile_q} splits the KV tile over {warps_kv} warps of 16 keys: KV tile must be a multiple "
             f"of {16 * warps_kv} but is {tile_kv}"
         )
-    if groups not in (1, 2) or (groups == 2 and warps_kv != 1):
+    # (a pair of 4-warp CTAs: 256 threads keep the 255 registers a thread of the long-prefill tiles needs)
+    if groups not in (1, 2) or (groups == 2 and (warps_kv != 1 or warps_q != 4)):
         raise ValueError(
-            f"groups (CTAs per block) must be 1, or 2 for query tiles of 64 rows and more, but is {groups} at query "
-            f"tile {tile_q}; use groups=1"
+            f"groups (CTAs per block) must be 1, or 2 for query tiles of 64 rows and more (128 at head dim 128 or "
+            f"less), but is {groups} at query tile {tile_q}, head_dim_vo {head_dim_vo}; use groups=1"
         )
     return TileConfig(tile_q, tile_kv, warps_q, warps_kv, tile_kv // (16 * warps_kv), stages, groups)
 

@@ -77,6 +77,8 @@ def test_paired_blocks_hold_two_cross_item_ctas():
             tile_config(tq, 64, 128, 2, 2)
     with pytest.raises(ValueError, match="must be 1, or 2"):
         tile_config(128, 64, 128, 2, 3)
+    with pytest.raises(ValueError, match="head_dim_vo 256; use groups=1"):
+        tile_config(128, 32, 256, 2, 2)  # 8-warp CTAs: 512 threads would cap ptxas at 128 registers
 
 
 def test_default_specs_have_unique_names_and_expect_tensor_core_sass():
