@@ -256,7 +256,7 @@ def decode_ab(case_ids: list[str], defines: tuple[str, ...], rounds: int = 3) ->
         nbytes = cases.decode_bytes(inp.case.lengths.draw(inp.case.seed), s, inp.case.kv_dtype)
         runs = []
         for ab in (False, True):
-            dec.decode_spec = (lambda key: dataclasses.replace(spec_of(key), extra_options=defines)) if ab else spec_of
+            dec.decode_spec = _with_define(spec_of, *defines) if ab else spec_of
             try:
                 w = _decode_wrapper(inp)
                 out = w.run(inp.q, kv.cache)  # prepares the launch (kernel lookup) while the A/B spec is in place
@@ -466,8 +466,9 @@ def _dphases(stamps: list) -> str:
     return ", ".join(f"{nm} {m[nm]:.2f}" for nm in DPHASES[:-1]) + f" ({m['ghz']:.2f} GHz)"
 
 
-def _with_define(spec_of, define: str):
-    return lambda key: dataclasses.replace(spec_of(key), extra_options=(define,))
+def _with_define(spec_of, *defines: str):
+    """``spec_of`` with its specs built with the extra ``-D`` options ``defines`` (an A/B build)."""
+    return lambda key: dataclasses.replace(spec_of(key), extra_options=defines)
 
 
 class _TracedParams:
