@@ -18,6 +18,10 @@ dtrace   D1-D5 (CUINFER_TUNE_CASES) with the decode kernel built with -DCUINFER_
          same timer (near-empty kernel, torch.sum over the case's bytes).
 dab      D1-D9 (CUINFER_TUNE_CASES): the default decode kernel against an A/B build with CUINFER_DAB_DEFINES (e.g.
          "-DCUINFER_DECODE_MERGE_FENCE"), same plans, alternating rounds.
+dpool    D5-D7 (CUINFER_TUNE_CASES): the decode kernel with a shared tail (pooled_decode_plan; CUINFER_DPOOL
+         "default;share,piece_tiles;...") against the default plan, alternating rounds.
+dcfg     D1-D9 (CUINFER_TUNE_CASES): decode configurations CUINFER_DCFG ("default;wkv,wd,stages[,cap[,chunk]];..."):
+         tile, stages, CTAs per SM cap and item chunk, each planned for its own grid, alternating rounds.
 decode   D1-D4 split / unsplit, L2 flushed by a write (the PERF.md method, which leaves the L2 full of dirty lines
          that the timed kernel must write back) and by a write then a read (clean lines).
 pool     P1-P6 (CUINFER_TUNE_CASES) planned with each shared-tail share of CUINFER_POOL_SHARES (planner.assign
@@ -276,6 +280,197 @@ def decode_ab(case_ids: list[str], defines: tuple[str, ...], rounds: int = 3) ->
         inputs.free()
 
 
+def _decode_variant(spec: str):
+    """A decode configuration from ``"warps_kv,warps_d,stages[,ctas_per_sm_cap[,item_chunk]]"`` (the tensor-core
+    kernel at the Llama shape): a ``DecodeConfig`` subclass whose ``min_blocks`` (the CTAs per SM the kernel is
+    compiled and the grid sized for) honours the cap and whose shared memory counts the item chunk, or None for
+    ``"default"``."""
+    from cuinfer import decode_policy as pol
+
+    if spec == "default":
+        return None
+    wkv, wd, stages, *rest = (int(x) for x in spec.split(","))
+    cap = rest[0] if rest else 0
+    chunk = rest[1] if len(rest) > 1 else pol.ITEM_CHUNK
+
+    class Variant(pol.DecodeConfig):
+        item_chunk = chunk
+
+        @property
+        def smem_bytes(self) -> int:
+            return super().smem_bytes - (pol.ITEM_CHUNK - chunk) * pol.ITEM_INFO_BYTES
+
+        @property
+        def min_blocks(self) -> int:
+            m = super().min_blocks
+            return min(m, cap) if cap else m
+
+    base = pol.decode_config(4, 128, use_tensor_cores=True)
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+    fields.update(threads=32 * wkv * wd, tile_kv=16 * wkv, stages=stages, warps_kv=wkv, warps_d=wd)
+    return Variant(**fields)
+
+
+def decode_configs(case_ids: list[str], variants: list[str], rounds: int = 3) -> None:
+    """Decode kernel configurations (``_decode_variant``: tile, stages, CTAs per SM, item chunk) against the default,
+    each planned for its own grid and tile, alternating rounds of 20 timed runs (PERF.md method); prints each
+    configuration's median of round medians, TB/s, its ratio to the first and the largest output difference."""
+    import statistics
+
+    import torch
+
+    import cuinfer.decode as dmod
+    import cuinfer.decode_launch as dec
+    from bench import cases, inputs
+    from bench.timing import CudaTimer
+
+    timer = CudaTimer()
+    by_id = {c.id: c for c in cases.DECODE_CASES}
+    spec_of, config_of = dec.decode_spec, dmod.decode_config
+
+    def spec_with_chunk(key):
+        chunk = getattr(key.config, "item_chunk", None)
+        spec = spec_of(key)
+        if chunk is None:
+            return spec
+        return dataclasses.replace(spec, extra_options=(f"-DCUINFER_DECODE_ITEM_CHUNK={chunk}",))
+
+    for cid in case_ids:
+        inp = inputs.decode_inputs(by_id[cid])
+        s, kv = inp.case.shape, inp.kv
+        nbytes = cases.decode_bytes(inp.case.lengths.draw(inp.case.seed), s, inp.case.kv_dtype)
+        runs = []
+        for name in variants:
+            cfg = _decode_variant(name)
+            if cfg is not None:
+                dmod.decode_config = lambda *a, cfg=cfg, **k: cfg
+            dec.decode_spec = spec_with_chunk
+            try:
+                w = _decode_wrapper(inp)
+                out = w.run(inp.q, kv.cache)  # prepares the launch while the variant is in place
+                grid = w._plan.work.num_ctas
+            except Exception as exc:  # noqa: BLE001 (a configuration that does not build is reported, not fatal)
+                print(f"{cid} {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                continue
+            finally:
+                dmod.decode_config, dec.decode_spec = config_of, spec_of
+            runs.append((name, grid, w, out.float()))
+        meds: list[list[float]] = [[] for _ in runs]
+        for _ in range(rounds):
+            for i, (_n, _g, w, _o) in enumerate(runs):
+                meds[i].append(timer.time(functools.partial(w.run, inp.q, kv.cache), iters=20, warmup=2).us)
+        first = statistics.median(meds[0])
+        for (name, grid, _w, out), m in zip(runs, meds, strict=True):
+            t = statistics.median(m)
+            diff = (out - runs[0][3]).abs().max().item()
+            print(f"{cid} {name:14s} grid {grid:4d}: {t:7.2f} us ({nbytes / t / 1e3:5.0f} GB/s) ratio {first / t:.3f} "
+                  f"rounds {' '.join(f'{x:.1f}' for x in m)} max |diff| {diff:.1e}", flush=True)  # fmt: skip
+        del runs
+        torch.cuda.synchronize()
+        inputs.free()
+
+
+def pooled_decode_plan(kv: np.ndarray, h: int, g: int, p: int, gr: int, share: float, piece_tiles: int):
+    """A decode plan with a shared tail (an experiment; the kernel takes the pool, decode_pipeline.cuh ``take``):
+    the (request, KV head) units in natural order (head-major) fill the CTAs' own lists contiguously up to
+    ``1 - share`` of the mean load each; the units left over go to the pool cut into pieces of ``piece_tiles`` KV
+    tiles (``gr`` tokens each), which the CTAs take one at a time as they finish and merge in the kernel."""
+    from cuinfer.planner.workplan import WorkPlan
+
+    b = kv.shape[0]
+    tiles = np.maximum(1, -(-kv // gr))
+    unit_req = np.tile(np.arange(b), h)
+    unit_head = np.repeat(np.arange(h), b)
+    cost = tiles[unit_req].astype(np.float64) + 1.0
+    prefix = np.cumsum(cost)
+    cap = (1.0 - share) * prefix[-1] / p
+    indptr = np.concatenate([[0], np.searchsorted(prefix, cap * np.arange(1, p + 1), side="right")])
+    indptr = np.minimum(indptr, len(cost))
+    n_static = int(indptr[-1])
+    req, head, start, end, partial = [], [], [], [], []
+    for u in range(n_static):
+        req.append(unit_req[u]), head.append(unit_head[u]), start.append(0), end.append(int(kv[unit_req[u]]))
+        partial.append(-1)
+    m_ptr, m_src, m_tok, m_head = [0], [], [], []
+    rows = 0
+    for u in range(n_static, len(cost)):
+        r, hh, n = int(unit_req[u]), int(unit_head[u]), int(kv[unit_req[u]])
+        k = max(1, -(-int(tiles[r]) // piece_tiles))
+        step = piece_tiles * gr
+        for j in range(k):
+            req.append(r), head.append(hh), start.append(min(n, j * step)), end.append(min(n, (j + 1) * step))
+            partial.append(rows + j * g if k > 1 else -1)
+        if k > 1:
+            for x in range(g):
+                m_src.extend(rows + j * g + x for j in range(k))
+                m_ptr.append(len(m_src)), m_tok.append(r), m_head.append(hh * g + x)
+            rows += k * g
+    n = len(req)
+    items = {"item_req": req, "item_qo_tile": [0] * n, "item_kv_head": head, "item_kv_start": start,
+             "item_kv_end": end, "item_partial": partial}  # fmt: skip
+    merge = {"merge_indptr": m_ptr, "merge_src": m_src, "merge_dst_token": m_tok, "merge_dst_head": m_head}
+    work = WorkPlan.from_items(p, indptr, items, merge, rows, 0, "pool-experiment", n_pool=n - n_static)
+    work.num_kv_heads = h
+    work.merge_in_kernel = True
+    return work
+
+
+def decode_pool(case_ids: list[str], variants: list[str], rounds: int = 3) -> None:
+    """The decode kernel with a shared tail (``pooled_decode_plan``; variants ``"share,piece_tiles"``) against the
+    default plan, alternating rounds of 20 timed runs (PERF.md method); output differences against the default."""
+    import statistics
+
+    import torch
+
+    import cuinfer.decode as dmod
+    from bench import cases, inputs
+    from bench.timing import CudaTimer
+
+    timer = CudaTimer()
+    by_id = {c.id: c for c in cases.DECODE_CASES}
+    work_of = dmod.BatchDecode._work
+    for cid in case_ids:
+        inp = inputs.decode_inputs(by_id[cid])
+        s, kv = inp.case.shape, inp.kv
+        nbytes = cases.decode_bytes(inp.case.lengths.draw(inp.case.seed), s, inp.case.kv_dtype)
+        runs = []
+        for name in variants:
+            if name != "default":
+                share, piece = (float(x) for x in name.split(","))
+
+                def work(self, plan, route, fixed, share=share, piece=int(piece)):
+                    g = plan.num_qo_heads // plan.num_kv_heads
+                    return pooled_decode_plan(np.asarray(plan.kv_lens, dtype=np.int64), plan.num_kv_heads, g,
+                                              route[0], plan.config.tile_kv, share, piece)  # fmt: skip
+
+                dmod.BatchDecode._work = work
+            try:
+                w = _decode_wrapper(inp)
+                out = w.run(inp.q, kv.cache)
+                wk = w._plan.work
+            except Exception as exc:  # noqa: BLE001 (a variant that does not plan is reported, not fatal)
+                print(f"{cid} {name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                continue
+            finally:
+                dmod.BatchDecode._work = work_of
+            runs.append((name, wk, w, out.float()))
+        meds: list[list[float]] = [[] for _ in runs]
+        for _ in range(rounds):
+            for i, (_n, _wk, w, _o) in enumerate(runs):
+                meds[i].append(timer.time(functools.partial(w.run, inp.q, kv.cache), iters=20, warmup=2).us)
+        first = statistics.median(meds[0])
+        for (name, wk, w, out), m in zip(runs, meds, strict=True):
+            t = statistics.median(m)
+            again = w.run(inp.q, kv.cache).float()
+            diff = max((out - runs[0][3]).abs().max().item(), (again - out).abs().max().item())
+            print(f"{cid} {name:10s} items {wk.n_items:5d} pool {wk.n_pool:5d} merges {wk.n_merge:5d}: {t:7.2f} us "
+                  f"({nbytes / t / 1e3:5.0f} GB/s) ratio {first / t:.3f} rounds {' '.join(f'{x:.1f}' for x in m)} "
+                  f"max |diff| {diff:.1e}", flush=True)  # fmt: skip
+        del runs
+        torch.cuda.synchronize()
+        inputs.free()
+
+
 def decode_evict(case_ids: list[str], rounds: int = 2) -> None:
     """The decode kernel with its K/V copies forced L2 evict-first against forced evict-normal (the policy picks one
     by the step's K/V bytes, decode_policy.kv_evict_first), alternating in each round; L2 flushed by a write (the
@@ -437,6 +632,7 @@ def _dtrace_rounds(cid, runs, rounds, timer, clean, tbuf, nbytes) -> None:
                     stamps.append(tbuf[: 16 * n].view(n, 16).cpu().numpy().copy())
                 head = f"{tm.us:6.1f} us {nbytes / tm.median_s / 1e12:.3f} TB/s" if flush == "dirty" else " " * 22
                 print(f"{cid} r{r} {name:8s} {head} | {flush} {_dphases(stamps)}", flush=True)
+                print(f"{cid} r{r} {name:8s} {' ' * 22} | {flush} {_dends(stamps)}", flush=True)
 
 
 DPHASES = ("entry", "range", "items", "pages", "issue", "wait0", "loop", "epi", "exit", "span", "loopmax", "ghz")
@@ -459,6 +655,19 @@ def decode_phase_medians(stamps: list) -> dict:
             (g6[ok].max() - g0[ok].min()) / 1e3, np.max(ph[5]), ghz,
         ])  # fmt: skip
     return dict(zip(DPHASES, np.median(np.array(rows), axis=0).tolist(), strict=True))
+
+
+def _dends(stamps: list) -> str:
+    """The spread of the CTAs' exits (global timer, us after the first entry; CTAs that ran an item), medians over
+    the runs, and the idle share: the mean time a CTA waits after its exit for the last one, over the step."""
+    qs = []
+    for t in stamps:
+        g0, g6, c3 = t[:, 0].astype(np.float64), t[:, 6].astype(np.float64), t[:, 3]
+        ok = (g6 > g0) & (c3 > 0)
+        ends = (g6[ok] - g0[ok].min()) / 1e3
+        qs.append([*np.percentile(ends, [0, 10, 50, 90, 100]), float(np.mean(ends.max() - ends) / ends.max())])
+    q = np.median(np.array(qs), axis=0)
+    return "ends min {:.1f}, p10 {:.1f}, p50 {:.1f}, p90 {:.1f}, max {:.1f} us (idle share {:.3f})".format(*q)
 
 
 def _dphases(stamps: list) -> str:
@@ -603,6 +812,14 @@ if __name__ == "__main__":
         decode_ab(os.environ.get("CUINFER_TUNE_CASES", "D1,D2,D3,D4,D5,D6,D7,D8,D9").split(","),
                   tuple(os.environ["CUINFER_DAB_DEFINES"].split()),
                   int(os.environ.get("CUINFER_TUNE_ROUNDS", "3")))  # fmt: skip
+    if "dcfg" in args:
+        decode_configs(os.environ.get("CUINFER_TUNE_CASES", "D1,D2,D3,D4,D5,D6,D7,D8,D9").split(","),
+                       os.environ.get("CUINFER_DCFG", "default;2,2,3,0,32;2,1,3,0,32").split(";"),
+                       int(os.environ.get("CUINFER_TUNE_ROUNDS", "3")))  # fmt: skip
+    if "dpool" in args:
+        decode_pool(os.environ.get("CUINFER_TUNE_CASES", "D5,D6,D7").split(","),
+                    os.environ.get("CUINFER_DPOOL", "default;0.08,4;0.08,8;0.15,4").split(";"),
+                    int(os.environ.get("CUINFER_TUNE_ROUNDS", "3")))  # fmt: skip
     if "evict" in args:
         decode_evict(["D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9"])
     if "pool" in args:

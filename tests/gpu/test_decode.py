@@ -87,6 +87,12 @@ CASES = [
     pytest.param(
         Case(MIX128, 16, (32, 8), 128, split=512, framework="cupy", rerun=True), id="b128mix-p16-32x8-bf16-tc-split512"
     ),
+    # many pieces per request: the merge's weights computed per thread (more than fit its shared-memory table),
+    # with the pieces cut into slices (tensor cores, 4 rows) and without (CUDA cores, 16 rows)
+    pytest.param(Case(LONG1, 16, (32, 8), 128, split=128), id="b1long-p16-32x8-tc-split128-many-pieces"),
+    pytest.param(
+        Case(LONG1, 16, (16, 1), 64, tensor_cores=False, split=128), id="b1long-16x1-d64-cc-g16-split128-many-pieces"
+    ),
     pytest.param(Case(MIX7, 16, (32, 8), 128, cache="tuple"), id="b7mix-tuple-cache-tc"),
     pytest.param(Case(MIX7, 5, (32, 8), 128, "HND", cache="tuple", q_slice=True), id="b7mix-tuple-hnd-fused-qkv-slice"),
     pytest.param(Case((1,), 1, (32, 8), 128, framework="cupy"), id="b1-kv1-p1"),

@@ -1,0 +1,182 @@
+"""The floor of a small decode step: how fast can *any* kernel read a case's K/V bytes under the PERF.md method?
+
+python -m bench.stream_floor            (GPU machine; CUINFER_FLOOR_CASES=D1,D2,D4 by default)
+
+A decode step must read every K/V byte once. This probe times plain read kernels over a buffer of each case's bytes
+by the PERF.md method (CUDA events, L2 flushed by a 512 MB write, median), sweeping what a read kernel can choose:
+
+* the L2 policy of the loads (``normal``; ``first``: evict-first, so the stream replaces its own lines instead of the
+  dirty lines the flush left, see ``decode_policy.kv_evict_first``),
+* the bytes in flight per SM (CTAs per SM x 256 threads x 16-byte loads in flight per thread): the in-flight lines
+  are the ones that must displace the flush's dirty lines (written back to HBM) before they can land,
+* the order (``grid``: all CTAs walk the buffer together, 4 KB apart; ``block``: each CTA a contiguous range, as a
+  decode CTA reads its pages).
+
+Each row also runs after a write-then-read flush (clean L2) to separate the write-back from the stream itself. The
+best row of a case bounds what the decode kernel can reach under the same method: the kernel reads the same bytes
+plus its plan, page table, q and o, and computes on them. Plain CuPy kernels (NVRTC): nothing of cuinfer runs here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import numpy as np
+
+_SRC = r"""
+extern "C" __global__ void __launch_bounds__(256) stream_read(const uint4* __restrict__ src, long long n16,
+                                                              unsigned* __restrict__ sink) {
+  unsigned long long pol;
+#if POLICY_FIRST
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+#else
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
+#endif
+  unsigned acc = 0;
+#if ORDER_BLOCK
+  const long long per = (n16 + gridDim.x - 1) / gridDim.x;
+  const long long lo = per * blockIdx.x, hi = min(n16, lo + per);
+  long long i = lo + threadIdx.x;
+  const long long stride = blockDim.x;
+#else
+  const long long hi = n16;
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const long long stride = (long long)gridDim.x * blockDim.x;
+#endif
+  for (; i + (UNROLL - 1) * stride < hi; i += UNROLL * stride) {
+    uint4 v[UNROLL];
+#pragma unroll
+    for (int j = 0; j < UNROLL; ++j) {
+      asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                   : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w)
+                   : "l"(src + i + j * stride), "l"(pol));
+    }
+#pragma unroll
+    for (int j = 0; j < UNROLL; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+  }
+  for (; i < hi; i += stride) {
+    const uint4 v = src[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) sink[blockIdx.x] = acc;  // (never true for the random data: keeps the loads alive)
+}
+
+// A decode step's pattern: 32 KB pages (16 tokens x 8 heads x 256 B) in a random order; CTA c reads a contiguous
+// run of the page list, either one head's slices (head c % 8, lanes of 8 CTAs over the same pages: 4 KB per page)
+// or whole pages. UNROLL passes of 4 KB in flight per CTA.
+extern "C" __global__ void __launch_bounds__(256) page_read(const uint4* __restrict__ src,
+                                                            const int* __restrict__ pages, int n_pages, int whole,
+                                                            unsigned* __restrict__ sink) {
+  unsigned long long pol;
+#if POLICY_FIRST
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+#else
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
+#endif
+  const int lanes = whole ? gridDim.x : gridDim.x / 8;
+  const int lane = whole ? blockIdx.x : blockIdx.x / 8, head = blockIdx.x % 8;
+  const int per = (n_pages + lanes - 1) / lanes;
+  const int lo = per * lane, hi = min(n_pages, lo + per);
+  const int passes = whole ? 8 : 1;
+  const int tok = threadIdx.x / 16, chunk = threadIdx.x % 16;
+  unsigned acc = 0;
+  const int total = (hi - lo) * passes;
+  for (int u0 = 0; u0 < total; u0 += UNROLL) {
+    uint4 v[UNROLL];
+#pragma unroll
+    for (int j = 0; j < UNROLL; ++j) {
+      const int u = min(u0 + j, total - 1);
+      const int pg = pages[lo + u / passes];
+      const int h = whole ? u % passes : head;
+      const uint4* a = src + (long long)pg * 2048 + tok * 128 + h * 16 + chunk;
+      asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                   : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w)
+                   : "l"(a), "l"(pol));
+    }
+#pragma unroll
+    for (int j = 0; j < UNROLL; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+  }
+  if (acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
+}
+"""
+
+
+def _kernel(policy: str, unroll: int, order: str, name: str = "stream_read"):
+    import cupy as cp
+
+    opts = (f"-DUNROLL={unroll}", f"-DPOLICY_FIRST={int(policy == 'first')}", f"-DORDER_BLOCK={int(order == 'block')}",
+            "-std=c++17")  # fmt: skip
+    return cp.RawKernel(_SRC, name, options=opts)
+
+
+def main() -> None:
+    import cupy as cp
+    import torch
+
+    from bench import cases
+    from bench.timing import CudaTimer
+
+    want = os.environ.get("CUINFER_FLOOR_CASES", "D1,D2,D4").split(",")
+    by_id = {c.id: c for c in cases.DECODE_CASES}
+    dirty, clean = CudaTimer(), CudaTimer(clean_flush=True)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)  # (CuPy 14 warns: deprecated)
+    sink = cp.zeros(1 << 16, dtype=cp.uint32)
+    t = dirty.time(lambda: torch.cuda._sleep(1), iters=30, warmup=3)
+    print(f"near-empty kernel {t.us:.2f} us ({sms} SMs)", flush=True)
+    for cid in want:
+        case = by_id[cid]
+        nbytes = cases.decode_bytes(case.lengths.draw(case.seed), case.shape, case.kv_dtype)
+        buf = cp.random.randint(0, 2**31 - 1, size=nbytes // 4, dtype=cp.int32)
+        n16 = nbytes // 16
+        flat = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+        ts = dirty.time(lambda flat=flat: flat.sum(), iters=30, warmup=3)
+        print(f"{cid} {nbytes / 1e6:.0f} MB: torch.sum {ts.us:.1f} us", flush=True)
+        del flat
+        rows = []
+        for policy, order, per_sm, unroll in itertools.product(("normal", "first"), ("grid", "block"), (1, 2, 4, 8),
+                                                               (1, 2, 4, 8)):  # fmt: skip
+            k = _kernel(policy, unroll, order)
+            grid, args = sms * per_sm, (buf, cp.int64(n16), sink)
+
+            def run(k=k, grid=grid, args=args):
+                with stream:
+                    k((grid,), (256,), args)
+
+            td = dirty.time(run, iters=25, warmup=3)
+            tc = clean.time(run, iters=25, warmup=3)
+            fly = per_sm * 256 * unroll * 16 // 1024
+            rows.append((td.us, tc.us, policy, order, per_sm, unroll, fly))
+        rows.sort()
+        for td, tc, policy, order, per_sm, unroll, fly in rows[:12]:
+            print(f"{cid}  dirty {td:6.1f} us {nbytes / td / 1e6:5.2f} TB/s | clean {tc:6.1f} us | {policy:6s} "
+                  f"{order:5s} {per_sm} CTA/SM x unroll {unroll} = {fly:4d} KB in flight per SM")  # fmt: skip
+        worst = rows[-1]
+        print(f"{cid}  worst dirty {worst[0]:.1f} us ({worst[2]} {worst[3]} {worst[4]}x{worst[5]})", flush=True)
+        # The decode pattern over the same bytes: 32 KB pages in a random order, per head (lanes of 8 CTAs) or whole.
+        n_pages = nbytes // 32768
+        perm = cp.asarray(np.random.default_rng(case.seed).permutation(n_pages).astype(np.int32))
+        prow = []
+        for policy, whole, per_sm, unroll in itertools.product(("normal", "first"), (0, 1), (2, 4), (2, 4, 8)):
+            k = _kernel(policy, unroll, "grid", "page_read")
+            grid, args = sms * per_sm, (buf, perm, np.int32(n_pages), np.int32(whole), sink)
+
+            def run(k=k, grid=grid, args=args):
+                with stream:
+                    k((grid,), (256,), args)
+
+            td = dirty.time(run, iters=25, warmup=3)
+            prow.append((td.us, policy, "whole pages" if whole else "head slices", per_sm, unroll))
+        prow.sort()
+        for td, policy, how, per_sm, unroll in prow[:6]:
+            print(f"{cid}  pages dirty {td:6.1f} us {nbytes / td / 1e6:5.2f} TB/s | {policy:6s} {how} {per_sm} "
+                  f"CTA/SM x unroll {unroll}")  # fmt: skip
+        best_head = min(r for r in prow if r[2] == "head slices")
+        best_whole = min(r for r in prow if r[2] == "whole pages")
+        print(f"{cid}  pages best: head slices {best_head[0]:.1f} us, whole pages {best_whole[0]:.1f} us", flush=True)
+        del buf, perm
+
+
+if __name__ == "__main__":
+    main()
