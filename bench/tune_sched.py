@@ -18,8 +18,6 @@ dtrace   D1-D5 (CUINFER_TUNE_CASES) with the decode kernel built with -DCUINFER_
          same timer (near-empty kernel, torch.sum over the case's bytes).
 dab      D1-D9 (CUINFER_TUNE_CASES): the default decode kernel against an A/B build with CUINFER_DAB_DEFINES (e.g.
          "-DCUINFER_DECODE_MERGE_FENCE"), same plans, alternating rounds.
-dpool    D5-D7 (CUINFER_TUNE_CASES): the decode kernel with a shared tail (pooled_decode_plan; CUINFER_DPOOL
-         "default;share,piece_tiles;...") against the default plan, alternating rounds.
 dcfg     D1-D9 (CUINFER_TUNE_CASES): decode configurations CUINFER_DCFG ("default;wkv,wd,stages[,cap[,chunk]];..."):
          tile, stages, CTAs per SM cap and item chunk, each planned for its own grid, alternating rounds.
 decode   D1-D4 split / unsplit, L2 flushed by a write (the PERF.md method, which leaves the L2 full of dirty lines
@@ -58,6 +56,16 @@ their SASS by ~30 % (tensor-core kernel 4104 -> 2864 instructions, 205 -> 190 re
 (D6 261.8 / 266.6, D7 266.2 / 271.5 us; D1-D4, D9 within +-1.4 %), bit-identical outputs: not kept. (The prefill
 kernel's thread index modulo its group size, which is kept, gained 3-4 % on P4-P6; the same assume on top of it
 changed P1-P6 by 0..-0.8 %.)
+Ninth session (`dcfg`, `dtrace` exit spread, and two kernel changes not kept): 32-token tensor-core tiles at 3-4
+CTAs per SM (warps 2 x 2 or 2 x 1, 3-4 stages, 32-item chunks) and 2 stages at 2 CTAs per SM ran D5-D9 3-14 % and
+D2-D4 4-19 % slower than the default (64-token tiles, 3 stages, 2 CTAs per SM; D1 2 % faster with 2 x 1 warps at 4
+CTAs per SM): the default stays. The CTAs' exits spread over a whole item on D5-D7 (D7: first CTA out at 218 us,
+median 250, last 259; idle share 5.6 %, D5 9.8 %), but a shared tail the CTAs take with an atomic (the last units
+cut into 4- or 8-tile pieces, merged in the kernel; commit 69df95d, reverted) ran D5-D7 1.3-4 % slower and D1-D4
+12-30 % slower: while the CTAs left stream, the memory system is still saturated, so the static plan's tail costs
+far less than its idle share, and each take (atomic, item load, two barriers) stalls the producer. A parallel split
+merge (lse weights by warps, pieces spread over the threads in slices) ran D1-D4 1-3 % slower than the loop per
+output chunk (it adds barriers; the loop's L2 loads were already in flight together).
 Small-batch plans (sixth session, `dtrace` variant `tileplan`): the equal pieces of DecodePlanner._aligned against
 the tile pipeline's chunks, D2 26.3 / 26.2 against 29.7 / 29.8 us, S1 57.0 / 57.1 against 59.7 / 59.6, S2 75.4 /
 75.2 against 77.1 / 76.3, D1 and D4 the same pieces; the lanes' CTAs numbered head-major (an A/B of lanes.expand, not
@@ -365,107 +373,6 @@ def decode_configs(case_ids: list[str], variants: list[str], rounds: int = 3) ->
             diff = (out - runs[0][3]).abs().max().item()
             print(f"{cid} {name:14s} grid {grid:4d}: {t:7.2f} us ({nbytes / t / 1e3:5.0f} GB/s) ratio {first / t:.3f} "
                   f"rounds {' '.join(f'{x:.1f}' for x in m)} max |diff| {diff:.1e}", flush=True)  # fmt: skip
-        del runs
-        torch.cuda.synchronize()
-        inputs.free()
-
-
-def pooled_decode_plan(kv: np.ndarray, h: int, g: int, p: int, gr: int, share: float, piece_tiles: int):
-    """A decode plan with a shared tail (an experiment; the kernel takes the pool, decode_pipeline.cuh ``take``):
-    the (request, KV head) units in natural order (head-major) fill the CTAs' own lists contiguously up to
-    ``1 - share`` of the mean load each; the units left over go to the pool cut into pieces of ``piece_tiles`` KV
-    tiles (``gr`` tokens each), which the CTAs take one at a time as they finish and merge in the kernel."""
-    from cuinfer.planner.workplan import WorkPlan
-
-    b = kv.shape[0]
-    tiles = np.maximum(1, -(-kv // gr))
-    unit_req = np.tile(np.arange(b), h)
-    unit_head = np.repeat(np.arange(h), b)
-    cost = tiles[unit_req].astype(np.float64) + 1.0
-    prefix = np.cumsum(cost)
-    cap = (1.0 - share) * prefix[-1] / p
-    indptr = np.concatenate([[0], np.searchsorted(prefix, cap * np.arange(1, p + 1), side="right")])
-    indptr = np.minimum(indptr, len(cost))
-    n_static = int(indptr[-1])
-    req, head, start, end, partial = [], [], [], [], []
-    for u in range(n_static):
-        req.append(unit_req[u]), head.append(unit_head[u]), start.append(0), end.append(int(kv[unit_req[u]]))
-        partial.append(-1)
-    m_ptr, m_src, m_tok, m_head = [0], [], [], []
-    rows = 0
-    for u in range(n_static, len(cost)):
-        r, hh, n = int(unit_req[u]), int(unit_head[u]), int(kv[unit_req[u]])
-        k = max(1, -(-int(tiles[r]) // piece_tiles))
-        step = piece_tiles * gr
-        for j in range(k):
-            req.append(r), head.append(hh), start.append(min(n, j * step)), end.append(min(n, (j + 1) * step))
-            partial.append(rows + j * g if k > 1 else -1)
-        if k > 1:
-            for x in range(g):
-                m_src.extend(rows + j * g + x for j in range(k))
-                m_ptr.append(len(m_src)), m_tok.append(r), m_head.append(hh * g + x)
-            rows += k * g
-    n = len(req)
-    items = {"item_req": req, "item_qo_tile": [0] * n, "item_kv_head": head, "item_kv_start": start,
-             "item_kv_end": end, "item_partial": partial}  # fmt: skip
-    merge = {"merge_indptr": m_ptr, "merge_src": m_src, "merge_dst_token": m_tok, "merge_dst_head": m_head}
-    work = WorkPlan.from_items(p, indptr, items, merge, rows, 0, "pool-experiment", n_pool=n - n_static)
-    work.num_kv_heads = h
-    work.merge_in_kernel = True
-    return work
-
-
-def decode_pool(case_ids: list[str], variants: list[str], rounds: int = 3) -> None:
-    """The decode kernel with a shared tail (``pooled_decode_plan``; variants ``"share,piece_tiles"``) against the
-    default plan, alternating rounds of 20 timed runs (PERF.md method); output differences against the default."""
-    import statistics
-
-    import torch
-
-    import cuinfer.decode as dmod
-    from bench import cases, inputs
-    from bench.timing import CudaTimer
-
-    timer = CudaTimer()
-    by_id = {c.id: c for c in cases.DECODE_CASES}
-    work_of = dmod.BatchDecode._work
-    for cid in case_ids:
-        inp = inputs.decode_inputs(by_id[cid])
-        s, kv = inp.case.shape, inp.kv
-        nbytes = cases.decode_bytes(inp.case.lengths.draw(inp.case.seed), s, inp.case.kv_dtype)
-        runs = []
-        for name in variants:
-            if name != "default":
-                share, piece = (float(x) for x in name.split(","))
-
-                def work(self, plan, route, fixed, share=share, piece=int(piece)):
-                    g = plan.num_qo_heads // plan.num_kv_heads
-                    return pooled_decode_plan(np.asarray(plan.kv_lens, dtype=np.int64), plan.num_kv_heads, g,
-                                              route[0], plan.config.tile_kv, share, piece)  # fmt: skip
-
-                dmod.BatchDecode._work = work
-            try:
-                w = _decode_wrapper(inp)
-                out = w.run(inp.q, kv.cache)
-                wk = w._plan.work
-            except Exception as exc:  # noqa: BLE001 (a variant that does not plan is reported, not fatal)
-                print(f"{cid} {name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-                continue
-            finally:
-                dmod.BatchDecode._work = work_of
-            runs.append((name, wk, w, out.float()))
-        meds: list[list[float]] = [[] for _ in runs]
-        for _ in range(rounds):
-            for i, (_n, _wk, w, _o) in enumerate(runs):
-                meds[i].append(timer.time(functools.partial(w.run, inp.q, kv.cache), iters=20, warmup=2).us)
-        first = statistics.median(meds[0])
-        for (name, wk, w, out), m in zip(runs, meds, strict=True):
-            t = statistics.median(m)
-            again = w.run(inp.q, kv.cache).float()
-            diff = max((out - runs[0][3]).abs().max().item(), (again - out).abs().max().item())
-            print(f"{cid} {name:10s} items {wk.n_items:5d} pool {wk.n_pool:5d} merges {wk.n_merge:5d}: {t:7.2f} us "
-                  f"({nbytes / t / 1e3:5.0f} GB/s) ratio {first / t:.3f} rounds {' '.join(f'{x:.1f}' for x in m)} "
-                  f"max |diff| {diff:.1e}", flush=True)  # fmt: skip
         del runs
         torch.cuda.synchronize()
         inputs.free()
@@ -816,10 +723,6 @@ if __name__ == "__main__":
         decode_configs(os.environ.get("CUINFER_TUNE_CASES", "D1,D2,D3,D4,D5,D6,D7,D8,D9").split(","),
                        os.environ.get("CUINFER_DCFG", "default;2,2,3,0,32;2,1,3,0,32").split(";"),
                        int(os.environ.get("CUINFER_TUNE_ROUNDS", "3")))  # fmt: skip
-    if "dpool" in args:
-        decode_pool(os.environ.get("CUINFER_TUNE_CASES", "D5,D6,D7").split(","),
-                    os.environ.get("CUINFER_DPOOL", "default;0.08,4;0.08,8;0.15,4").split(";"),
-                    int(os.environ.get("CUINFER_TUNE_ROUNDS", "3")))  # fmt: skip
     if "evict" in args:
         decode_evict(["D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9"])
     if "pool" in args:

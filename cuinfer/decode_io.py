@@ -122,16 +122,11 @@ class Buffers:
 
         n = max(2, self.workspace_bytes // (4 * 64 + 4))  # (at least the prefill tail's two)
         with cupy.cuda.Device(self.device_id):
-            self.merge_count = cupy.zeros(n + 2, dtype=np.int32)  # + the decode shared tail's two (pool_count_ptr)
+            self.merge_count = cupy.zeros(n, dtype=np.int32)
             cupy.cuda.Device(self.device_id).synchronize()
 
     def merge_count_ptr(self) -> int:
         return int(self.merge_count.data.ptr)
-
-    def pool_count_ptr(self) -> int:
-        """The decode kernels' shared-tail counters (decode_pipeline.cuh ``TileProducer::take``): items taken, CTAs
-        done; the last two words, past every unit's merge counter."""
-        return int(self.merge_count.data.ptr) + 4 * (int(self.merge_count.shape[0]) - 2)
 
     def ensure(self, words: int) -> None:
         """Room for ``words`` int32 on both sides (never shrinks; in graph mode sized once)."""

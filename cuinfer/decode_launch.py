@@ -82,7 +82,7 @@ class LaunchState:
             **{name: buf.ptr(off[name]) for name in (
                 "work_indptr", "item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end",
                 "item_partial", "item_merge", "item_pieces")},
-            merge_count=buf.merge_count_ptr(), pool_count=buf.pool_count_ptr(),
+            merge_count=buf.merge_count_ptr(),
             # the plan and page table (one buffer): the kernel's prologue prefetches it into L2 (decode_pipeline.cuh)
             plan_words=buf.ptr(0), plan_bytes=4 * int(plan.words_used),
             rope_log2_theta_bits=int(np.float64(math.log2(opts.rope_theta)).view(np.int64)),

@@ -72,7 +72,7 @@ class DecodeConfig:
     def smem_bytes(self) -> int:
         """Dynamic shared memory of the kernel; mirrors Pipeline<> and the kernels' own areas in decode.cuh."""
         ring = (self.stages + 1) * (16 * self.tile_kv + 40)
-        pipe = self.stages * self.stage_bytes + ring + ITEM_CHUNK * ITEM_INFO_BYTES + 16  # (+ the pool take's int)
+        pipe = self.stages * self.stage_bytes + ring + ITEM_CHUNK * ITEM_INFO_BYTES
         pipe = -(-pipe // 128) * 128
         if self.tensor_cores:
             return pipe + 16 * self.head_dim * 2 + 16 * self.warps_kv * 2 * 4

@@ -19,7 +19,7 @@ DecodeParams = ParamStruct(
             "q", "k", "v", "o", "lse", "partial_o", "partial_lse",
             "page_indptr", "page_indices", "kv_lens",
             "work_indptr", "item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end", "item_partial",
-            "item_merge", "item_pieces", "merge_count", "pool_count", "plan_words",
+            "item_merge", "item_pieces", "merge_count", "plan_words",
         )
     )
     + tuple(

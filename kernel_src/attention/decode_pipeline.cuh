@@ -106,49 +106,21 @@ struct PendingToken {
 // tile, the CUDA-core kernel's whole group); kQRowBytes: a query row's bytes (16-bit q).
 template <int T, int kThreads, bool kWindow, int kG, int kRows, int kQRowBytes> struct TileProducer {
   int item, item_end, chunk_base, pos;
-  int pool_next, pool_end;  // the plan's shared tail still to take from (pool_next == pool_end: none, or dry)
   bool fresh;
 
-  __device__ __forceinline__ void init(int begin, int end, int pool_begin, int pool_stop) {
+  __device__ __forceinline__ void init(int begin, int end) {
     item = begin;
     item_end = end;
     chunk_base = begin;
     pos = 0;
     fresh = true;
-    pool_next = pool_begin;
-    pool_end = pool_stop;
-  }
-
-  // The CTA's own items are done: take the next item of the plan's shared tail (work_indptr[P] .. [P + 1]) with the
-  // pool counter, so the CTAs that stream fast run the pieces the slow ones would have ended with. Block-wide (all
-  // threads, identical state): thread 0 takes, the item is loaded into the chunk's first slot. False once the pool
-  // is dry; the CTA then counts itself out, and the last one out returns both counters to 0 for the next launch (a
-  // CUDA graph replays it as is): every take of this launch precedes the reset.
-  __device__ __forceinline__ bool take(const DecodeParams& p, ItemInfo* items, int* bcast) {
-    if (pool_next >= pool_end) return false;
-    __syncthreads();  // every thread is done reading the old chunk
-    int* count = reinterpret_cast<int*>(p.pool_count);
-    if (threadIdx.x == 0) *bcast = pool_next + atomicAdd(count, 1);
-    __syncthreads();
-    const int it = *bcast;
-    if (it >= pool_end) {
-      pool_next = pool_end;
-      if (threadIdx.x == 0 && atomicAdd(count + 1, 1) == static_cast<int>(gridDim.x) - 1) count[0] = 0, count[1] = 0;
-      return false;
-    }
-    item = chunk_base = it;
-    item_end = it + 1;
-    load_items<kThreads, kWindow>(p, items, it, item_end);
-    __syncthreads();
-    return true;
   }
 
   // Describe the next tile of the stream in `slot`. All threads call it with identical state (block-uniform).
-  __device__ __forceinline__ PendingToken produce(const DecodeParams& p, ItemInfo* items, TileSlot<T>* slot,
-                                                  int* bcast) {
+  __device__ __forceinline__ PendingToken produce(const DecodeParams& p, ItemInfo* items, TileSlot<T>* slot) {
     PendingToken tok_out;
     tok_out.valid = false;
-    if (item >= item_end && !take(p, items, bcast)) {
+    if (item >= item_end) {
       if (threadIdx.x == 0) slot->flags = kNull;
       return tok_out;
     }
@@ -228,9 +200,8 @@ template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow, in
   static constexpr i64 kStageBytes = 2LL * T * D * sizeof(KV);
   static constexpr i64 kRingOffset = kStages * kStageBytes;
   static constexpr i64 kItemsOffset = kRingOffset + kRing * sizeof(TileSlot<T>);
-  static constexpr i64 kBcastOffset = kItemsOffset + kItemChunk * sizeof(ItemInfo);  // an int: the pool take
   // The kernel's own area (query tile, merge scratch) starts here.
-  static constexpr i64 kBytes = (kBcastOffset + 16 + 127) / 128 * 128;
+  static constexpr i64 kBytes = (kItemsOffset + kItemChunk * sizeof(ItemInfo) + 127) / 128 * 128;
   static_assert(kThreads % kChunks == 0, "the block copies whole rows per pass");
   static constexpr int kRowsPerPass = kThreads / kChunks;
 
@@ -247,7 +218,6 @@ template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow, in
     return reinterpret_cast<TileSlot<T>*>(smem + kRingOffset) + (n % kRing);
   }
   __device__ __forceinline__ ItemInfo* items() const { return reinterpret_cast<ItemInfo*>(smem + kItemsOffset); }
-  __device__ __forceinline__ int* bcast() const { return reinterpret_cast<int*>(smem + kBcastOffset); }
 
   // cp.async the K and V rows of tile n into its stage (swizzled 16-byte chunks); nothing for a null tile.
   __device__ __forceinline__ void issue(const DecodeParams& p, int n) const {
@@ -286,7 +256,7 @@ template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow, in
 #endif
     l2_policy = p.kv_evict_first ? l2_evict_first_policy() : l2_evict_normal_policy();
     const int* work_indptr = reinterpret_cast<const int*>(p.work_indptr);
-    prod.init(work_indptr[blockIdx.x], work_indptr[blockIdx.x + 1], work_indptr[gridDim.x], work_indptr[gridDim.x + 1]);
+    prod.init(work_indptr[blockIdx.x], work_indptr[blockIdx.x + 1]);
 #ifdef CUINFER_DECODE_TRACE
     if (prod.item_end != -12345) CUINFER_DECODE_STAMP(8)  // (a branch on the loaded value: stamped once it landed)
 #endif
@@ -296,7 +266,7 @@ template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow, in
     // All S page-index loads are issued before any is used: one memory round trip, not S, before the first copy.
     PendingToken first[kStages];
 #pragma unroll
-    for (int m = 0; m < kStages; ++m) first[m] = prod.produce(p, items(), slot(m), bcast());
+    for (int m = 0; m < kStages; ++m) first[m] = prod.produce(p, items(), slot(m));
 #pragma unroll
     for (int m = 0; m < kStages; ++m) prod.finish(p, slot(m), first[m]);
     __syncthreads();
@@ -319,7 +289,7 @@ template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow, in
   __device__ __forceinline__ void advance(const DecodeParams& p, int n) {
     issue(p, n + kStages - 1);
     cp_async_commit();
-    pending = prod.produce(p, items(), slot(n + kStages), bcast());
+    pending = prod.produce(p, items(), slot(n + kStages));
   }
 
   // After the math of iteration n: store the offsets resolved by advance(n).

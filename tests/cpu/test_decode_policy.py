@@ -85,13 +85,12 @@ def test_tensor_core_config_meets_the_template_constraints(group, head_dim):
 
 
 def test_smem_matches_the_kernel_layout():
-    """smem_bytes mirrors Pipeline<> in decode.cuh: S stages + (S+1) tile slots + 64 items + the pool take's 16
-    bytes, rounded to 128, + the kernel's own area."""
+    """smem_bytes mirrors Pipeline<> in decode.cuh: S stages + (S+1) tile slots + 64 items, rounded to 128, + own."""
     c = decode_config(4, 128)
-    pipe = 3 * 32768 + 4 * (16 * 64 + 40) + 64 * 40 + 16
+    pipe = 3 * 32768 + 4 * (16 * 64 + 40) + 64 * 40
     assert c.smem_bytes == -(-pipe // 128) * 128 + 16 * 128 * 2 + 16 * 4 * 2 * 4
     m = decode_config(2, 64)  # CUDA cores: 8 lanes x 2 heads x 8 slices
-    pipe = 4 * (2 * 64 * 64 * 2) + 5 * (16 * 64 + 40) + 64 * 40 + 16
+    pipe = 4 * (2 * 64 * 64 * 2) + 5 * (16 * 64 + 40) + 64 * 40
     assert m.smem_bytes == -(-pipe // 128) * 128 + 8 * 2 * 2 * 4
 
 
