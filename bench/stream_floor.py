@@ -1,6 +1,7 @@
 """The floor of a small decode step: how fast can *any* kernel read a case's K/V bytes under the PERF.md method?
 
 python -m bench.stream_floor            (GPU machine; CUINFER_FLOOR_CASES=D1,D2,D4 by default)
+python -m bench.stream_floor plot OUT.png DECODE.json FLOOR.txt [FLOOR.txt ...]   (anywhere: the plot of a record)
 
 A decode step must read every K/V byte once. This probe times plain read kernels over a buffer of each case's bytes
 by the PERF.md method (CUDA events, L2 flushed by a 512 MB write, median), sweeping what a read kernel can choose:
@@ -178,5 +179,76 @@ def main() -> None:
         del buf, perm
 
 
+def parse_floors(paths: list[str]) -> dict:
+    """``{case: {"contiguous": us, "pages": us}}``: the best dirty-flush rows of ``main``'s logs (later files win)."""
+    out: dict = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) > 3 and parts[1] == "dirty":
+                    row = out.setdefault(parts[0], {})
+                    row["contiguous"] = min(row.get("contiguous", float("inf")), float(parts[2]))
+                elif len(parts) > 5 and parts[1:3] == ["pages", "best:"]:
+                    out.setdefault(parts[0], {})["pages"] = min(float(parts[5]), float(parts[-2]))
+    return out
+
+
+def plot(png: str, decode_json: str, floor_logs: list[str]) -> None:
+    """Per case, µs: the target, cuinfer's and FlashInfer's best time (a decode suite's JSON), and the floors of a
+    plain read of the same bytes (contiguous, and as 32 KB pages in a random order) under the same flush."""
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bench import cases
+
+    floors = parse_floors(floor_logs)
+    with open(decode_json, encoding="utf-8") as fh:
+        rec = json.load(fh)
+    by_case: dict = {}
+    for m in rec["measurements"]:
+        if m["status"] != "ok":
+            continue
+        key = "cuinfer" if m["impl"] == "cuinfer" and m["variant"] == "default" else m["impl"]
+        if key in ("cuinfer", "flashinfer"):
+            row = by_case.setdefault(m["case"], {})
+            row[key] = min(row.get(key, float("inf")), m["us"])
+    ids = [c.id for c in cases.DECODE_CASES if c.id in floors and c.id in by_case]
+    targets = {}
+    for c in cases.DECODE_CASES:
+        if c.id in ids:
+            nbytes = cases.decode_bytes(c.lengths.draw(c.seed), c.shape, c.kv_dtype)
+            t = c.target
+            targets[c.id] = t.value if t.metric == "us" else nbytes / (t.value * 1e9) * 1e6  # (gbps: bytes / time)
+    series = (("plain read, contiguous", [floors[i].get("contiguous", np.nan) for i in ids], "#bbbbbb"),
+              ("plain read, pages in random order", [floors[i].get("pages", np.nan) for i in ids], "#777777"),
+              ("cuinfer", [by_case[i].get("cuinfer", np.nan) for i in ids], "#1f77b4"),
+              ("FlashInfer best", [by_case[i].get("flashinfer", np.nan) for i in ids], "#ff7f0e"))  # fmt: skip
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [len([i for i in ids if
+                             targets[i] < 100]), max(1, len([i for i in ids if targets[i] >= 100]))]})  # fmt: skip
+    for ax, small in zip(axes, (True, False), strict=True):
+        sub = [k for k, i in enumerate(ids) if (targets[i] < 100) == small]
+        x = np.arange(len(sub))
+        for j, (label, vals, color) in enumerate(series):
+            ax.bar(x + (j - 1.5) * 0.2, [vals[k] for k in sub], 0.2, label=label, color=color)
+        ax.scatter(x, [targets[ids[k]] for k in sub], marker="_", s=900, color="red", zorder=3, label="target")
+        ax.set_xticks(x, [ids[k] for k in sub])
+        ax.set_ylabel("µs (lower is better)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Decode step time against a plain read of the same bytes (H200, L2 flushed by a 512 MB write)")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    print(f"wrote {png}")
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if sys.argv[1:2] == ["plot"]:
+        plot(sys.argv[2], sys.argv[3], sys.argv[4:])
+    else:
+        main()

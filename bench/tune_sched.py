@@ -19,7 +19,9 @@ dtrace   D1-D5 (CUINFER_TUNE_CASES) with the decode kernel built with -DCUINFER_
 dab      D1-D9 (CUINFER_TUNE_CASES): the default decode kernel against an A/B build with CUINFER_DAB_DEFINES (e.g.
          "-DCUINFER_DECODE_MERGE_FENCE"), same plans, alternating rounds.
 dcfg     D1-D9 (CUINFER_TUNE_CASES): decode configurations CUINFER_DCFG ("default;wkv,wd,stages[,cap[,chunk]];..."):
-         tile, stages, CTAs per SM cap and item chunk, each planned for its own grid, alternating rounds.
+         tile, stages, CTAs per SM cap and item chunk, each planned for its own grid, alternating rounds; "lanecut":
+         the default kernel with every batch planned by the lane cut (small batches too); "ctacut": a cut of the
+         units' tiles into equal stretches per CTA (cta_cut_plan).
 decode   D1-D4 split / unsplit, L2 flushed by a write (the PERF.md method, which leaves the L2 full of dirty lines
          that the timed kernel must write back) and by a write then a read (clean lines).
 pool     P1-P6 (CUINFER_TUNE_CASES) planned with each shared-tail share of CUINFER_POOL_SHARES (planner.assign
@@ -58,11 +60,11 @@ kernel's thread index modulo its group size, which is kept, gained 3-4 % on P4-P
 changed P1-P6 by 0..-0.8 %.)
 Ninth session (`dcfg`, `dtrace` exit spread, and two kernel changes not kept): 32-token tensor-core tiles at 3-4
 CTAs per SM (warps 2 x 2 or 2 x 1, 3-4 stages, 32-item chunks) and 2 stages at 2 CTAs per SM ran D5-D9 3-14 % and
-D2-D4 4-19 % slower than the default (64-token tiles, 3 stages, 2 CTAs per SM; D1 2 % faster with 2 x 1 warps at 4
+D2-D4 4-23 % slower than the default (64-token tiles, 3 stages, 2 CTAs per SM; D1 2 % faster with 2 x 1 warps at 4
 CTAs per SM): the default stays. The CTAs' exits spread over a whole item on D5-D7 (D7: first CTA out at 218 us,
 median 250, last 259; idle share 5.6 %, D5 9.8 %), but a shared tail the CTAs take with an atomic (the last units
-cut into 4- or 8-tile pieces, merged in the kernel; commit 69df95d, reverted) ran D5-D7 1.3-4 % slower and D1-D4
-12-30 % slower: while the CTAs left stream, the memory system is still saturated, so the static plan's tail costs
+cut into 4- or 8-tile pieces, merged in the kernel; commit 69df95d, reverted) ran D5-D7 0.9-4 % slower and D1-D4
+12-93 % slower: while the CTAs left stream, the memory system is still saturated, so the static plan's tail costs
 far less than its idle share, and each take (atomic, item load, two barriers) stalls the producer. A parallel split
 merge (lse weights by warps, pieces spread over the threads in slices) ran D1-D4 1-3 % slower than the loop per
 output chunk (it adds barriers; the loop's L2 loads were already in flight together).
@@ -319,12 +321,69 @@ def _decode_variant(spec: str):
     return Variant(**fields)
 
 
+def _forced_lane_cut(self, kv, kv_min=None, kv_max=None):
+    """``DecodePlanner.plan`` that always takes the lane cut (stream-K over lanes, ``_cut``), small batches too (the
+    ``lanecut`` variant of ``dcfg``; no window)."""
+    b, hi = kv.shape[0], int(kv.max())
+    prefix = self._prefix(kv, b, hi)
+    length = prefix.item(-1) + b * self.o
+    lane_len = max((length + self.extra) / self.width, self.min_lane)
+    return self._cut(kv, 0, prefix, lane_len, length, hi)
+
+
+def cta_cut_plan(kv: np.ndarray, h: int, g: int, p: int, gr: int):
+    """A decode plan cut at CTA granularity (the ``ctacut`` variant of ``dcfg``; an experiment): the (request, KV
+    head) units request-major on a line of KV tiles (``gr`` tokens each), cut into ``p`` stretches of equal tiles;
+    CTA ``c`` runs the pieces of the units inside its stretch (a unit that spans cuts is merged in the kernel)."""
+    from cuinfer.planner.workplan import WorkPlan
+
+    tiles = np.maximum(1, -(-kv // gr)).astype(np.int64)
+    unit_tiles = np.repeat(tiles, h)  # unit u = request u // h, head u % h
+    ends = np.cumsum(unit_tiles)
+    cuts = np.round(np.arange(p + 1) * ends[-1] / p).astype(np.int64)
+    req, head, start, end, partial, indptr = [], [], [], [], [], [0]
+    pieces: dict = {}
+    for c in range(p):
+        a, z = int(cuts[c]), int(cuts[c + 1])
+        u = int(np.searchsorted(ends, a, side="right"))
+        while a < z and u < len(ends):
+            u0 = int(ends[u] - unit_tiles[u])
+            lo, hi = max(a, u0) - u0, min(z, int(ends[u])) - u0
+            r, n = u // h, int(kv[u // h])
+            req.append(r), head.append(u % h), start.append(min(n, lo * gr)), end.append(min(n, hi * gr))
+            pieces.setdefault(u, []).append(len(req) - 1)
+            a = u0 + hi
+            u += 1
+        indptr.append(len(req))
+    partial = [-1] * len(req)
+    m_ptr, m_src, m_tok, m_head = [0], [], [], []
+    rows = 0
+    for u, its in pieces.items():
+        if len(its) < 2:
+            continue
+        for j, it in enumerate(its):
+            partial[it] = rows + j * g
+        for x in range(g):
+            m_src.extend(rows + j * g + x for j in range(len(its)))
+            m_ptr.append(len(m_src)), m_tok.append(u // h), m_head.append((u % h) * g + x)
+        rows += len(its) * g
+    n = len(req)
+    items = {"item_req": req, "item_qo_tile": [0] * n, "item_kv_head": head, "item_kv_start": start,
+             "item_kv_end": end, "item_partial": partial}  # fmt: skip
+    merge = {"merge_indptr": m_ptr, "merge_src": m_src, "merge_dst_token": m_tok, "merge_dst_head": m_head}
+    work = WorkPlan.from_items(p, indptr, items, merge, rows, 0, "cta-cut-experiment")
+    work.num_kv_heads = h
+    work.merge_in_kernel = True
+    return work
+
+
 def decode_configs(case_ids: list[str], variants: list[str], rounds: int = 3) -> None:
     """Decode kernel configurations (``_decode_variant``: tile, stages, CTAs per SM, item chunk) against the default,
     each planned for its own grid and tile, alternating rounds of 20 timed runs (PERF.md method); prints each
     configuration's median of round medians, TB/s, its ratio to the first and the largest output difference."""
     import statistics
 
+    import cuinfer.planner.decode_plan as dp
     import torch
 
     import cuinfer.decode as dmod
@@ -334,7 +393,7 @@ def decode_configs(case_ids: list[str], variants: list[str], rounds: int = 3) ->
 
     timer = CudaTimer()
     by_id = {c.id: c for c in cases.DECODE_CASES}
-    spec_of, config_of = dec.decode_spec, dmod.decode_config
+    spec_of, config_of, plan_of = dec.decode_spec, dmod.decode_config, dp.DecodePlanner.plan
 
     def spec_with_chunk(key):
         chunk = getattr(key.config, "item_chunk", None)
@@ -349,9 +408,15 @@ def decode_configs(case_ids: list[str], variants: list[str], rounds: int = 3) ->
         nbytes = cases.decode_bytes(inp.case.lengths.draw(inp.case.seed), s, inp.case.kv_dtype)
         runs = []
         for name in variants:
-            cfg = _decode_variant(name)
+            cfg = None if name in ("lanecut", "ctacut") else _decode_variant(name)
             if cfg is not None:
                 dmod.decode_config = lambda *a, cfg=cfg, **k: cfg
+            if name == "lanecut":
+                dp.DecodePlanner.plan = _forced_lane_cut
+            if name == "ctacut":
+                dp.DecodePlanner.plan = lambda pl, kv, *a: cta_cut_plan(
+                    np.asarray(kv, np.int64), pl.h, pl.g, pl.p, pl.gr
+                )
             dec.decode_spec = spec_with_chunk
             try:
                 w = _decode_wrapper(inp)
@@ -361,7 +426,7 @@ def decode_configs(case_ids: list[str], variants: list[str], rounds: int = 3) ->
                 print(f"{cid} {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                 continue
             finally:
-                dmod.decode_config, dec.decode_spec = config_of, spec_of
+                dmod.decode_config, dec.decode_spec, dp.DecodePlanner.plan = config_of, spec_of, plan_of
             runs.append((name, grid, w, out.float()))
         meds: list[list[float]] = [[] for _ in runs]
         for _ in range(rounds):

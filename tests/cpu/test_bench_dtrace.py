@@ -46,3 +46,18 @@ def test_ctas_without_items_do_not_count():
     short = _stamps(3, 2.0, [0.5, 0.5, 1.0, 0.8, 0.1, 0.1, 0.1], np.zeros(3), idle=3)
     m = decode_phase_medians([np.concatenate([long, short])])
     assert m["loop"] == pytest.approx(15.0, abs=2e-3) and m["wait0"] == pytest.approx(3.0, abs=2e-3)
+
+
+def test_exit_spread_and_idle_share():
+    """_dends: exits after the first entry (us), percentiles over the CTAs that ran an item, and the mean wait for the
+    last CTA over the step; a CTA that ran nothing (no first-tile stamp) is left out."""
+    from bench.tune_sched import _dends
+
+    t = np.zeros((5, 16), dtype=np.int64)
+    t[:, 0] = [1000, 1000, 1000, 1000, 1000]  # entries (ns)
+    t[:, 6] = [11000, 21000, 31000, 41000, 2000]  # exits: 10, 20, 30, 40 us after entry; the idle CTA at 1 us
+    t[:, 3] = [1, 1, 1, 1, 0]
+    text = _dends([t, t])
+    assert "min 10.0," in text and "p50 25.0," in text and "max 40.0 us" in text
+    # waits 30, 20, 10, 0 us for the last exit at 40: mean 15 / 40
+    assert "(idle share 0.375)" in text
