@@ -26,14 +26,28 @@ import os
 import numpy as np
 
 _SRC = r"""
-extern "C" __global__ void __launch_bounds__(256) stream_read(const uint4* __restrict__ src, long long n16,
-                                                              unsigned* __restrict__ sink) {
+// The L2 policy of every load (POLICY_FIRST: evict-first, else evict-normal) and one 16-byte load under it.
+__device__ __forceinline__ unsigned long long l2_policy() {
   unsigned long long pol;
 #if POLICY_FIRST
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
 #else
   asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
 #endif
+  return pol;
+}
+
+__device__ __forceinline__ uint4 load_hinted(const uint4* a, unsigned long long pol) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(a), "l"(pol));
+  return v;
+}
+
+extern "C" __global__ void __launch_bounds__(256) stream_read(const uint4* __restrict__ src, long long n16,
+                                                              unsigned* __restrict__ sink) {
+  const unsigned long long pol = l2_policy();
   unsigned acc = 0;
 #if ORDER_BLOCK
   const long long per = (n16 + gridDim.x - 1) / gridDim.x;
@@ -49,9 +63,7 @@ extern "C" __global__ void __launch_bounds__(256) stream_read(const uint4* __res
     uint4 v[UNROLL];
 #pragma unroll
     for (int j = 0; j < UNROLL; ++j) {
-      asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                   : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w)
-                   : "l"(src + i + j * stride), "l"(pol));
+      v[j] = load_hinted(src + i + j * stride, pol);
     }
 #pragma unroll
     for (int j = 0; j < UNROLL; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
@@ -69,12 +81,7 @@ extern "C" __global__ void __launch_bounds__(256) stream_read(const uint4* __res
 extern "C" __global__ void __launch_bounds__(256) page_read(const uint4* __restrict__ src,
                                                             const int* __restrict__ pages, int n_pages, int whole,
                                                             unsigned* __restrict__ sink) {
-  unsigned long long pol;
-#if POLICY_FIRST
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-#else
-  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
-#endif
+  const unsigned long long pol = l2_policy();
   const int lanes = whole ? gridDim.x : gridDim.x / 8;
   const int lane = whole ? blockIdx.x : blockIdx.x / 8, head = blockIdx.x % 8;
   const int per = (n_pages + lanes - 1) / lanes;
@@ -90,10 +97,7 @@ extern "C" __global__ void __launch_bounds__(256) page_read(const uint4* __restr
       const int u = min(u0 + j, total - 1);
       const int pg = pages[lo + u / passes];
       const int h = whole ? u % passes : head;
-      const uint4* a = src + (long long)pg * 2048 + tok * 128 + h * 16 + chunk;
-      asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                   : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w)
-                   : "l"(a), "l"(pol));
+      v[j] = load_hinted(src + (long long)pg * 2048 + tok * 128 + h * 16 + chunk, pol);
     }
 #pragma unroll
     for (int j = 0; j < UNROLL; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
@@ -228,10 +232,10 @@ def plot(png: str, decode_json: str, floor_logs: list[str]) -> None:
               ("plain read, pages in random order", [floors[i].get("pages", np.nan) for i in ids], "#777777"),
               ("cuinfer", [by_case[i].get("cuinfer", np.nan) for i in ids], "#1f77b4"),
               ("FlashInfer best", [by_case[i].get("flashinfer", np.nan) for i in ids], "#ff7f0e"))  # fmt: skip
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [len([i for i in ids if
-                             targets[i] < 100]), max(1, len([i for i in ids if targets[i] >= 100]))]})  # fmt: skip
-    for ax, small in zip(axes, (True, False), strict=True):
-        sub = [k for k, i in enumerate(ids) if (targets[i] < 100) == small]
+    # small steps (µs targets) and large ones (hundreds of µs) on panels of their own scales
+    panels = [[k for k, i in enumerate(ids) if (targets[i] < 100) == small] for small in (True, False)]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [max(1, len(p)) for p in panels]})
+    for ax, sub in zip(axes, panels, strict=True):
         x = np.arange(len(sub))
         for j, (label, vals, color) in enumerate(series):
             ax.bar(x + (j - 1.5) * 0.2, [vals[k] for k in sub], 0.2, label=label, color=color)

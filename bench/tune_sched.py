@@ -397,10 +397,7 @@ def decode_configs(case_ids: list[str], variants: list[str], rounds: int = 3) ->
 
     def spec_with_chunk(key):
         chunk = getattr(key.config, "item_chunk", None)
-        spec = spec_of(key)
-        if chunk is None:
-            return spec
-        return dataclasses.replace(spec, extra_options=(f"-DCUINFER_DECODE_ITEM_CHUNK={chunk}",))
+        return spec_of(key) if chunk is None else _with_define(spec_of, f"-DCUINFER_DECODE_ITEM_CHUNK={chunk}")(key)
 
     for cid in case_ids:
         inp = inputs.decode_inputs(by_id[cid])
