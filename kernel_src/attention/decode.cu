@@ -1,2 +1,3 @@
-// Entry file of the batch-decode kernels (attention/decode.cuh); DecodeParams comes from the generated preamble.
-#include "attention/decode.cuh"
+// Translation unit of the batch-decode kernels (attention/decode/kernels.cuh); DecodeParams comes from the generated
+// preamble (cuinfer/decode/specs.py).
+#include "attention/decode/kernels.cuh"

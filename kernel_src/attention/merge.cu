@@ -1,12 +1,12 @@
-// Merge kernels for attention states (o, lse), lse in base 2 (see state.cuh).
+// Merge kernels for attention states (o, lse), lse in base 2 (the operator: state/merge.cuh).
 //   merge_two:      (o_a, lse_a) (+) (o_b, lse_b) -> (o, lse); in place when o == o_a, optional row mask
 //   merge_states:   S states o[L, S, H, D], lse[L, S, H] -> o[L, H, D], lse[L, H]
 //   merge_partials: the split-KV partial rows of a work plan (fp32, in the workspace) -> the output rows
 // Memory bound: a group of D / VEC threads owns one (row, head) vector, each thread one 16-byte slice, and the
 // slices of several states are loaded before they are used so that enough bytes are in flight per SM.
 // The parameter structs (MergeTwoParams, MergeStatesParams, MergePartialsParams) come from the generated preamble.
-#include "attention/state.cuh"
 #include "common/vec.cuh"
+#include "state/merge.cuh"
 
 namespace cuinfer {
 
@@ -78,9 +78,9 @@ __device__ __forceinline__ void merge_row(const Src& src, int count, int count_w
     i64 my_handle = 0;
     if (valid && s0 + lane_g < count) my_handle = src.fetch(s0 + lane_g, my_lse);
     const float m_new = fmaxf(m, group_max<kTpr>(my_lse));
-    const float m_ref = m_new == neg_inf() ? 0.f : m_new;  // all empty so far: keep every weight exactly 0
-    const float w = exp2f(my_lse - m_ref);
-    const float rescale = exp2f(m - m_ref);
+    const float m_ref = state::ref_of(m_new);  // all empty so far: keep every weight exactly 0
+    const float w = fmath::ex2(my_lse - m_ref);
+    const float rescale = fmath::ex2(m - m_ref);
     d = d * rescale + group_sum<kTpr>(w);
 #pragma unroll
     for (int c = 0; c < kSlices; ++c)
@@ -116,7 +116,7 @@ __device__ __forceinline__ void merge_row(const Src& src, int count, int count_w
 template <typename Tl, typename T>
 __device__ __forceinline__ void store_row(T* o_row, float* lse_ptr, int col, float (&acc)[Tl::kSlices][Tl::kVec],
                                           float m, float d) {
-  const float inv = d > 0.f ? 1.f / d : 0.f;
+  const float inv = state::inv_of(d);
 #pragma unroll
   for (int c = 0; c < Tl::kSlices; ++c) {
     float y[Tl::kVec];
@@ -124,7 +124,7 @@ __device__ __forceinline__ void store_row(T* o_row, float* lse_ptr, int col, flo
     for (int i = 0; i < Tl::kVec; ++i) y[i] = acc[c][i] * inv;
     SliceIO<T>::store(o_row + col + c * Tl::kTpr * Tl::kVec, y);
   }
-  if (col == 0 && lse_ptr != nullptr) *lse_ptr = merged_lse_from(m, d);
+  if (col == 0 && lse_ptr != nullptr) *lse_ptr = state::lse_of(m, d);
 }
 
 // Warp-uniform traversal of the rows: every lane runs the same number of iterations (shuffles need the whole warp).
@@ -149,23 +149,23 @@ __global__ void __launch_bounds__(kThreads) merge_two(const __grid_constant__ Me
     if (p.mask != nullptr && !reinterpret_cast<const bool*>(p.mask)[l]) continue;
     const float sa = reinterpret_cast<const float*>(p.lse_a)[l * p.lse_a_s0 + h * p.lse_a_s1];
     const float sb = reinterpret_cast<const float*>(p.lse_b)[l * p.lse_b_s0 + h * p.lse_b_s1];
-    const float m = fmaxf(sa, sb);
-    const float m_ref = m == neg_inf() ? 0.f : m;
-    const float wa = exp2f(sa - m_ref), wb = exp2f(sb - m_ref);
-    const float d = wa + wb;
-    const float inv = d > 0.f ? 1.f / d : 0.f;
+    float lse = neg_inf();
 #pragma unroll
     for (int c = 0; c < Tl::kSlices; ++c) {
       const int cc = col + c * Tl::kTpr * kVec;
-      float xa[kVec], xb[kVec], y[kVec];
+      state::Merger<kVec> mg;
+      mg.init(fmaxf(sa, sb));
       // an empty state is not read at all (its o may be anything)
+      const float wa = mg.weight(sa), wb = mg.weight(sb);
+      float xa[kVec], xb[kVec];  // (both loads in flight before either is used)
       if (wa > 0.f) SliceIO<T>::load(reinterpret_cast<const T*>(p.o_a) + l * p.o_a_s0 + h * p.o_a_s1 + cc, xa);
       if (wb > 0.f) SliceIO<T>::load(reinterpret_cast<const T*>(p.o_b) + l * p.o_b_s0 + h * p.o_b_s1 + cc, xb);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) y[i] = ((wa > 0.f ? wa * xa[i] : 0.f) + (wb > 0.f ? wb * xb[i] : 0.f)) * inv;
-      SliceIO<T>::store(reinterpret_cast<T*>(p.o) + l * p.o_s0 + h * p.o_s1 + cc, y);
+      if (wa > 0.f) mg.add(wa, 1.f, xa);
+      if (wb > 0.f) mg.add(wb, 1.f, xb);
+      lse = mg.finish();
+      SliceIO<T>::store(reinterpret_cast<T*>(p.o) + l * p.o_s0 + h * p.o_s1 + cc, mg.acc);
     }
-    if (col == 0) reinterpret_cast<float*>(p.lse)[l * p.lse_s0 + h * p.lse_s1] = merged_lse_from(m, d);
+    if (col == 0) reinterpret_cast<float*>(p.lse)[l * p.lse_s0 + h * p.lse_s1] = lse;
   }
 }
 

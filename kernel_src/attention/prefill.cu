@@ -1,3 +1,3 @@
-// Translation unit of the FA2-class batch prefill kernel. The generated preamble (cuinfer/prefill_specs.py) declares
+// Translation unit of the FA2-class batch prefill kernel. The generated preamble (cuinfer/prefill/specs.py) declares
 // `PrefillParams`; the instances come from NVRTC name expressions (cuinfer::batch_prefill<cuinfer::PrefillTraits<...>>).
-#include "attention/prefill.cuh"
+#include "attention/prefill_sm80/kernel.cuh"

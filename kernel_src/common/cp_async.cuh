@@ -49,6 +49,13 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
                : "memory");
 }
 
+// The same copy to a 32-bit shared-window address (what ldmatrix takes; the prefill kernel keeps its tile addresses
+// in this form).
+__device__ __forceinline__ void cp_async_16(u32 smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(valid ? 16 : 0)
+               : "memory");
+}
+
 // Ask the L2 to fetch the 128-byte line holding `addr` (no register result, nothing to wait for).
 __device__ __forceinline__ void prefetch_l2(const void* addr) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(addr));
@@ -60,5 +67,8 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N> __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+
+// Commits this thread's uncommitted copies as a group, then waits for all of its groups.
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 }  // namespace cuinfer

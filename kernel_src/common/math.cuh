@@ -30,6 +30,13 @@ __device__ __forceinline__ float rcp(float x) {
 // saturates cleanly (2^(+big) = inf -> 1, 2^(-big) = 0 -> -1).
 __device__ __forceinline__ float tanh(float x) { return 1.f - 2.f * rcp(1.f + ex2(2.f * kLog2e * x)); }
 
+// tanh in one MUFU.TANH (relative error ~2^-11).
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Butterfly reductions over aligned groups of W lanes (W a power of two <= 32); every lane gets the result.
 template <int W> __device__ __forceinline__ float group_sum(float x) {
 #pragma unroll
@@ -78,4 +85,9 @@ __device__ __forceinline__ void rope_sincos(int pos, RopeFreq f, float& s, float
 }
 
 }  // namespace fmath
+
+// n / d for 0 <= n < 2^31 with a host-computed multiplier (round-up method; jit fast_div_magic gives mul, shift):
+// q = (umulhi(n, mul) + n) >> shift.
+__device__ __forceinline__ u32 fast_div(u32 n, u32 mul, u32 shift) { return (__umulhi(n, mul) + n) >> shift; }
+
 }  // namespace cuinfer

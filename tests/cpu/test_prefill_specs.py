@@ -104,7 +104,7 @@ def test_cpp_traits_agree_with_python_smem_sizes():
     from cuinfer.jit.toolchain import nvrtc_module
 
     nvrtc = nvrtc_module()
-    lines = [PrefillParams.c_decl(), '#include "attention/prefill.cuh"']
+    lines = [PrefillParams.c_decl(), '#include "attention/prefill_sm80/traits.cuh"']
     n = 0
     combos = itertools.product(HEAD_DIMS, QUERY_TILES, KV_TILES, (0, 1), (2, 3), (1, 2))
     for (dqk, dvo), tq, tkv, paged, stages, groups in combos:

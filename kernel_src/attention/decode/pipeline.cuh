@@ -1,44 +1,23 @@
-// The memory pipeline of the batch-decode kernels (attention/decode.cuh): a persistent CTA walks its work items of
-// the plan as one stream of KV tiles, resolving each token's page through the page table S tiles ahead and copying
-// K and V rows into S shared-memory stages with cp.async. See decode.cuh for the iteration order and the ring.
-// DecodeParams comes from the generated preamble (cuinfer/decode_specs.py).
+// The memory pipeline of the batch-decode kernels (attention/decode/kernels.cuh): a persistent CTA walks its work
+// items of the plan (read through plan/work.cuh) as one stream of KV tiles, resolving each token's page through the
+// page table S tiles ahead and copying K and V rows into S shared-memory stages with cp.async. See kernels.cuh for
+// the iteration order and the ring. DecodeParams comes from the generated preamble (cuinfer/decode/specs.py).
 #pragma once
 #include "common/cp_async.cuh"
 #include "common/swizzle.cuh"
 #include "common/types.cuh"
+#include "debug/trace.cuh"
+#include "plan/work.cuh"
 
 namespace cuinfer {
 namespace decode {
 
-// CUINFER_DECODE_TRACE builds (bench/tune_sched.py dtrace) stamp each CTA's phases in kTraceWords u64 where p.lse
-// points (the trace build runs without lse): 0 globaltimer at entry, 1 SM clock at entry, 2 after the prologue's
-// copies are issued, 3 first tile landed, 4 last item's epilogue starts, 5 exit, 6 globaltimer at exit, 7 SM id,
-// 8 work range loaded, 9 items loaded, 10 first tiles' offsets stored.
-constexpr int kTraceWords = 16;
-#ifdef CUINFER_DECODE_TRACE
-#define CUINFER_DECODE_STAMP(k) \
-  if (threadIdx.x == 0) reinterpret_cast<unsigned long long*>(p.lse)[blockIdx.x * kTraceWords + (k)] = clock64();
-#define CUINFER_DECODE_GSTAMP(k)                                                                \
-  if (threadIdx.x == 0) {                                                                       \
-    unsigned long long g;                                                                       \
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g));                                       \
-    reinterpret_cast<unsigned long long*>(p.lse)[blockIdx.x * kTraceWords + (k)] = g;           \
-  }
-#else
-#define CUINFER_DECODE_STAMP(k)
-#define CUINFER_DECODE_GSTAMP(k)
-#endif
-
 enum PosEncoding : int { kPosNone = 0, kPosRope = 1, kPosAlibi = 2 };
 enum TileFlags : int { kFirst = 1, kLast = 2, kNull = 4 };
 
-// Items of the CTA held in shared memory at a time (reloaded when the producer runs past them). (A/B builds may set
-// CUINFER_DECODE_ITEM_CHUNK: bench/tune_sched.py dcfg, with the host's shared-memory size to match.)
-#ifndef CUINFER_DECODE_ITEM_CHUNK
+// Items of the CTA held in shared memory at a time (reloaded when the producer runs past them; the host's
+// shared-memory sizes mirror it: cuinfer/decode/policy.py ITEM_CHUNK).
 constexpr int kItemChunk = 64;
-#else
-constexpr int kItemChunk = CUINFER_DECODE_ITEM_CHUNK;
-#endif
 
 // One work item as the producer needs it, read once from the plan and the page table.
 struct ItemInfo {
@@ -61,28 +40,20 @@ __device__ __forceinline__ i64 round_up_128(i64 x) { return (x + 127) / 128 * 12
 
 template <int kThreads, bool kWindow>
 __device__ __forceinline__ void load_items(const DecodeParams& p, ItemInfo* items, int base, int end) {
-  const int* item_req = reinterpret_cast<const int*>(p.item_req);
-  const int* item_kv_head = reinterpret_cast<const int*>(p.item_kv_head);
-  const int* item_kv_start = reinterpret_cast<const int*>(p.item_kv_start);
-  const int* item_kv_end = reinterpret_cast<const int*>(p.item_kv_end);
-  const int* item_partial = reinterpret_cast<const int*>(p.item_partial);
-  const int* item_qo_tile = reinterpret_cast<const int*>(p.item_qo_tile);
-  const int* item_merge = reinterpret_cast<const int*>(p.item_merge);
-  const int* item_pieces = reinterpret_cast<const int*>(p.item_pieces);
   const int* page_indptr = reinterpret_cast<const int*>(p.page_indptr);
   const int* kv_lens = reinterpret_cast<const int*>(p.kv_lens);
   for (int i = threadIdx.x; i < kItemChunk; i += kThreads) {
     const int it = base + i;
     if (it < end) {
       ItemInfo x;
-      x.req = item_req[it];
-      x.kv_head = item_kv_head[it];
-      x.start = item_kv_start[it];
-      x.end = item_kv_end[it];
-      x.partial = item_partial[it];
-      x.qo_tile = item_qo_tile[it];
-      x.merge = item_merge[it];
-      x.pieces = item_pieces[it];
+      x.req = plan::req(p, it);
+      x.kv_head = plan::kv_head(p, it);
+      x.start = plan::kv_start(p, it);
+      x.end = plan::kv_end(p, it);
+      x.partial = plan::partial(p, it);
+      x.qo_tile = plan::qo_tile(p, it);
+      x.merge = plan::merge_unit(p, it);
+      x.pieces = plan::pieces(p, it);
       x.page_begin = page_indptr[x.req];
       x.kv_len = kv_lens[x.req];
       if constexpr (kWindow) {
@@ -133,7 +104,6 @@ template <int T, int kThreads, bool kWindow, int kG, int kRows, int kQRowBytes> 
     const ItemInfo& x = items[item - chunk_base];
     if (fresh) {
       pos = x.start;
-#ifndef CUINFER_DECODE_NO_Q_AHEAD  // A/B builds (bench/tune_sched.py dtrace)
       // The item's query rows are read when its first tile reaches the math, kStages tiles from now: fetch them into
       // L2 meanwhile, so that read does not wait on DRAM (a CTA of D7 starts 8 items).
       constexpr int kLines = (kQRowBytes + 127) / 128;
@@ -144,7 +114,6 @@ template <int T, int kThreads, bool kWindow, int kG, int kRows, int kQRowBytes> 
                                  (i64(x.req) * p.q_stride_b + i64(x.kv_head * kG + row0 + r) * p.q_stride_h) * 2;
         prefetch_l2(q + line * 128);
       }
-#endif
     }
     const int n_valid = max(0, min(T, x.end - pos));
     const bool last = pos + T >= x.end;
@@ -206,7 +175,7 @@ template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow, in
   static constexpr int kRowsPerPass = kThreads / kChunks;
 
   unsigned char* smem;
-  u64 l2_policy;  // of the K/V copies: evict-first or normal, as the host chose (decode_policy.kv_evict_first)
+  u64 l2_policy;  // of the K/V copies: evict-first or normal, as the host chose (cuinfer/decode/policy.py kv_evict_first)
   TileProducer<T, kThreads, kWindow, kG, kRows, D * 2> prod;
   PendingToken pending;  // the token of tile n+S resolved by advance(n), stored by finish(n)
 
@@ -246,23 +215,18 @@ template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow, in
   // Prologue: load the first item chunk, resolve tiles 0..S-1, start the copies of tiles 0..S-2.
   __device__ __forceinline__ void start(const DecodeParams& p, unsigned char* smem_base) {
     smem = smem_base;
-#ifndef CUINFER_DECODE_NO_PLAN_PREFETCH  // A/B builds (bench/tune_sched.py dtrace)
     // The CTAs together pull the plan and page table into L2 (one line per thread at most) while their first loads
     // of it are in flight, so the loads that depend on the work range (items, request facts, page indices) find
     // their lines in L2 or on the way. Measured (dtrace, H200): the item loads 0.83 -> 0.60 us; D1-D4 0.1-0.5 us.
     const int lines = (p.plan_bytes + 127) / 128;
     for (int l = blockIdx.x + threadIdx.x * gridDim.x; l < lines; l += kThreads * gridDim.x)
       prefetch_l2(reinterpret_cast<const unsigned char*>(p.plan_words) + i64(l) * 128);
-#endif
     l2_policy = p.kv_evict_first ? l2_evict_first_policy() : l2_evict_normal_policy();
-    const int* work_indptr = reinterpret_cast<const int*>(p.work_indptr);
-    prod.init(work_indptr[blockIdx.x], work_indptr[blockIdx.x + 1]);
-#ifdef CUINFER_DECODE_TRACE
-    if (prod.item_end != -12345) CUINFER_DECODE_STAMP(8)  // (a branch on the loaded value: stamped once it landed)
-#endif
+    prod.init(plan::range_begin(p, blockIdx.x), plan::range_end(p, blockIdx.x));
+    if (prod.item_end != -12345) CUINFER_DECODE_STAMP(8);  // (a branch on the loaded value: stamped once it landed)
     load_items<kThreads, kWindow>(p, items(), prod.chunk_base, prod.item_end);
     __syncthreads();
-    CUINFER_DECODE_STAMP(9)
+    CUINFER_DECODE_STAMP(9);
     // All S page-index loads are issued before any is used: one memory round trip, not S, before the first copy.
     PendingToken first[kStages];
 #pragma unroll
@@ -270,7 +234,7 @@ template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow, in
 #pragma unroll
     for (int m = 0; m < kStages; ++m) prod.finish(p, slot(m), first[m]);
     __syncthreads();
-    CUINFER_DECODE_STAMP(10)
+    CUINFER_DECODE_STAMP(10);
 #pragma unroll
     for (int m = 0; m < kStages - 1; ++m) {
       issue(p, m);

@@ -1,0 +1,479 @@
+// Batch decode on a paged KV cache: one query token per request, persistent CTAs driven by a work plan.
+//
+// Two kernels share one memory pipeline (pipeline.cuh) and differ only in the math:
+//   batch_decode_cuda_core   thread (tx, ty, tz): tx owns 8 dims of the head, ty one query head of the GQA group,
+//                            tz a slice of the tile's tokens; q·k is reduced over the D/8 tx lanes with shuffles.
+//   batch_decode_tensor_core head-group fusion (paper appendix A): the g query heads of one KV head are the rows of a
+//                            16-row query tile, Q·K^T and P·V run on mma.sync m16n8k16 with fp32 accumulators; warp w
+//                            owns tokens 16w..16w+15 of each tile (and, for head dim 256, half of the output dims).
+// Either way one CTA handles all query heads of a KV head, so every KV tile is read from memory once for the group.
+//
+// The plan (plan/work.cuh) gives CTA c its work items; an item is one request, one KV head (all its query heads: the
+// decode query tile) and one KV range [start, end). The CTA walks the concatenation of its items' tiles (T tokens
+// each; an empty item still has one, all-masked, tile) as a single stream, so the pipeline never drains at item
+// boundaries:
+//
+//   iteration n:  wait for tile n (cp.async group), __syncthreads
+//                 issue the cp.async copies of tile n+S-1 (offsets resolved one iteration earlier)
+//                 resolve tile n+S: item bookkeeping, then the page index of each of its tokens (a global load whose
+//                 latency hides behind the math; the 64-bit element offsets are stored after the math)
+//                 math on tile n; at the item's last tile, merge the per-warp states and write o/lse
+//
+// Tile descriptors live in a ring of S+1 slots: slot n+S is written while slot n (math) and slot n+S-1 (copies) are
+// read, and a slot is rewritten only after the barrier that follows its last read. Resolving offsets per token makes
+// any page size (1 included), NHD and HND, a 5-D cache or separate k/v caches all one code path: the token's page and
+// slot pick the offset through the caller's strides. Empty trailing tiles are zero-filled by cp.async, so masked
+// tokens see K = V = 0 (never stale NaN) and p = 2^-inf = 0.
+//
+// Softmax runs in base 2 in fp32: logits are pre-scaled by sm_scale·log2(e), lse is log2-sum-exp (docs/api.md). States
+// of the warps (tensor cores) or token slices (CUDA cores) of one item are merged through the item's last KV stage,
+// which is free until the next iteration's barrier: 4 bytes x rows x D per slice is exactly the stage's K+V bytes when
+// the slices are 16 rows (tensor cores) or when g <= tokens per slice (CUDA cores).
+//
+// kMinBlocks (__launch_bounds__) caps the registers so that the CTAs the shared memory allows per SM (the policy's
+// count, which sizes the persistent grid) are also allowed by the register file.
+//
+// Compile-time options: sm_scale and the logits soft cap (values in DecodeParams, soft cap on/off as kSoftCap), the
+// sliding window (kWindow: the item's start is clamped to kv_len-1-window_left), positional encoding (kPos: none,
+// rope_llama applied in the kernel to q at kv_len-1 and to each K tile in shared memory, alibi), writing lse (kLse).
+#pragma once
+#include "attention/decode/math.cuh"
+#include "attention/decode/pipeline.cuh"
+#include "debug/trace.cuh"
+
+namespace cuinfer {
+namespace decode {
+
+// ==================================================================================================================
+// CUDA-core kernel. kThreads = (D/8) x G x BDZ; each of the BDZ token slices holds TZ = T / BDZ tokens of a tile.
+// ==================================================================================================================
+template <typename Q, typename KV, typename O, int D, int G, int T, int kThreads, int kPos, bool kSoftCap, bool kLse>
+struct CudaCore {
+  static constexpr int BDX = D / 8;
+  static constexpr int BDZ = kThreads / (BDX * G);
+  static_assert(BDX * G * BDZ == kThreads, "kThreads = D/8 x G x BDZ");
+  static_assert(BDX <= 32 && 32 % BDX == 0, "the dims of one head stay inside one warp");
+  static constexpr int TZ = T / BDZ;
+  static_assert(TZ * BDZ == T, "token slices split the tile evenly");
+  static_assert(BDZ == 1 || G <= TZ, "the merge of BDZ slices of G rows must fit in one KV stage");
+  static constexpr int kSub = TZ < 8 ? TZ : 8;
+  static_assert(TZ % kSub == 0, "slices hold whole sub-chunks");
+
+  // This thread's 8 dims of its query head at the item's first tile (rotated by RoPE at qpos); its ALiBi slope.
+  static __device__ __forceinline__ void load_q(const DecodeParams& p, const TileSlot<T>* cur, int tx, int ty,
+                                                int qpos, float (&q)[8], float& slope) {
+    const int head = cur->kv_head * G + ty;
+    const Q* qrow = reinterpret_cast<const Q*>(p.q) + i64(cur->req) * p.q_stride_b + i64(head) * p.q_stride_h;
+    Vec<Q, 8> qv;
+    qv.load(qrow + tx * 8);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[i] = to_float(qv[i]);
+    if constexpr (kPos == kPosRope) {
+      Vec<Q, 8> pv;
+      pv.load(qrow + ((tx + BDX / 2) % BDX) * 8);
+      float partner[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) partner[i] = to_float(pv[i]);
+      rope_q_chunk<D>(p, tx, qpos, q, partner);
+    }
+    if constexpr (kPos == kPosAlibi) slope = alibi_slope_scaled<kSoftCap>(head, p.num_qo_heads);
+  }
+
+  // q·k for this slice's tokens, reduced over the BDX lanes of the head; online softmax kSub tokens at a time (a
+  // slice of a large group holds up to 64 tokens, too many logits to keep in registers at once; the sub-chunk loop
+  // stays rolled so the compiler does not hoist all of its shared-memory loads).
+  static __device__ __forceinline__ void tile(const DecodeParams& p, const KV* ks, const KV* vs, int start,
+                                              int n_valid, int tx, int tz, int qpos, float slope, const float (&q)[8],
+                                              float (&o)[8], float& m, float& d) {
+#pragma unroll 1
+    for (int j0 = 0; j0 < TZ; j0 += kSub) {
+      float s[kSub];
+#pragma unroll
+      for (int j = 0; j < kSub; ++j) {
+        const int r = tz * TZ + j0 + j;
+        Vec<KV, 8> kv;
+        kv.load(ks + Swizzle<BDX>::slot(r, tx) * 8);
+        float acc = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc = fmaf(q[i], to_float(kv[i]), acc);
+        s[j] = acc;
+      }
+      float m_sub = neg_inf();
+#pragma unroll
+      for (int j = 0; j < kSub; ++j) {
+        const int r = tz * TZ + j0 + j;
+        s[j] = logit<kSoftCap, kPos>(p, fmath::group_sum<BDX>(s[j]), slope, start + r, qpos, r < n_valid);
+        m_sub = fmaxf(m_sub, s[j]);
+      }
+      const float m_new = fmaxf(m, m_sub);
+      const float base = m_new == neg_inf() ? 0.f : m_new;
+      const float scale = fmath::ex2(m - base);
+      m = m_new;
+      d *= scale;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[i] *= scale;
+#pragma unroll
+      for (int j = 0; j < kSub; ++j) {
+        const int r = tz * TZ + j0 + j;
+        const float pj = fmath::ex2(s[j] - base);
+        d += pj;
+        Vec<KV, 8> vv;
+        vv.load(vs + Swizzle<BDX>::slot(r, tx) * 8);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[i] = fmaf(pj, to_float(vv[i]), o[i]);
+      }
+    }
+  }
+
+  // The item's last tile: merge the BDZ slices' states through this tile's stage (free once every slice is done
+  // reading it), write o / lse or the partial row, and run the split merge when this is the unit's last piece.
+  static __device__ __forceinline__ void finish_item(const DecodeParams& p, const TileSlot<T>* cur, KV* ks, float* md,
+                                                     int tx, int ty, int tz, const float (&o)[8], float m, float d) {
+    const int head = cur->kv_head * G + ty;
+    const int prow = cur->partial < 0 ? -1 : cur->partial + ty;
+    state::Merger<8> mg;
+    if constexpr (BDZ == 1) {
+      mg.init(m);
+      mg.d = d;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) mg.acc[i] = o[i];
+    } else {
+      __syncthreads();  // every slice is done reading this tile's stage: reuse it as merge scratch
+      float* os = reinterpret_cast<float*>(ks);  // [BDZ][G][D]
+      float* orow = os + (tz * G + ty) * D + tx * 8;
+      *reinterpret_cast<float4*>(orow) = make_float4(o[0], o[1], o[2], o[3]);
+      *reinterpret_cast<float4*>(orow + 4) = make_float4(o[4], o[5], o[6], o[7]);
+      if (tx == 0) {
+        md[(tz * G + ty) * 2] = m;
+        md[(tz * G + ty) * 2 + 1] = d;
+      }
+      __syncthreads();
+      if (tz == 0) {
+        float mx = neg_inf();
+#pragma unroll
+        for (int z = 0; z < BDZ; ++z) mx = fmaxf(mx, md[(z * G + ty) * 2]);
+        mg.init(mx);
+#pragma unroll
+        for (int z = 0; z < BDZ; ++z) {
+          float x[8];
+          load8(os + (z * G + ty) * D + tx * 8, x);
+          mg.add(mg.weight(md[(z * G + ty) * 2]), md[(z * G + ty) * 2 + 1], x);  // an empty slice (-inf) weighs 0
+        }
+      }
+    }
+    if (tz == 0) {
+      const float lse = mg.finish();
+      store_row<O, D, kLse>(p, cur->req, head, prow, tx * 8, mg.acc, lse, tx == 0);
+    }
+    if (cur->merge >= 0) {
+      merge_split<O, D, kLse, kThreads>(p, cur->merge, cur->pieces, G, cur->req, cur->kv_head * G,
+                                        reinterpret_cast<int*>(md));  // (md is free again: see merge_split)
+    }
+  }
+};
+
+template <typename Q, typename KV, typename O, int D, int G, int T, int kStages, int kThreads, int kMinBlocks, int kPos,
+          bool kSoftCap, bool kWindow, bool kLse>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) batch_decode_cuda_core(const __grid_constant__ DecodeParams p) {
+  static_assert(sizeof(KV) == 2 && sizeof(Q) == 2, "16-bit q and KV");
+  using K = CudaCore<Q, KV, O, D, G, T, kThreads, kPos, kSoftCap, kLse>;
+  using Pipe = Pipeline<KV, D, T, kStages, kThreads, kWindow, G, G>;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  float* md = reinterpret_cast<float*>(smem + Pipe::kBytes);  // [BDZ][G][2]: (m, d) per slice and head
+
+  const int tx = threadIdx.x % K::BDX;
+  const int ty = (threadIdx.x / K::BDX) % G;
+  const int tz = threadIdx.x / (K::BDX * G);
+
+  Pipe pipe;
+  pipe.start(p, smem);
+
+  fmath::RopeFreq kf[8];
+  if constexpr (kPos == kPosRope) rope_k_freqs<D>(p, threadIdx.x % (D / 16), kf);
+
+  float q[8], o[8];
+  float m = neg_inf(), d = 0.f, slope = 0.f;
+  int qpos = 0;
+
+  for (int n = 0;; ++n) {
+    const TileSlot<T>* cur = pipe.wait(n);
+    const int flags = cur->flags;
+    if (flags & kNull) break;
+    const int start = cur->start, n_valid = cur->n_valid;
+    pipe.advance(p, n);
+    KV* ks = pipe.k_stage(n);
+    KV* vs = pipe.v_stage(n);
+
+    if (flags & kFirst) {
+      qpos = cur->kv_len - 1;
+      K::load_q(p, cur, tx, ty, qpos, q, slope);
+      m = neg_inf();
+      d = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[i] = 0.f;
+    }
+    if constexpr (kPos == kPosRope) {
+      rope_k_tile<KV, D, kThreads>(ks, start, n_valid, kf);
+      __syncthreads();
+    }
+    K::tile(p, ks, vs, start, n_valid, tx, tz, qpos, slope, q, o, m, d);
+    pipe.finish(p, n);
+    if (flags & kLast) K::finish_item(p, cur, ks, md, tx, ty, tz, o, m, d);
+  }
+}
+
+// ==================================================================================================================
+// Tensor-core kernel. kWarpsKV warps along the tile's tokens (16 each, T = 16 kWarpsKV), kWarpsD along the output
+// dims (each warp computes the whole 16x16 S of its tokens and P·V for D / kWarpsD dims). Rows of the query tile are
+// packed rows qo_tile*16 + r = the query heads of the KV head (rows >= G are zero and never written).
+// ==================================================================================================================
+template <typename Q, typename KV, typename O, int D, int G, int kWarpsKV, int kWarpsD, int kPos, bool kSoftCap,
+          bool kLse>
+struct TensorCore {
+  static constexpr int kThreads = 32 * kWarpsKV * kWarpsD;
+  static constexpr int T = 16 * kWarpsKV;
+  static constexpr int DW = D / kWarpsD;  // output dims per warp
+  static_assert(DW % 16 == 0, "each warp owns whole 16-dim blocks of the output");
+  static constexpr int kChunks = D / 8;
+
+  // The item's query tile into shared memory (swizzled; rows >= G zero; RoPE at qpos), then this warp's A fragments.
+  static __device__ __forceinline__ void load_q(const DecodeParams& p, const TileSlot<T>* cur, Q* qs, int qpos,
+                                                u32 (&qf)[D / 16][4]) {
+    const int row0 = cur->qo_tile * 16;  // packed row of the tile's row 0 = head in group
+    const Q* qb = reinterpret_cast<const Q*>(p.q) + i64(cur->req) * p.q_stride_b + i64(cur->kv_head * G) * p.q_stride_h;
+    if constexpr (kPos == kPosRope) {
+      for (int u = threadIdx.x; u < 16 * (kChunks / 2); u += kThreads) {
+        const int r = u / (kChunks / 2), c = u % (kChunks / 2);
+        Vec<Q, 8> lo, hi;
+        zero_vec<Q>(lo);
+        zero_vec<Q>(hi);
+        if (row0 + r < G) {
+          const Q* src = qb + i64(row0 + r) * p.q_stride_h;
+          lo.load(src + c * 8);
+          hi.load(src + (c + kChunks / 2) * 8);
+          float x[8], y[8];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) x[i] = to_float(lo[i]), y[i] = to_float(hi[i]);
+          float xr[8], yr[8];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) xr[i] = x[i], yr[i] = y[i];
+          rope_q_chunk<D>(p, c, qpos, xr, y);
+          rope_q_chunk<D>(p, c + kChunks / 2, qpos, yr, x);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) lo[i] = from_float<Q>(xr[i]), hi[i] = from_float<Q>(yr[i]);
+        }
+        lo.store(qs + Swizzle<kChunks>::slot(r, c) * 8);
+        hi.store(qs + Swizzle<kChunks>::slot(r, c + kChunks / 2) * 8);
+      }
+    } else {
+      for (int u = threadIdx.x; u < 16 * kChunks; u += kThreads) {
+        const int r = u / kChunks, c = u % kChunks;
+        Vec<Q, 8> v;
+        zero_vec<Q>(v);
+        if (row0 + r < G) v.load(qb + i64(row0 + r) * p.q_stride_h + c * 8);
+        v.store(qs + Swizzle<kChunks>::slot(r, c) * 8);
+      }
+    }
+    __syncthreads();
+    const u32 qbase = mma::smem_addr(qs);
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      mma::ldmatrix_x4(qf[kk], qbase + Swizzle<kChunks>::byte_offset(lane % 16, 2 * kk + lane / 16));
+  }
+
+  // S = Q K^T for this warp's 16 tokens, the online softmax on rows gid (e = 0, 1) and gid + 8 (e = 2, 3) (a row is
+  // spread over the 4 lanes of a quad), O += P V over this warp's output dims.
+  static __device__ __forceinline__ void tile(const DecodeParams& p, const KV* ks, const KV* vs, int start,
+                                              int n_valid, int qpos, const float (&slope)[2],
+                                              const u32 (&qf)[D / 16][4], float (&oacc)[DW / 8][4], float (&m)[2],
+                                              float (&dsum)[2]) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wkv = warp % kWarpsKV, wd = warp / kWarpsKV;
+    const int tig = lane % 4;
+    float s[2][4];  // two n8 tiles: tokens 0-7, 8-15 of the warp
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    const u32 kbase = mma::smem_addr(ks);
+    const int krow = wkv * 16 + lane % 8 + 8 * (lane / 16);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      u32 b[4];
+      mma::ldmatrix_x4(b, kbase + Swizzle<kChunks>::byte_offset(krow, 2 * kk + (lane / 8) % 2));
+      mma::mma_m16n16k16<Q>(s[0], s[1], qf[kk], b);
+    }
+    float mx[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = wkv * 16 + nt * 8 + 2 * tig + (e & 1);
+        s[nt][e] = logit<kSoftCap, kPos>(p, s[nt][e], slope[e / 2], start + r, qpos, r < n_valid);
+        mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
+      }
+    }
+    float base[2], scale[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_new = fmaxf(m[h], mma::quad_max(mx[h]));
+      base[h] = m_new == neg_inf() ? 0.f : m_new;
+      scale[h] = fmath::ex2(m[h] - base[h]);
+      m[h] = m_new;
+      dsum[h] *= scale[h];
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = fmath::ex2(s[nt][e] - base[e / 2]);
+        dsum[e / 2] += s[nt][e];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < DW / 8; ++j) {
+      oacc[j][0] *= scale[0];
+      oacc[j][1] *= scale[0];
+      oacc[j][2] *= scale[1];
+      oacc[j][3] *= scale[1];
+    }
+    u32 pa[4];
+    mma::frag_c_to_a<Q>(pa, s[0], s[1]);
+    const u32 vbase = mma::smem_addr(vs);
+    const int vrow = wkv * 16 + lane % 16;
+#pragma unroll
+    for (int nd = 0; nd < DW / 16; ++nd) {
+      u32 b[4];
+      mma::ldmatrix_x4_trans(b, vbase + Swizzle<kChunks>::byte_offset(vrow, (wd * DW) / 8 + 2 * nd + lane / 16));
+      mma::mma_m16n16k16<Q>(oacc[2 * nd], oacc[2 * nd + 1], pa, b);
+    }
+  }
+
+  // The item's last tile: merge the warps' states through this tile's stage (free once every warp is done reading
+  // it), write o / lse or the partial rows, and run the split merge when this is the unit's last piece.
+  static __device__ __forceinline__ void finish_item(const DecodeParams& p, const TileSlot<T>* cur, KV* ks, float* md,
+                                                     const float (&oacc)[DW / 8][4], const float (&m)[2],
+                                                     const float (&dsum)[2]) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wkv = warp % kWarpsKV, wd = warp / kWarpsKV;
+    const int gid = lane / 4, tig = lane % 4;
+    __syncthreads();  // every warp is done reading this tile's stage: reuse it as merge scratch
+    float* os = reinterpret_cast<float*>(ks);  // [kWarpsKV][16][D]
+    const float d0 = mma::quad_sum(dsum[0]), d1 = mma::quad_sum(dsum[1]);
+    // Only the tile's real rows (query heads row0 + r < G) are staged: the merge below reads no others, and with
+    // G = 4 that is a quarter of the scratch traffic of all 16 mma rows.
+    const bool lo_row = cur->qo_tile * 16 + gid < G, hi_row = cur->qo_tile * 16 + gid + 8 < G;
+#pragma unroll
+    for (int j = 0; j < DW / 8; ++j) {
+      const int col = wd * DW + j * 8 + 2 * tig;
+      if (lo_row) *reinterpret_cast<float2*>(os + (wkv * 16 + gid) * D + col) = make_float2(oacc[j][0], oacc[j][1]);
+      if (hi_row) {
+        *reinterpret_cast<float2*>(os + (wkv * 16 + gid + 8) * D + col) = make_float2(oacc[j][2], oacc[j][3]);
+      }
+    }
+    if (wd == 0 && tig == 0) {
+      md[(wkv * 16 + gid) * 2] = m[0];
+      md[(wkv * 16 + gid) * 2 + 1] = d0;
+      md[(wkv * 16 + gid + 8) * 2] = m[1];
+      md[(wkv * 16 + gid + 8) * 2 + 1] = d1;
+    }
+    __syncthreads();
+    const int row0 = cur->qo_tile * 16;
+    for (int u = threadIdx.x; u < 16 * kChunks; u += kThreads) {
+      const int r = u / kChunks, c = u % kChunks;
+      if (row0 + r < G) {
+        float mxr = neg_inf();
+#pragma unroll
+        for (int w = 0; w < kWarpsKV; ++w) mxr = fmaxf(mxr, md[(w * 16 + r) * 2]);
+        state::Merger<8> mg;
+        mg.init(mxr);
+#pragma unroll
+        for (int w = 0; w < kWarpsKV; ++w) {
+          float x[8];
+          load8(os + (w * 16 + r) * D + c * 8, x);
+          mg.add(mg.weight(md[(w * 16 + r) * 2]), md[(w * 16 + r) * 2 + 1], x);  // an empty warp (-inf) weighs 0
+        }
+        const float lse = mg.finish();
+        const int prow = cur->partial < 0 ? -1 : cur->partial + r;
+        store_row<O, D, kLse>(p, cur->req, cur->kv_head * G + row0 + r, prow, c * 8, mg.acc, lse, c == 0);
+      }
+    }
+    if (cur->merge >= 0) {
+      merge_split<O, D, kLse, kThreads>(p, cur->merge, cur->pieces, min(16, G - row0), cur->req,
+                                        cur->kv_head * G + row0, reinterpret_cast<int*>(md));
+    }
+  }
+};
+
+template <typename Q, typename KV, typename O, int D, int G, int kWarpsKV, int kWarpsD, int kStages, int kMinBlocks,
+          int kPos, bool kSoftCap, bool kWindow, bool kLse>
+__global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks) batch_decode_tensor_core(
+    const __grid_constant__ DecodeParams p) {
+  static_assert(is_same<Q, KV>::value, "tensor cores take q and KV of one 16-bit type");
+  static_assert(sizeof(KV) == 2, "16-bit KV");
+  using K = TensorCore<Q, KV, O, D, G, kWarpsKV, kWarpsD, kPos, kSoftCap, kLse>;
+  constexpr int T = K::T;
+  using Pipe = Pipeline<KV, D, T, kStages, K::kThreads, kWindow, G, 16>;
+  static_assert(Pipe::kStageBytes == 16LL * kWarpsKV * D * 4, "the merge scratch is exactly one KV stage");
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  Q* qs = reinterpret_cast<Q*>(smem + Pipe::kBytes);                               // [16][D], swizzled
+  float* md = reinterpret_cast<float*>(smem + Pipe::kBytes + 16 * D * sizeof(Q));  // [kWarpsKV * 16][2]
+
+  CUINFER_DECODE_GSTAMP(0);
+  CUINFER_DECODE_STAMP(1);
+  Pipe pipe;
+  pipe.start(p, smem);
+  CUINFER_DECODE_STAMP(2);
+
+  fmath::RopeFreq kf[8];
+  if constexpr (kPos == kPosRope) rope_k_freqs<D>(p, threadIdx.x % (D / 16), kf);
+
+  u32 qf[D / 16][4];
+  float oacc[K::DW / 8][4];
+  float m[2] = {neg_inf(), neg_inf()}, dsum[2] = {0.f, 0.f}, slope[2] = {0.f, 0.f};
+  int qpos = 0;
+
+  for (int n = 0;; ++n) {
+    const TileSlot<T>* cur = pipe.wait(n);
+    const int flags = cur->flags;
+    if (n == 0) CUINFER_DECODE_STAMP(3);
+    if (flags & kNull) {
+      CUINFER_DECODE_STAMP(5);
+      CUINFER_DECODE_GSTAMP(6);
+      CUINFER_DECODE_SMID(7);
+      break;
+    }
+    const int start = cur->start, n_valid = cur->n_valid;
+    pipe.advance(p, n);
+    KV* ks = pipe.k_stage(n);
+    KV* vs = pipe.v_stage(n);
+
+    if (flags & kFirst) {
+      qpos = cur->kv_len - 1;
+      K::load_q(p, cur, qs, qpos, qf);
+      if constexpr (kPos == kPosAlibi) {
+        const int h0 = cur->kv_head * G + cur->qo_tile * 16 + (threadIdx.x % 32) / 4;
+        slope[0] = alibi_slope_scaled<kSoftCap>(min(h0, p.num_qo_heads - 1), p.num_qo_heads);
+        slope[1] = alibi_slope_scaled<kSoftCap>(min(h0 + 8, p.num_qo_heads - 1), p.num_qo_heads);
+      }
+      m[0] = m[1] = neg_inf();
+      dsum[0] = dsum[1] = 0.f;
+#pragma unroll
+      for (int j = 0; j < K::DW / 8; ++j) oacc[j][0] = oacc[j][1] = oacc[j][2] = oacc[j][3] = 0.f;
+    }
+    if constexpr (kPos == kPosRope) {
+      rope_k_tile<KV, D, K::kThreads>(ks, start, n_valid, kf);
+      __syncthreads();
+    }
+    K::tile(p, ks, vs, start, n_valid, qpos, slope, qf, oacc, m, dsum);
+    pipe.finish(p, n);
+    if (flags & kLast) {
+      CUINFER_DECODE_STAMP(4);
+      K::finish_item(p, cur, ks, md, oacc, m, dsum);
+    }
+  }
+}
+
+}  // namespace decode
+}  // namespace cuinfer

@@ -1,0 +1,175 @@
+// The shared math of the batch-decode kernels (attention/decode/kernels.cuh): RoPE of q and of K tiles in shared
+// memory, the logit of one key, writing an output row (or an fp32 partial state), the in-kernel merge of split
+// requests, and the merge of a tile's per-warp (or per-slice) states.
+#pragma once
+#include "attention/decode/pipeline.cuh"
+#include "common/math.cuh"
+#include "common/mma.cuh"
+#include "common/swizzle.cuh"
+#include "common/types.cuh"
+#include "common/vec.cuh"
+#include "state/merge.cuh"
+
+namespace cuinfer {
+namespace decode {
+
+// ---- shared pieces of the math -------------------------------------------------------------------------------------
+
+template <typename T> __device__ __forceinline__ void zero_vec(Vec<T, 16 / sizeof(T)>& v) {
+  *reinterpret_cast<uint4*>(v.v) = make_uint4(0u, 0u, 0u, 0u);
+}
+
+// RoPE (rotate-half) on the K rows of a landed tile, in shared memory: row r is kv position start + r. Thread pair
+// chunk c (dims 8c..8c+7 with their partners D/2 + 8c..) is fixed per thread, so its frequencies are precomputed.
+template <typename KV, int D, int kThreads>
+__device__ __forceinline__ void rope_k_tile(KV* ks, int start, int n_valid, const fmath::RopeFreq (&f)[8]) {
+  constexpr int kChunks = D / 8;
+  constexpr int kHalf = kChunks / 2;
+  static_assert(kThreads % kHalf == 0, "threads cover whole half rows");
+  const int c = threadIdx.x % kHalf;
+  for (int r = threadIdx.x / kHalf; r < n_valid; r += kThreads / kHalf) {
+    KV* lo_p = ks + Swizzle<kChunks>::slot(r, c) * 8;
+    KV* hi_p = ks + Swizzle<kChunks>::slot(r, c + kHalf) * 8;
+    Vec<KV, 8> lo, hi;
+    lo.load(lo_p);
+    hi.load(hi_p);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      float sn, cs;
+      fmath::rope_sincos(start + r, f[i], sn, cs);
+      const float x = to_float(lo[i]), y = to_float(hi[i]);
+      lo[i] = from_float<KV>(x * cs - y * sn);
+      hi[i] = from_float<KV>(y * cs + x * sn);
+    }
+    lo.store(lo_p);
+    hi.store(hi_p);
+  }
+}
+
+template <int D>
+__device__ __forceinline__ void rope_k_freqs(const DecodeParams& p, int kThreadsHalfIdx, fmath::RopeFreq (&f)[8]) {
+  const double log2_theta = __longlong_as_double(p.rope_log2_theta_bits);
+  const double rcp_scale = __longlong_as_double(p.rope_rcp_scale_bits);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) f[i] = fmath::rope_freq(kThreadsHalfIdx * 8 + i, D, log2_theta, rcp_scale);
+}
+
+// Rotate one 8-dim chunk of q (dims 8c..8c+7) given the partner chunk (dims 8c ± D/2) at position pos.
+template <int D> __device__ __forceinline__ void rope_q_chunk(const DecodeParams& p, int c, int pos, float (&x)[8],
+                                                              const float (&partner)[8]) {
+  constexpr int kHalf = D / 16;
+  const double log2_theta = __longlong_as_double(p.rope_log2_theta_bits);
+  const double rcp_scale = __longlong_as_double(p.rope_rcp_scale_bits);
+  const bool low = c < kHalf;
+  const int pair0 = (low ? c : c - kHalf) * 8;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    float sn, cs;
+    fmath::rope_sincos(pos, fmath::rope_freq(pair0 + i, D, log2_theta, rcp_scale), sn, cs);
+    x[i] = low ? x[i] * cs - partner[i] * sn : x[i] * cs + partner[i] * sn;
+  }
+}
+
+// Final logit (base 2) of raw q·k for key position j; masked keys get -inf.
+template <bool kSoftCap, int kPos>
+__device__ __forceinline__ float logit(const DecodeParams& p, float raw, float slope, int j, int qpos, bool keep) {
+  float t = raw * p.logits_scale;
+  if constexpr (kPos == kPosAlibi) t += slope * float(j - qpos);
+  if constexpr (kSoftCap) t = p.cap_log2 * fmath::tanh(t * p.rcp_cap);
+  return keep ? t : neg_inf();
+}
+
+// ALiBi slope of a query head in the units of logit(): log2(e)-scaled unless the soft cap rescales afterwards.
+template <bool kSoftCap> __device__ __forceinline__ float alibi_slope_scaled(int head, int num_heads) {
+  return fmath::alibi_slope(head, num_heads) * (kSoftCap ? 1.f : kLog2e);
+}
+
+// Write 8 dims [dim0, dim0+8) of one output row: straight to o (and lse) for an unsplit item, or as an fp32 partial
+// row of the workspace for a split one. `x` is already normalised (v_scale is applied here); `lead` is the one thread
+// that writes the lse.
+template <typename O, int D, bool kLse>
+__device__ __forceinline__ void store_row(const DecodeParams& p, int req, int qo_head, int prow, int dim0,
+                                          const float (&x)[8], float lse, bool lead) {
+  if (prow < 0) {
+    Vec<O, 8> v;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = from_float<O>(x[i] * p.v_scale);
+    v.store_global(reinterpret_cast<O*>(p.o) + i64(req) * p.o_stride_b + i64(qo_head) * p.o_stride_h + dim0);
+    if constexpr (kLse) {
+      if (lead) reinterpret_cast<float*>(p.lse)[i64(req) * p.lse_stride_b + i64(qo_head) * p.lse_stride_h] = lse;
+    }
+  } else {
+    // v_scale is linear, so scaling each partial scales the merged row.
+    float* dst = reinterpret_cast<float*>(p.partial_o) + i64(prow) * D + dim0;
+    const float vs = p.v_scale;
+    *reinterpret_cast<float4*>(dst) = make_float4(x[0] * vs, x[1] * vs, x[2] * vs, x[3] * vs);
+    *reinterpret_cast<float4*>(dst + 4) = make_float4(x[4] * vs, x[5] * vs, x[6] * vs, x[7] * vs);
+    if (lead) reinterpret_cast<float*>(p.partial_lse)[prow] = lse;
+  }
+}
+
+// The in-kernel merge of a split (request, KV head): each piece stores its rows as fp32 partial states (store_row),
+// then counts itself in the unit's counter; the CTA that brings the count to the unit's piece count merges all
+// pieces into o / lse and resets the counter to 0 for the next launch (so a CUDA graph replays it as is). No second
+// kernel, no launch gap, and the partial rows are read while they are still in L2.
+//   Partial rows: piece j of the unit starting at row U holds its `rows` rows at U + j * rows (planner/merge.py).
+//   Memory order: every thread fences its own partial stores before the barrier that precedes the count (release);
+//   the merging CTA reads the other pieces' rows with ld.global.cg (L2, never a stale L1 line) after the count.
+// All threads call it (block-uniform arguments); `flag` is one int of shared memory.
+template <typename O, int D, bool kLse, int kThreads>
+__device__ __forceinline__ void merge_split(const DecodeParams& p, int unit, int pieces, int rows, int req, int head0,
+                                            int* flag) {
+  // One acq_rel atomic of thread 0 after the barrier, instead of a fence in every thread: the release is cumulative
+  // (it orders the block's partial stores that the barrier ordered before it) and the acquire, followed by the next
+  // barrier, orders the block's reads of the other pieces after their stores (the semaphore pattern of CUTLASS's
+  // generic barrier). Measured (dtrace, H200): the last epilogue of D1 2.36 -> 2.24 us.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* count = reinterpret_cast<int*>(p.merge_count) + unit;
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(count) : "memory");
+    const bool last = old == pieces - 1;
+    if (last) *count = 0;  // every piece has counted itself: ready for the next launch
+    *flag = last;
+  }
+  __syncthreads();
+  if (!*flag) return;
+  const float* plse = reinterpret_cast<const float*>(p.partial_lse) + unit;
+  const float* po = reinterpret_cast<const float*>(p.partial_o) + i64(unit) * D;
+  constexpr int kChunks = D / 8;
+  for (int u = threadIdx.x; u < rows * kChunks; u += kThreads) {
+    const int x = u / kChunks, c = u % kChunks;
+    float mx = neg_inf();
+    for (int j = 0; j < pieces; ++j) mx = fmaxf(mx, __ldcg(plse + j * rows + x));
+    state::Merger<8> mg;
+    mg.init(mx);
+    if (mx != neg_inf()) {
+      for (int j = 0; j < pieces; ++j) {
+        const float w = mg.weight(__ldcg(plse + j * rows + x));  // an empty piece (-inf) weighs 0
+        const float4* src = reinterpret_cast<const float4*>(po + i64(j * rows + x) * D + c * 8);
+        const float4 lo = __ldcg(src), hi = __ldcg(src + 1);
+        const float xs[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        mg.add(w, 1.f, xs);
+      }
+    }
+    const float lse = mg.finish();
+    Vec<O, 8> v;  // (the partials already carry v_scale)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = from_float<O>(mg.acc[i]);
+    const int head = head0 + x;
+    v.store_global(reinterpret_cast<O*>(p.o) + i64(req) * p.o_stride_b + i64(head) * p.o_stride_h + c * 8);
+    if constexpr (kLse) {
+      if (c == 0) reinterpret_cast<float*>(p.lse)[i64(req) * p.lse_stride_b + i64(head) * p.lse_stride_h] = lse;
+    }
+  }
+}
+
+// 8 fp32 values from 16-byte aligned p (shared memory or an L1-cached global row).
+__device__ __forceinline__ void load8(const float* p, float (&x)[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(p);
+  const float4 b = *reinterpret_cast<const float4*>(p + 4);
+  x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+
+}  // namespace decode
+}  // namespace cuinfer

@@ -1,0 +1,384 @@
+// FA2-class batch prefill: one persistent kernel template for ragged and paged KV, on mma.sync tensor cores (sm_80+),
+// assembled from its pieces: the CTA layout (cta.cuh), the copies (loader.cuh, through the KV format of kv/), the
+// math of a tile (mainloop.cuh, through the attention variant of variants/) and the epilogues (epilogue.cuh). The plan
+// is read through plan/work.cuh.
+//
+// Work: CTA c runs its items of the plan, then items of the shared tail taken one at a time (plan/work.cuh). An item
+// is one query tile (TILE_Q packed rows, packed row = token * g + head_in_group) of one request for one KV head, over
+// the KV token range [kv_start, kv_end) already clipped by the variant's key ranges. Unsplit items (partial < 0) write
+// o and lse straight to the outputs; split items write fp32 partial states for the merge kernel.
+//
+// CTA = WARPS_Q x WARPS_KV warps. With WARPS_KV > 1 (small query tiles) each warp keeps its own softmax state and the
+// states merge in the epilogue. GROUPS = 2 (paired blocks, cross-item tiles): a block holds two such CTAs of the plan,
+// side by side (cta.cuh); the policy pairs the ragged 128-row tiles (cuinfer/prefill/policy.py, block_groups).
+//
+// Pipeline (STAGES >= 2 buffers each for K and V, cp.async groups in issue order Q+K0, V0, K1, V1, ...):
+//   iteration it:  wait K[it]; barrier; issue K[it+STAGES-1] into the buffer of K[it-1]; S = Q K[it]^T; softmax;
+//                  wait V[it]; barrier; issue V[it+STAGES-1] into the buffer of V[it-1]; O += P V[it]
+// The barrier after each wait is also the one that proves every warp is done with the buffer being refilled (it was
+// read in iteration it-1), so there are two barriers per tile and the loads run STAGES-1 tiles ahead.
+//
+// Paged KV: each thread finds the address of its rows of a tile by page-table lookup when it issues the K copy, keeps
+// the 64-bit offsets in a thread-private smem slot, and reuses them for the V copy of the same tile (K and V caches
+// share strides).
+//
+// Across items (WARPS_KV == 1, every long-prefill tile): a CTA runs many short items (P3: ~18 per CTA), and an item
+// that starts cold waits for its metadata (two dependent global reads), then for Q and its first K tile from DRAM, and
+// ends with an epilogue of three barriers: several microseconds per item with the tensor cores of this CTA idle. So
+//   * the facts of the next 16 items are resolved at once into an smem table (one item per thread, one wait);
+//   * the epilogue stores o from the registers without a barrier (epilogue.cuh);
+//   * each warp then issues its share of the NEXT item's Q and first K/V tile (Q and that buffer are free once every
+//     warp has passed the last iteration's barriers), which land while the other CTA of the SM computes; paged: the
+//     page numbers of that tile are read where the loop would read those of the tile past the item's end.
+// The K/V buffer index runs on across items: the next item's first tile goes into the buffer after the last one.
+#pragma once
+#include "attention/prefill_sm80/cta.cuh"
+#include "attention/prefill_sm80/epilogue.cuh"
+#include "attention/prefill_sm80/loader.cuh"
+#include "attention/prefill_sm80/mainloop.cuh"
+#include "attention/prefill_sm80/traits.cuh"
+#include "common/cp_async.cuh"
+#include "common/ldst.cuh"
+#include "debug/trace.cuh"
+#include "plan/work.cuh"
+
+namespace cuinfer {
+namespace prefill {
+
+// The facts of the item being run.
+struct ItemFacts {
+  int b, row0, kvh, kv_start, kv_end, qo_base, qo_len, kv_base, kv_len;
+};
+
+// Cross-item: resolve the facts of the next kTableItems items (from `item`), one per thread: two dependent reads,
+// paid once per table.
+template <class C, class P>
+__device__ __forceinline__ void fill_table(const P& p, const Cta<C>& c, int item, int item_end) {
+  using KV = typename C::KV;
+  c.sync();  // every warp is done with the previous entries (epilogue)
+  if (c.tid < min(C::kTableItems, item_end - item)) {
+    const int it = item + c.tid;
+    int* e = c.table + c.tid * C::kTableFields;
+    const plan::ItemRef ref = plan::item_ref(p, it);
+    const int eb = plan::req(p, ref.entry);
+    const int* qo_indptr = static_cast<const int*>(p.qo_indptr);
+    const int qb = qo_indptr[eb], kb = static_cast<const int*>(p.kv_indptr)[eb];
+    const int len = KV::len(p, eb, kb);
+    e[kFReq] = eb;
+    e[kFRow0] = plan::qo_tile(p, ref.entry) * C::kTileQ;
+    e[kFKvHead] = ref.kv_head;
+    e[kFKvStart] = plan::kv_start(p, ref.entry);
+    e[kFKvEnd] = plan::kv_end(p, ref.entry);
+    e[kFPartial] = ref.partial;
+    e[kFQoBase] = qb;
+    e[kFQoLen] = qo_indptr[eb + 1] - qb;
+    e[kFKvBase] = kb;
+    e[kFKvLen] = len;
+  }
+  c.sync();
+}
+
+// The facts of `item` (table slot `slot` on the cross-item path, which fills the table at slot 0).
+template <class C, class P>
+__device__ __forceinline__ ItemFacts resolve_item(const P& p, const Cta<C>& c, int item, int slot, int item_end) {
+  ItemFacts f;
+  if constexpr (C::kCrossItem) {
+    if (slot == 0) fill_table<C>(p, c, item, item_end);
+    const int* e = c.table + slot * C::kTableFields;
+    f.b = e[kFReq], f.row0 = e[kFRow0], f.kvh = e[kFKvHead];
+    f.kv_start = e[kFKvStart], f.kv_end = e[kFKvEnd];
+    f.qo_base = e[kFQoBase], f.qo_len = e[kFQoLen];
+    f.kv_base = e[kFKvBase], f.kv_len = e[kFKvLen];
+  } else {
+    const plan::ItemRef ref = plan::item_ref(p, item);
+    const int* qo_indptr = static_cast<const int*>(p.qo_indptr);
+    f.b = plan::req(p, ref.entry);
+    f.row0 = plan::qo_tile(p, ref.entry) * C::kTileQ;
+    f.kvh = ref.kv_head;
+    f.kv_start = plan::kv_start(p, ref.entry);
+    f.kv_end = plan::kv_end(p, ref.entry);
+    f.qo_base = qo_indptr[f.b];
+    f.qo_len = qo_indptr[f.b + 1] - f.qo_base;
+    f.kv_base = static_cast<const int*>(p.kv_indptr)[f.b];  // ragged: first kv row; paged: first page-table entry
+    f.kv_len = C::KV::len(p, f.b, f.kv_base);
+  }
+  return f;
+}
+
+// Q + tile 0 (already issued by the previous item on the cross-item path, except at the start of a table), then
+// tiles 1 .. STAGES-2, into the buffers after `stage`. Groups: Q+K0, V0, K1, V1, ...
+template <class C, class P>
+__device__ __forceinline__ void prologue(const Loader<C, P>& ld, const ItemFacts& f, int valid_rows, int stage,
+                                         bool first_tile, int (&pages)[C::kKVRowsPerThread]) {
+  if (first_tile) {
+    ld.load_q(f.row0, valid_rows, f.qo_base, f.kvh);
+    if (f.kv_start < f.kv_end) {
+      if constexpr (C::kPaged) ld.read_pages(f.kv_start, f.kv_base, f.kv_end, pages);
+      ld.load_k(f.kv_start, stage, f.kv_base, f.kvh, f.kv_end, pages);
+    }
+    cp_async_commit();
+    if (f.kv_start < f.kv_end) {
+      i64 offs[C::kKVRowsPerThread];
+      ld.own_offsets(offs);
+      ld.load_v(f.kv_start, stage, f.kv_base, f.kvh, f.kv_end, offs);
+    }
+    cp_async_commit();
+  }
+#pragma unroll
+  for (int s = 1; s < C::kStages - 1; ++s) {
+    const int st = stage + s >= C::kStages ? stage + s - C::kStages : stage + s;
+    const int key0 = f.kv_start + s * C::kTileKV;
+    if (key0 < f.kv_end) {
+      if constexpr (C::kPaged) ld.read_pages(key0, f.kv_base, f.kv_end, pages);
+      ld.load_k(key0, st, f.kv_base, f.kvh, f.kv_end, pages);
+    }
+    cp_async_commit();
+    if (key0 < f.kv_end) {
+      i64 offs[C::kKVRowsPerThread];
+      ld.own_offsets(offs);
+      ld.load_v(key0, st, f.kv_base, f.kvh, f.kv_end, offs);
+    }
+    cp_async_commit();
+  }
+}
+
+// Warp-uniform bounds (WarpField): "does this tile need a mask at all" and "is it fully masked for this warp", from
+// the variant's key ranges of the warp's first and last query token. Kept in smem (read once per tile after the
+// barrier) rather than in registers; the loop reads them before its first barrier.
+template <class C, class P>
+__device__ __forceinline__ void write_warp_bounds(const P& p, const Cta<C>& c, const ItemFacts& f, int packed_rows,
+                                                  int q_shift) {
+  using V = typename C::Variant;
+  const int warp_first = f.row0 + c.warp_row0;
+  const int warp_last = min(warp_first + C::kMmaQ * 16, packed_rows) - 1;
+  const int tok_first = static_cast<int>(fast_div(static_cast<u32>(warp_first), p.group_mul, p.group_shift));
+  const int tok_last = static_cast<int>(fast_div(static_cast<u32>(max(warp_last, 0)), p.group_mul, p.group_shift));
+  int* wb = c.warp_ints();
+  if (c.lane == 0) {
+    int lo_first = variant::kNoLowerBound, hi_first = f.kv_end, lo_last = variant::kNoLowerBound, hi_last = f.kv_end;
+    V::key_range(p, tok_first + q_shift, lo_first, hi_first);
+    V::key_range(p, tok_last + q_shift, lo_last, hi_last);
+    wb[kWKvBase] = f.kv_base, wb[kWKvHead] = f.kvh;
+    wb[kWUpper] = hi_first;
+    wb[kWSkip] = warp_first >= packed_rows ? -2147483647 : hi_last;
+    wb[kWLower] = lo_last;
+    wb[kWBelow] = lo_first;
+  }
+  __syncwarp();
+}
+
+// S, the variant and the softmax of one tile for this warp -> P as 16-bit A fragments (packed before the V copy is
+// issued: half the registers).
+template <class C, class P>
+__device__ __forceinline__ void tile_scores(const P& p, const Cta<C>& c, int stage, int wkey0, int kv_end, int wb0,
+                                            int wb1, int wb2, u32 (&pa)[C::kMmaQ][C::kMmaKV][4],
+                                            float (&o)[C::kMmaQ][C::kHeadDimVO / 8][4], float (&row_max)[C::kMmaQ][2],
+                                            float (&row_sum)[C::kMmaQ][2], float x_scale) {
+  using V = typename C::Variant;
+  constexpr int MMA_Q = C::kMmaQ, MMA_KV = C::kMmaKV;
+  const bool need_mask = V::kMask || wkey0 + MMA_KV * 16 > wb0 || (V::kLowerBound && wkey0 < wb2);
+  // 16-key slices holding a key that some row of this warp may see (wb1 > wkey0 here: >= 1)
+  const int live = min(MMA_KV, (wb1 - wkey0 + 15) >> 4);
+  float s[MMA_Q][2 * MMA_KV][4];
+  bool fast = false;  // max-free (softmax_max_free): every row of the warp has a finite reference max
+  if constexpr (kMaxFree) {
+    fast = true;
+#pragma unroll
+    for (int mq = 0; mq < MMA_Q; ++mq) fast = fast && row_max[mq][0] != neg_inf() && row_max[mq][1] != neg_inf();
+    fast = __all_sync(0xffffffffu, fast);
+  }
+#pragma unroll 1
+  while (true) {
+#pragma unroll
+    for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+      for (int j = 0; j < 2 * MMA_KV; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mq][j][e] = 0.f;
+      }
+    }
+    const u32 k_stage = c.k_lane + stage * C::kKBytes;
+    if (live < MMA_KV) {
+      qk_tile<C, true>(s, c.q_lane, k_stage, live);
+    } else {
+      qk_tile<C, false>(s, c.q_lane, k_stage, live);
+    }
+    if (V::kLogits || need_mask) logits_and_mask<C>(p, c, s, wkey0, kv_end, need_mask);
+    if (kMaxFree && fast) {
+      if (softmax_max_free<C>(s, row_max, row_sum, x_scale)) break;
+      fast = false;  // recompute this tile on the exact path
+      continue;
+    }
+    softmax_exact<C>(s, o, row_max, row_sum, x_scale);
+    break;
+  }
+#pragma unroll
+  for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+    for (int kk = 0; kk < MMA_KV; ++kk) {
+      mma::frag_c_to_a<typename C::DTypeKV>(pa[mq][kk], s[mq][2 * kk], s[mq][2 * kk + 1]);
+    }
+  }
+}
+
+// The KV tiles of one item, by first key (key0) and buffer (stage, which runs on across items); the tile STAGES-1
+// ahead starts at `ahead`.
+template <class C, class P>
+__device__ __forceinline__ void kv_loop(const P& p, const Cta<C>& c, const Loader<C, P>& ld, int kv_start, int kv_end,
+                                        int& stage, int (&pages)[C::kKVRowsPerThread],
+                                        float (&o)[C::kMmaQ][C::kHeadDimVO / 8][4], float (&row_max)[C::kMmaQ][2],
+                                        float (&row_sum)[C::kMmaQ][2], float x_scale) {
+  using V = typename C::Variant;
+  constexpr int STAGES = C::kStages, TILE_KV = C::kTileKV, MMA_KV = C::kMmaKV;
+  for (int key0 = kv_start; key0 < kv_end; key0 += TILE_KV) {
+    const int ahead = key0 + (STAGES - 1) * TILE_KV;
+    const int wkey0 = key0 + c.warp_col0;  // first key of this warp's slice
+    // This warp's bounds, read before the barrier: the read then overlaps the wait (read after the copies below, it
+    // also waited for their address registers, which ptxas reused for it).
+    const int* wb = c.warp_ints();
+    const int wb0 = wb[kWUpper], wb1 = wb[kWSkip], cp_base = wb[kWKvBase], cp_head = wb[kWKvHead];
+    const int wb2 = V::kLowerBound ? wb[kWLower] : 0, wb3 = V::kLowerBound ? wb[kWBelow] : 0;
+    cp_async_wait<2 * STAGES - 3>();
+    c.sync();
+    if (key0 == kv_start) CUINFER_PREFILL_TRACE_STAMP(2);
+    const int st = stage == 0 ? STAGES - 1 : stage - 1;  // buffer of the previous tile == of the tile ahead
+    if (ahead < kv_end) ld.load_k(ahead, st, cp_base, cp_head, kv_end, pages);
+    cp_async_commit();
+    // Fully masked for this warp (all keys past every row's limit, or before every row's lower bound): skip the math.
+    const bool skip = wkey0 >= wb1 || (V::kLowerBound && wkey0 + MMA_KV * 16 <= wb3);
+    u32 pa[C::kMmaQ][MMA_KV][4];
+    if (!skip) tile_scores<C>(p, c, stage, wkey0, kv_end, wb0, wb1, wb2, pa, o, row_max, row_sum, x_scale);
+    {
+      const int* wv = c.warp_ints();  // (read before the barrier, as above)
+      const int v_base = wv[kWKvBase], v_head = wv[kWKvHead];
+      i64 v_offs[C::kKVRowsPerThread];
+      ld.own_offsets(v_offs);
+      cp_async_wait<2 * STAGES - 3>();
+      c.sync();
+      if (ahead < kv_end) ld.load_v(ahead, st, v_base, v_head, kv_end, v_offs);
+      cp_async_commit();
+      if constexpr (C::kPaged) {
+        if (ahead + TILE_KV < kv_end) {
+          ld.read_pages(ahead + TILE_KV, v_base, kv_end, pages);
+        } else if (C::kCrossItem && ahead < kv_end && c.info[kINextSlot]) {
+          // The first tile past the end (not the last iteration: thread 0 is still in this item): the next item's
+          // first tile, copied after the epilogue.
+          ld.read_first_pages(c.info[kINextSlot], pages);
+        }
+      }
+    }
+    if (!skip) {
+      const u32 v_stage = c.v_lane + stage * C::kVBytes;
+      // (recomputed rather than kept across the barrier; only this warp writes its bounds)
+      const int live = min(MMA_KV, (c.warp_ints()[kWSkip] - wkey0 + 15) >> 4);
+      if (live < MMA_KV) {
+        pv_tile<C, true>(o, pa, v_stage, live);
+      } else {
+        pv_tile<C, false>(o, pa, v_stage, live);
+      }
+    }
+    stage = stage + 1 == STAGES ? 0 : stage + 1;
+  }
+}
+
+// One item: its facts, the prologue, the KV tiles and the epilogue.
+template <class C, class P>
+__device__ __forceinline__ void run_item(const P& p, const Cta<C>& c, const Loader<C, P>& ld, int item, int& stage) {
+  constexpr bool XI = C::kCrossItem;
+  constexpr int MMA_Q = C::kMmaQ, DVO = C::kHeadDimVO;
+  CUINFER_PREFILL_TRACE_BEGIN(C, c.tid, c.wg);
+  // cross-item: the item's table slot (items of a CTA fill the table kTableItems at a time)
+  const int slot = XI ? (item - lds_volatile(c.sched())) % C::kTableItems : 0;
+  int item_end = 0;  // (cross-item only: the end of the range)
+  if constexpr (XI) item_end = lds_volatile(c.sched() + 1);
+  const ItemFacts f = resolve_item<C>(p, c, item, slot, item_end);
+  // cross-item: the next item is in the table, and this one starts it
+  const bool has_next = XI && slot + 1 < C::kTableItems && item + 1 < item_end;
+  const int packed_rows = f.qo_len * p.group_size;
+  const int valid_rows = min(C::kTileQ, packed_rows - f.row0);
+  const int q_shift = f.kv_len - f.qo_len;  // query token i sits at kv position i + q_shift
+  if (c.tid == 0) {
+    int* info = c.info;
+    info[kIKvBase] = f.kv_base, info[kIKvHead] = f.kvh, info[kIQShift] = q_shift, info[kIKvLen] = f.kv_len;
+    info[kIRow0] = f.row0, info[kIReq] = f.b;
+    // cross-item: the next item's table slot, 0 when this item does not start it (slot 0 starts itself)
+    info[kINextSlot] = has_next ? slot + 1 : 0;
+  }
+  int pages[C::kKVRowsPerThread];
+  prologue<C>(ld, f, valid_rows, stage, !XI || slot == 0, pages);
+  write_warp_bounds<C>(p, c, f, packed_rows, q_shift);
+
+  float o[MMA_Q][DVO / 8][4];
+  float row_max[MMA_Q][2];  // reference max of the transformed logits x (base-2 logit = x * x_scale)
+  float row_sum[MMA_Q][2];  // this thread's partial of sum 2^(x * x_scale - m * x_scale)
+#pragma unroll
+  for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+    for (int j = 0; j < DVO / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mq][j][e] = 0.f;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_max[mq][h] = neg_inf();
+      row_sum[mq][h] = 0.f;
+    }
+  }
+  // x = q.k (scaled at the exp) in the plain case; with a logits transform x is the final natural logit.
+  const float x_scale = C::Variant::kLogits ? kLog2e : p.sm_scale_log2;
+  if constexpr (C::kPaged) {
+    // Pages of tile STAGES-1, which the first iteration copies; past the item's end (cross-item), those of the next
+    // item's first tile instead, which the copies after its epilogue (pages[] is not touched in between).
+    if (f.kv_start + (C::kStages - 1) * C::kTileKV < f.kv_end) {
+      ld.read_pages(f.kv_start + (C::kStages - 1) * C::kTileKV, f.kv_base, f.kv_end, pages);
+    } else if (XI && has_next) {
+      ld.read_first_pages(slot + 1, pages);
+    }
+  }
+  CUINFER_PREFILL_TRACE_STAMP(1);
+  kv_loop<C>(p, c, ld, f.kv_start, f.kv_end, stage, pages, o, row_max, row_sum, x_scale);
+  CUINFER_PREFILL_TRACE_STAMP(3);
+  if constexpr (XI) {
+    const int e_slot = (item - lds_volatile(c.sched())) % C::kTableItems;
+    epilogue_cross_item<C>(p, c, ld, item, e_slot, stage, pages, o, row_max, row_sum, x_scale);
+  } else {
+    epilogue_merge_warps<C>(p, c, item, o, row_max, row_sum, x_scale);
+  }
+  CUINFER_PREFILL_TRACE_END(C, c.tid, c.wg, c.cta, item, p);
+}
+
+}  // namespace prefill
+
+template <class C>
+__global__ void __launch_bounds__(C::kBlockThreads) batch_prefill(const __grid_constant__ PrefillParams p) {
+  extern __shared__ __align__(128) unsigned char smem_block[];
+  prefill::Cta<C> c;
+  c.init(smem_block);
+  const prefill::Loader<C, PrefillParams> ld{p, c};
+  // Work ranges: this CTA's own list, then items of the plan's shared tail (the pool) taken one at a time until it
+  // runs dry, so the CTAs that run fast finish the work of those that run slow (docs/internals.md, "Dynamic tail").
+  int* sched = c.sched();
+  if (c.tid == 0) {
+    sched[0] = plan::range_begin(p, c.cta), sched[1] = plan::range_end(p, c.cta);
+    sched[2] = plan::range_begin(p, c.num_ctas), sched[3] = plan::range_end(p, c.num_ctas);
+  }
+  c.sync();
+  int stage = 0;  // buffer of the next KV tile; runs on across items (the next item's first tile follows the last)
+  for (;;) {
+    for (int item = lds_volatile(sched); item < lds_volatile(sched + 1); ++item) {
+      prefill::run_item<C>(p, c, ld, item, stage);
+    }
+    // Range done: take the next pool item (an empty range once the pool is dry, or when there is none).
+    c.sync();  // every thread has read the old range
+    if (c.tid == 0) {
+      const int lo = sched[2], hi = sched[3];
+      const int it = plan::take_pool_item(static_cast<int*>(p.pool_count), lo, hi);
+      sched[0] = it, sched[1] = it < hi ? it + 1 : it;
+    }
+    c.sync();
+    if (sched[0] >= sched[1]) break;
+  }
+  if (c.tid == 0 && sched[2] < sched[3]) plan::leave_pool(static_cast<int*>(p.pool_count), c.num_ctas);
+}
+
+}  // namespace cuinfer

@@ -1,0 +1,226 @@
+// The math of one KV tile of the FA2-class prefill kernel, on mma.sync tensor cores (sm_80+):
+//
+//   S = Q·K^T (ldmatrix Q and K from swizzled smem, mma m16n8k16, fp32)  ->  the variant's logits transform and mask
+//   (masks only on boundary tiles, unless the variant masks everywhere)  ->  online softmax in base 2 (exp2, lazy
+//   reference max m, per-thread partial row sums d)  ->  O += P·V (P from the S registers, V by ldmatrix.trans).
+//
+// Warp (wq, wkv) owns MMA_Q m16 row blocks (rows wq*16*MMA_Q ...) of the query tile and MMA_KV 16-key slices (keys
+// wkv*16*MMA_KV ...) of every KV tile. Causal boundary tiles: 16-key slices masked for every row of a warp skip their
+// Q·K^T and P·V MMAs (with 4 heads packed per token a 128-row tile spans 32 tokens, so half of a 64-key boundary tile
+// is typically dead).
+#pragma once
+#include "attention/prefill_sm80/cta.cuh"
+#include "common/math.cuh"
+#include "common/mma.cuh"
+#include "common/swizzle.cuh"
+#include "variants/contract.cuh"
+
+namespace cuinfer {
+namespace prefill {
+
+// 2^x, 1 / d and log2(d) take the MUFU forms of common/math.cuh (fmath::ex2, rcp, lg2). exp2f and log2f without
+// fast-math add denormal-range fix-ups and a ~25-instruction polynomial, and 1.f / d a Newton step with a slow-path call
+// (~2 us per item in the epilogue). None is needed here: probabilities below 2^-126 flush to 0, far under the 16-bit
+// output resolution, and d >= 1 whenever a row has a key (its largest p is 2^(x_max - m) with the reference m one of
+// the row's logits).
+
+// How far (base-2 units) a row's max may climb above the softmax's reference max before o is rescaled (see
+// softmax_exact). 0 would be an exact running max.
+constexpr float kRescaleSlack = 8.f;
+// Max-free tiles (see tile_scores): a per-thread sum of one row's p over a tile above this sends the tile to the
+// exact path. 2^12 keeps every p far inside fp16 (65504) with room for o and d. sm_90+ only: ptxas for sm_80 spills
+// the 128 x 64 tile with it (12 bytes).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr bool kMaxFree = false;
+#else
+constexpr bool kMaxFree = true;
+#endif
+constexpr float kMaxFreeSum = 4096.f;
+
+// S (+)= Q K^T for one KV tile: MMA_Q row blocks x MMA_KV 16-key slices of this warp. GUARD: slices >= `live` hold
+// only keys masked in every row of the warp (causal boundary tile) and are skipped; their scores stay 0 and the
+// mask turns them into -inf.
+template <class C, bool GUARD>
+__device__ __forceinline__ void qk_tile(float (&s)[C::kMmaQ][2 * C::kMmaKV][4], u32 q_lane, u32 k_stage, int live) {
+  using T = typename C::DTypeKV;
+  using LdQK = LdmatrixAddr<C::kChunksQK>;
+#pragma unroll
+  for (int kk = 0; kk < C::kHeadDimQK / 16; ++kk) {
+    u32 a[C::kMmaQ][4];
+#pragma unroll
+    for (int mq = 0; mq < C::kMmaQ; ++mq) mma::ldmatrix_x4(a[mq], LdQK::at(q_lane, kk, mq * 16));
+#pragma unroll
+    for (int nn = 0; nn < C::kMmaKV; ++nn) {
+      if (!GUARD || nn < live) {
+        u32 bk[4];
+        mma::ldmatrix_x4(bk, LdQK::at(k_stage, kk, nn * 16));
+#pragma unroll
+        for (int mq = 0; mq < C::kMmaQ; ++mq) mma::mma_m16n16k16<T>(s[mq][2 * nn], s[mq][2 * nn + 1], a[mq], bk);
+      }
+    }
+  }
+}
+
+// O += P V for one KV tile; GUARD: slices >= `live` have P = 0 exactly (masked) and are skipped.
+template <class C, bool GUARD>
+__device__ __forceinline__ void pv_tile(float (&o)[C::kMmaQ][C::kHeadDimVO / 8][4],
+                                        const u32 (&pa)[C::kMmaQ][C::kMmaKV][4], u32 v_stage, int live) {
+  using T = typename C::DTypeKV;
+  using LdVO = LdmatrixAddr<C::kChunksVO>;
+#pragma unroll
+  for (int kk = 0; kk < C::kMmaKV; ++kk) {
+    if (!GUARD || kk < live) {
+#pragma unroll
+      for (int dn = 0; dn < C::kHeadDimVO / 16; ++dn) {
+        u32 bv[4];
+        mma::ldmatrix_x4_trans(bv, LdVO::at(v_stage, dn, kk * 16));
+#pragma unroll
+        for (int mq = 0; mq < C::kMmaQ; ++mq) mma::mma_m16n16k16<T>(o[mq][2 * dn], o[mq][2 * dn + 1], pa[mq][kk], bv);
+      }
+    }
+  }
+}
+
+// p = 2^(x * x_scale - base) in place for the elements of row half h of one S row block this thread holds, added in
+// order to `sum` (returned): the exponentials of both softmax paths.
+template <int MMA_KV>
+__device__ __forceinline__ float exp2_row(float (&s)[2 * MMA_KV][4], int h, float x_scale, float base, float sum) {
+#pragma unroll
+  for (int j = 0; j < 2 * MMA_KV; ++j) {
+#pragma unroll
+    for (int e = 2 * h; e < 2 * h + 2; ++e) {
+      const float pe = fmath::ex2(fmaf(s[j][e], x_scale, -base));
+      s[j][e] = pe;
+      sum += pe;
+    }
+  }
+  return sum;
+}
+
+// The variant's logits transform and the tile's masks on this warp's S: the element of row (mq, h) and n8 tile j,
+// component e, is the logit of packed row row0 + warp_row0 + lane/4 + 16 mq + 8 h and key wkey0 + 8 j + 2 (lane % 4)
+// + e % 2. Keys outside the row's key range [lo, hi) (the variant's key_range clipped to the item's kv_end) and keys
+// the variant's mask drops become -inf.
+template <class C, class P>
+__device__ __forceinline__ void logits_and_mask(const P& p, const Cta<C>& c, float (&s)[C::kMmaQ][2 * C::kMmaKV][4],
+                                                int wkey0, int kv_end, bool need_mask) {
+  using V = typename C::Variant;
+  const int g = p.group_size;
+  const int q_shift = c.info[kIQShift];
+  // Packed row of this thread's element (mq = 0, h = 0); rows + 16 mq + 8 h hold elements 2h, 2h+1.
+  const int thread_row0 = c.info[kIRow0] + c.warp_row0 + c.lane / 4;
+#pragma unroll
+  for (int mq = 0; mq < C::kMmaQ; ++mq) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int pr = thread_row0 + mq * 16 + 8 * h;
+      variant::Index ix;
+      ix.qo_idx = static_cast<int>(fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
+      ix.qpos = ix.qo_idx + q_shift;  // kv position of this query row
+      ix.kv_head = c.info[kIKvHead];
+      ix.qo_head = ix.kv_head * g + (pr - ix.qo_idx * g);
+      ix.batch = c.info[kIReq];
+      ix.kv_len = c.info[kIKvLen];
+      int lo = variant::kNoLowerBound, hi = kv_end;  // keys < lo and >= hi are masked
+      V::key_range(p, ix.qpos, lo, hi);
+      typename V::Row vrow;
+      if constexpr (V::kLogits || V::kMask) vrow = V::row(p, ix);
+#pragma unroll
+      for (int j = 0; j < 2 * C::kMmaKV; ++j) {
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+          const int key = wkey0 + j * 8 + 2 * (c.lane % 4) + (e % 2);
+          float x = s[mq][j][e];
+          if constexpr (V::kLogits) x = V::logits(p, vrow, ix, key, x * p.sm_scale);
+          if (need_mask) {
+            bool keep = key < hi;
+            if constexpr (V::kLowerBound) keep = keep && key >= lo;
+            if constexpr (V::kMask) {
+              if (keep) keep = V::mask(p, vrow, ix, key);
+            }
+            x = keep ? x : neg_inf();
+          }
+          s[mq][j][e] = x;
+        }
+      }
+    }
+  }
+}
+
+// Max-free tile: every row of the warp has a finite reference max m, so p = 2^(x - m) is taken directly (no row max:
+// 16 compares and 2 shuffles per row and thread, and their latency before the first exp2) and the per-thread row sums
+// are checked instead. A sum <= kMaxFreeSum bounds every p in it (p >= 0), so o, d and the P fragments stay in range
+// with the old m. Returns false (nothing updated) when some max climbed far above m: the caller recomputes the tile
+// on the exact path, which rescales. With the first tiles setting m near the rows' final max, that almost never happens.
+template <class C>
+__device__ __forceinline__ bool softmax_max_free(float (&s)[C::kMmaQ][2 * C::kMmaKV][4],
+                                                 const float (&row_max)[C::kMmaQ][2], float (&row_sum)[C::kMmaQ][2],
+                                                 float x_scale) {
+  float tile_sum[C::kMmaQ][2];
+  bool bad = false;
+#pragma unroll
+  for (int mq = 0; mq < C::kMmaQ; ++mq) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float sum = exp2_row<C::kMmaKV>(s[mq], h, x_scale, row_max[mq][h] * x_scale, 0.f);
+      tile_sum[mq][h] = sum;
+      bad |= !(sum <= kMaxFreeSum);
+    }
+  }
+  if (__any_sync(0xffffffffu, bad)) return false;
+#pragma unroll
+  for (int mq = 0; mq < C::kMmaQ; ++mq) {
+    row_sum[mq][0] += tile_sum[mq][0];
+    row_sum[mq][1] += tile_sum[mq][1];
+  }
+  return true;
+}
+
+// Online softmax (base 2) with a lazy reference max: row_max is the reference m of the exponentials, not necessarily
+// the true running max: it moves only when a tile's max exceeds it by more than kRescaleSlack base-2 units, so
+// p = 2^(x - m) stays <= 2^kRescaleSlack (256: exact in fp32 and in the bf16 / fp16 P fragments) while o, the row sum
+// and the lse all use the same m, which is all the result needs. Past the first tiles the max rarely climbs that far,
+// so the O rescale (d/2 multiplies per row block and an exp2 per row, between S and P.V) is skipped for the whole warp
+// on almost every tile; with an exact running max it ran on most tiles of a causal prefill.
+template <class C>
+__device__ __forceinline__ void softmax_exact(float (&s)[C::kMmaQ][2 * C::kMmaKV][4],
+                                              float (&o)[C::kMmaQ][C::kHeadDimVO / 8][4],
+                                              float (&row_max)[C::kMmaQ][2], float (&row_sum)[C::kMmaQ][2],
+                                              float x_scale) {
+  float alpha[C::kMmaQ][2];
+  bool moved = false;
+#pragma unroll
+  for (int mq = 0; mq < C::kMmaQ; ++mq) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_old = row_max[mq][h];
+      float mx = m_old;
+#pragma unroll
+      for (int j = 0; j < 2 * C::kMmaKV; ++j) mx = fmaxf(mx, fmaxf(s[mq][j][2 * h], s[mq][j][2 * h + 1]));
+      mx = mma::quad_max(mx);
+      // mx >= m_old. A row's first finite max always moves it (inf > slack); a row with no key yet keeps
+      // m = -inf (-inf - -inf is NaN: not moved) and 0 as the exponent base, so exp2 never sees -inf - -inf.
+      const bool row_moved = (mx - m_old) * x_scale > kRescaleSlack;
+      const float m_new = row_moved ? mx : m_old;
+      const float base = m_new == neg_inf() ? 0.f : m_new * x_scale;
+      // (A row moving off -inf has o = 0, nothing to rescale: the first tile of an item skips the rescale too.)
+      moved |= row_moved && m_old != neg_inf();
+      alpha[mq][h] = row_moved ? fmath::ex2(m_old * x_scale - base) : 1.f;
+      row_max[mq][h] = m_new;
+      row_sum[mq][h] = exp2_row<C::kMmaKV>(s[mq], h, x_scale, base, row_sum[mq][h] * alpha[mq][h]);
+    }
+  }
+  if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+    for (int mq = 0; mq < C::kMmaQ; ++mq) {
+#pragma unroll
+      for (int j = 0; j < C::kHeadDimVO / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[mq][j][e] *= alpha[mq][e / 2];
+      }
+    }
+  }
+}
+
+}  // namespace prefill
+}  // namespace cuinfer

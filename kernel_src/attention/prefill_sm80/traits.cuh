@@ -1,0 +1,98 @@
+// Compile-time configuration of one FA2-class prefill specialisation (cuinfer/prefill/policy.py picks it) and the
+// shared-memory map of one CTA of the plan.
+#pragma once
+#include "common/types.cuh"
+#include "kv/paged.cuh"
+#include "kv/ragged.cuh"
+#include "variants/builtins.cuh"
+
+namespace cuinfer {
+
+template <bool B, class T, class F> struct Select {
+  using type = T;
+};
+template <class T, class F> struct Select<false, T, F> {
+  using type = F;
+};
+
+template <typename DTypeKV_, typename DTypeO_, int HEAD_DIM_QK_, int HEAD_DIM_VO_, int TILE_Q_, int WARPS_Q_,
+          int WARPS_KV_, int MMA_KV_, int STAGES_, bool PAGED_, int MASK_, bool SOFT_CAP_, bool ALIBI_, int GROUPS_>
+struct PrefillTraits {
+  using DTypeQ = DTypeKV_;  // q, k and v share one 16-bit type (fp16 or bf16)
+  using DTypeKV = DTypeKV_;
+  using DTypeO = DTypeO_;
+  using Variant = variant::FromFlags<MASK_, SOFT_CAP_, ALIBI_>;
+  using KV = typename Select<PAGED_, kv::Paged, kv::Ragged>::type;
+  static constexpr int kHeadDimQK = HEAD_DIM_QK_;
+  static constexpr int kHeadDimVO = HEAD_DIM_VO_;
+  static constexpr int kTileQ = TILE_Q_;
+  static constexpr int kWarpsQ = WARPS_Q_;
+  static constexpr int kWarpsKV = WARPS_KV_;
+  static constexpr int kMmaKV = MMA_KV_;
+  static constexpr int kStages = STAGES_;
+  static constexpr bool kPaged = PAGED_;
+
+  static constexpr int kThreads = 32 * kWarpsQ * kWarpsKV;
+  static constexpr int kMmaQ = kTileQ / (16 * kWarpsQ);
+  static constexpr int kTileKV = 16 * kMmaKV * kWarpsKV;
+  static constexpr int kQBytesPerElem = sizeof(DTypeQ);
+  static constexpr int kKVBytesPerElem = sizeof(DTypeKV);
+  static constexpr int kChunksQK = kHeadDimQK * kKVBytesPerElem / 16;  // 16-byte chunks per row of Q / K
+  static constexpr int kChunksVO = kHeadDimVO * kKVBytesPerElem / 16;
+  static constexpr int kRowsPerPass = kThreads / 8;  // global -> smem copies: 8 threads per row, a 128-byte line
+  static constexpr int kKVRowsPerThread = kTileKV / kRowsPerPass;
+  static constexpr int kQRowsPerThread = (kTileQ + kRowsPerPass - 1) / kRowsPerPass;
+
+  static constexpr int kQBytes = kTileQ * kHeadDimQK * kQBytesPerElem;
+  static constexpr int kKBytes = kTileKV * kHeadDimQK * kKVBytesPerElem;
+  static constexpr int kVBytes = kTileKV * kHeadDimVO * kKVBytesPerElem;
+  static constexpr int kKOff = kQBytes;
+  static constexpr int kVOff = kKOff + kStages * kKBytes;
+  static constexpr int kPageOff = kVOff + kStages * kVBytes;
+  static constexpr int kPageBytes = kPaged ? kThreads * kKVRowsPerThread * 8 : 0;
+  static constexpr int kMainBytes = kPageOff + kPageBytes;
+  // Cross-item pipeline (kernel.cuh): one warp per row block, so the epilogue needs no cross-warp merge.
+  static constexpr bool kCrossItem = kWarpsKV == 1;
+  // Epilogue staging (WARPS_KV > 1 only; overlays everything): fp32 o rows padded by 8 floats (conflict-free float2
+  // stores), then (m, d).
+  static constexpr int kEpiPitch = kHeadDimVO + 8;
+  static constexpr int kEpiOBytes = kCrossItem ? 0 : kWarpsKV * kTileQ * kEpiPitch * 4;
+  static constexpr int kEpiBytes = kCrossItem ? 0 : kEpiOBytes + kWarpsKV * kTileQ * 2 * 4;
+  // Item facts used only occasionally inside the KV loop (copy addresses, boundary masks) live in smem, not in
+  // registers, which the accumulators fill: kInfoInts per item + kWarpInts per warp, after everything else.
+  static constexpr int kInfoInts = 12;  // [0..6] the item's facts (ItemInfo), [8..11] the work ranges (sched)
+  static constexpr int kWarpInts = 8;   // a warp's bounds and its own copy of the copy facts (WarpBounds)
+  static constexpr int kInfoOff = kMainBytes > kEpiBytes ? kMainBytes : kEpiBytes;
+  // Cross-item: the resolved facts of up to kTableItems consecutive items of this CTA, kTableFields ints each
+  // (16: d256 paged 64-row tiles still fit a 100 KB-smem GPU).
+  static constexpr int kTableItems = 16;
+  // Staged epilogue (cross-item, sm_90+): each warp writes its normalised o rows into its own rows of the Q buffer
+  // with stmatrix and reads them back as 16-byte row pieces for the stores (in place of an in-register quad
+  // transpose: ~250 fewer instructions per thread and item). Each warp then also copies only its own Q rows, so no
+  // warp's next-item Q copy lands in rows another warp is still staging in.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  static constexpr bool kStagedEpi = false;
+#else
+  static constexpr bool kStagedEpi = kCrossItem && kHeadDimVO <= kHeadDimQK;
+#endif
+  static constexpr int kTableFields = 10;
+  static constexpr int kTableOff = kInfoOff + (kInfoInts + kWarpInts * kWarpsQ * kWarpsKV) * 4;
+  static constexpr int kSmemBytes = kTableOff + (kCrossItem ? kTableItems * kTableFields * 4 : 0);
+  // Paired blocks (GROUPS = 2, cross-item tiles only): two groups of kThreads per block, each one CTA of the plan
+  // with kSmemBytes of its own at a 128-byte aligned offset (see Cta in cta.cuh).
+  static constexpr int kGroups = GROUPS_;
+  static constexpr int kBlockThreads = kGroups * kThreads;
+  static constexpr int kGroupBytes = (kSmemBytes + 127) / 128 * 128;
+
+  static_assert(is_same<DTypeKV, half>::value || is_same<DTypeKV, __nv_bfloat16>::value, "q/k/v are fp16 or bf16");
+  static_assert(sizeof(DTypeO) == 2, "o is fp16 or bf16 (16-bit output stores)");
+  static_assert(kTileQ % (16 * kWarpsQ) == 0 && kMmaQ >= 1, "TILE_Q must be a multiple of 16 * WARPS_Q");
+  static_assert(kHeadDimQK % 64 == 0 && kHeadDimVO % 64 == 0, "head dims are multiples of 64 (swizzle)");
+  static_assert(kTileKV % kRowsPerPass == 0, "TILE_KV must be a multiple of threads / 8");
+  static_assert(kStages >= 2, "the pipeline refills the buffer of the previous tile: at least 2 stages");
+  static_assert(kHeadDimVO % 8 == 0, "epilogue writes 8 elements per thread");
+  static_assert(kTableItems <= kThreads, "the item table is filled one item per thread");
+  static_assert(kGroups == 1 || (kGroups == 2 && kCrossItem), "paired blocks run cross-item tiles (WARPS_KV == 1)");
+};
+
+}  // namespace cuinfer
