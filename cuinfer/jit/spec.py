@@ -55,6 +55,9 @@ class KernelSpec:
     sass_expect: tuple[str, ...] = ()
     sass_forbid: tuple[str, ...] = (r"LDL", r"STL")
     extra_options: tuple[str, ...] = field(default=())
+    # Dynamic shared memory of the launch configuration this spec is compiled for; 0 when the launch decides. Shown
+    # by ``cuinfer kernels --report``; not part of the cache key (it cannot change the cubin).
+    smem_bytes: int = 0
 
     def render(self) -> str:
         """The full translation unit handed to NVRTC."""
@@ -79,14 +82,22 @@ class KernelSpec:
         return json.dumps(asdict(self), sort_keys=True)
 
 
+# Fields of a spec that describe how it is launched, not what is compiled: left out of the cache key.
+LAUNCH_ONLY_FIELDS = ("smem_bytes",)
+
+
 def cache_key(spec: KernelSpec, rendered: str, options: list[str], toolchain_id: str, arch: str) -> str:
-    """Key of a compiled module: the canonical spec, the rendered source, kernel headers, options, the NVRTC and CUDA
-    header identity, the target arch and the package version."""
+    """Key of a compiled module: the canonical spec (less its launch-only fields), the rendered source, a digest of
+    the kernel headers, the codegen options, the NVRTC and CUDA header identity, the target arch and the package
+    version. ``options`` and ``toolchain_id`` must hold no absolute path or mtime (``cache.spec_key`` replaces the
+    ``-I`` directories of every compile by placeholders), so a cache moved to another machine or prefix still hits."""
     from cuinfer import __version__
 
+    compiled_fields = {k: v for k, v in asdict(spec).items() if k not in LAUNCH_ONLY_FIELDS}
     h = hashlib.sha256()
     for part in (
-        spec.canonical(),
+        "cuinfer-key/2",
+        json.dumps(compiled_fields, sort_keys=True),
         rendered,
         kernel_src_digest(),
         "\0".join(options),

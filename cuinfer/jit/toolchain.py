@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import hashlib
 import os
 import re
 import sys
@@ -82,14 +83,22 @@ def _find_include_dir() -> str:
     return found
 
 
+_CUDART_VERSION = re.compile(rb"#define\s+CUDART_VERSION\s+(\d+)")
+
+
+@functools.lru_cache(maxsize=8)
 def _read_cudart_version(include_dir: str) -> int:
+    """``CUDART_VERSION`` of ``cuda_runtime_api.h``: its first 64 KiB hold it (a few ms saved on every process start
+    over reading all 650 KB); the whole file is read only when they do not."""
     path = os.path.join(include_dir, "cuda_runtime_api.h")
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            text = fh.read()
+        with open(path, "rb") as fh:
+            match = _CUDART_VERSION.search(fh.read(1 << 16))
+            if not match:
+                fh.seek(0)
+                match = _CUDART_VERSION.search(fh.read())
     except OSError as exc:
         raise ToolchainError(f"{path} is missing: {include_dir} is not a CUDA runtime include directory") from exc
-    match = re.search(r"#define\s+CUDART_VERSION\s+(\d+)", text)
     if not match:
         raise ToolchainError(f"no CUDART_VERSION in {path}: cannot tell which CUDA release these headers are")
     return int(match.group(1))
@@ -100,27 +109,57 @@ def include_dir() -> str:
     return _find_include_dir()
 
 
+# The CUDA headers the kernels include (kernel_src: ``#include <...>``) and the ones those pull in. Their contents are
+# part of every cache key; tests/cpu/test_cache_keys.py fails when a kernel includes a header missing here.
+KERNEL_CUDA_HEADERS = ("cuda_fp16.h", "cuda_fp16.hpp", "cuda_bf16.h", "cuda_bf16.hpp", "cuda_fp8.h", "cuda_fp8.hpp")
+
+
+def header_identity(include_dir_: str) -> str:
+    """``CUDART_VERSION`` of the headers plus a digest of the contents of the ones kernels include (no path)."""
+    h = hashlib.sha256()
+    for name in KERNEL_CUDA_HEADERS:
+        try:
+            with open(os.path.join(include_dir_, name), "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            continue  # an older release without cuda_fp8.hpp: its absence is part of the identity
+        h.update(f"{name}\0{len(data)}\0".encode())
+        h.update(data)
+    return f"{_read_cudart_version(include_dir_)}:{h.hexdigest()[:16]}"
+
+
+def _nvrtc_wheels() -> list[str]:
+    """``libnvrtc-builtins.so.<major>.<minor>`` of each NVRTC wheel on sys.path, with the wheel's exact version read
+    from the name of its ``.dist-info`` beside it (``nvidia_cuda_nvrtc_cu12-12.9.86``): file names only, no path, size
+    or mtime, so the identity is the same wherever the wheel is installed."""
+    found = set()
+    for root in sys.path:
+        libs = glob.glob(os.path.join(root, "nvidia", "*", "lib", "libnvrtc-builtins.so.*"))
+        if not libs:
+            continue
+        dists = glob.glob(os.path.join(root, "nvidia_cuda_nvrtc*.dist-info"))
+        wheel = ",".join(sorted(os.path.basename(d).removesuffix(".dist-info") for d in dists)) or "no-dist-info"
+        found.update(f"{os.path.basename(lib)}({wheel})" for lib in libs)
+    return sorted(found)
+
+
 @functools.lru_cache(maxsize=1)
 def fingerprint() -> str:
-    """Identity of the compiler and headers for cache keys, found WITHOUT loading NVRTC.
+    """Portable identity of the compiler and headers for cache keys, found WITHOUT loading NVRTC.
 
     Importing ``cuda.bindings.nvrtc`` and loading libnvrtc costs ~90 ms, which would be most of a warm-cache kernel
-    load; the NVRTC builtins library's versioned file name, size and mtime identify the compiler as well. Where that
-    file is not found (a system toolkit), fall back to asking NVRTC.
+    load; the versioned file name of the NVRTC builtins library and the name of its wheel's ``.dist-info`` identify
+    the compiler as well. Where no NVRTC wheel is on sys.path (a system toolkit), ask NVRTC for its version. The
+    headers count by ``CUDART_VERSION`` and content (:func:`header_identity`). No absolute path and no mtime enters:
+    a cache copied to another machine or install prefix with the same releases hits.
     """
-    inc = include_dir()
-    parts = [f"headers={_read_cudart_version(inc)}@{inc}"]
-    hits = []
-    for root in sys.path:
-        hits += glob.glob(os.path.join(root, "nvidia", "*", "lib", "libnvrtc-builtins.so.*"))
-    if hits:
-        for path in sorted(hits):
-            st = os.stat(path)
-            parts.append(f"{os.path.realpath(path)}:{st.st_size}:{int(st.st_mtime)}")
+    wheels = _nvrtc_wheels()
+    if wheels:
+        nvrtc = "+".join(wheels)
     else:
         major, minor = toolchain().nvrtc_version
-        parts.append(f"nvrtc={major}.{minor}")
-    return ";".join(parts)
+        nvrtc = f"{major}.{minor}"
+    return f"nvrtc={nvrtc};headers={header_identity(include_dir())}"
 
 
 @functools.lru_cache(maxsize=1)
