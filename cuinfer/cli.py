@@ -128,7 +128,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def cmd_kernels(args: argparse.Namespace) -> int:
-    from cuinfer.jit import get_compiled
+    from cuinfer.jit import CacheTrustError, cache_tiers, get_compiled
     from cuinfer.jit.registry import specs
 
     arch = _target_arch(args.arch)
@@ -138,6 +138,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
             print(s.name)
         sys.stdout.flush()
         return 0
+    cache_tiers()  # an untrusted cache is one error, not one per module
     print(f"resource report for {arch} ({len(todo)} modules; compiling any that are not cached)")
     print(f"{'module':34s} {'kernel':44s} {'regs':>5s} {'spill st/ld':>11s} {'stack':>6s} {'smem':>6s} "
           f"{'dyn smem':>8s}")  # fmt: skip
@@ -145,6 +146,8 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     for s in todo:
         try:
             mod = get_compiled(s, arch)
+        except CacheTrustError:
+            raise
         except Exception as exc:
             failed += 1
             print(f"{s.name:34s} FAILED: {_first_line(exc)}", flush=True)
@@ -218,14 +221,19 @@ def cmd_warmup(args: argparse.Namespace) -> int:
 def cmd_bundle(args: argparse.Namespace) -> int:
     from cuinfer.jit import bundle
 
+    try:
+        if args.action == "export":
+            manifest, digest = bundle.export_bundle(args.file, arch=args.arch)
+            size = os.path.getsize(args.file)
+        else:
+            report = bundle.import_bundle(args.file, sha256=args.sha256, force=args.force)
+    except OSError as exc:  # the bundle file or a cache directory: say which, no traceback
+        raise bundle.BundleError(f"{args.action} {args.file}: {exc}") from exc
     if args.action == "export":
-        manifest, digest = bundle.export_bundle(args.file, arch=args.arch)
-        size = os.path.getsize(args.file)
         print(f"exported {len(manifest['entries'])} cache entries ({size / 1e6:.1f} MB) to {args.file}")
         print(f"toolchain {manifest['toolchain']}, cuinfer {manifest['cuinfer']}")
         print(f"sha256 {digest}  (check it on import: cuinfer bundle import {args.file} --sha256 {digest})")
         return 0
-    report = bundle.import_bundle(args.file, sha256=args.sha256, force=args.force)
     m = report.manifest
     print(f"verified {len(m['entries'])} entries of {args.file} (toolchain {m['toolchain']}, cuinfer {m['cuinfer']})")
     print(f"imported {report.imported} into {report.directory}, {report.present} already there")

@@ -491,7 +491,7 @@ def fetch(spec: KernelSpec, arch: str) -> Fetched:
         stats.compiles += 1
         stats.not_stored += 1
         why = "; ".join(f"{t.path} is read-only ({t.why_read_only})" for t in read_only)
-        _warn_once("nowhere", f"compiled kernels cannot be stored, so every process compiles them again: {why}")
+        _warn_once(f"nowhere:{why}", f"compiled kernels cannot be stored, so every process compiles them again: {why}")
         return Fetched(mod, compiled=True, directory=None, store_error=why)
 
 

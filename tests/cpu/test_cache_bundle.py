@@ -185,3 +185,7 @@ def test_cli_export_then_import(source, tmp_path, monkeypatch, capsys):
     assert err.startswith("cuinfer bundle: error: bundle ") and "refused" in err and "Traceback" not in err
     assert main(["bundle", "export", str(tmp_path / "none.tar"), "--arch", "sm_80"]) == 1
     assert "no cache entries for sm_80" in capsys.readouterr().err
+    assert main(["bundle", "import", str(tmp_path / "missing.tar"), "--sha256", digest]) == 1
+    assert capsys.readouterr().err.startswith(f"cuinfer bundle: error: import {tmp_path / 'missing.tar'}: [Errno 2]")
+    assert main(["bundle", "export", str(tmp_path / "no" / "such" / "dir.tar")]) == 1
+    assert "cuinfer bundle: error: export " in capsys.readouterr().err

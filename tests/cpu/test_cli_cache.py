@@ -143,12 +143,16 @@ def test_warmup_behind_a_read_only_cache_stores_in_the_user_cache(env, capsys):
     assert rc == 0 and "0 compiled, 2 already cached" in lines[-1]
 
 
-def test_warmup_into_an_untrusted_cache_is_refused(env, capsys):
+@pytest.mark.parametrize("command", ["warmup", "kernels"])
+def test_an_untrusted_cache_is_one_error(env, capsys, command):
     (env / "cache").mkdir()
     os.chmod(env / "cache", 0o777)
-    rc, lines, err = _warmup(capsys)
-    assert rc == 1 and lines == []
-    assert err.startswith("cuinfer warmup: error: untrusted kernel cache directory") and "0777" in err
+    extra = ["--report"] if command == "kernels" else []
+    assert main([command, *extra, "--group", "tiny", "--arch", ARCH]) == 1
+    out = capsys.readouterr()
+    assert "tiny/" not in out.out
+    assert out.err.startswith(f"cuinfer {command}: error: untrusted kernel cache directory") and "0777" in out.err
+    assert out.err.count("\n") == 1
 
 
 def test_info_shows_the_cache_tiers_and_mode(env, capsys):
