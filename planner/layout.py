@@ -166,7 +166,7 @@ class PlanLayout:
         raise KeyError(f"unknown plan array {name!r}; the arrays are {', '.join(ARRAY_NAMES)}")
 
     def empty(self) -> np.ndarray:
-        """A zeroed host buffer of this layout (pinned buffers come from ``cuinfer.plan_buffer``)."""
+        """A zeroed host buffer of this layout (the wrappers pack into pinned buffers of their own, ``Buffers``)."""
         return np.zeros(self.total_words, dtype=np.int32)
 
 
@@ -285,7 +285,7 @@ def pack(
     if (out.dtype is not _I32 and out.dtype != _I32) or out.ndim != 1 or out.shape[0] < layout.total_words:
         raise ValueError(
             f"pack needs a 1-D int32 buffer of at least {layout.total_words} words, got dtype {out.dtype} and shape "
-            f"{out.shape}; allocate it with layout.empty() or cuinfer.plan_buffer.PlanBuffer"
+            f"{out.shape}; allocate it with layout.empty()"
         )
     blocks = plan.pack_blocks
     if blocks is not None:

@@ -184,3 +184,23 @@ def test_check_sass_patterns():
     assert check_sass(ops, "sm_80", ("sm_90a:HGMMA",), ()) == []  # arch-qualified: not for sm_80
     assert check_sass(ops, "sm_90a", ("sm_90a:HGMMA",), ()) != []
     assert "forbidden" in check_sass(ops + ["LDL.64"], "sm_80", (), (r"LDL",))[0]
+
+
+# ---- registry ----------------------------------------------------------------------------------------------------
+
+
+def test_registry_groups_are_the_three_providers():
+    from cuinfer.jit import registry
+
+    assert registry.groups() == ["decode", "merge", "prefill"]
+    for group in registry.groups():
+        assert registry.specs(group), f"group {group} registers no kernel"
+        assert all(isinstance(s, KernelSpec) for s in registry.specs(group))
+
+
+def test_registry_raises_when_a_provider_fails_to_import(monkeypatch):
+    from cuinfer.jit import registry
+
+    monkeypatch.setattr(registry, "_PROVIDERS", registry._PROVIDERS + ("cuinfer.no_such_provider",))
+    with pytest.raises(ImportError, match=r"the kernel provider cuinfer\.no_such_provider failed to import"):
+        registry.groups()
