@@ -449,7 +449,7 @@ def decode_evict(case_ids: list[str], rounds: int = 2) -> None:
     import cuinfer.decode_launch as dec
     from bench import cases, inputs
     from bench.timing import CudaTimer
-    from cuinfer.device import device_info
+    from cuinfer.runtime.device import device_info
 
     timers = {"dirty": CudaTimer(), "clean": CudaTimer(clean_flush=True)}
     by_id = {c.id: c for c in cases.DECODE_CASES}

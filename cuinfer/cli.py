@@ -24,9 +24,9 @@ def _versions() -> list[tuple[str, str]]:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from cuinfer.device import device_info, gpu_available
     from cuinfer.jit import cache_dir, cache_size
     from cuinfer.jit.toolchain import toolchain
+    from cuinfer.runtime.device import device_info, gpu_available
 
     for name, ver in _versions():
         print(f"{name:16s} {ver}")
@@ -50,7 +50,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def _target_arch(arch: str | None) -> str:
     if arch:
         return arch
-    from cuinfer.device import device_info, gpu_available
+    from cuinfer.runtime.device import device_info, gpu_available
 
     return device_info().arch if gpu_available() else "sm_90a"
 

@@ -21,32 +21,24 @@ from typing import Any
 import numpy as np
 
 from cuinfer import reference
-from cuinfer.calls import Call, begin, is_host
 from cuinfer.decode_host import _STATIC, _check_options, _fill_words, _FixedLayout, _page_table, _Plan
-from cuinfer.decode_io import (
-    KV,
-    Buffers,
-    buffer_settings,
-    check_aligned,
-    check_cache_matches,
-    check_out_dtype,
-    fit_workspace,
-    host_outputs,
-    paged_kv,
-    partial_rows_capacity,
-    prepare_outputs,
-)
-from cuinfer.decode_launch import CacheViews, LaunchState
+from cuinfer.decode_launch import LaunchState
 from cuinfer.decode_policy import ctas_per_sm, decode_config
 from cuinfer.decode_specs import all_specs
+from cuinfer.formats.kv import KV, check_aligned
+from cuinfer.formats.paged import check_cache_matches, paged_kv
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.interop.dtypes import DType
 from cuinfer.jit import register
-from cuinfer.options import CommonOptions, half_dtype, kv_layout_name
 from cuinfer.planner import layout as plan_layout
 from cuinfer.planner.decode_plan import decode_planner
 from cuinfer.planner.work import WorkPlan, plan_work
+from cuinfer.runtime.buffers import Buffers, buffer_settings, fit_workspace, partial_rows_capacity
+from cuinfer.runtime.cache_views import CacheViews
+from cuinfer.runtime.calls import Call, begin, is_host
+from cuinfer.runtime.options import CommonOptions, half_dtype, kv_layout_name
+from cuinfer.runtime.outputs import check_out_dtype, host_outputs, prepare_outputs
 
 register("decode", all_specs)
 
@@ -200,7 +192,7 @@ class BatchDecode:
         if device_id is None:
             smem, threads, sms = _DEFAULT_SMEM_PER_SM, 2048, _DEFAULT_SMS
         else:
-            from cuinfer.device import device_info
+            from cuinfer.runtime.device import device_info
 
             info = device_info(device_id)
             smem, threads, sms = info.smem_per_sm, info.max_threads_per_sm, info.sm_count
@@ -267,7 +259,7 @@ class BatchDecode:
     def _device_or_none(self) -> int | None:
         """The GPU plans are made for (None without one); asked once per wrapper, so plan() stays cheap."""
         if self._device_id is False:
-            from cuinfer.device import current_device_id, gpu_available
+            from cuinfer.runtime.device import current_device_id, gpu_available
 
             gpu = gpu_available()
             self._device_id = None if not gpu else int(self.device) if self.device is not None else current_device_id()

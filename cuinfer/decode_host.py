@@ -9,14 +9,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cuinfer.decode_io import check_page_table
 from cuinfer.decode_policy import DecodeConfig
 from cuinfer.decode_specs import DecodeKernelKey
+from cuinfer.formats.paged import check_page_table
 from cuinfer.interop import validate
 from cuinfer.interop.dtypes import DType
-from cuinfer.options import CommonOptions, check_common_options
 from cuinfer.planner import layout as plan_layout
 from cuinfer.planner.work import WorkPlan
+from cuinfer.runtime.options import CommonOptions, check_common_options
 
 # ---- the facts of one plan --------------------------------------------------------------------------------------
 

@@ -6,11 +6,11 @@ from dataclasses import replace
 from typing import Any
 
 from cuinfer import reference
-from cuinfer.calls import begin, is_host
-from cuinfer.decode_io import KV, check_aligned
+from cuinfer.formats.kv import KV, check_aligned
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.interop.dtypes import DType
+from cuinfer.runtime.calls import begin, is_host
 
 _single_wrappers: dict = {}  # (device, layout) -> BatchDecode reused across calls
 

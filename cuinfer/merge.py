@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from cuinfer import reference
-from cuinfer.calls import Call, begin, is_host
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.interop.dtypes import DType
@@ -25,6 +24,7 @@ from cuinfer.merge_specs import (
     instance,
     merge_spec,
 )
+from cuinfer.runtime.calls import Call, begin, is_host
 
 register("merge", all_specs)
 
@@ -58,7 +58,7 @@ def _check_values(name: str, t: Tensor, ndim: int) -> None:
 
 def _grid(rows: int, rows_per_block: int, device_id: int) -> int:
     """Enough blocks to cover the rows, capped at 16 resident blocks per SM (the kernels grid-stride beyond that)."""
-    from cuinfer.device import device_info
+    from cuinfer.runtime.device import device_info
 
     cap = 16 * device_info(device_id).sm_count
     return max(1, min(cap, -(-rows // rows_per_block)))

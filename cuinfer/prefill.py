@@ -20,19 +20,8 @@ from typing import Any
 import numpy as np
 
 from cuinfer import reference
-from cuinfer.calls import Call, begin, is_host
-from cuinfer.decode_io import (
-    KV,
-    Buffers,
-    buffer_settings,
-    check_aligned,
-    check_cache_matches,
-    fit_workspace,
-    paged_kv,
-    partial_rows_capacity,
-    prepare_outputs,
-)
-from cuinfer.decode_launch import CacheViews
+from cuinfer.formats.kv import KV, check_aligned
+from cuinfer.formats.paged import check_cache_matches, paged_kv
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.jit import get_kernel, register
@@ -55,6 +44,10 @@ from cuinfer.prefill_plan import (
 )
 from cuinfer.prefill_policy import DeviceLimits, ctas_per_sm
 from cuinfer.prefill_specs import block_smem_bytes, default_specs, prefill_spec
+from cuinfer.runtime.buffers import Buffers, buffer_settings, fit_workspace, partial_rows_capacity
+from cuinfer.runtime.cache_views import CacheViews
+from cuinfer.runtime.calls import Call, begin, is_host
+from cuinfer.runtime.outputs import prepare_outputs
 
 register("prefill", default_specs)
 
@@ -148,7 +141,7 @@ class BatchPrefill:
                 per_sm = max(cfg.groups, per_sm // cfg.groups * cfg.groups)  # whole blocks
                 sms = _DEFAULT_SMS
             else:
-                from cuinfer.device import device_info
+                from cuinfer.runtime.device import device_info
 
                 k = plan.key(self.paged)
                 kernel = get_kernel(prefill_spec(k), k.name_expr(), device_id)
@@ -186,7 +179,7 @@ class BatchPrefill:
     def _device_or_none(self) -> int | None:
         """The GPU plans are made for (None without one); asked once per wrapper, so plan() stays cheap."""
         if self._device_id is False:
-            from cuinfer.device import current_device_id, gpu_available
+            from cuinfer.runtime.device import current_device_id, gpu_available
 
             gpu = gpu_available()
             self._device_id = None if not gpu else int(self.device) if self.device is not None else current_device_id()
@@ -202,7 +195,7 @@ class BatchPrefill:
     def _device_limits(device_id: int | None) -> DeviceLimits:
         if device_id is None:
             return DeviceLimits()
-        from cuinfer.device import device_info
+        from cuinfer.runtime.device import device_info
 
         info = device_info(device_id)
         return DeviceLimits(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from cuinfer.decode_io import KV
+from cuinfer.formats.kv import KV
 from cuinfer.interop.arrays import Tensor
 from cuinfer.jit import get_kernel
 from cuinfer.prefill_specs import PrefillParams, block_smem_bytes, fast_div_magic, prefill_spec
@@ -30,8 +30,8 @@ class PrefillLaunch:
     struct, and the merge launch's arguments (split plans)."""
 
     def __init__(self, w: Any, plan: Any, device_id: int) -> None:
-        from cuinfer.device import device_info
         from cuinfer.merge import merge_partials_rows_per_block
+        from cuinfer.runtime.device import device_info
 
         self.plan, self.device_id, self.dyn, self.params = plan, device_id, None, None
         buf, off, opts, work, cfg = w._buffers, plan.offsets, plan.options, plan.work, plan.config

@@ -12,16 +12,18 @@ from typing import Any
 import numpy as np
 
 from cuinfer import reference
-from cuinfer.decode_io import KV, check_aligned, check_page_table, host_outputs  # noqa: F401 (re-exported)
+from cuinfer.formats.kv import KV, check_aligned
+from cuinfer.formats.paged import check_page_table
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.interop.dtypes import DType
-from cuinfer.options import check_common_options, kv_layout_name
-from cuinfer.options import half_dtype as _half_dtype
 from cuinfer.planner.tiles import kv_lens_from_pages
 from cuinfer.planner.work import WorkPlan
 from cuinfer.prefill_policy import check_head_dims, choose_tiles, query_tile
 from cuinfer.prefill_specs import MASK_CAUSAL, MASK_CUSTOM, MASK_WINDOW, PrefillKernelKey, TileConfig
+from cuinfer.runtime.options import check_common_options, kv_layout_name
+from cuinfer.runtime.options import half_dtype as _half_dtype
+from cuinfer.runtime.outputs import host_outputs  # noqa: F401 (re-exported)
 
 layout_name = kv_layout_name  # prefill.py imports it from here
 

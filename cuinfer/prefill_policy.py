@@ -44,7 +44,7 @@ DEFAULT_STAGES = 2
 
 @dataclass(frozen=True)
 class DeviceLimits:
-    """What the policy reads from the device (``cuinfer.device.DeviceInfo`` has these fields)."""
+    """What the policy reads from the device (``cuinfer.runtime.device.DeviceInfo`` has these fields)."""
 
     smem_per_sm: int = 233472  # H200: 228 KB
     smem_per_block_optin: int = 232448  # 227 KB

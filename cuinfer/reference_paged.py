@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from cuinfer.options import kv_layout_name
 from cuinfer.reference_util import as_index, as_indptr
+from cuinfer.runtime.options import kv_layout_name
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from cuinfer.decode_launch import CacheViews
+from cuinfer.runtime.cache_views import CacheViews
 
 
 class _FakeCupyArray:

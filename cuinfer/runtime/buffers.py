@@ -1,17 +1,12 @@
-"""The arrays around a decode launch: views of the KV cache (any layout, 5-D or a (k, v) tuple, as base pointers and
-strides) and the buffers a wrapper owns on the GPU (plan buffer, pinned host buffers, workspace)."""
+"""The buffers a plan/run wrapper owns on the GPU (plan buffer, pinned host buffers, workspace) and the constructor and
+workspace rules they follow."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from cuinfer.interop import validate
-from cuinfer.interop.arrays import Tensor
-from cuinfer.interop.dtypes import DType
 from cuinfer.planner import layout as plan_layout
 
 
@@ -32,26 +27,6 @@ def buffer_settings(
     if ws < 0:
         raise ValueError(f"workspace_bytes must be >= 0 but is {workspace_bytes}")
     return graph, None if max_batch_size is None else int(max_batch_size), ws, workspace_bytes is None and not graph
-
-
-def check_page_table(
-    indptr: np.ndarray, kv_indices: Any, kv_last_page_len: Any, page_size: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Validate a CSR page table whose ``indptr`` is already checked -> (indices, last_page_len, pages per request)."""
-    batch = indptr.shape[0] - 1
-    indices = validate.check_index_array("kv_indices", kv_indices, min_len=int(indptr[-1]))
-    last = validate.check_index_array(
-        "kv_last_page_len", kv_last_page_len, length=batch, hint="one entry per request (len(kv_indptr) - 1)"
-    )
-    pages = np.diff(indptr)
-    bad = (pages > 0) & ((last < 1) | (last > page_size))
-    if np.any(bad):
-        b = int(np.flatnonzero(bad)[0])
-        raise ValueError(
-            f"kv_last_page_len[{b}] must be in [1, page_size={page_size}] for a request with pages but is "
-            f"{int(last[b])}; it counts the tokens in the request's last page"
-        )
-    return indices, last, pages
 
 
 def fit_workspace(wrapper: str, current: int, need: int, rows: int, *, can_grow: bool) -> int:
@@ -180,142 +155,3 @@ class Buffers:
         ws = int(self.workspace.data.ptr)
         rows = partial_rows_capacity(self.workspace_bytes, head_dim)
         return ws, ws + plan_layout.workspace_offsets(rows, head_dim)[0]
-
-
-# ---- cache arrays --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class KV:
-    """K and V of a paged cache (or of one request): base pointers and element strides (page, slot, head)."""
-
-    k: Tensor
-    v: Tensor
-    k_ptr: int
-    v_ptr: int
-    k_strides: tuple[int, int, int]
-    v_strides: tuple[int, int, int]
-    num_pages: int
-    page_size: int
-    num_kv_heads: int
-    head_dim: int
-
-
-def check_aligned(name: str, t: Tensor, dims: tuple[int, ...]) -> None:
-    """16-byte vector access: base address and the strides of ``dims`` must be multiples of 16 bytes."""
-    validate.check_last_dim_contiguous(name, t)
-    item = t.dtype.itemsize
-    bad = False
-    for d in dims:
-        bad = bad or (t.shape[d] > 1 and (t.strides[d] * item) % 16 != 0)
-    if t.ptr % 16 or bad:
-        raise ValueError(
-            f"{name} must start on a 16-byte boundary with rows 16-byte aligned (the kernels read 16-byte vectors) "
-            f"but starts at 0x{t.ptr:x} with strides {t.strides} (elements); pass a contiguous copy of {name}"
-        )
-
-
-def check_cache_matches(kv: KV, plan: Any, layout: str) -> None:
-    """Raise unless the parsed paged cache ``kv`` has the page size, KV heads and head dim ``plan`` was made for
-    (decode and prefill plans both carry ``page_size``, ``num_kv_heads``, ``head_dim``)."""
-    got = (kv.page_size, kv.num_kv_heads, kv.head_dim)
-    want = (plan.page_size, plan.num_kv_heads, plan.head_dim)
-    if got != want:
-        raise ValueError(
-            f"kv_cache has (page_size, num_kv_heads, head_dim) = {got} ({layout}) but plan() was made for "
-            f"{want}; pass the cache the plan describes (or check kv_layout)"
-        )
-
-
-def paged_kv(tensor: Callable[[Any, str], Tensor], kv_cache: Any, layout: str, *, gpu: bool) -> KV:
-    """Parse a 5-D cache or a (k_cache, v_cache) tuple of ``layout`` (imported with ``tensor``); ``gpu`` adds the
-    16-byte alignment checks the kernels need."""
-    nhd = layout == "NHD"
-    if isinstance(kv_cache, (tuple, list)):
-        if len(kv_cache) != 2:
-            raise ValueError(f"a tuple kv_cache must be (k_cache, v_cache) but has {len(kv_cache)} entries")
-        k, v = tensor(kv_cache[0], "k_cache"), tensor(kv_cache[1], "v_cache")
-        expect = (
-            "[num_pages, page_size, num_kv_heads, head_dim]"
-            if nhd
-            else "[num_pages, num_kv_heads, page_size, head_dim]"
-        )
-        for name, t in (("k_cache", k), ("v_cache", v)):
-            validate.check_ndim(name, t, 4, hint=f"a ({layout}) cache is {expect}")
-            if gpu:
-                check_aligned(name, t, (0, 1, 2))
-        validate.check_shape("v_cache", v, k.shape, hint="it must match k_cache")
-        slot, head = (1, 2) if nhd else (2, 1)
-        ks = (k.strides[0], k.strides[slot], k.strides[head])
-        vs = (v.strides[0], v.strides[slot], v.strides[head])
-        shape, kt, vt, kp, vp = k.shape, k, v, k.ptr, v.ptr
-    else:
-        c = tensor(kv_cache, "kv_cache")
-        expect = (
-            "[num_pages, 2, page_size, num_kv_heads, head_dim]"
-            if nhd
-            else "[num_pages, 2, num_kv_heads, page_size, head_dim]"
-        )
-        validate.check_ndim(
-            "kv_cache", c, 5, hint=f"a ({layout}) cache is {expect}, or pass a (k_cache, v_cache) tuple"
-        )
-        if c.shape[1] != 2:
-            raise ValueError(
-                f"kv_cache must have shape {expect} ({layout}) but has shape {c.shape}; dim 1 holds K and V"
-            )
-        if gpu:
-            check_aligned("kv_cache", c, (0, 1, 2, 3))
-        slot, head = (2, 3) if nhd else (3, 2)
-        ks = vs = (c.strides[0], c.strides[slot], c.strides[head])
-        shape = (c.shape[0],) + c.shape[2:]
-        kt = vt = c
-        kp, vp = c.ptr, c.ptr + c.strides[1] * c.dtype.itemsize
-    validate.check_same_dtype(("k_cache", "v_cache"), (kt, vt))
-    page_size, heads = (shape[1], shape[2]) if nhd else (shape[2], shape[1])
-    return KV(kt, vt, kp, vp, ks, vs, shape[0], page_size, heads, shape[3])
-
-
-# ---- outputs ---------------------------------------------------------------------------------------------------------
-
-
-def check_out_dtype(o_dtype: DType, to: Tensor) -> None:
-    if to.dtype is not o_dtype:
-        raise ValueError(
-            f"out has dtype {to.dtype.value} but plan() was made for o_dtype={o_dtype.value}; pass an "
-            f"out of dtype {o_dtype.value} or call plan() with o_dtype='{to.dtype.value}'"
-        )
-
-
-def prepare_outputs(call: Any, shape: tuple[int, int, int], o_dtype: DType, out: Any, lse: Any, want_lse: bool):
-    """(o, lse or None) Tensors for a run(): the caller's ``out`` / ``lse`` checked, or new arrays in its framework."""
-    if out is None:
-        to = call.empty(shape, o_dtype)
-    else:
-        to = call.tensor(out, "out")
-        validate.check_shape("out", to, shape)
-        check_out_dtype(o_dtype, to)
-        validate.check_writable("out", to)
-        check_aligned("out", to, (0, 1))
-    tl = None
-    if want_lse:
-        if lse is None:
-            tl = call.empty(shape[:2], DType.FLOAT32)
-        else:
-            tl = call.tensor(lse, "lse")
-            validate.check_shape("lse", tl, shape[:2])
-            validate.check_dtype("lse", tl, (DType.FLOAT32,))
-            validate.check_writable("lse", tl)
-    return to, tl
-
-
-def host_outputs(o64: np.ndarray, lse64: np.ndarray, o_dtype: DType, out, lse, want_lse: bool):
-    """Reference results in the dtypes the GPU path returns (o in o_dtype, lse float32), written into out / lse."""
-    o = o64.astype(o_dtype.numpy)
-    lse32 = lse64.astype(np.float32)
-    if out is not None:
-        out[...] = o
-        o = out
-    if lse is not None:
-        lse[...] = lse32
-        lse32 = lse
-    return (o, lse32) if want_lse else o

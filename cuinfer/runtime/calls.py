@@ -46,8 +46,8 @@ def begin(anchor: Any, name: str) -> tuple[Call, Tensor]:
     The stream is found before the array is exported: a DLPack export without a stream would order the producer's
     stream against the legacy default stream, which is illegal while the caller captures a CUDA graph.
     """
-    from cuinfer.device import require_gpu
     from cuinfer.interop import dlpack
+    from cuinfer.runtime.device import require_gpu
 
     require_gpu()
     fw = arrays.framework_of(anchor)
