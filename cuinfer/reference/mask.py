@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from cuinfer.reference_util import as_indptr
+from cuinfer.reference.util import as_indptr
 
 _BITORDERS = ("big", "little")
 

@@ -1,7 +1,7 @@
 """CPU reference backend: exact float64 attention with cuinfer's semantics (the oracle of every GPU test).
 
 Pure NumPy. Inputs may be any float dtype (float16, ml_dtypes bfloat16 / float8_e4m3fn / float8_e5m2); they are cast
-to float64 first and all outputs are float64. Semantics (docs/API.md, "Semantics"), per request of qo_len Lq and
+to float64 first and all outputs are float64. Semantics (docs/api.md, "Semantics"), per request of qo_len Lq and
 kv_len Lkv, query row i at position `i + Lkv - Lq` (bottom-right aligned):
 
 - logit `s = (q·k)·sm_scale·k_scale` (sm_scale default 1/sqrt(head_dim_qk)); ALiBi adds `slope_h·(j - qpos_i)`;
@@ -10,9 +10,8 @@ kv_len Lkv, query row i at position `i + Lkv - Lq` (bottom-right aligned):
 - `lse = log2(Σ_j exp(s_j))` (base 2); o = softmax(s)·v·v_scale; a row with no kept key has o = 0, lse = -inf.
 - GQA: query head h reads kv head `h // (Hq // Hkv)`.
 
-This module holds the attention math; the other pieces live beside it and are re-exported here:
-`reference_rope` (RoPE, ALiBi slopes), `reference_state` (merge), `reference_paged` (page tables, append),
-`reference_mask` (bit-packed masks).
+This module holds the attention math; the other pieces live beside it and ``cuinfer.reference`` re-exports them all:
+`positional` (RoPE, ALiBi slopes), `state` (merge), `paged` (page tables, append), `mask` (bit-packed masks).
 """
 
 from __future__ import annotations
@@ -23,36 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from cuinfer.reference_mask import packbits, segment_packbits, unpack_custom_mask
-from cuinfer.reference_paged import (
-    append_paged_kv_cache,
-    get_batch_indices_positions,
-    page_table,
-    paged_kv_to_ragged,
-)
-from cuinfer.reference_rope import alibi_slopes, apply_rope, apply_rope_pos_ids, rope
-from cuinfer.reference_state import merge_state, merge_state_in_place, merge_states
-from cuinfer.reference_util import as_bool_mask, as_f64, as_indptr
-
-__all__ = [
-    "alibi_slopes",
-    "append_paged_kv_cache",
-    "apply_rope",
-    "apply_rope_pos_ids",
-    "attention",
-    "batch_attention_ragged",
-    "batch_decode_paged",
-    "batch_prefill_paged",
-    "get_batch_indices_positions",
-    "merge_state",
-    "merge_state_in_place",
-    "merge_states",
-    "packbits",
-    "paged_kv_to_ragged",
-    "rope",
-    "segment_packbits",
-    "unpack_custom_mask",
-]
+from cuinfer.reference.paged import page_table
+from cuinfer.reference.positional import alibi_slopes, rope
+from cuinfer.reference.util import as_bool_mask, as_f64, as_indptr
 
 POS_ENCODINGS = ("none", "rope_llama", "alibi")
 LOG2E = 1.0 / math.log(2.0)
@@ -124,6 +96,15 @@ def _check_heads(q: tuple, k: tuple, v: tuple) -> None:
         )
 
 
+def _ragged_qkv(q: Any, k: Any, v: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q, k, v of one request or a ragged batch as float64 ``[tokens, heads, dim]``, their shapes checked."""
+    q64, k64, v64 = as_f64(q, "q", ndim=3), as_f64(k, "k", ndim=3), as_f64(v, "v", ndim=3)
+    _check_heads(q64.shape, k64.shape, v64.shape)
+    if k64.shape[0] != v64.shape[0]:
+        raise ValueError(f"k and v must have the same number of tokens but have shapes {k64.shape} and {v64.shape}")
+    return q64, k64, v64
+
+
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, opt: _Options):
     """One request, float64: q[Lq,Hq,D], k[Lkv,Hkv,D], v[Lkv,Hkv,Dv], mask [Lq,Lkv] bool or None -> (o, lse)."""
     lq, hq, d = q.shape
@@ -175,40 +156,18 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None
 
 
 def attention(
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    causal: bool = False,
-    custom_mask: Any = None,
-    sm_scale: float | None = None,
-    logits_soft_cap: float = 0.0,
-    window_left: int = -1,
-    pos_encoding: str = "none",
-    rope_scale: float = 1.0,
-    rope_theta: float = 1e4,
-    k_scale: float | None = None,
-    v_scale: float | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+    q: Any, k: Any, v: Any, *, causal: bool = False, custom_mask: Any = None, sm_scale: float | None = None,
+    logits_soft_cap: float = 0.0, window_left: int = -1, pos_encoding: str = "none", rope_scale: float = 1.0,
+    rope_theta: float = 1e4, k_scale: float | None = None, v_scale: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Attention for one request: q[Lq,Hq,D], k[Lkv,Hkv,D], v[Lkv,Hkv,Dv] -> float64 (o[Lq,Hq,Dv], lse[Lq,Hq]).
 
     custom_mask: [Lq, Lkv] bool, True = keep, ANDed with causal and window. lse is base 2.
     """
-    opt = _options(
-        causal=causal,
-        sm_scale=sm_scale,
-        logits_soft_cap=logits_soft_cap,
-        window_left=window_left,
-        pos_encoding=pos_encoding,
-        rope_scale=rope_scale,
-        rope_theta=rope_theta,
-        k_scale=k_scale,
-        v_scale=v_scale,
-    )
-    q64, k64, v64 = as_f64(q, "q", ndim=3), as_f64(k, "k", ndim=3), as_f64(v, "v", ndim=3)
-    _check_heads(q64.shape, k64.shape, v64.shape)
-    if k64.shape[0] != v64.shape[0]:
-        raise ValueError(f"k and v must have the same number of tokens but have shapes {k64.shape} and {v64.shape}")
+    opt = _options(causal=causal, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
+                   pos_encoding=pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta, k_scale=k_scale,
+                   v_scale=v_scale)  # fmt: skip
+    q64, k64, v64 = _ragged_qkv(q, k, v)
     mask = None if custom_mask is None else as_bool_mask(custom_mask, "custom_mask", (q64.shape[0], k64.shape[0]))
     return _attend(q64, k64, v64, mask, opt)
 
@@ -224,44 +183,20 @@ def _split_flat_mask(custom_mask: Any, qo_lens: np.ndarray, kv_lens: np.ndarray)
 
 
 def batch_attention_ragged(
-    q: Any,
-    k: Any,
-    v: Any,
-    qo_indptr: Any,
-    kv_indptr: Any,
-    *,
-    causal: bool = False,
-    custom_mask: Any = None,
-    sm_scale: float | None = None,
-    logits_soft_cap: float = 0.0,
-    window_left: int = -1,
-    pos_encoding: str = "none",
-    rope_scale: float = 1.0,
-    rope_theta: float = 1e4,
-    k_scale: float | None = None,
-    v_scale: float | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+    q: Any, k: Any, v: Any, qo_indptr: Any, kv_indptr: Any, *, causal: bool = False, custom_mask: Any = None,
+    sm_scale: float | None = None, logits_soft_cap: float = 0.0, window_left: int = -1, pos_encoding: str = "none",
+    rope_scale: float = 1.0, rope_theta: float = 1e4, k_scale: float | None = None, v_scale: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Batched attention over ragged q[nnz_q,Hq,D], k[nnz_kv,Hkv,D], v[nnz_kv,Hkv,Dv] -> float64 (o, lse).
 
     Request b owns query rows qo_indptr[b]:qo_indptr[b+1] and kv rows kv_indptr[b]:kv_indptr[b+1]. custom_mask is
     flat: the concatenation of each request's row-major [Lq_b, Lkv_b] bool mask. Query rows outside every request
     (padding) come back empty: o = 0, lse = -inf.
     """
-    opt = _options(
-        causal=causal,
-        sm_scale=sm_scale,
-        logits_soft_cap=logits_soft_cap,
-        window_left=window_left,
-        pos_encoding=pos_encoding,
-        rope_scale=rope_scale,
-        rope_theta=rope_theta,
-        k_scale=k_scale,
-        v_scale=v_scale,
-    )
-    q64, k64, v64 = as_f64(q, "q", ndim=3), as_f64(k, "k", ndim=3), as_f64(v, "v", ndim=3)
-    _check_heads(q64.shape, k64.shape, v64.shape)
-    if k64.shape[0] != v64.shape[0]:
-        raise ValueError(f"k and v must have the same number of tokens but have shapes {k64.shape} and {v64.shape}")
+    opt = _options(causal=causal, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
+                   pos_encoding=pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta, k_scale=k_scale,
+                   v_scale=v_scale)  # fmt: skip
+    q64, k64, v64 = _ragged_qkv(q, k, v)
     qo = as_indptr(qo_indptr, "qo_indptr", total=q64.shape[0])
     kv = as_indptr(kv_indptr, "kv_indptr", total=k64.shape[0])
     if qo.shape != kv.shape:
@@ -277,91 +212,52 @@ def batch_attention_ragged(
     return o, lse
 
 
+def _paged_q(q: Any, kv_cache: Any, kv_indptr: Any, kv_indices: Any, kv_last_page_len: Any, kv_layout: str):
+    """q as float64 ``[tokens, heads, dim]`` and the validated page table of ``kv_cache``, their heads checked."""
+    q64 = as_f64(q, "q", ndim=3)
+    table = page_table(kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout)
+    _check_heads(q64.shape, table.k.shape[1:], table.v.shape[1:])
+    return q64, table
+
+
 def batch_decode_paged(
-    q: Any,
-    kv_cache: Any,
-    kv_indptr: Any,
-    kv_indices: Any,
-    kv_last_page_len: Any,
-    *,
-    kv_layout: str = "NHD",
-    sm_scale: float | None = None,
-    logits_soft_cap: float = 0.0,
-    window_left: int = -1,
-    pos_encoding: str = "none",
-    rope_scale: float = 1.0,
-    rope_theta: float = 1e4,
-    k_scale: float | None = None,
-    v_scale: float | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+    q: Any, kv_cache: Any, kv_indptr: Any, kv_indices: Any, kv_last_page_len: Any, *, kv_layout: str = "NHD",
+    sm_scale: float | None = None, logits_soft_cap: float = 0.0, window_left: int = -1, pos_encoding: str = "none",
+    rope_scale: float = 1.0, rope_theta: float = 1e4, k_scale: float | None = None, v_scale: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Decode over a paged cache: one query token per request, q[B,Hq,D] -> float64 (o[B,Hq,Dv], lse[B,Hq]).
 
     The query sits at position kv_len - 1 (window and rope/alibi positions follow the rules with Lq = 1).
     """
-    opt = _options(
-        causal=False,
-        sm_scale=sm_scale,
-        logits_soft_cap=logits_soft_cap,
-        window_left=window_left,
-        pos_encoding=pos_encoding,
-        rope_scale=rope_scale,
-        rope_theta=rope_theta,
-        k_scale=k_scale,
-        v_scale=v_scale,
-    )
-    q64 = as_f64(q, "q", ndim=3)
-    table = page_table(kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout)
-    _check_heads(q64.shape, table.k.shape[1:], table.v.shape[1:])
+    opt = _options(causal=False, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
+                   pos_encoding=pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta, k_scale=k_scale,
+                   v_scale=v_scale)  # fmt: skip
+    q64, table = _paged_q(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout)
     batch = table.kv_lens.shape[0]
     if q64.shape[0] != batch:
         raise ValueError(f"q has {q64.shape[0]} rows but the page table has {batch} requests; decode takes one each")
     o = np.zeros((batch, q64.shape[1], table.v.shape[3]))
     lse = np.full((batch, q64.shape[1]), -np.inf)
     for b in range(batch):
-        k_b, v_b = table.request_kv(b)
-        k64, v64 = k_b.astype(np.float64), v_b.astype(np.float64)
+        k64, v64 = (x.astype(np.float64) for x in table.request_kv(b))
         o[b : b + 1], lse[b : b + 1] = _attend(q64[b : b + 1], k64, v64, None, opt)
     return o, lse
 
 
 def batch_prefill_paged(
-    q: Any,
-    kv_cache: Any,
-    qo_indptr: Any,
-    kv_indptr: Any,
-    kv_indices: Any,
-    kv_last_page_len: Any,
-    *,
-    kv_layout: str = "NHD",
-    causal: bool = False,
-    custom_mask: Any = None,
-    sm_scale: float | None = None,
-    logits_soft_cap: float = 0.0,
-    window_left: int = -1,
-    pos_encoding: str = "none",
-    rope_scale: float = 1.0,
-    rope_theta: float = 1e4,
-    k_scale: float | None = None,
-    v_scale: float | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+    q: Any, kv_cache: Any, qo_indptr: Any, kv_indptr: Any, kv_indices: Any, kv_last_page_len: Any, *,
+    kv_layout: str = "NHD", causal: bool = False, custom_mask: Any = None, sm_scale: float | None = None,
+    logits_soft_cap: float = 0.0, window_left: int = -1, pos_encoding: str = "none", rope_scale: float = 1.0,
+    rope_theta: float = 1e4, k_scale: float | None = None, v_scale: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Prefill over a paged cache: ragged q[nnz_q,Hq,D] -> float64 (o[nnz_q,Hq,Dv], lse[nnz_q,Hq]).
 
     custom_mask is flat, per request a row-major [qo_len_b, kv_len_b] block (kv_len from the page table).
     """
-    opt = _options(
-        causal=causal,
-        sm_scale=sm_scale,
-        logits_soft_cap=logits_soft_cap,
-        window_left=window_left,
-        pos_encoding=pos_encoding,
-        rope_scale=rope_scale,
-        rope_theta=rope_theta,
-        k_scale=k_scale,
-        v_scale=v_scale,
-    )
-    q64 = as_f64(q, "q", ndim=3)
-    table = page_table(kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout)
-    _check_heads(q64.shape, table.k.shape[1:], table.v.shape[1:])
+    opt = _options(causal=causal, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
+                   pos_encoding=pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta, k_scale=k_scale,
+                   v_scale=v_scale)  # fmt: skip
+    q64, table = _paged_q(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout)
     qo = as_indptr(qo_indptr, "qo_indptr", total=q64.shape[0])
     batch = table.kv_lens.shape[0]
     if qo.shape[0] != batch + 1:
@@ -372,8 +268,7 @@ def batch_prefill_paged(
     o = np.zeros((q64.shape[0], q64.shape[1], table.v.shape[3]))
     lse = np.full(q64.shape[:2], -np.inf)
     for b in range(batch):
-        k_b, v_b = table.request_kv(b)
-        k64, v64 = k_b.astype(np.float64), v_b.astype(np.float64)
+        k64, v64 = (x.astype(np.float64) for x in table.request_kv(b))
         qs = slice(qo[b], qo[b + 1])
         o[qs], lse[qs] = _attend(q64[qs], k64, v64, None if masks is None else masks[b], opt)
     return o, lse

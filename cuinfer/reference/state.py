@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from cuinfer.reference_util import as_f64
+from cuinfer.reference.util import as_f64
 
 
 def _merge_axis(o: np.ndarray, lse: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:

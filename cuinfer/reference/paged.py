@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from cuinfer.reference_util import as_index, as_indptr
+from cuinfer.reference.util import as_index, as_indptr
 from cuinfer.runtime.options import kv_layout_name
 
 

@@ -1,4 +1,4 @@
-"""Input checks shared by the CPU reference backend (`cuinfer.reference*`).
+"""Input checks shared by the CPU reference backend (`cuinfer.reference`).
 
 The reference is the oracle of every GPU test, so it converts everything to float64 / int64 up front and rejects
 malformed inputs loudly instead of guessing: a silently wrong oracle would make wrong kernels pass.

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from cuinfer.reference_util import as_f64, as_index, as_indptr, check_rope_dims
+from cuinfer.reference.util import as_f64, as_index, as_indptr, check_rope_dims
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
