@@ -15,7 +15,7 @@ from cuinfer.errors import CompileError
 from cuinfer.jit import KernelSpec, ParamStruct, cache, compile_spec, get_compiled
 from cuinfer.jit.compiler import parse_resources
 from cuinfer.jit.sass import check_sass
-from cuinfer.merge_specs import merge_spec
+from cuinfer.merge.specs import merge_spec
 
 P = ParamStruct("TestParams", (("x", "ptr"), ("n", "i32"), ("scale", "f32"), ("big", "i64"), ("k", "u32")))
 
@@ -162,7 +162,7 @@ def test_second_process_loads_from_disk_without_nvrtc(tmp_cache):
     get_compiled(spec, "sm_90a")  # warm the cache in this process
     code = textwrap.dedent("""
         import sys, time
-        from cuinfer.merge_specs import merge_spec
+        from cuinfer.merge.specs import merge_spec
         from cuinfer.jit import get_compiled, stats
         spec = merge_spec("float16", 64)
         t = time.perf_counter()

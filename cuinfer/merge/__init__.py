@@ -14,7 +14,7 @@ from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.interop.dtypes import DType
 from cuinfer.jit import get_kernel, register
-from cuinfer.merge_specs import (
+from cuinfer.merge.specs import (
     MERGE_HEAD_DIMS,
     THREADS,
     MergePartialsParams,
