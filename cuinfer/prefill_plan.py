@@ -21,7 +21,8 @@ from cuinfer.planner.tiles import kv_lens_from_pages
 from cuinfer.planner.work import WorkPlan
 from cuinfer.prefill_policy import check_head_dims, choose_tiles, query_tile
 from cuinfer.prefill_specs import MASK_CAUSAL, MASK_CUSTOM, MASK_WINDOW, PrefillKernelKey, TileConfig
-from cuinfer.runtime.options import check_common_options, kv_layout_name
+from cuinfer.runtime.options import AttentionOptions, kv_layout_name
+from cuinfer.runtime.options import check_options as check_attention_options
 from cuinfer.runtime.options import half_dtype as _half_dtype
 from cuinfer.runtime.outputs import host_outputs  # noqa: F401 (re-exported)
 
@@ -35,17 +36,6 @@ def half_dtype(name: str, x: Any) -> DType:
 # ---- the facts of one plan --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Options:
-    causal: bool
-    sm_scale: float
-    logits_soft_cap: float
-    window_left: int
-    pos_encoding: str
-    rope_scale: float
-    rope_theta: float
-
-
 @dataclass
 class PrefillPlan:
     batch: int
@@ -57,7 +47,7 @@ class PrefillPlan:
     q_dtype: DType
     kv_dtype: DType
     o_dtype: DType
-    options: Options
+    options: AttentionOptions
     config: TileConfig
     qo_indptr: np.ndarray
     kv_indptr: np.ndarray  # ragged: token offsets; paged: page offsets
@@ -96,9 +86,9 @@ class PrefillPlan:
 
 def check_options(
     causal, sm_scale, logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant, head_dim
-) -> Options:
-    o = check_common_options(
-        what="prefill", sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
+) -> AttentionOptions:
+    o = check_attention_options(
+        what="prefill", causal=causal, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
         pos_encoding=pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta, variant=variant, head_dim=head_dim,
         builtin_hint="causal, custom_mask, sm_scale, logits_soft_cap, window_left, pos_encoding='alibi'",
     )  # fmt: skip
@@ -107,7 +97,7 @@ def check_options(
             "pos_encoding='rope_llama' is not implemented in the prefill kernel yet; rotate q and k first with "
             "cuinfer.apply_rope(...) and plan with pos_encoding='none'"
         )
-    return Options(bool(causal), *o)
+    return o
 
 
 def positive(name: str, v: Any) -> int:
@@ -360,7 +350,7 @@ def _index_arrays(paged: bool, qo_indptr, kv_indptr, kv_indices, kv_last_page_le
 
 def _index_arrays_fast(paged: bool, qo, kvi, indices, last, ps: int) -> tuple | None:
     """``_index_arrays`` for 1-D NumPy int32 inputs in one reduction over the rows ``[qo_lens, kv_lens, lp, -qo_lens,
-    -kv_lens, -lp]`` (``lp = last - page_size``, see ``decode_host._page_table_fast``), or None: the validators' path
+    -kv_lens, -lp]`` (``lp = last - page_size``, see ``read_page_table_fast``), or None: the validators' path
     then runs and names whatever is wrong. The rows lie end to end in one buffer: ``reduceat`` takes their maxima in
     two thirds of the instructions of a 2-D reduction, and scalars are read with ``item`` (no NumPy scalar)."""
     nd = np.ndarray

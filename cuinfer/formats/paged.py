@@ -3,6 +3,7 @@ CSR page table (``kv_indptr``, ``kv_indices``, ``kv_last_page_len``) checked aga
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +12,10 @@ import numpy as np
 from cuinfer.formats.kv import KV, check_aligned
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor
+
+I32 = np.dtype(np.int32)
+U32 = np.dtype(np.uint32)
+INT32_MAX = 2**31 - 1
 
 
 def check_page_table(
@@ -91,3 +96,81 @@ def paged_kv(tensor: Callable[[Any, str], Tensor], kv_cache: Any, layout: str, *
     validate.check_same_dtype(("k_cache", "v_cache"), (kt, vt))
     page_size, heads = (shape[1], shape[2]) if nhd else (shape[2], shape[1])
     return KV(kt, vt, kp, vp, ks, vs, shape[0], page_size, heads, shape[3])
+
+
+# ---- the page table of a plan --------------------------------------------------------------------------------------
+
+
+def read_page_table(out: dict, kv_indptr: Any, kv_indices: Any, kv_last_page_len: Any, page_size: int) -> None:
+    """Check a CSR page table and put its host int32 facts into ``out`` (a plan's fields): ``kv_indptr``,
+    ``kv_indices``, ``kv_last_page_len``, ``kv_lens``, ``max_page`` (-1 when no page is read), ``kv_range`` ((min, max)
+    of kv_lens) and ``nnz`` (page indices read). 1-D NumPy int32 inputs take a fast path of three reductions (plan()
+    runs every step); anything else, or a failed check, goes through the interop validators, which raise the error
+    that names the argument."""
+    if (
+        type(kv_indptr) is np.ndarray and type(kv_indices) is np.ndarray and type(kv_last_page_len) is np.ndarray
+        and kv_indptr.dtype is I32 and kv_indices.dtype is I32 and kv_last_page_len.dtype is I32
+        and read_page_table_fast(out, kv_indptr, kv_indices, kv_last_page_len, page_size)
+    ):  # fmt: skip
+        return
+    indptr = validate.check_indptr("kv_indptr", kv_indptr)
+    batch = indptr.shape[0] - 1
+    indices, last, pages = check_page_table(indptr, kv_indices, kv_last_page_len, page_size)
+    nnz = int(indptr[-1])
+    kv_lens = np.maximum(pages * page_size + (last - page_size), 0).astype(np.int32, copy=False)
+    out["kv_indptr"], out["kv_indices"], out["kv_last_page_len"], out["kv_lens"] = indptr, indices, last, kv_lens
+    out["max_page"] = int(indices[:nnz].max()) if nnz else -1
+    out["kv_range"] = (int(kv_lens.min()), int(kv_lens.max())) if batch else (0, 0)
+    out["nnz"] = nnz
+
+
+def read_page_table_fast(out: dict, indptr: np.ndarray, indices: np.ndarray, last: np.ndarray, page_size: int) -> bool:
+    """``read_page_table`` for 1-D NumPy int32 arrays: the validators' checks in two reductions; False (``out``
+    untouched) when any fails, the slow path then naming the problem.
+
+    With ``lp = last - page_size`` in ``[1 - page_size, 0]``, ``kv_lens = pages * page_size + lp`` is above
+    ``-page_size`` exactly when no request has a negative page count (``<= 0`` only for requests without pages, whose
+    length is 0). One reduction over the rows ``[lp, kv, -lp, -kv]`` gives all four bounds; the page indices seen as
+    uint32 are below 2**31 exactly when none is negative, and their max is the largest page the plan reads.
+    """
+    if indptr.ndim != 1 or indices.ndim != 1 or last.ndim != 1:
+        return False
+    batch = indptr.shape[0] - 1
+    if batch < 1 or last.shape[0] != batch or indptr.item(0) != 0:
+        return False
+    nnz = indptr.item(-1)
+    n_ind = indices.shape[0]
+    if n_ind < nnz:
+        return False
+    ps = const32(page_size)  # a 0-d operand: NumPy calls with Python scalars cost about twice as much
+    rows = np.empty((4, batch), dtype=np.int32)
+    lp, kv = rows[0], rows[1]
+    np.subtract(last, ps, out=lp)
+    np.subtract(indptr[1:], indptr[:-1], out=kv)  # pages
+    np.multiply(kv, ps, out=kv)
+    np.add(kv, lp, out=kv)
+    np.negative(rows[:2], out=rows[2:])
+    lp_hi, kv_hi, lp_lo, kv_lo = np.maximum.reduce(rows, axis=1).tolist()
+    if lp_hi > 0 or lp_lo >= page_size or kv_lo >= page_size:  # (lp_lo, kv_lo are the negated minima)
+        return False
+    kv_lo = -kv_lo
+    if kv_lo < 0:  # requests without pages have length 0
+        np.maximum(kv, 0, out=kv)
+        kv_lo = 0
+    if nnz:
+        max_page = int(np.maximum.reduce((indices if n_ind == nnz else indices[:nnz]).view(U32)))
+    else:
+        max_page = -1
+    if max_page > INT32_MAX:
+        return False
+    out["kv_indptr"], out["kv_indices"], out["kv_last_page_len"], out["kv_lens"] = indptr, indices, last, kv
+    out["max_page"], out["kv_range"], out["nnz"] = max_page, (kv_lo, kv_hi), nnz
+    return True
+
+
+@functools.lru_cache(maxsize=64)
+def const32(v: int) -> np.ndarray:
+    """A read-only 0-d int32 operand (NumPy calls with a Python scalar cost about twice as much on small arrays)."""
+    c = np.array(v, dtype=np.int32)
+    c.flags.writeable = False
+    return c

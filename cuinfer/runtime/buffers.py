@@ -3,6 +3,7 @@ workspace rules they follow."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -73,7 +74,7 @@ class Buffers:
         self.pinned: list[np.ndarray] = []
         self.events: list[Any] = []
         self.turn = 0
-        self.fixed_layout = None  # graph mode: (PlanLayout, (heads, group, config), page-index capacity)
+        self.fixed_layout: FixedLayout | None = None  # graph mode: what the first plan packed here fixed
 
     def ensure_workspace(self, nbytes: int) -> None:
         """Grow the workspace to ``nbytes`` (a wrapper that was given no workspace_bytes grows as plans need)."""
@@ -155,3 +156,22 @@ class Buffers:
         ws = int(self.workspace.data.ptr)
         rows = partial_rows_capacity(self.workspace_bytes, head_dim)
         return ws, ws + plan_layout.workspace_offsets(rows, head_dim)[0]
+
+
+@dataclass(frozen=True, eq=False)
+class FixedLayout:
+    """CUDA-graph mode: what the first plan fixed. A captured run() keeps reading the plan buffer at these offsets and
+    launches the kernel of the first plan, so every later plan must keep ``signature`` and fit the capacities."""
+
+    layout: plan_layout.PlanLayout
+    signature: tuple  # what later plans must keep: heads, and the kernel (its configuration or key)
+    page_cap: int  # page-table entries the buffer holds
+    mask_cap: int = 0  # custom-mask bytes the buffer holds (prefill)
+    config: Any = None  # the tile configuration later plans keep instead of choosing their own (prefill)
+
+
+class HostLayoutHolder:
+    """Where plans packed without a GPU (``_pack_host``: tests, benchmarks) keep their graph-mode layout, as
+    ``Buffers`` does on a GPU."""
+
+    fixed_layout: FixedLayout | None = None

@@ -1,9 +1,10 @@
-"""The attention options every wrapper accepts (API.md semantics), validated in one place."""
+"""The attention options every wrapper accepts (docs/api.md semantics), validated in one place."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 from cuinfer.interop.dtypes import DType, as_dtype
 
@@ -32,7 +33,12 @@ def half_dtype(name: str, x: Any, *, what: str) -> DType:
     return dt
 
 
-class CommonOptions(NamedTuple):
+@dataclass(frozen=True)
+class AttentionOptions:
+    """The checked attention options of a plan (decode plans are never causal); built once per set of plan()
+    arguments, then read by the kernel key, the launch parameters and the CPU reference."""
+
+    causal: bool
     sm_scale: float
     logits_soft_cap: float
     window_left: int
@@ -40,11 +46,19 @@ class CommonOptions(NamedTuple):
     rope_scale: float
     rope_theta: float
 
+    def reference_kwargs(self) -> dict[str, Any]:
+        """The options as keywords of the ``cuinfer.reference`` functions, ``causal`` aside (batch decode takes
+        none)."""
+        return dict(
+            sm_scale=self.sm_scale, logits_soft_cap=self.logits_soft_cap, window_left=self.window_left,
+            pos_encoding=self.pos_encoding, rope_scale=self.rope_scale, rope_theta=self.rope_theta,
+        )  # fmt: skip
 
-def check_common_options(
-    *, what: str, sm_scale: Any, logits_soft_cap: Any, window_left: Any, pos_encoding: Any, rope_scale: Any,
-    rope_theta: Any, variant: Any, head_dim: int, builtin_hint: str,
-) -> CommonOptions:  # fmt: skip
+
+def check_options(
+    *, what: str, causal: Any, sm_scale: Any, logits_soft_cap: Any, window_left: Any, pos_encoding: Any,
+    rope_scale: Any, rope_theta: Any, variant: Any, head_dim: int, builtin_hint: str,
+) -> AttentionOptions:  # fmt: skip
     """Validate the options shared by decode and prefill (``what`` names the wrapper in messages)."""
     if variant is not None:
         raise NotImplementedError(
@@ -65,4 +79,7 @@ def check_common_options(
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
     if not (scale > 0 and math.isfinite(scale)):
         raise ValueError(f"sm_scale must be a finite number > 0 (default 1/sqrt(head_dim)) but is {sm_scale}")
-    return CommonOptions(scale, cap, int(window_left), pos, float(rope_scale), float(rope_theta))
+    return AttentionOptions(
+        causal=bool(causal), sm_scale=scale, logits_soft_cap=cap, window_left=int(window_left), pos_encoding=pos,
+        rope_scale=float(rope_scale), rope_theta=float(rope_theta),
+    )  # fmt: skip

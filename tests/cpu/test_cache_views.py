@@ -1,4 +1,4 @@
-"""CacheViews (cuinfer/decode_launch.py): the paged-cache view run() reuses, and when it must not."""
+"""CacheViews (cuinfer/runtime/cache_views.py): the paged-cache view run() reuses, and when it must not."""
 
 from __future__ import annotations
 

@@ -12,22 +12,23 @@ from typing import Any
 
 import numpy as np
 
-from cuinfer.decode_policy import kv_evict_first
-from cuinfer.decode_specs import DecodeParams, decode_spec
+from cuinfer.decode.policy import kv_evict_first
+from cuinfer.decode.specs import DecodeParams, decode_spec
 from cuinfer.formats.kv import KV
 from cuinfer.interop.arrays import Tensor
 from cuinfer.jit import get_kernel
+from cuinfer.runtime.buffers import Buffers
 from cuinfer.runtime.device import device_info
 
 _LOG2E = 1.0 / math.log(2.0)
 
 
-class LaunchState:
+class DecodeLaunch:
     """What run() launches for one plan: kernels, grids and the static part of the parameter structs."""
 
-    def __init__(self, w: Any, plan: Any, want_lse: bool, device_id: int) -> None:
+    def __init__(self, buf: Buffers, plan: Any, want_lse: bool, device_id: int) -> None:
         self.plan, self.want_lse, self.device_id, self.dyn = plan, want_lse, device_id, None
-        buf, off, opts, work = w._buffers, plan.offsets, plan.options, plan.work
+        off, opts, work = plan.offsets, plan.options, plan.work
         key = plan.key(want_lse)
         self.kernel = get_kernel(decode_spec(key), key.name_expr(), device_id)
         self.num_ctas, self.threads, self.smem_bytes = work.num_ctas, plan.config.threads, plan.config.smem_bytes
@@ -54,12 +55,13 @@ class LaunchState:
         )  # fmt: skip
         # (split requests merge inside the kernel, decode.cuh merge_split: one launch per step)
 
-    def repack(self, tq: Tensor, q_strides, kv: KV, to: Tensor, tl: Tensor | None, k_scale, v_scale) -> None:
+    def repack(self, tq: Tensor, kv: KV, to: Tensor, tl: Tensor | None, k_scale: Any, v_scale: Any) -> None:
+        """The parameter struct for these arrays (q may be a view of one request with a batch stride of 0)."""
         scale = self.sm_scale * (1.0 if k_scale is None else float(k_scale))
         self.params = DecodeParams.pack(
             **self.static,
             q=tq.ptr, k=kv.k_ptr, v=kv.v_ptr, o=to.ptr, lse=0 if tl is None else tl.ptr,
-            q_stride_b=q_strides[0], q_stride_h=q_strides[1],
+            q_stride_b=tq.strides[0], q_stride_h=tq.strides[1],
             k_stride_page=kv.k_strides[0], k_stride_slot=kv.k_strides[1], k_stride_head=kv.k_strides[2],
             v_stride_page=kv.v_strides[0], v_stride_slot=kv.v_strides[1], v_stride_head=kv.v_strides[2],
             o_stride_b=to.strides[0], o_stride_h=to.strides[1],

@@ -6,11 +6,15 @@ from dataclasses import replace
 from typing import Any
 
 from cuinfer import reference
+from cuinfer.decode.plan import check_decode_options
+from cuinfer.decode.wrapper import BatchDecode
 from cuinfer.formats.kv import KV, check_aligned
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.interop.dtypes import DType
 from cuinfer.runtime.calls import begin, is_host
+from cuinfer.runtime.options import kv_layout_name
+from cuinfer.runtime.outputs import host_outputs
 
 _single_wrappers: dict = {}  # (device, layout) -> BatchDecode reused across calls
 
@@ -26,10 +30,7 @@ def single_decode(
     The same kernels as ``BatchDecode``: the request is one page of ``kv_len`` tokens, split over the GPU by the
     planner when it is long.
     """
-    # cuinfer.decode re-exports this function, so its names are imported here, at call time.
-    from cuinfer.decode import BatchDecode, _check_options, _host_outputs, _layout_name, _reference_options
-
-    layout = _layout_name(kv_layout)
+    layout = kv_layout_name(kv_layout)
     opts_kw = dict(
         sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left, pos_encoding=pos_encoding,
         rope_scale=rope_scale, rope_theta=rope_theta, variant=variant,
@@ -40,9 +41,9 @@ def single_decode(
         kn, vn = tk.numpy(), tv.numpy()
         if layout == "HND":
             kn, vn = kn.transpose(1, 0, 2), vn.transpose(1, 0, 2)
-        opts = _check_options(head_dim=tq.shape[1], **opts_kw)
-        o, lse = reference.attention(tq.numpy()[None], kn, vn, **_reference_options(opts))
-        return _host_outputs(o[0], lse[0], tq.dtype, None, None, return_lse)
+        opts = check_decode_options(head_dim=tq.shape[1], **opts_kw)
+        o, lse = reference.attention(tq.numpy()[None], kn, vn, **opts.reference_kwargs())
+        return host_outputs(o[0], lse[0], tq.dtype, None, None, return_lse)
     call, tq = begin(q, "q")
     tk, tv = call.tensor(k, "k"), call.tensor(v, "v")
     _check_single(tq, tk, tv, layout)
@@ -71,9 +72,7 @@ def single_decode(
     tl = call.empty((hq,), DType.FLOAT32) if return_lse else None
     o3 = replace(to, shape=(1, hq, d), strides=(0,) + to.strides)
     l3 = None if tl is None else replace(tl, shape=(1, hq), strides=(0,) + tl.strides)
-    w._buffers.upload(plan.words, plan.words_used, call.stream)
-    plan.uploaded_on = call.stream
-    w._launch(call, plan, q3, (0, tq.strides[0]), kv, o3, l3, return_lse, None, None)
+    w._enqueue(call, plan, q3, kv, o3, l3, None, None)  # (a fresh plan: its words are uploaded)
     return (call.give(to), call.give(tl)) if return_lse else call.give(to)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from cuinfer.decode_policy import DecodeConfig, decode_config
+from cuinfer.decode.policy import DecodeConfig, decode_config
 from cuinfer.jit import KernelSpec, ParamStruct
 
 POS_ENCODINGS = {"none": 0, "rope_llama": 1, "alibi": 2}
