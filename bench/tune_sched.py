@@ -687,8 +687,8 @@ def trace(case_ids: list[str], out_dir: str | None) -> None:
     import cuinfer.planner.work as work
     import torch
 
-    import cuinfer.prefill as prefill_mod
-    import cuinfer.prefill_launch as launch_mod
+    import cuinfer.prefill.launch as launch_mod
+    import cuinfer.prefill.wrapper as prefill_mod
     from bench import cases, inputs
     from bench.tune_prefill import use_spec
 

@@ -23,8 +23,8 @@ from cuinfer import reference
 from cuinfer.decode.launch import DecodeLaunch
 from cuinfer.decode.plan import DecodePlan, host_plan
 from cuinfer.decode.policy import ctas_per_sm
-from cuinfer.formats.kv import KV, check_aligned
-from cuinfer.formats.paged import check_cache_matches, paged_kv
+from cuinfer.formats.kv import KV
+from cuinfer.formats.paged import check_cache_matches, check_pages_in_cache, paged_kv
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.planner import layout as plan_layout
@@ -33,7 +33,7 @@ from cuinfer.planner.work import WorkPlan, plan_work
 from cuinfer.runtime.buffers import FixedLayout
 from cuinfer.runtime.calls import Call
 from cuinfer.runtime.outputs import check_out_dtype, host_outputs
-from cuinfer.runtime.wrapper import PlanRunWrapper
+from cuinfer.runtime.wrapper import PlanRunWrapper, check_q_dtype
 
 DEFAULT_WORKSPACE_BYTES = 128 << 20
 # Host-side occupancy estimate when no GPU is present (H200: 228 KB of shared memory and 132 SMs).
@@ -283,13 +283,7 @@ class BatchDecode(PlanRunWrapper):
             hint=f"plan() was made for batch_size={plan.batch}, num_qo_heads={plan.num_qo_heads}, "
             f"head_dim={plan.head_dim}",
         )  # fmt: skip
-        if tq.dtype is not plan.q_dtype:
-            raise ValueError(
-                f"q has dtype {tq.dtype.value} but plan() was made for q_dtype={plan.q_dtype.value}; cast q with "
-                f"{validate.cast_fix('q', tq.framework, plan.q_dtype)} or call plan() with q_dtype='{tq.dtype.value}'"
-            )
-        if tq.is_cuda:
-            check_aligned("q", tq, (0, 1))
+        check_q_dtype(plan, tq)
 
     def _check_kv(self, plan: DecodePlan, kv: KV) -> None:
         check_cache_matches(kv, plan, self.kv_layout)
@@ -298,11 +292,7 @@ class BatchDecode(PlanRunWrapper):
                 f"kv_cache has dtype {kv.k.dtype.value} but plan() was made for kv_dtype={plan.kv_dtype.value}; call "
                 f"plan() with kv_dtype='{kv.k.dtype.value}'"
             )
-        if plan.max_page >= kv.num_pages:
-            raise ValueError(
-                f"kv_indices holds page index {plan.max_page} but kv_cache has {kv.num_pages} pages (valid indices are "
-                f"0..{kv.num_pages - 1}); the page table passed to plan() does not belong to this cache"
-            )
+        check_pages_in_cache(plan.max_page, kv)
 
     def _launch(
         self, call: Call, plan: DecodePlan, tq: Tensor, kv: KV, to: Tensor, tl: Tensor | None, k_scale: Any,

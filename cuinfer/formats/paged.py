@@ -50,6 +50,15 @@ def check_cache_matches(kv: KV, plan: Any, layout: str) -> None:
         )
 
 
+def check_pages_in_cache(max_page: int, kv: KV) -> None:
+    """Raise unless the cache ``kv`` holds page ``max_page``, the largest index the plan's page table reads."""
+    if max_page >= kv.num_pages:
+        raise ValueError(
+            f"kv_indices holds page index {max_page} but kv_cache has {kv.num_pages} pages (valid indices are "
+            f"0..{kv.num_pages - 1}); the page table passed to plan() does not belong to this cache"
+        )
+
+
 def paged_kv(tensor: Callable[[Any, str], Tensor], kv_cache: Any, layout: str, *, gpu: bool) -> KV:
     """Parse a 5-D cache or a (k_cache, v_cache) tuple of ``layout`` (imported with ``tensor``); ``gpu`` adds the
     16-byte alignment checks the kernels need."""

@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from cuinfer.formats.kv import KV
+from cuinfer.formats.kv import KV, check_aligned
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor
 from cuinfer.planner import layout as plan_layout
@@ -46,6 +46,17 @@ from cuinfer.runtime.cache_views import CacheViews
 from cuinfer.runtime.calls import Call, begin, is_host
 from cuinfer.runtime.options import kv_layout_name
 from cuinfer.runtime.outputs import prepare_outputs
+
+
+def check_q_dtype(plan: Any, tq: Tensor) -> None:
+    """q's dtype against the plan's ``q_dtype`` and, on the GPU, the 16-byte alignment of its rows."""
+    if tq.dtype is not plan.q_dtype:
+        raise ValueError(
+            f"q has dtype {tq.dtype.value} but plan() was made for q_dtype={plan.q_dtype.value}; cast q with "
+            f"{validate.cast_fix('q', tq.framework, plan.q_dtype)} or call plan() with q_dtype='{tq.dtype.value}'"
+        )
+    if tq.is_cuda:
+        check_aligned("q", tq, (0, 1))
 
 
 @dataclass(kw_only=True)

@@ -1,7 +1,7 @@
 """The fast paths of the prefill plan() (a new batch every call) against the plain-Python reference and the slow paths
 they stand in for: the query tiles of new query lengths (per-length table, int32 arithmetic, the int64 fallback, the
 cached structure of repeated lengths), the tile costs and their running sum, the split policy skipped on cost bounds,
-the index-array validation of ``_index_arrays_fast`` against the validators' path, the compact pack's prefill path
+the index-array validation of ``read_index_arrays_fast`` against the validators' path, the compact pack's prefill path
 against the words of the general form, and the layouts built for new item counts against the dataclass construction.
 """
 
@@ -15,8 +15,8 @@ from cuinfer.planner.cost import DEFAULT_COST
 from cuinfer.planner.layout import COMPACT_FIELDS, compact_groups, pack_compact
 from test_planner import check_plan, reference_tiles
 
-from cuinfer import prefill_plan
 from cuinfer.prefill import BatchPrefill
+from cuinfer.prefill.index import read_checked_index_arrays, read_index_arrays_fast
 
 
 def _lengths(rng, b: int, qo_hi: int, *, empty: bool, more_queries: bool):
@@ -163,7 +163,7 @@ def _page_table(rng, kv, ps: int, zero_pages: bool):
     ],
 )
 def test_fast_index_arrays_are_the_validators(paged, b, ps, zero_pages, rng):
-    """``_index_arrays_fast`` (one reduction, ``item`` reads) returns what the validators' path returns."""
+    """``read_index_arrays_fast`` (one reduction, ``item`` reads) gives what the validators' path gives."""
     qo = rng.integers(0, 900, b)
     kv = qo + rng.integers(1, 700, b)
     qo_indptr = np.concatenate([[0], np.cumsum(qo)]).astype(np.int32)
@@ -171,14 +171,15 @@ def test_fast_index_arrays_are_the_validators(paged, b, ps, zero_pages, rng):
         kvi, indices, last = _page_table(rng, kv, ps, zero_pages)
     else:
         kvi, indices, last = np.concatenate([[0], np.cumsum(kv)]).astype(np.int32), None, None
-    fast = prefill_plan._index_arrays_fast(paged, qo_indptr, kvi, indices, last, ps)
-    slow = prefill_plan._index_arrays(paged, qo_indptr, kvi, indices, last, ps)
-    assert fast is not None
-    for i, (a, s) in enumerate(zip(fast, slow, strict=True)):
+    fast, slow = {}, {}
+    assert read_index_arrays_fast(fast, paged, qo_indptr, kvi, indices, last, ps)
+    read_checked_index_arrays(slow, paged, qo_indptr, kvi, indices, last, ps)
+    assert fast.keys() == slow.keys()
+    for name, a in fast.items():
         if isinstance(a, np.ndarray):
-            np.testing.assert_array_equal(a, s, err_msg=f"item {i}")
+            np.testing.assert_array_equal(a, slow[name], err_msg=name)
         else:
-            assert a == s, (i, a, s)
+            assert a == slow[name], (name, a, slow[name])
 
 
 @pytest.mark.parametrize(
@@ -204,9 +205,11 @@ def test_fast_index_arrays_hand_bad_input_to_the_validators(bad, rng):
         qo_indptr[5] = qo_indptr[4] - 1
     else:
         qo_indptr = qo_indptr.reshape(1, -1)
-    assert prefill_plan._index_arrays_fast(True, qo_indptr, kvi, indices, last, 16) is None
+    out = {}
+    assert not read_index_arrays_fast(out, True, qo_indptr, kvi, indices, last, 16)
+    assert out == {}
     with pytest.raises(ValueError):
-        prefill_plan._index_arrays(True, qo_indptr, kvi, indices, last, 16)
+        read_checked_index_arrays(out, True, qo_indptr, kvi, indices, last, 16)
 
 
 def test_new_batches_plan_as_the_planner_and_as_repeated_batches(rng):

@@ -1,6 +1,7 @@
-"""Batch prefill / append attention on a ragged KV tensor or a paged cache (``BatchPrefill``) and ``single_prefill``.
+"""``BatchPrefill``: batch prefill / append attention on a ragged KV tensor or a paged cache, on the plan/run lifecycle
+of ``cuinfer.runtime.wrapper``.
 
-``plan()`` runs on the host once per batch: it validates the index arrays, picks the tiles (``prefill_policy``: the
+``plan()`` runs on the host once per batch: it validates the index arrays, picks the tiles (``prefill.policy``: the
 smallest query tile >= the average packed query length, the KV tile with the best occupancy), sizes the persistent
 grid from the kernel's real occupancy, balances (query tile x KV chunk) work items over it (``cuinfer.planner``) and
 packs plan + index arrays into one pinned int32 buffer. ``run()`` validates the arrays against the plan and enqueues,
@@ -8,7 +9,7 @@ on the caller's current stream: the async copy of that buffer (once per plan and
 mode), the FA2-class kernel (``kernel_src/attention/prefill.cuh``), and the merge of split-KV partial states when the
 plan split anything. ``run()`` never synchronises.
 
-NumPy inputs to ``run()`` / ``single_prefill`` run the float64 CPU reference and return NumPy arrays in the output
+NumPy inputs to ``run()`` run the float64 CPU reference and return NumPy arrays in the output
 dtypes the GPU would produce (o in ``o_dtype``, lse float32). Every bad input raises before any launch.
 """
 
@@ -20,36 +21,26 @@ from typing import Any
 import numpy as np
 
 from cuinfer import reference
-from cuinfer.formats.kv import KV, check_aligned
-from cuinfer.formats.paged import check_cache_matches, paged_kv
+from cuinfer.formats.kv import KV
+from cuinfer.formats.paged import check_cache_matches, check_pages_in_cache, paged_kv
+from cuinfer.formats.ragged import check_ragged_shapes, ragged_kv
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
-from cuinfer.jit import get_kernel, register
+from cuinfer.jit import get_kernel
 from cuinfer.planner import assign as plan_assign
 from cuinfer.planner import layout as plan_layout
 from cuinfer.planner.cost import DEFAULT_COST
 from cuinfer.planner.split_kv import DEFAULT_MIN_CHUNK
 from cuinfer.planner.work import WorkPlan, plan_checked, plan_work
-from cuinfer.prefill_launch import PrefillLaunch
-from cuinfer.prefill_plan import (
-    PrefillPlan,
-    check_ragged_shapes,
-    host_array,
-    host_outputs,
-    host_plan,
-    layout_name,
-    plan_of,
-    positive,
-    ragged_kv,
-)
-from cuinfer.prefill_policy import DeviceLimits, ctas_per_sm
-from cuinfer.prefill_specs import block_smem_bytes, default_specs, prefill_spec
-from cuinfer.runtime.buffers import Buffers, buffer_settings, fit_workspace, partial_rows_capacity
-from cuinfer.runtime.cache_views import CacheViews
-from cuinfer.runtime.calls import Call, begin, is_host
-from cuinfer.runtime.outputs import prepare_outputs
-
-register("prefill", default_specs)
+from cuinfer.prefill.launch import PrefillLaunch
+from cuinfer.prefill.plan import PrefillPlan, host_plan, plan_of, positive
+from cuinfer.prefill.policy import DeviceLimits, ctas_per_sm
+from cuinfer.prefill.specs import prefill_spec
+from cuinfer.prefill.tiles import block_smem_bytes
+from cuinfer.runtime.buffers import FixedLayout
+from cuinfer.runtime.calls import Call
+from cuinfer.runtime.outputs import host_outputs
+from cuinfer.runtime.wrapper import PlanRunWrapper, check_q_dtype
 
 DEFAULT_WORKSPACE_BYTES = 128 << 20
 BACKENDS = ("auto", "fa2", "sm90")
@@ -60,10 +51,7 @@ def _align4(x: int) -> int:
     return (x + 3) & ~3
 
 
-# ---- the wrapper -----------------------------------------------------------------------------------------------
-
-
-class BatchPrefill:
+class BatchPrefill(PlanRunWrapper):
     """Prefill / append attention for a batch of requests: ``plan()`` once per batch, ``run()`` per layer.
 
     ``paged=True``: ``run(q, kv_cache)`` over a paged cache (5-D array or ``(k_cache, v_cache)``, ``kv_layout`` NHD /
@@ -74,6 +62,13 @@ class BatchPrefill:
     query tokens and page-table entries, ``max_batch_size`` requests), so a captured ``run()`` stays valid across
     later plans that fit; the tiles of the first plan are kept.
     """
+
+    NAME = "BatchPrefill"
+    PLAN_CALL = "plan(qo_indptr, kv_indptr, ...)"
+    RUN_ARRAY_NAMES = ("q", "k", "v", "out")
+    DEFAULT_WORKSPACE_BYTES = DEFAULT_WORKSPACE_BYTES
+    _plan: PrefillPlan | None
+    _launch_state: PrefillLaunch | None
 
     def __init__(
         self, *, paged: bool = True, kv_layout: str = "NHD", backend: str = "auto", use_cuda_graph: bool = False,
@@ -87,26 +82,16 @@ class BatchPrefill:
                 "use backend='fa2' or 'auto'"
             )
         self.paged = bool(paged)
-        self.kv_layout = layout_name(kv_layout)
+        super().__init__(
+            kv_layout=kv_layout, use_cuda_graph=use_cuda_graph, max_batch_size=max_batch_size,
+            workspace_bytes=workspace_bytes, device=device,
+        )  # fmt: skip
         self.backend = backend
-        self.use_cuda_graph, self.max_batch_size, self.workspace_bytes, self._grow_workspace = buffer_settings(
-            use_cuda_graph, max_batch_size, workspace_bytes, DEFAULT_WORKSPACE_BYTES
-        )
-        self.device = device
-        self._plan: PrefillPlan | None = None
-        self._buffers: Buffers | None = None
         self._ctas: dict = {}
-        self._fixed: tuple | None = None  # graph mode: (layout, config, heads, capacities)
-        self._generation = 0
-        self._static: dict = {}  # host_plan's memo of the arguments other than index arrays and masks
-        self._device_id: int | None | bool = False  # False: not asked yet
+        self._fixed: FixedLayout | None = None  # graph mode: the layout, tiles and capacities of the first plan
         self._limits_memo: tuple | None = None
         self._ctas_memo: tuple | None = None
-        self._offsets: dict = {}
-        # id(host buffer) -> (buffer, layout, planner.pack memo, [views of the index arrays])
-        self._pack_memo: dict = {}
-        self._launch_state: PrefillLaunch | None = None
-        self._kv_views = CacheViews()  # the checked view of the last paged cache
+        # (_pack_memo: id(host buffer) -> (buffer, layout, planner.pack memo, [views of the index arrays]))
 
     # -- planning --------------------------------------------------------------------------------------------------
 
@@ -114,7 +99,7 @@ class BatchPrefill:
         graph = self.use_cuda_graph
         return host_plan(
             self.paged, *args, **kwargs, max_batch_size=self.max_batch_size if graph else None,
-            fixed_config=None if self._fixed is None else self._fixed[1], memo=self._static,
+            fixed_config=None if self._fixed is None else self._fixed.config, memo=self._static,
         )  # fmt: skip
 
     def _num_ctas(self, plan: PrefillPlan, num_sms: int | None, device_id: int | None) -> int:
@@ -176,15 +161,6 @@ class BatchPrefill:
             kv_hi, qo_lo, qo_hi, plan_assign.POOL_SHARE,
         )  # fmt: skip
 
-    def _device_or_none(self) -> int | None:
-        """The GPU plans are made for (None without one); asked once per wrapper, so plan() stays cheap."""
-        if self._device_id is False:
-            from cuinfer.runtime.device import current_device_id, gpu_available
-
-            gpu = gpu_available()
-            self._device_id = None if not gpu else int(self.device) if self.device is not None else current_device_id()
-        return self._device_id
-
     def _limits(self, device_id: int | None) -> DeviceLimits:
         memo = self._limits_memo
         if memo is None or memo[0] != device_id:
@@ -210,8 +186,8 @@ class BatchPrefill:
         device_id = self._device_or_none()
         plan = self._host_plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, **self._plan_kwargs(kwargs),
                                limits=self._limits(device_id))  # fmt: skip
-        work = self._work(plan, self._num_ctas(plan, num_sms, device_id), fixed)
-        return plan_layout.workspace_bytes(work, plan.head_dim_vo)
+        plan.work = self._work(plan, self._num_ctas(plan, num_sms, device_id), fixed)
+        return self._workspace_need(plan)
 
     @staticmethod
     def _plan_kwargs(kw: dict) -> dict:
@@ -244,7 +220,7 @@ class BatchPrefill:
         device_id = self._device_id if self._device_id is not False else self._device_or_none()
         memo = self._limits_memo  # (_limits, inlined)
         limits = memo[1] if memo is not None and memo[0] == device_id else self._limits(device_id)
-        # host_plan's arguments in one tuple, in its order (see plan_of)
+        # host_plan's arguments in one tuple, in its order (STATIC_ARGS, see plan_of)
         static = (
             self.paged, num_qo_heads, num_kv_heads, head_dim, page_size, causal, head_dim_vo, q_dtype, kv_dtype,
             o_dtype, sm_scale, logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant, tile_sizes,
@@ -252,48 +228,17 @@ class BatchPrefill:
         )  # fmt: skip
         plan = plan_of(
             static, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, custom_mask, packed_custom_mask,
-            self.max_batch_size if self.use_cuda_graph else None, None if self._fixed is None else self._fixed[1],
+            self.max_batch_size if self.use_cuda_graph else None, None if self._fixed is None else self._fixed.config,
             self._static,
         )  # fmt: skip
         plan.work = self._work(plan, self._num_ctas(plan, num_sms, device_id), fixed_split_size)
-        if device_id is not None:
-            self._pack(plan, device_id)
-        self._plan = plan
+        # (prefill has only ever checked the workspace of plans it packs for a GPU)
+        self._commit(plan, device_id, fit_on_host=False)
 
-    def _pack(self, plan: PrefillPlan, device_id: int) -> None:
-        work = plan.work
-        buf = self._buffers
-        if buf is None or buf.device_id != device_id:
-            buf = self._buffers = Buffers(device_id, self.workspace_bytes, self.use_cuda_graph)
-        rows = work.num_partial_rows
-        if rows and rows > partial_rows_capacity(self.workspace_bytes, plan.head_dim_vo):
-            need = plan_layout.workspace_bytes(work, plan.head_dim_vo)
-            self.workspace_bytes = fit_workspace("BatchPrefill", self.workspace_bytes, need, rows,
-                                                 can_grow=self._grow_workspace)  # fmt: skip
-        buf.ensure_workspace(self.workspace_bytes)
-        lay, off, total = self._words_layout(plan)
-        buf.ensure(total)
-        host = buf.next_host()
-        self._generation += 1
-        self._fill_words(plan, host, lay, off, self._generation)
-        plan.words, plan.words_used, plan.offsets, plan.device_id = host, total, off, device_id
-        plan.uploaded_on = None
-
-    def _pack_host(self, host: np.ndarray | None = None) -> np.ndarray:
-        """Pack the current plan into ``host`` (a NumPy int32 buffer, allocated when None) exactly as plan() packs
-        it into the pinned buffer on a GPU: the plan-side packing without a device (tests, benchmarks). Like the
-        pinned buffers, ``host`` must not be written by anything else between packs (fields the shape of the plan
-        fixes are not rewritten when it already holds them): pass None for a fresh buffer."""
-        plan = self._plan
-        lay, off, total = self._words_layout(plan)
-        if host is None or host.shape[0] < total:
-            host = np.zeros(total, dtype=np.int32)
-        self._fill_words(plan, host, lay, off, self._generation + 1)
-        return host
-
-    def _words_layout(self, plan: PrefillPlan) -> tuple:
+    def _words_layout(self, plan: PrefillPlan, holder: Any = None) -> tuple:
         """``(plan layout, word offsets of the plan arrays and the index arrays, words in use)``. CUDA-graph mode fixes
-        the layout and capacities at the first plan; otherwise they follow each plan."""
+        the layout and capacities at the first plan (kept on the wrapper, ``_fixed``, whatever ``holder``);
+        otherwise they follow each plan."""
         work = plan.work
         n_pages = plan.n_pages
         n_mask = 0 if plan.mask_bytes is None else plan.mask_bytes.shape[0]
@@ -306,8 +251,9 @@ class BatchPrefill:
                     plan.config.tile_q, work.num_ctas, disable_split=False,
                 )  # fmt: skip
                 lay = plan_layout.PlanLayout.for_capacity(cap.max_items, cap.max_ctas, cap.max_merge, cap.max_merge_src)
-                self._fixed = (lay, plan.config, heads, (2 * max(n_pages, 1), 2 * max(n_mask, 4)))
-            lay, _, fixed_heads, (page_cap, mask_cap) = self._fixed
+                self._fixed = FixedLayout(lay, heads, 2 * max(n_pages, 1), 2 * max(n_mask, 4), plan.config)
+            fixed = self._fixed
+            lay, fixed_heads, page_cap, mask_cap = fixed.layout, fixed.signature, fixed.page_cap, fixed.mask_cap
             if heads != fixed_heads:
                 raise ValueError(
                     "with use_cuda_graph=True every plan() must keep the heads, dtypes and options of the first (the "
@@ -389,42 +335,17 @@ class BatchPrefill:
     ) -> Any:  # fmt: skip
         """``run(q, kv_cache)`` (paged) or ``run(q, k, v)`` (ragged) -> ``o [nnz_qo, num_qo_heads, head_dim_vo]``
         (or ``(o, lse)``, lse base 2 ``[nnz_qo, num_qo_heads]`` float32)."""
-        plan = self._plan
-        if plan is None:
-            raise ValueError("run() needs a plan: call plan(qo_indptr, kv_indptr, ...) first")
-        want = 1 if self.paged else 2
-        if len(kv) != want:
-            usage = "run(q, kv_cache)" if self.paged else "run(q, k, v)"
-            raise TypeError(f"a BatchPrefill(paged={self.paged}) runs as {usage} but got {1 + len(kv)} arrays")
-        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
-            if s is not None and float(s) != 1.0:
-                raise NotImplementedError(f"{name}={s}: K/V scales (fp8 caches) are not implemented for prefill yet")
-        want_lse = return_lse or lse is not None
-        if is_host(q):
-            return self._run_reference(plan, q, kv, out, lse, want_lse)
-        call, tq = begin(q, "q")
-        self._check_q(plan, tq)
-        kvt = self._kv(call, plan, kv)
-        if plan.device_id is None or plan.device_id != call.device_id:
-            raise ValueError(
-                f"q is on cuda:{call.device_id} but plan() was made for "
-                f"{'no GPU' if plan.device_id is None else f'cuda:{plan.device_id}'}; call plan() with "
-                f"BatchPrefill(device={call.device_id})"
-            )
-        to, tl = prepare_outputs(
-            call, (plan.nnz_qo, plan.num_qo_heads, plan.head_dim_vo), plan.o_dtype, out, lse, want_lse
-        )
-        validate.check_same_device(("q", "k", "v", "out"), (tq, kvt.k, kvt.v, to))
-        if plan.work.n_items:
-            buf = self._buffers
-            if self.use_cuda_graph or plan.uploaded_on != call.stream or buf.device_id != plan.device_id:
-                buf.upload(plan.words, plan.words_used, call.stream)
-                plan.uploaded_on = call.stream
-            self._launch(call, plan, tq, kvt, to, tl)
-        o_user = out if out is not None else call.give(to)
-        if not want_lse:
-            return o_user
-        return o_user, (lse if lse is not None else call.give(tl))
+        if self._plan is not None:  # (without a plan, _run says so first)
+            want = 1 if self.paged else 2
+            if len(kv) != want:
+                usage = "run(q, kv_cache)" if self.paged else "run(q, k, v)"
+                raise TypeError(f"a BatchPrefill(paged={self.paged}) runs as {usage} but got {1 + len(kv)} arrays")
+            for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+                if s is not None and float(s) != 1.0:
+                    raise NotImplementedError(
+                        f"{name}={s}: K/V scales (fp8 caches) are not implemented for prefill yet"
+                    )
+        return self._run(q, kv, out, lse, return_lse or lse is not None, k_scale, v_scale)
 
     def _check_q(self, plan: PrefillPlan, tq: Tensor) -> None:
         validate.check_ndim("q", tq, 3, hint="q is [nnz_qo, num_qo_heads, head_dim] (ragged: rows of qo_indptr)")
@@ -437,15 +358,9 @@ class BatchPrefill:
             "q", tq, (plan.nnz_qo, plan.num_qo_heads, plan.head_dim),
             hint=f"plan() was made for num_qo_heads={plan.num_qo_heads}, head_dim={plan.head_dim}",
         )  # fmt: skip
-        if tq.dtype is not plan.q_dtype:
-            raise ValueError(
-                f"q has dtype {tq.dtype.value} but plan() was made for q_dtype={plan.q_dtype.value}; cast q with "
-                f"{validate.cast_fix('q', tq.framework, plan.q_dtype)} or call plan() with q_dtype='{tq.dtype.value}'"
-            )
-        if tq.is_cuda:
-            check_aligned("q", tq, (0, 1))
+        check_q_dtype(plan, tq)
 
-    def _kv(self, call: Call, plan: PrefillPlan, kv: tuple) -> KV:
+    def _kv_view(self, call: Call, plan: PrefillPlan, kv: tuple) -> KV:
         if self.paged:
             return self._kv_views.view(kv[0], call, plan, self._paged_kv)
         tk, tv = call.tensor(kv[0], "k"), call.tensor(kv[1], "v")
@@ -467,11 +382,7 @@ class BatchPrefill:
                 f"offset) but have {c.k_strides} and {c.v_strides} (page, slot, head; elements); pass contiguous "
                 "caches"
             )
-        if plan.max_page >= c.num_pages:
-            raise ValueError(
-                f"kv_indices holds page index {plan.max_page} but kv_cache has {c.num_pages} pages (valid indices "
-                f"are 0..{c.num_pages - 1}); the page table passed to plan() does not belong to this cache"
-            )
+        check_pages_in_cache(plan.max_page, c)
         self._check_kv_dtype(plan, c)
         return c
 
@@ -483,23 +394,27 @@ class BatchPrefill:
                 f"plan() with kv_dtype='{c.k.dtype.value}'"
             )
 
-    def _launch(self, call: Call, plan: PrefillPlan, tq: Tensor, kv: KV, to: Tensor, tl: Tensor | None) -> None:
-        # Everything fixed by the plan is prepared once per plan (prefill_launch.py); the parameter struct is rebuilt
+    def _launch(
+        self, call: Call, plan: PrefillPlan, tq: Tensor, kv: KV, to: Tensor, tl: Tensor | None, k_scale: Any,
+        v_scale: Any,
+    ) -> None:  # fmt: skip
+        # Everything fixed by the plan is prepared once per plan (prefill/launch.py); the parameter struct is rebuilt
         # only when an array pointer or stride changes.
         st = self._launch_state
-        if st is None or not st.current(self, plan, call.device_id):
-            st = self._launch_state = PrefillLaunch(self, plan, call.device_id)
+        buf = self._buffers
+        if st is None or not st.current(buf, plan, call.device_id):
+            # (a graph-mode merge launch is sized for the fixed layout's capacity: it covers every later plan)
+            max_merge = self._fixed.layout.capacity.max_merge if self.use_cuda_graph else plan.work.n_merge
+            st = self._launch_state = PrefillLaunch(buf, plan, call.device_id, self.paged, max_merge)
         st.launch(call.stream, tq, kv, to, tl)
 
-    def _run_reference(self, plan: PrefillPlan, q, kv: tuple, out, lse, want_lse: bool):
+    def _run_reference(
+        self, plan: PrefillPlan, q: Any, kv: tuple, out: Any, lse: Any, want_lse: bool, k_scale: Any, v_scale: Any
+    ) -> Any:
         tq = as_tensor(q, "q")
         self._check_q(plan, tq)
         opts = plan.options
-        kw = dict(
-            causal=opts.causal, sm_scale=opts.sm_scale, logits_soft_cap=opts.logits_soft_cap,
-            window_left=opts.window_left, pos_encoding=opts.pos_encoding, rope_scale=opts.rope_scale,
-            rope_theta=opts.rope_theta,
-        )  # fmt: skip
+        kw = dict(causal=opts.causal, **opts.reference_kwargs())
         mask = None
         if plan.mask_bytes is not None:
             kv_tok = np.concatenate([[0], np.cumsum(plan.kv_lens)])
@@ -518,50 +433,3 @@ class BatchPrefill:
                 tq.numpy(), k, v, plan.qo_indptr, plan.kv_indptr, custom_mask=mask, **kw
             )
         return host_outputs(o, lse64, plan.o_dtype, out, lse, want_lse)
-
-
-# ---- single request --------------------------------------------------------------------------------------------
-
-_single_wrappers: dict = {}
-
-
-def single_prefill(
-    q: Any, k: Any, v: Any, *, causal: bool = False, custom_mask: Any = None, kv_layout: str = "NHD",
-    sm_scale: float | None = None, logits_soft_cap: float = 0.0, window_left: int = -1, pos_encoding: str = "none",
-    rope_scale: float = 1.0, rope_theta: float = 1e4, variant: Any = None, return_lse: bool = False,
-) -> Any:  # fmt: skip
-    """Prefill one request: ``q [qo_len, num_qo_heads, head_dim]`` against ``k``, ``v`` (``[kv_len, num_kv_heads,
-    head_dim]`` NHD or ``[num_kv_heads, kv_len, head_dim]`` HND) -> ``o [qo_len, num_qo_heads, head_dim_vo]``
-    (, ``lse [qo_len, num_qo_heads]``). ``custom_mask``: bool ``[qo_len, kv_len]``, True = keep.
-
-    The same kernel as ``BatchPrefill(paged=False)``, a batch of one request (split over the GPU by the planner).
-    """
-    layout = layout_name(kv_layout)
-    tq, tk, tv = (as_tensor(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v")))
-    validate.check_ndim("q", tq, 3, hint="single_prefill takes q [qo_len, num_qo_heads, head_dim]")
-    desc = "[kv_len, num_kv_heads, head_dim]" if layout == "NHD" else "[num_kv_heads, kv_len, head_dim]"
-    validate.check_ndim("k", tk, 3, hint=f"k is {desc} ({layout})")
-    validate.check_ndim("v", tv, 3, hint=f"v is {desc} ({layout})")
-    kv_len, hkv = (tk.shape[0], tk.shape[1]) if layout == "NHD" else (tk.shape[1], tk.shape[0])
-    if tk.shape[2] != tq.shape[2]:
-        raise ValueError(f"q and k must share head_dim but have shapes {tq.shape} and {tk.shape}")
-    mask = None if custom_mask is None else np.asarray(host_array(custom_mask, "custom_mask")).astype(bool)
-    if mask is not None and mask.shape != (tq.shape[0], kv_len):
-        raise ValueError(
-            f"custom_mask must have shape (qo_len, kv_len) = {(tq.shape[0], kv_len)} but has shape {mask.shape}"
-        )
-    device = None if is_host(q) else tq.device_id
-    w = _single_wrappers.get((device, layout))
-    if w is None:
-        w = _single_wrappers[(device, layout)] = BatchPrefill(paged=False, kv_layout=layout, device=device)
-    w.plan(
-        [0, tq.shape[0]], [0, kv_len], num_qo_heads=tq.shape[1], num_kv_heads=hkv, head_dim=tq.shape[2],
-        head_dim_vo=tv.shape[2], causal=causal, custom_mask=None if mask is None else mask.reshape(-1),
-        q_dtype=tq.dtype, kv_dtype=tk.dtype, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
-        window_left=window_left, pos_encoding=pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta,
-        variant=variant,
-    )  # fmt: skip
-    return w.run(q, k, v, return_lse=return_lse)
-
-
-__all__ = ["BatchPrefill", "single_prefill"]

@@ -14,7 +14,9 @@ from typing import Any
 from cuinfer.formats.kv import KV
 from cuinfer.interop.arrays import Tensor
 from cuinfer.jit import get_kernel
-from cuinfer.prefill_specs import PrefillParams, block_smem_bytes, fast_div_magic, prefill_spec
+from cuinfer.prefill.specs import PrefillParams, fast_div_magic, prefill_spec
+from cuinfer.prefill.tiles import block_smem_bytes
+from cuinfer.runtime.buffers import Buffers
 
 _LOG2E = 1.0 / math.log(2.0)
 
@@ -29,19 +31,21 @@ class PrefillLaunch:
     """What run() launches for one plan: the kernel, its grid and shared memory, the static part of the parameter
     struct, and the merge launch's arguments (split plans)."""
 
-    def __init__(self, w: Any, plan: Any, device_id: int) -> None:
+    def __init__(self, buf: Buffers, plan: Any, device_id: int, paged: bool, max_merge: int) -> None:
+        """``max_merge``: the merge targets the merge launch is sized for (the plan's; in CUDA-graph mode the
+        capacity of the fixed layout, so a captured launch covers every later plan)."""
         from cuinfer.merge import merge_partials_rows_per_block
         from cuinfer.runtime.device import device_info
 
         self.plan, self.device_id, self.dyn, self.params = plan, device_id, None, None
-        buf, off, opts, work, cfg = w._buffers, plan.offsets, plan.options, plan.work, plan.config
+        off, opts, work, cfg = plan.offsets, plan.options, plan.work, plan.config
         self.buffers, self.stamp = buf, _stamp(buf)
-        key = plan.key(w.paged)
+        key = plan.key(paged)
         self.kernel = get_kernel(prefill_spec(key), key.name_expr(), device_id)
         # A paired block (cfg.groups == 2) runs two CTAs of the plan: half the blocks, twice the threads and smem.
         self.num_ctas, self.threads = work.num_ctas // cfg.groups, cfg.block_threads
         dvo = plan.head_dim_vo
-        self.smem_bytes = block_smem_bytes(cfg, plan.head_dim, dvo, w.paged)
+        self.smem_bytes = block_smem_bytes(cfg, plan.head_dim, dvo, paged)
         partial_o, partial_lse = buf.partial_pointers(dvo)
         g = plan.num_qo_heads // plan.num_kv_heads
         g_mul, g_shift = fast_div_magic(g)
@@ -58,8 +62,7 @@ class PrefillLaunch:
             sm_scale=opts.sm_scale, sm_scale_log2=opts.sm_scale * _LOG2E,
             soft_cap=cap, inv_soft_cap=1.0 / cap if cap > 0 else 0.0,
         )  # fmt: skip
-        # Split plans merge their partial states in a second launch; graph mode sizes it for the capacity.
-        max_merge = w._fixed[0].capacity.max_merge if w.use_cuda_graph else work.n_merge
+        # Split plans merge their partial states in a second launch (sized for max_merge).
         self.merge = None
         if max_merge:
             per_block = merge_partials_rows_per_block(plan.o_dtype, dvo)
@@ -71,10 +74,9 @@ class PrefillLaunch:
                 partial_lse_ptr=partial_lse, grid=grid,
             )  # fmt: skip
 
-    def current(self, w: Any, plan: Any, device_id: int) -> bool:
-        """Still valid for ``plan`` on this device with the wrapper's current buffers (a grown workspace moves the
-        partial-state and plan-buffer pointers)."""
-        buf = w._buffers
+    def current(self, buf: Buffers, plan: Any, device_id: int) -> bool:
+        """Still valid for ``plan`` on this device with the wrapper's current buffers ``buf`` (a grown workspace moves
+        the partial-state and plan-buffer pointers)."""
         return self.plan is plan and self.device_id == device_id and self.buffers is buf and self.stamp == _stamp(buf)
 
     def launch(self, stream: Any, tq: Tensor, kv: KV, to: Tensor, tl: Tensor | None) -> None:

@@ -32,7 +32,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
-from cuinfer.prefill_specs import KV_TILES, QUERY_TILES, TileConfig, block_smem_bytes, smem_bytes, tile_config
+from cuinfer.prefill.tiles import KV_TILES, QUERY_TILES, TileConfig, block_smem_bytes, smem_bytes, tile_config
 
 SUPPORTED_HEAD_DIMS = ((64, 64), (128, 128), (256, 256), (192, 128))
 MAX_ACCUMULATORS = 192  # fp32 accumulators per thread above which ptxas spills (measured: 256 spills ~500 bytes)
