@@ -492,8 +492,10 @@ def _decode_wrapper(inp, use_tensor_cores=None, fixed_split_size=None):
 
 def _fresh_plan_caches(lanes_mod, dp) -> None:
     """Drop the planners' cached structures (an A/B variant that changes how they are built plans from scratch)."""
+    from cuinfer.planner import decode_structure
+
     lanes_mod._EXPANDED.clear()
-    dp._STRUCTURES.clear()
+    decode_structure._STRUCTURES.clear()
     dp.decode_planner.cache_clear()
 
 

@@ -61,7 +61,7 @@ class PrefillPlan(PlanState):
     kv_range: tuple[int, int] = (0, 0)  # (min, max) of kv_lens
     static: PrefillStatic | None = None  # the memoised facts of plan()'s arguments this plan was made from
     n_pages: int = 0  # page-table entries in use (kv_indptr[-1]); 0 for ragged K/V
-    compact_groups: int = 0  # G when the plan buffer holds the compact form (planner.layout.pack_compact), else 0
+    compact_groups: int = 0  # G when the plan buffer holds the compact form (planner.compact.pack_compact), else 0
 
     @property
     def nnz_qo(self) -> int:

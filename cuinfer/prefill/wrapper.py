@@ -28,6 +28,7 @@ from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.jit import get_kernel
 from cuinfer.planner import assign as plan_assign
+from cuinfer.planner import compact as plan_compact
 from cuinfer.planner import layout as plan_layout
 from cuinfer.planner.cost import DEFAULT_COST
 from cuinfer.planner.split_kv import DEFAULT_MIN_CHUNK
@@ -301,10 +302,10 @@ class BatchPrefill(PlanRunWrapper):
         # Natural-order plans with nothing split (most prefill plans) go in the compact form: G group entries per item
         # array instead of G x H items, the kernel deriving the rest (not with CUDA graphs: the captured kernel
         # arguments, G among them, are those of the first plan).
-        g = 0 if self.use_cuda_graph else plan_layout.compact_groups(plan.work)
+        g = 0 if self.use_cuda_graph else plan_compact.compact_groups(plan.work)
         if g:
             memo[2].clear()  # (the memo describes what pack wrote into host; the compact words are not that)
-            plan_layout.pack_compact(plan.work, lay, host, generation=generation, groups=g)
+            plan_compact.pack_compact(plan.work, lay, host, generation=generation, groups=g)
         else:
             plan_layout.pack(plan.work, lay, host, generation=generation, memo=memo[2])
         plan.compact_groups = g

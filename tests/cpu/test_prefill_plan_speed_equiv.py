@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from cuinfer.planner import CostModel, PlanCapacity, PlanLayout, layout, plan_work, split_kv, tiles, work, workplan
 from cuinfer.planner.assign import POOL_SHARE
+from cuinfer.planner.compact import COMPACT_FIELDS, compact_groups, pack_compact
 from cuinfer.planner.cost import DEFAULT_COST
-from cuinfer.planner.layout import COMPACT_FIELDS, compact_groups, pack_compact
 from test_planner import check_plan, reference_tiles
 
 from cuinfer.prefill import BatchPrefill
@@ -63,7 +63,7 @@ def test_new_query_lengths_give_the_reference_tiles(g, br, causal, empty, qo_hi,
     qo, kv = _lengths(rng, b, qo_hi, empty=empty, more_queries=causal)
     lo, hi = int(qo.min()), int(qo.max())
     for _ in range(3):  # new, cached, read from the cache
-        t = tiles._whole_token_tiles(qo, kv, g, br, causal, lo, hi)
+        t = tiles.whole_token_tiles(qo, kv, g, br, causal, lo, hi)
         _assert_tiles_are_reference(t, qo, kv, g, br, causal)
         kv = kv + rng.integers(0, 50, b).astype(np.int32)  # the same query lengths over a growing cache
 
@@ -95,7 +95,7 @@ def test_tile_costs_and_running_sum(cost, rng):
     """``beta * kv + alpha * rows + gamma`` of each tile (the short last tile of each request included) and their
     running sum, in float64 from the reference tiles."""
     qo, kv = _lengths(rng, 53, 1023, empty=True, more_queries=True)
-    t = tiles._whole_token_tiles(qo, kv, 4, 128, True, int(qo.min()), int(qo.max()))
+    t = tiles.whole_token_tiles(qo, kv, 4, 128, True, int(qo.min()), int(qo.max()))
     costs, prefix = work._tile_costs(t, t.kv_end, cost, int(kv.max()))
     ref = reference_tiles(qo.tolist(), kv.tolist(), 4, 128, True, -1)
     want = np.array([cost.beta * (r[5] - r[4]) + cost.alpha * r[2] + cost.gamma for r in ref])
@@ -126,14 +126,14 @@ def test_bounds_settle_no_split(b, qo_hi, num_ctas, rng):
     assert work._balanced_under_bounds()
     for _ in range(5):  # (no bounds when the first and last tile cost the same: rare, draw again)
         qo, kv = _lengths(rng, b, qo_hi, empty=False, more_queries=False)
-        t = tiles._whole_token_tiles(qo, kv, 4, 128, True, int(qo.min()), int(qo.max()))
+        t = tiles.whole_token_tiles(qo, kv, 4, 128, True, int(qo.min()), int(qo.max()))
         costs, prefix = work._tile_costs(t, t.kv_end, DEFAULT_COST, int(kv.max()))
         bounds = work._bounds(costs, float(prefix[-1]), int(kv.max()), 128, 8, num_ctas, DEFAULT_COST)
         if bounds is not None:
             break
     assert bounds is not None, "these shapes are meant to give bounds"
     assert bounds[1] >= float(costs.max()) and bounds[2] >= float(costs.min())
-    assert split_kv._choose(128, t.kv_end, bounds, 8, num_ctas, 64, DEFAULT_COST, 256) is None
+    assert split_kv.choose_split(128, t.kv_end, bounds, 8, num_ctas, 64, DEFAULT_COST, 256) is None
 
 
 def test_split_policy_runs_when_its_constants_change(monkeypatch):
@@ -271,7 +271,7 @@ def test_compact_pack_fast_path_writes_the_general_words(b, lo, hi, tight, rng):
     plan = plan_work(qo, kv, num_kv_heads=8, group_size=4, tile_rows=128, num_ctas=264, kv_granule=64,
                      causal=True, pool_share=POOL_SHARE)  # fmt: skip
     g = compact_groups(plan)
-    assert g == plan.n_groups and plan.pack_fields()[0] is workplan._PREFILL_SHAPE
+    assert g == plan.n_groups and plan.pack_fields()[0] is workplan.PREFILL_SHAPE
     if tight:
         lay = PlanLayout.for_plan(plan)
     else:  # a CUDA-graph style layout: room for more CTAs and items than the plan has
