@@ -82,7 +82,7 @@ class KernelSpec:
 def cache_key(spec: KernelSpec, rendered: str, options: list[str], toolchain_id: str, arch: str) -> str:
     """Key of a compiled module: the canonical spec, the rendered source, kernel headers, options, the NVRTC and CUDA
     header identity, the target arch and the package version."""
-    from cuinfer import __version__
+    from cuinfer.version import __version__
 
     h = hashlib.sha256()
     for part in (
