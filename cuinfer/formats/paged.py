@@ -122,6 +122,11 @@ def read_page_table(out: dict, kv_indptr: Any, kv_indices: Any, kv_last_page_len
         and read_page_table_fast(out, kv_indptr, kv_indices, kv_last_page_len, page_size)
     ):  # fmt: skip
         return
+    read_checked_page_table(out, kv_indptr, kv_indices, kv_last_page_len, page_size)
+
+
+def read_checked_page_table(out: dict, kv_indptr: Any, kv_indices: Any, kv_last_page_len: Any, page_size: int) -> None:
+    """``read_page_table`` through the validators (raising the error that names the argument)."""
     indptr = validate.check_indptr("kv_indptr", kv_indptr)
     batch = indptr.shape[0] - 1
     indices, last, pages = check_page_table(indptr, kv_indices, kv_last_page_len, page_size)
