@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .lanes import expand
+from .lanes import Lanes, expand
 from .merge import split_layout
 
 
@@ -34,7 +34,7 @@ class LaneRanges:
         for a in (self.g_req, self.right, self.right_m1, self.cut_idx, self.item_req, self.patch, self.patch_pos):
             a.flags.writeable = False
 
-    def group_ranges(self, kv: np.ndarray, starts, pos: np.ndarray) -> tuple:
+    def group_ranges(self, kv: np.ndarray, starts: np.ndarray | int, pos: np.ndarray) -> tuple:
         """``(group_kv_start, group_kv_end)`` of the pieces, from every cut's position ``pos``."""
         cut = pos.take(self.cut_idx)
         g_end = kv.take(self.g_req)
@@ -55,7 +55,17 @@ _STRUCTURES: dict = {}
 STRUCTURE_CACHE_SIZE = 64
 
 
-def lane_structure(b, req, keeps_start, inside, lanes, h, g, br, order=None) -> LaneStructure:
+def lane_structure(
+    b: int,
+    req: np.ndarray,
+    keeps_start: np.ndarray,
+    inside: np.ndarray,
+    lanes: Lanes,
+    h: int,
+    g: int,
+    br: int,
+    order: np.ndarray | None = None,
+) -> LaneStructure:
     """Everything that depends only on where the cuts fall (which request, moved to its start, inside it): the
     groups' requests and ranges (``LaneRanges``), the CTA-major item lists with their requests, heads and partial
     rows, the merge list, the partial rows in all, the number of cuts and the pack memo. Cached (read-only).

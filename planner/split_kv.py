@@ -104,7 +104,10 @@ def choose_chunk_size(
     return choice[0] * kv_granule if choice else 0
 
 
-def choose_split(rows, n: np.ndarray, stats, h: int, p: int, gr: int, cost: CostModel, min_chunk: int):
+def choose_split(
+    rows: int | np.ndarray, n: np.ndarray, stats: tuple[float, float, float], h: int, p: int, gr: int, cost: CostModel,
+    min_chunk: int,
+) -> tuple[int, int] | None:  # fmt: skip
     """``(chunk_blocks, threshold)`` or ``None``: cut every tile with more than ``threshold`` KV tokens into pieces of
     at most ``chunk_blocks`` granules. ``stats`` = (sum, max, min) of the unsplit tile costs (shared with plan_work).
 

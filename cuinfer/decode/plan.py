@@ -101,8 +101,9 @@ _PLAN_FIELDS = tuple(f.name for f in dataclasses.fields(DecodePlan))
 
 
 def static_facts(
-    use_tensor_cores: bool | None, *, num_qo_heads, num_kv_heads, head_dim, page_size, q_dtype, kv_dtype, o_dtype,
-    sm_scale, logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant,
+    use_tensor_cores: bool | None, *, num_qo_heads: Any, num_kv_heads: Any, head_dim: Any, page_size: Any,
+    q_dtype: Any, kv_dtype: Any, o_dtype: Any, sm_scale: Any, logits_soft_cap: Any, window_left: Any,
+    pos_encoding: Any, rope_scale: Any, rope_theta: Any, variant: Any,
 ) -> DecodeStatic:  # fmt: skip
     """Check plan()'s arguments other than the page table and gather what they fix."""
     for name, v in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads), ("page_size", page_size)):

@@ -11,7 +11,9 @@ from cuinfer import reference
 from cuinfer.interop.arrays import as_tensor
 
 
-def custom_mask_bytes(custom_mask, packed_custom_mask, qo_lens: np.ndarray, kv_lens: np.ndarray):
+def custom_mask_bytes(
+    custom_mask: Any, packed_custom_mask: Any, qo_lens: np.ndarray, kv_lens: np.ndarray
+) -> tuple[np.ndarray | None, np.ndarray | None]:
     """(packed bytes, byte indptr) of a batch mask, or (None, None). The flat bool form is packed here."""
     if custom_mask is None and packed_custom_mask is None:
         return None, None

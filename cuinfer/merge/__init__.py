@@ -203,7 +203,7 @@ def launch_merge_partials(
     k.launch(grid, THREADS, (p,), stream=stream)
 
 
-def merge_partials_kernel(dtype: DType, head_dim: int, device_id: int):
+def merge_partials_kernel(dtype: DType, head_dim: int, device_id: int) -> tuple[Any, int]:
     """(kernel, threads per block) of the plan-partials merge, for callers that cache their launches."""
     return _kernel("merge_partials", dtype, head_dim, device_id), THREADS
 

@@ -142,10 +142,12 @@ def parse_tile_sizes(tile_sizes: Any) -> TileRequest:
 
 
 def host_plan(
-    paged: bool, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, *, num_qo_heads, num_kv_heads, head_dim,
-    page_size, causal, custom_mask, packed_custom_mask, head_dim_vo, q_dtype, kv_dtype, o_dtype, sm_scale,
-    logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant, tile_sizes, limits,
-    max_batch_size: int | None = None, fixed_config: TileConfig | None = None, memo: dict | None = None,
+    paged: bool, qo_indptr: Any, kv_indptr: Any, kv_indices: Any, kv_last_page_len: Any, *, num_qo_heads: Any,
+    num_kv_heads: Any, head_dim: Any, page_size: Any, causal: Any, custom_mask: Any, packed_custom_mask: Any,
+    head_dim_vo: Any, q_dtype: Any, kv_dtype: Any, o_dtype: Any, sm_scale: Any, logits_soft_cap: Any,
+    window_left: Any, pos_encoding: Any, rope_scale: Any, rope_theta: Any, variant: Any, tile_sizes: Any,
+    limits: DeviceLimits, max_batch_size: int | None = None, fixed_config: TileConfig | None = None,
+    memo: dict | None = None,
 ) -> PrefillPlan:  # fmt: skip
     """Validate everything ``plan()`` receives and gather the facts of one plan (no GPU needed).
 
@@ -162,8 +164,9 @@ def host_plan(
 
 
 def plan_of(
-    static: tuple, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, custom_mask=None, packed_custom_mask=None,
-    max_batch_size: int | None = None, fixed_config: TileConfig | None = None, memo: dict | None = None,
+    static: tuple, qo_indptr: Any, kv_indptr: Any, kv_indices: Any, kv_last_page_len: Any, custom_mask: Any = None,
+    packed_custom_mask: Any = None, max_batch_size: int | None = None, fixed_config: TileConfig | None = None,
+    memo: dict | None = None,
 ) -> PrefillPlan:  # fmt: skip
     """``host_plan`` with the arguments other than index arrays and masks already in one tuple, the values named in
     ``STATIC_ARGS`` (``BatchPrefill.plan`` builds it directly: a call with two dozen keywords costs microseconds)."""
@@ -222,8 +225,9 @@ def static_facts_of(static: tuple, memo: dict | None) -> PrefillStatic:
 
 
 def static_facts(
-    paged, num_qo_heads, num_kv_heads, head_dim, page_size, causal, head_dim_vo, q_dtype, kv_dtype, o_dtype, sm_scale,
-    logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant, tile_sizes, limits,
+    paged: bool, num_qo_heads: Any, num_kv_heads: Any, head_dim: Any, page_size: Any, causal: Any, head_dim_vo: Any,
+    q_dtype: Any, kv_dtype: Any, o_dtype: Any, sm_scale: Any, logits_soft_cap: Any, window_left: Any,
+    pos_encoding: Any, rope_scale: Any, rope_theta: Any, variant: Any, tile_sizes: Any, limits: DeviceLimits,
 ) -> PrefillStatic:  # fmt: skip
     """Check plan()'s arguments other than the index arrays and masks (``STATIC_ARGS``) and gather what they fix."""
     hq, hkv = positive("num_qo_heads", num_qo_heads), positive("num_kv_heads", num_kv_heads)

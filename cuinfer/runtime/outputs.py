@@ -21,7 +21,9 @@ def check_out_dtype(o_dtype: DType, to: Tensor) -> None:
         )
 
 
-def prepare_outputs(call: Any, shape: tuple[int, int, int], o_dtype: DType, out: Any, lse: Any, want_lse: bool):
+def prepare_outputs(
+    call: Any, shape: tuple[int, ...], o_dtype: DType, out: Any, lse: Any, want_lse: bool
+) -> tuple[Tensor, Tensor | None]:
     """(o, lse or None) Tensors for a run(): the caller's ``out`` / ``lse`` checked, or new arrays in its framework."""
     if out is None:
         to = call.empty(shape, o_dtype)
@@ -43,7 +45,7 @@ def prepare_outputs(call: Any, shape: tuple[int, int, int], o_dtype: DType, out:
     return to, tl
 
 
-def host_outputs(o64: np.ndarray, lse64: np.ndarray, o_dtype: DType, out, lse, want_lse: bool):
+def host_outputs(o64: np.ndarray, lse64: np.ndarray, o_dtype: DType, out: Any, lse: Any, want_lse: bool) -> Any:
     """Reference results in the dtypes the GPU path returns (o in o_dtype, lse float32), written into out / lse."""
     o = o64.astype(o_dtype.numpy)
     lse32 = lse64.astype(np.float32)
