@@ -56,10 +56,10 @@ class BatchDecode(PlanRunWrapper):
     plan that needs more raises; left out, the workspace grows as plans need.
     """
 
-    NAME = "BatchDecode"
-    PLAN_CALL = "plan(kv_indptr, kv_indices, kv_last_page_len, ...)"
-    RUN_ARRAY_NAMES = ("q", "k_cache", "v_cache", "out")
-    DEFAULT_WORKSPACE_BYTES = DEFAULT_WORKSPACE_BYTES
+    _NAME = "BatchDecode"
+    _PLAN_CALL = "plan(kv_indptr, kv_indices, kv_last_page_len, ...)"
+    _RUN_ARRAY_NAMES = ("q", "k_cache", "v_cache", "out")
+    _DEFAULT_WORKSPACE_BYTES = DEFAULT_WORKSPACE_BYTES
     _plan: DecodePlan | None
     _launch_state: DecodeLaunch | None
 

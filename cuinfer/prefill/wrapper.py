@@ -64,10 +64,10 @@ class BatchPrefill(PlanRunWrapper):
     later plans that fit; the tiles of the first plan are kept.
     """
 
-    NAME = "BatchPrefill"
-    PLAN_CALL = "plan(qo_indptr, kv_indptr, ...)"
-    RUN_ARRAY_NAMES = ("q", "k", "v", "out")
-    DEFAULT_WORKSPACE_BYTES = DEFAULT_WORKSPACE_BYTES
+    _NAME = "BatchPrefill"
+    _PLAN_CALL = "plan(qo_indptr, kv_indptr, ...)"
+    _RUN_ARRAY_NAMES = ("q", "k", "v", "out")
+    _DEFAULT_WORKSPACE_BYTES = DEFAULT_WORKSPACE_BYTES
     _plan: PrefillPlan | None
     _launch_state: PrefillLaunch | None
 

@@ -25,8 +25,9 @@ running
   ``_launch(call, plan, tq, kv, to, tl, k_scale, v_scale)``  enqueue the kernel(s) on ``call.stream``
   ``_run_reference(plan, q, kv, out, lse, want_lse, k_scale, v_scale)``  the float64 CPU path of NumPy inputs
 class constants
-  ``NAME`` (messages), ``PLAN_CALL`` (the plan() call run() asks for without a plan), ``RUN_ARRAY_NAMES`` (q, K, V
-  and out in device-mismatch messages), ``DEFAULT_WORKSPACE_BYTES``
+  ``_NAME`` (messages), ``_PLAN_CALL`` (the plan() call run() asks for without a plan), ``_RUN_ARRAY_NAMES`` (q, K,
+  V and out in device-mismatch messages), ``_DEFAULT_WORKSPACE_BYTES`` (private like the hooks: the wrappers' public
+  surface is their constructor, plan(), run() and workspace_size())
 """
 
 from __future__ import annotations
@@ -78,10 +79,10 @@ class PlanState:
 class PlanRunWrapper:
     """The shared plan/run lifecycle (see the module docstring for the hooks a subclass supplies)."""
 
-    NAME: ClassVar[str] = "PlanRunWrapper"
-    PLAN_CALL: ClassVar[str] = "plan(...)"
-    RUN_ARRAY_NAMES: ClassVar[tuple[str, str, str, str]] = ("q", "k", "v", "out")
-    DEFAULT_WORKSPACE_BYTES: ClassVar[int] = 128 << 20
+    _NAME: ClassVar[str] = "PlanRunWrapper"
+    _PLAN_CALL: ClassVar[str] = "plan(...)"
+    _RUN_ARRAY_NAMES: ClassVar[tuple[str, str, str, str]] = ("q", "k", "v", "out")
+    _DEFAULT_WORKSPACE_BYTES: ClassVar[int] = 128 << 20
 
     def __init__(
         self, *, kv_layout: Any, use_cuda_graph: bool, max_batch_size: int | None, workspace_bytes: int | None,
@@ -89,7 +90,7 @@ class PlanRunWrapper:
     ) -> None:  # fmt: skip
         self.kv_layout = kv_layout_name(kv_layout)
         self.use_cuda_graph, self.max_batch_size, self.workspace_bytes, self._grow_workspace = buffer_settings(
-            use_cuda_graph, max_batch_size, workspace_bytes, self.DEFAULT_WORKSPACE_BYTES
+            use_cuda_graph, max_batch_size, workspace_bytes, self._DEFAULT_WORKSPACE_BYTES
         )
         self.device = device
         self._plan: Any = None
@@ -132,7 +133,7 @@ class PlanRunWrapper:
         rows = plan.work.num_partial_rows
         if rows and rows > self._partial_capacity(plan.partial_dim):
             self.workspace_bytes = fit_workspace(
-                self.NAME, self.workspace_bytes, self._workspace_need(plan), rows, can_grow=self._grow_workspace
+                self._NAME, self.workspace_bytes, self._workspace_need(plan), rows, can_grow=self._grow_workspace
             )
 
     def _commit(self, plan: PlanState, device_id: int | None, *, fit_on_host: bool = True) -> None:
@@ -184,7 +185,7 @@ class PlanRunWrapper:
         """run()'s skeleton: ``o``, or ``(o, lse)`` when ``want_lse``; the caller's ``out`` / ``lse`` when given."""
         plan = self._plan
         if plan is None:
-            raise ValueError(f"run() needs a plan: call {self.PLAN_CALL} first")
+            raise ValueError(f"run() needs a plan: call {self._PLAN_CALL} first")
         if is_host(q):
             return self._run_reference(plan, q, kv, out, lse, want_lse, k_scale, v_scale)
         call, tq = begin(q, "q")
@@ -194,10 +195,10 @@ class PlanRunWrapper:
             raise ValueError(
                 f"q is on cuda:{call.device_id} but plan() was made for "
                 f"{'no GPU' if plan.device_id is None else f'cuda:{plan.device_id}'}; call plan() with "
-                f"{self.NAME}(device={call.device_id})"
+                f"{self._NAME}(device={call.device_id})"
             )
         to, tl = prepare_outputs(call, plan.out_shape, plan.o_dtype, out, lse, want_lse)
-        validate.check_same_device(self.RUN_ARRAY_NAMES, (tq, kvt.k, kvt.v, to))
+        validate.check_same_device(self._RUN_ARRAY_NAMES, (tq, kvt.k, kvt.v, to))
         if plan.work.n_items:
             buf = self._buffers  # (_enqueue, inlined: run() is on the per-layer host path)
             if self.use_cuda_graph or plan.uploaded_on != call.stream or buf.device_id != plan.device_id:
