@@ -28,7 +28,7 @@ def main(case_id: str, peer: str = "", runs: int = 5) -> None:
     fi = peer == "fi"
     groups = os.environ.get("CUINFER_NCU_GROUPS")
     if groups:
-        import cuinfer.prefill_policy as policy
+        import cuinfer.prefill.policy as policy
 
         policy.block_groups = lambda *args, **kwargs: int(groups)
     if case_id in decode:

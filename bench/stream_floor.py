@@ -7,7 +7,7 @@ A decode step must read every K/V byte once. This probe times plain read kernels
 by the PERF.md method (CUDA events, L2 flushed by a 512 MB write, median), sweeping what a read kernel can choose:
 
 * the L2 policy of the loads (``normal``; ``first``: evict-first, so the stream replaces its own lines instead of the
-  dirty lines the flush left, see ``decode_policy.kv_evict_first``),
+  dirty lines the flush left, see ``decode.policy.kv_evict_first``),
 * the bytes in flight per SM (CTAs per SM x 256 threads x 16-byte loads in flight per thread): the in-flight lines
   are the ones that must displace the flush's dirty lines (written back to HBM) before they can land,
 * the order (``grid``: all CTAs walk the buffer together, 4 KB apart; ``block``: each CTA a contiguous range, as a

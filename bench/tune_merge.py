@@ -1,6 +1,6 @@
 """Tuning sweep for merge_states (unroll x min blocks per SM) on the M1 shape; prints GB/s per variant.
 
-python -m bench.tune_merge   (GPU machine). Not part of the standard suites: it picks constants for merge_specs.py.
+python -m bench.tune_merge   (GPU machine). Not part of the standard suites: it picks constants for merge/specs.py.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import cupy as cp
 import numpy as np
 
 from cuinfer.jit import get_kernel
-from cuinfer.merge_specs import THREADS, MergeStatesParams, merge_spec
+from cuinfer.merge.specs import THREADS, MergeStatesParams, merge_spec
 
 
 def main() -> None:

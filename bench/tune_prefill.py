@@ -152,7 +152,7 @@ def _name(variant: str, tiles: tuple) -> str:
 
 def spec_for(key, variant: str):
     """The KernelSpec of ``key`` for a variant (a distinct name, so the caches keep them apart)."""
-    from cuinfer.prefill_specs import prefill_spec
+    from cuinfer.prefill.specs import prefill_spec
 
     spec = prefill_spec(key)
     if variant == "new" or variant.startswith("win"):  # win<k>: a planner variant of the kernel of this checkout
@@ -162,7 +162,8 @@ def spec_for(key, variant: str):
 
 
 def _keys(variant: str, tiles: tuple):
-    from cuinfer.prefill_specs import MASK_CAUSAL, PrefillKernelKey, tile_config
+    from cuinfer.prefill.specs import MASK_CAUSAL, PrefillKernelKey
+    from cuinfer.prefill.tiles import tile_config
 
     cfg = tile_config(tiles[0], tiles[1], 128, *tiles[2:])
     return [PrefillKernelKey("bfloat16", "bfloat16", 128, 128, cfg, paged, MASK_CAUSAL, False, False)
@@ -210,10 +211,10 @@ def precompile(cfgs) -> list:
 
 def use_spec(spec_of) -> None:
     """Make BatchPrefill build its kernels with ``spec_of(key)``: plan() (occupancy) looks kernels up in
-    cuinfer.prefill, run() in cuinfer.prefill_launch (patching only the first ran the default kernel in every
+    cuinfer.prefill.wrapper, run() in cuinfer.prefill.launch (patching only the first ran the default kernel in every
     configuration: A/B rows of identical kernels)."""
-    import cuinfer.prefill as cp
-    import cuinfer.prefill_launch as pl
+    import cuinfer.prefill.launch as pl
+    import cuinfer.prefill.wrapper as cp
 
     cp.prefill_spec = pl.prefill_spec = spec_of
 
@@ -261,7 +262,7 @@ def _window_assign(k: int):
 def _cuinfer_runner(inp, variant: str, tiles: tuple):
     import cuinfer.planner.work as pw
 
-    import cuinfer.prefill as cp
+    import cuinfer.prefill.wrapper as cp
 
     case, s = inp.case, inp.case.shape
     assign = pw.assign_items

@@ -39,7 +39,7 @@ merge inside the kernel the forced lane cut beats the whole-request assignment o
 measured within noise, and so did copying each item's q with its first tile's cp.async group instead of loading
 it at the item start (+-0.3 %, not kept). The D1/D4 L2 flush by a write costs the next kernel ~5/12 us of
 write-back. Evict-first K/V copies (fourth session, `evict`): dirty flush D1 29.1 / 32.0 us (evict-first / normal),
-D4 49.7 / 53.0, but D5 276 / 260 and D8 178 / 171; clean flush within ~1.5 % either way: decode_policy keeps
+D4 49.7 / 53.0, but D5 276 / 260 and D8 178 / 171; clean flush within ~1.5 % either way: decode.policy keeps
 evict-first for steps of at most 4 L2 sizes of K/V.
 Item phases (fifth session, `trace` with SM-clock stamps, before the staged epilogue): a P3 item (10.8 KV tiles) spent
 0.45 us in the table and prologue, 0.34 us waiting for its first tile, 30.6 us in the loop (3.13 us per tile against
@@ -220,7 +220,7 @@ def decode_cut(case_ids: list[str]) -> None:
     import cuinfer.planner.decode_plan as dp
     import torch
 
-    import cuinfer.decode_launch as dec
+    import cuinfer.decode.launch as dec
     from bench import cases, inputs
     from bench.timing import CudaTimer
 
@@ -257,7 +257,7 @@ def decode_ab(case_ids: list[str], defines: tuple[str, ...], rounds: int = 3) ->
 
     import torch
 
-    import cuinfer.decode_launch as dec
+    import cuinfer.decode.launch as dec
     from bench import cases, inputs
     from bench.timing import CudaTimer
 
@@ -295,7 +295,7 @@ def _decode_variant(spec: str):
     kernel at the Llama shape): a ``DecodeConfig`` subclass whose ``min_blocks`` (the CTAs per SM the kernel is
     compiled and the grid sized for) honours the cap and whose shared memory counts the item chunk, or None for
     ``"default"``."""
-    from cuinfer import decode_policy as pol
+    from cuinfer.decode import policy as pol
 
     if spec == "default":
         return None
@@ -386,8 +386,8 @@ def decode_configs(case_ids: list[str], variants: list[str], rounds: int = 3) ->
     import cuinfer.planner.decode_plan as dp
     import torch
 
-    import cuinfer.decode as dmod
-    import cuinfer.decode_launch as dec
+    import cuinfer.decode.launch as dec
+    import cuinfer.decode.plan as dmod
     from bench import cases, inputs
     from bench.timing import CudaTimer
 
@@ -442,14 +442,14 @@ def decode_configs(case_ids: list[str], variants: list[str], rounds: int = 3) ->
 
 def decode_evict(case_ids: list[str], rounds: int = 2) -> None:
     """The decode kernel with its K/V copies forced L2 evict-first against forced evict-normal (the policy picks one
-    by the step's K/V bytes, decode_policy.kv_evict_first), alternating in each round; L2 flushed by a write (the
+    by the step's K/V bytes, decode.policy.kv_evict_first), alternating in each round; L2 flushed by a write (the
     PERF.md method: the L2 is full of dirty lines) and by a write then a read (clean lines)."""
     import torch
 
-    import cuinfer.decode_launch as dec
+    import cuinfer.decode.launch as dec
     from bench import cases, inputs
     from bench.timing import CudaTimer
-    from cuinfer.device import device_info
+    from cuinfer.runtime.device import device_info
 
     timers = {"dirty": CudaTimer(), "clean": CudaTimer(clean_flush=True)}
     by_id = {c.id: c for c in cases.DECODE_CASES}
@@ -492,8 +492,10 @@ def _decode_wrapper(inp, use_tensor_cores=None, fixed_split_size=None):
 
 def _fresh_plan_caches(lanes_mod, dp) -> None:
     """Drop the planners' cached structures (an A/B variant that changes how they are built plans from scratch)."""
+    from cuinfer.planner import decode_structure
+
     lanes_mod._EXPANDED.clear()
-    dp._STRUCTURES.clear()
+    decode_structure._STRUCTURES.clear()
     dp.decode_planner.cache_clear()
 
 
@@ -533,8 +535,8 @@ def decode_trace(case_ids: list[str], variants: list[str], rounds: int = 2) -> N
     import cuinfer.planner.lanes as lanes_mod
     import torch
 
-    import cuinfer.decode as dmod
-    import cuinfer.decode_launch as dec
+    import cuinfer.decode.launch as dec
+    import cuinfer.decode.plan as dmod
     from bench import cases, inputs
     from bench.timing import CudaTimer
 
@@ -687,8 +689,8 @@ def trace(case_ids: list[str], out_dir: str | None) -> None:
     import cuinfer.planner.work as work
     import torch
 
-    import cuinfer.prefill as prefill_mod
-    import cuinfer.prefill_launch as launch_mod
+    import cuinfer.prefill.launch as launch_mod
+    import cuinfer.prefill.wrapper as prefill_mod
     from bench import cases, inputs
     from bench.tune_prefill import use_spec
 

@@ -4,13 +4,11 @@ NVRTC-compiled CUDA kernels launched through CuPy, a pure-NumPy planner, and DLP
 pass in and out without copies. NumPy inputs run on the float64 CPU reference backend.
 """
 
-__version__ = "0.1.0"
-
-from cuinfer.decode import BatchDecode  # noqa: E402
-from cuinfer.decode_single import single_decode  # noqa: E402
-from cuinfer.errors import CompileError, CuinferError, NoGPUError, ToolchainError  # noqa: E402
-from cuinfer.merge import merge_state, merge_state_in_place, merge_states  # noqa: E402
-from cuinfer.prefill import BatchPrefill, single_prefill  # noqa: E402
+from cuinfer.decode import BatchDecode, single_decode
+from cuinfer.errors import CompileError, CuinferError, NoGPUError, ToolchainError
+from cuinfer.merge import merge_state, merge_state_in_place, merge_states
+from cuinfer.prefill import BatchPrefill, single_prefill
+from cuinfer.version import __version__
 
 __all__ = [
     "BatchDecode",

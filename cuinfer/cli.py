@@ -72,9 +72,9 @@ def _describe_tiers(tiers) -> str:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from cuinfer.device import device_info, gpu_available
     from cuinfer.jit import cache
     from cuinfer.jit.toolchain import toolchain
+    from cuinfer.runtime.device import device_info, gpu_available
 
     for name, ver in _versions():
         print(f"{name:16s} {ver}")
@@ -106,7 +106,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def _target_arch(arch: str | None) -> str:
     if arch:
         return arch
-    from cuinfer.device import device_info, gpu_available
+    from cuinfer.runtime.device import device_info, gpu_available
 
     return device_info().arch if gpu_available() else "sm_90a"
 

@@ -14,7 +14,7 @@ import numpy as np
 
 
 def _cupy_or_none():
-    from cuinfer.device import gpu_available
+    from cuinfer.runtime.device import gpu_available
 
     if not gpu_available():
         return None
@@ -101,7 +101,7 @@ def run_demo(*, cpu: bool = False) -> int:
         print(f"cuinfer demo: running on the CPU reference backend (float64 NumPy) -- {why}.")
         print("The same public calls run on the GPU kernels when a CUDA GPU is present.")
     else:
-        from cuinfer.device import device_info
+        from cuinfer.runtime.device import device_info
 
         info = device_info()
         print(f"cuinfer demo: running on {info.name} ({info.arch}, {info.sm_count} SMs) with CuPy arrays.")

@@ -4,9 +4,9 @@ Items come in *groups*: a group is one KV piece of one query tile and holds ``H 
 (one per KV head). The *natural order* of the ``n = G*H`` items is head major: item ``i`` is group ``i % G`` of head
 ``i // G``. The result lists each CTA's items contiguously (CTA-major), the form the persistent kernel reads.
 
-The paper's schedule is LPT (longest processing time first): sort the items by cost and pop each onto the CTA with
-the smallest load (a heap). A Python heap loop over ~1000 items costs ~1 ms here, and exact LPT in blocks of NumPy
-calls needs about ``n / P`` blocks. This module reaches LPT's balance (within ~1 % on PERF.md's cases) by choosing:
+The paper's schedule is LPT (longest processing time first): sort the items by cost and pop each onto the CTA with the
+smallest load (a heap). A Python heap loop over ~1000 items costs ~1 ms here, and exact LPT in blocks of NumPy calls
+needs about ``n / P`` blocks. This module reaches LPT's balance (within ~1 % on docs/benchmarks.md's cases) by choosing:
 
 - ``one-wave`` (``n <= P``): item ``i`` on CTA ``i``. The makespan is the largest item whatever we do.
 - ``linear``: when the items are small next to the mean load (``x_max * LINEAR_ITEMS_PER_CTA <= mean``) or nearly

@@ -1,20 +1,19 @@
 """Micro-benchmark of the host plan path: ``python -m cuinfer.planner.bench``.
 
-Two tables. *planner*: KV lengths from ``kv_indptr`` / ``kv_last_page_len`` (decode; prefill also takes
-``qo_indptr``), ``plan_work``, and ``pack`` into an int32 buffer whose layout was fixed up front from
-``capacity_bound`` (CUDA-graph mode), with the assignment mode, chunk size and balance achieved. *public plan()*:
-the whole public call ``BatchDecode.plan`` / ``BatchPrefill.plan`` (validation, options, tile policy, grid, planner)
-plus the packing of plan and page table into a NumPy stand-in for the pinned buffer, for PERF.md's plan targets,
-and for decode also a serving loop (every length one token longer per step: the decode plan's cached structure is
-rebuilt when a cut crosses a request edge). Medians, 10th and 90th percentiles of single calls
-(``time.perf_counter_ns``) after warm-up.
+Two tables. *planner*: KV lengths from ``kv_indptr`` / ``kv_last_page_len`` (decode; prefill also takes ``qo_indptr``),
+``plan_work``, and ``pack`` into an int32 buffer whose layout was fixed up front from ``capacity_bound`` (CUDA-graph
+mode), with the assignment mode, chunk size and balance achieved. *public plan()*: the whole public call
+``BatchDecode.plan`` / ``BatchPrefill.plan`` (validation, options, tile policy, grid, planner) plus the packing of plan
+and page table into a NumPy stand-in for the pinned buffer, for docs/benchmarks.md's plan targets, and for decode also a
+serving loop (every length one token longer per step: the decode plan's cached structure is rebuilt when a cut crosses a
+request edge). Medians, 10th and 90th percentiles of single calls (``time.perf_counter_ns``) after warm-up.
 
 Shapes: Llama-3.1-8B (32 query heads, 8 KV heads: group 4), page size 16, ``num_ctas`` = 132 SMs x 2. Lengths follow
-PERF.md with the seeds of ``bench/cases.py`` (zipf: ``rng.zipf(1.5)`` scaled to the mean, clipped to
+docs/benchmarks.md with the seeds of ``bench/cases.py`` (zipf: ``rng.zipf(1.5)`` scaled to the mean, clipped to
 ``[16, 64 * mean]``; onelong: one request of ``32 * mean``, the rest ``mean``).
 
-Targets (PERF.md): decode batch 128 <= 50 us median, prefill batch 64 <= 80 us. The host is shared and small, so
-run-to-run noise of 1.5-2x is normal here; ``--trials`` repeats each case and keeps the best median.
+Targets (docs/benchmarks.md): decode batch 128 <= 50 us median, prefill batch 64 <= 80 us. The host is shared and small,
+so run-to-run noise of 1.5-2x is normal here; ``--trials`` repeats each case and keeps the best median.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ NUM_QO_HEADS, NUM_KV_HEADS, PAGE = 32, 8, 16
 
 
 def lengths(dist: str, batch: int, mean: int, seed: int, lo: int = 0, hi: int = 0) -> np.ndarray:
-    """PERF.md length distributions (the same formulas as ``bench/cases.py``)."""
+    """docs/benchmarks.md length distributions (the same formulas as ``bench/cases.py``)."""
     rng = np.random.default_rng(seed)
     if dist == "const":
         return np.full(batch, mean, dtype=np.int64)
@@ -143,7 +142,7 @@ def calibrate(reps: int = 3000) -> float:
     return float(np.median(ts)) / 1000.0
 
 
-# --- the public plan(): what PERF.md's plan targets measure --------------------------------------------------------
+# --- the public plan(): what docs/benchmarks.md's plan targets measure ----------------------------------------------
 
 # (name, kind, lengths args, target us): bench/cases.py PLAN_CASES
 PUBLIC_CASES = (

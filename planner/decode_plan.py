@@ -43,14 +43,14 @@ The long request fills lanes 0-5 and part of lane 6 (pieces cut at 5184, 10368, 
 chunks of the long request reached 0.955: whole 1092-token requests cannot fill the lanes next to its pieces).
 D9 (zipf): 39 cuts inside requests, loads 8219-8332, balance 0.993.
 
-**Caches.** What depends only on where the cuts fall (which request, moved to its start, inside it) -- the groups,
-each lane's CTA-major item lists with their requests, heads and partial rows, the merge list, the plan's other
-fields -- is cached as a ``_Structure``; a cut crosses a request edge only every few steps of a serving loop (every
-length + 1). A step that keeps its structure computes only the cut positions (in int32 when the line fits: one dtype
-for every call) and copies the structure's field dict into its ``WorkPlan``; ``layout.pack`` then writes everything
-else from memoised blocks (``WorkPlan.pack_blocks``; not even copied when the buffer holds them from the previous
-step) and the items' KV ranges straight from ``(kv, pos)`` (``WorkPlan.lane_cuts``): 12 NumPy calls here and 3-4
-in ``pack`` for a D8 or D9 step.
+**Caches.** What depends only on where the cuts fall (which request, moved to its start, inside it) -- the groups, each
+lane's CTA-major item lists with their requests, heads and partial rows, the merge list, the plan's other fields -- is
+cached as a ``LaneStructure`` (``decode_structure.py``); a cut crosses a request edge only every few steps of a serving
+loop (every length + 1). A step that keeps its structure computes only the cut positions (in int32 when the line fits:
+one dtype for every call) and copies the structure's field dict into its ``WorkPlan``; ``layout.pack`` then writes
+everything else from memoised blocks (``WorkPlan.pack_blocks``; not even copied when the buffer holds them from the
+previous step) and the items' KV ranges straight from ``(kv, pos)`` (``WorkPlan.lane_cuts``): 12 NumPy calls here and
+3-4 in ``pack`` for a D8 or D9 step.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ import numpy as np
 
 from .assign import assign_items
 from .cost import DEFAULT_COST, CostModel
-from .lanes import expand, lanes_of
-from .merge import split_layout
+from .decode_structure import STRUCTURE_CACHE_SIZE, lane_structure
+from .lanes import lanes_of
 from .split_kv import BALANCED_EFFICIENCY, DEFAULT_MIN_CHUNK, MIN_GAIN
 from .workplan import WorkPlan
 
@@ -188,7 +188,7 @@ class DecodePlanner:
         request whose pieces are the largest, which takes the ``L - B`` largest of the values ``n_r / m`` (``m = 1,
         2, ...``; pieces of at least ``piece_min`` tokens). Pieces end on granules (KV tiles), so each request then
         keeps the fewest pieces that are no longer, in granules, than the largest. Cuts are rounded to the granule;
-        the cut structure goes through ``_structure`` as the lane cut's does, memoised by the piece counts. About
+        the cut structure goes through ``lane_structure`` as the lane cut's does, memoised by the piece counts. About
         twenty NumPy calls where the tile pipeline took ~100 (plan() of D1 145 -> 36 us, D4 188 -> 38 us on the
         development VM). The spaced lane cut of ``_cut`` would leave some lanes with the ends of two requests, and
         the tile pipeline's chunks put two pieces on some CTAs.
@@ -371,12 +371,12 @@ class DecodePlanner:
         local = np.arange(req.shape[0], dtype=np.int64) - (np.add.accumulate(c) - c).repeat(c)
         j = local + no_boundary.take(req)
         inside = j > 0
-        st = _structure(b, req, inside, inside, self.lanes, self.h, self.g, self.br, order)
+        st = lane_structure(b, req, inside, inside, self.lanes, self.h, self.g, self.br, order)
         cuts = (req, j, k.take(req), st, order)
         for a in cuts[:3]:
             a.flags.writeable = False
         memo = self._aligned_cuts
-        if len(memo) >= _STRUCTURE_CACHE_SIZE:
+        if len(memo) >= STRUCTURE_CACHE_SIZE:
             memo.pop(next(iter(memo)))
         memo[key] = cuts
         return cuts
@@ -430,13 +430,13 @@ class DecodePlanner:
         fits = pos <= fits  # leaves min_chunk / 2 before the end: the cut is inside when it also keeps_start
         # The structure depends on (req, keeps_start, inside = fits & keeps_start); this planner's own memo is keyed
         # by fits instead (one NumPy call less: a cut moved to a short request's start may make two keys of one
-        # structure, the second found in the shared cache of _structure).
+        # structure, the second found in the shared cache of lane_structure).
         key = (b, req.tobytes(), keeps_start.tobytes(), fits.tobytes())
         st = self._structures.get(key)
         if st is None:
-            st = _structure(b, req, keeps_start, fits & keeps_start, self.lanes, h, self.g, self.br)
+            st = lane_structure(b, req, keeps_start, fits & keeps_start, self.lanes, h, self.g, self.br)
             memo = self._structures
-            if len(memo) >= _STRUCTURE_CACHE_SIZE:
+            if len(memo) >= STRUCTURE_CACHE_SIZE:
                 memo.pop(next(iter(memo)), None)
             memo[key] = st
         # The cut positions stay in ``pos`` (every cut; ``ranges.cut_idx`` picks those inside requests): pack reads
@@ -513,120 +513,6 @@ def _worst_load(costs: np.ndarray, wi: np.ndarray, ig: np.ndarray, p: int) -> fl
     """The largest CTA load (cost / beta) of an assignment."""
     cta = np.repeat(np.arange(p), np.diff(wi))
     return float(np.bincount(cta, weights=costs.take(ig), minlength=p).max())
-
-
-class LaneRanges:
-    """How the pieces' KV ranges follow from the cut positions, for one structure: group ``g`` is a piece of request
-    ``g_req[g]``; the cut inside a request at ``pos[cut_idx[i]]`` starts group ``right[i]`` and ends group
-    ``right[i] - 1``; every other range is the request's (window start, length). ``item_req`` is each item's request
-    (CTA-major, int64), and ``patch`` / ``patch_pos`` the item positions whose start (``[0, n)``) or end
-    (``[n, 2n)``) is a cut, and that cut's index in ``pos``."""
-
-    def __init__(self, g_req: np.ndarray, right: np.ndarray, ig: np.ndarray, cut_idx: np.ndarray) -> None:
-        self.g_req, self.right, self.right_m1, self.cut_idx = g_req, right, right - 1, cut_idx
-        self.item_req = g_req.take(ig)
-        cut_of = np.full(g_req.shape[0], -1, dtype=np.int64)
-        cut_of[right] = np.arange(right.shape[0])
-        starts = cut_of.take(ig)
-        cut_of[:] = -1
-        cut_of[self.right_m1] = np.arange(right.shape[0])
-        ends = cut_of.take(ig)
-        sp, ep = np.flatnonzero(starts >= 0), np.flatnonzero(ends >= 0)
-        self.patch = np.concatenate([sp, ep + ig.shape[0]])
-        self.patch_pos = cut_idx.take(np.concatenate([starts.take(sp), ends.take(ep)]))
-        for a in (self.g_req, self.right, self.right_m1, self.cut_idx, self.item_req, self.patch, self.patch_pos):
-            a.flags.writeable = False
-
-    def group_ranges(self, kv: np.ndarray, starts, pos: np.ndarray) -> tuple:
-        """``(group_kv_start, group_kv_end)`` of the pieces, from every cut's position ``pos``."""
-        cut = pos.take(self.cut_idx)
-        g_end = kv.take(self.g_req)
-        g_end[self.right_m1] = cut  # a cut ends the piece before it ...
-        g_start = starts.take(self.g_req) if isinstance(starts, np.ndarray) else np.zeros_like(g_end)
-        g_start[self.right] = cut  # ... and starts the one after it
-        return g_start, g_end
-
-
-class _Structure:
-    """The cached facts of one lane structure (see ``_structure``)."""
-
-    __slots__ = ("ranges", "g_part", "g_stride", "wi", "ig", "ih", "fixed_items", "merge", "rows_partial", "n_cut",
-                 "blocks", "fields")  # fmt: skip
-
-
-_STRUCTURES: dict = {}
-_STRUCTURE_CACHE_SIZE = 64
-
-
-def _structure(b, req, keeps_start, inside, lanes, h, g, br, order=None) -> _Structure:
-    """Everything that depends only on where the cuts fall (which request, moved to its start, inside it): the
-    groups' requests and ranges (``LaneRanges``), the CTA-major item lists with their requests, heads and partial
-    rows, the merge list, the partial rows in all, the number of cuts and the pack memo. Cached (read-only).
-    ``req`` are line positions; ``order[p]`` is the request at line position ``p`` (None: the requests in order)."""
-    key = (b, h, g, br, lanes.num_ctas, req.tobytes(), keeps_start.tobytes(), inside.tobytes(),
-           None if order is None else order.tobytes())  # fmt: skip
-    hit = _STRUCTURES.get(key)
-    if hit is not None:
-        return hit
-    cut_req = req[inside]
-    # First group of the lane after each cut: groups run in line order, one per request plus one per cut inside a
-    # request, so it is req (+1 unless the cut moved to req's start) + the cuts inside requests before it.
-    gidx = np.add.accumulate(inside, dtype=np.int64)
-    gidx -= inside
-    gidx += req
-    gidx += keeps_start
-    pieces = np.bincount(cut_req, minlength=b)
-    pieces += 1
-    n_groups = b + cut_req.shape[0]
-    g_req = np.arange(b).repeat(pieces)
-    right = cut_req + np.arange(1, cut_req.shape[0] + 1)  # group index of the piece right of each cut
-    split = np.flatnonzero(pieces > 1)
-    ks = pieces.take(split)
-    # Partial rows: split request t owns H*k*g rows from base[t]; head hh, piece j at base + (hh*k + j)*g.
-    split_req = split if order is None else order.take(split)
-    base, rows_partial, merge = split_layout(split, ks, g, split_req, 0, None, num_heads=h, group_size=g, tile_rows=br)
-    first = np.add.accumulate(pieces) - pieces
-    piece = np.arange(n_groups) - first.repeat(pieces)
-    k = pieces.repeat(pieces)
-    req_base = np.full(b, -1, dtype=np.int64)
-    req_base[split] = base
-    g_part = req_base.repeat(pieces) + piece * g
-    g_stride = k * g
-    whole = k == 1
-    g_part[whole] = -1
-    g_stride[whole] = 0
-    gptr = np.full(lanes.count + 1, n_groups, dtype=np.int64)
-    gptr[0] = 0
-    gptr[1 : gidx.shape[0] + 1] = gidx
-    if order is not None:
-        g_req = order.astype(np.int64).take(g_req)  # line positions -> requests
-    wi, ig, ih = expand(gptr, lanes)
-    item_part = g_part.take(ig)
-    item_part += ih * g_stride.take(ig)
-    st = _Structure()
-    st.ranges = LaneRanges(g_req, right, ig, np.flatnonzero(inside))
-    st.fixed_items = {
-        "item_req": g_req.take(ig).astype(np.int32),
-        "item_kv_head": ih.astype(np.int32),
-        "item_partial": item_part.astype(np.int32),
-    }
-    st.merge = tuple(a.astype(np.int32) for a in merge)
-    for a in (g_part, g_stride, *st.fixed_items.values(), *st.merge):
-        a.flags.writeable = False
-    st.g_part, st.g_stride, st.wi, st.ig, st.ih = g_part, g_stride, wi, ig, ih
-    st.rows_partial, st.n_cut, st.blocks = rows_partial, int(cut_req.shape[0]), {}
-    # The WorkPlan fields of a plan of this structure but its ranges, chunk size and cuts (see DecodePlanner._cut).
-    st.fields = dict(
-        num_ctas=lanes.num_ctas, num_kv_heads=h, work_indptr=wi, group_req=g_req, group_tile=0, group_kv_start=None,
-        group_kv_end=None, group_partial=g_part, group_partial_stride=g_stride, item_group=ig, item_head=ih,
-        merge_indptr=st.merge[0], merge_src=st.merge[1], merge_dst_token=st.merge[2], merge_dst_head=st.merge[3],
-        num_partial_rows=rows_partial, chunk_size=0, assign_mode="lanes", item_values=st.fixed_items,
-        pack_blocks=st.blocks, lane_cuts=None,
-    )  # fmt: skip
-    if len(_STRUCTURES) >= _STRUCTURE_CACHE_SIZE:
-        _STRUCTURES.pop(next(iter(_STRUCTURES)))
-    _STRUCTURES[key] = st
-    return st
 
 
 @functools.lru_cache(maxsize=64)

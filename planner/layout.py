@@ -30,9 +30,9 @@ unit and piece count of kernels that merge split items themselves, -1 and 0 othe
 ``merge_indptr[max_merge+1]``, ``merge_src[max_merge_src]``, ``merge_dst_token[max_merge]``,
 ``merge_dst_head[max_merge]``. Words past a count are left as they were.
 
-Prefill plans in natural order with nothing split may instead be written in the compact form (``pack_compact``):
-only the ``G`` group entries of the item arrays the kernel reads, item ``i`` being group ``i % G`` of KV head
-``i // G`` (docs/internals.md, "Compact form").
+Prefill plans in natural order with nothing split may instead be written in the compact form (``compact.py``,
+``pack_compact``): only the ``G`` group entries of the item arrays the kernel reads, item ``i`` being group ``i % G``
+of KV head ``i // G`` (docs/internals.md, "Compact form").
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .split_kv import MAX_EXTRA_ITEMS_PER_CTA
-from .workplan import _PREFILL_SHAPE, FIXED, WorkPlan, _heads, put_field
+from .workplan import FIXED, WorkPlan, head_column, put_field
 
 HEADER_WORDS = 16
 _I32 = np.dtype(np.int32)
@@ -166,7 +166,7 @@ class PlanLayout:
         raise KeyError(f"unknown plan array {name!r}; the arrays are {', '.join(ARRAY_NAMES)}")
 
     def empty(self) -> np.ndarray:
-        """A zeroed host buffer of this layout (pinned buffers come from ``cuinfer.plan_buffer``)."""
+        """A zeroed host buffer of this layout (the wrappers pack into pinned buffers of their own, ``Buffers``)."""
         return np.zeros(self.total_words, dtype=np.int32)
 
 
@@ -285,7 +285,7 @@ def pack(
     if (out.dtype is not _I32 and out.dtype != _I32) or out.ndim != 1 or out.shape[0] < layout.total_words:
         raise ValueError(
             f"pack needs a 1-D int32 buffer of at least {layout.total_words} words, got dtype {out.dtype} and shape "
-            f"{out.shape}; allocate it with layout.empty() or cuinfer.plan_buffer.PlanBuffer"
+            f"{out.shape}; allocate it with layout.empty()"
         )
     blocks = plan.pack_blocks
     if blocks is not None:
@@ -346,7 +346,7 @@ def pack(
             out[:HEADER_WORDS] = layout.header
             memo["header"] = out
     out[:7] = (n, nm, plan.num_partial_rows, p, ns, plan.chunk_size, generation)  # (one call for seven words)
-    _put_work_indptr(out, off["work_indptr"], plan.work_indptr, n, p, cap.max_ctas)
+    put_work_indptr(out, off["work_indptr"], plan.work_indptr, n, p, cap.max_ctas)
     shape, dynamic = plan.pack_fields()
     key = (n, h, g, shape)
     if memo is None:
@@ -372,7 +372,7 @@ def pack(
                 o = off[name]
                 have = filled.get(name)
                 if value == "heads":
-                    out[o : o + n].reshape(h, g)[:] = _heads(h)
+                    out[o : o + n].reshape(h, g)[:] = head_column(h)
                     if have is not None:
                         del filled[name]
                 elif have is None or have[0] != value:
@@ -449,79 +449,7 @@ def pack(
     return out
 
 
-#: Item fields a compact pack writes (G words each); the kernel derives the KV head (item // G) and the partial (-1).
-COMPACT_FIELDS = ("item_req", "item_qo_tile", "item_kv_start", "item_kv_end")
-
-
-def compact_groups(plan: WorkPlan) -> int:
-    """``G`` when ``plan`` can be packed compactly (``pack_compact``), else 0: natural order (item ``i`` is group
-    ``i % G`` of KV head ``i // G``), nothing split and no merge units, so every item field is a function of the
-    item's group or its head."""
-    if plan.item_group is not None or plan.num_partial_rows:
-        return 0
-    shape, _ = plan.pack_fields()
-    if shape is _PREFILL_SHAPE:  # (plan_checked's usual prefill plan: no window, nothing split)
-        return plan.sizes()[1]
-    if plan.sizes()[2]:  # merge entries
-        return 0
-    fixed = dict(shape)
-    if fixed.get("item_kv_head") != "heads" or fixed.get("item_partial") != -1:
-        return 0
-    if fixed.get("item_merge", -1) != -1 or fixed.get("item_pieces", 0) != 0:
-        return 0
-    return plan.sizes()[1]
-
-
-def pack_compact(
-    plan: WorkPlan, layout: PlanLayout, out: np.ndarray, *, generation: int = 0, groups: int | None = None
-) -> int:
-    """Write ``plan`` into ``out`` in the compact form of a natural-order plan with nothing split
-    (``compact_groups(plan) = G > 0``): the header, ``work_indptr``, and for each of ``COMPACT_FIELDS`` the ``G``
-    group values at the start of its item array, instead of ``G * H`` item values (prefill plans of long batches hold
-    ~20,000 items: the item arrays were most of ``pack``'s time). ``item_kv_head`` and ``item_partial`` are not
-    written: a kernel told ``G`` reads item ``i``'s facts at entry ``i % G``, its KV head is ``i // G`` and its
-    partial -1. Returns ``G``. A caller that also ``pack``s into ``out`` with a memo must clear that memo first (the
-    compact words are not what it records). ``groups``: ``compact_groups(plan)`` when the caller has it already."""
-    g = compact_groups(plan) if groups is None else groups
-    if g == 0:
-        raise ValueError("pack_compact needs a natural-order plan with nothing split (compact_groups(plan) > 0)")
-    n, _, _, _ = plan.sizes()
-    p = plan.num_ctas
-    cap = layout.capacity
-    if n > cap.max_items or p > cap.max_ctas:
-        check_fits(plan, layout)  # (raises, naming the limit)
-    off = layout.offsets
-    out[:HEADER_WORDS] = layout.header
-    # words 0-6 are (n, 0, 0, p, 0, chunk size, generation), the header's 0 in words 1, 2 and 4: four scalar writes
-    # cost less than one from a tuple (which NumPy converts to an array first)
-    out[0] = n
-    out[3] = p
-    out[5] = plan.chunk_size
-    out[6] = generation
-    _put_work_indptr(out, off["work_indptr"], plan.work_indptr, n, p, cap.max_ctas)
-    shape, dynamic = plan.pack_fields()
-    if shape is _PREFILL_SHAPE:  # (natural_pack_fields' prefill plan: starts 0, dynamic req, tile and end)
-        o = off["item_kv_start"]
-        out[o : o + g] = 0
-        for name, item in dynamic:
-            o = off[name]
-            out[o : o + g] = item[1]
-        out[off["merge_indptr"]] = 0
-        return g
-    for name, value in shape:
-        if name in COMPACT_FIELDS:
-            o = off[name]
-            out[o : o + g] = value
-    for name, item in dynamic:
-        if name not in COMPACT_FIELDS:  # (compact_groups rules this out)
-            raise AssertionError(f"pack_compact: unexpected dynamic field {name}")
-        o = off[name]
-        out[o : o + g] = item[1]  # ("group", values[G], mark): every dynamic field of a natural plan
-    out[off["merge_indptr"]] = 0
-    return g
-
-
-def _put_work_indptr(out: np.ndarray, o: int, work_indptr: np.ndarray, n: int, p: int, max_ctas: int) -> None:
+def put_work_indptr(out: np.ndarray, o: int, work_indptr: np.ndarray, n: int, p: int, max_ctas: int) -> None:
     """``work_indptr`` at word ``o``, then ``n`` up to ``max_ctas + 2`` entries: entry ``p + 1`` ends the pool that
     starts at ``work_indptr[p]`` (empty without one), CTAs past ``p`` get empty lists."""
     out[o : o + p + 1] = work_indptr
@@ -533,7 +461,7 @@ def _put_work_indptr(out: np.ndarray, o: int, work_indptr: np.ndarray, n: int, p
 
 def _put_shape(out: np.ndarray, off: dict, shape: tuple, n: int, h: int, g: int) -> None:
     """Write the item fields ``pack_fields()`` says the plan's shape fixes (a value for every item, or the heads)."""
-    heads = _heads(h)
+    heads = head_column(h)
     for name, value in shape:
         o = off[name]
         if value == "heads":

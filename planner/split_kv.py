@@ -100,11 +100,14 @@ def choose_chunk_size(
     if costs.shape[0] == 0:
         return 0
     stats = (float(np.add.reduce(costs)), float(np.maximum.reduce(costs)), float(np.minimum.reduce(costs)))
-    choice = _choose(rows, n, stats, num_kv_heads, num_ctas, kv_granule, cost, min_chunk)
+    choice = choose_split(rows, n, stats, num_kv_heads, num_ctas, kv_granule, cost, min_chunk)
     return choice[0] * kv_granule if choice else 0
 
 
-def _choose(rows, n: np.ndarray, stats, h: int, p: int, gr: int, cost: CostModel, min_chunk: int):
+def choose_split(
+    rows: int | np.ndarray, n: np.ndarray, stats: tuple[float, float, float], h: int, p: int, gr: int, cost: CostModel,
+    min_chunk: int,
+) -> tuple[int, int] | None:  # fmt: skip
     """``(chunk_blocks, threshold)`` or ``None``: cut every tile with more than ``threshold`` KV tokens into pieces of
     at most ``chunk_blocks`` granules. ``stats`` = (sum, max, min) of the unsplit tile costs (shared with plan_work).
 

@@ -30,7 +30,7 @@ class Tiles:
 
     For speed, fields that are the same for every tile (decode: ``index = 0``, ``rows = g``, ``kv_start = 0``
     without a window) are Python ints instead of arrays; ``at`` reads either kind. ``req`` and ``index`` may be
-    read-only arrays shared with earlier tiles of the same query lengths (``fixed``, see ``_whole_token_tiles``).
+    read-only arrays shared with earlier tiles of the same query lengths (``fixed``, see ``whole_token_tiles``).
     Slots: the plan path makes one per call (``_whole_tiles``) and reads it a dozen times.
     """
 
@@ -170,7 +170,7 @@ def tiles_of(qo, kv: np.ndarray, g: int, br: int, causal: bool, w: int, qo_min: 
         start = np.maximum(kv - (w + 1), 0) if w >= 0 else 0
         return Tiles(count=b, decode=True, req=np.arange(b), index=0, rows=g, kv_start=start, kv_end=kv)
     if qo is not None and w < 0 and br % g == 0 and b:
-        return _whole_token_tiles(qo, kv, g, br, causal, int(qo.min()) if qo_min is None else qo_min)
+        return whole_token_tiles(qo, kv, g, br, causal, int(qo.min()) if qo_min is None else qo_min)
     decode = qo is None
     if decode:
         qo = np.ones(b, dtype=np.int64)
@@ -210,7 +210,7 @@ def tiles_of(qo, kv: np.ndarray, g: int, br: int, causal: bool, w: int, qo_min: 
     return Tiles(count=n_tiles, decode=decode, req=req, index=index, rows=rows, kv_start=start, kv_end=end)
 
 
-def _whole_token_tiles(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: bool, qo_min: int,
+def whole_token_tiles(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: bool, qo_min: int,
                        qo_max: int | None = None) -> Tiles:  # fmt: skip
     """Tiles that hold whole tokens (``Br % g == 0``, ``t = Br / g`` tokens each) and no window, in about fifteen
     NumPy calls (on request and tile arrays alike they cost ~1 us each, so every call counts), six when the query
@@ -265,7 +265,7 @@ def _whole_token_tiles(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: 
 
 def _new_structure(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: bool, qo_min: int, qo_max: int | None,
                    key: tuple | None, qb: bytes | None) -> Tiles:  # fmt: skip
-    """``_whole_token_tiles`` without a cached structure: the tiles, and (``key`` given) their structure cached for
+    """``whole_token_tiles`` without a cached structure: the tiles, and (``key`` given) their structure cached for
     the query lengths ``qb``. Caching costs a few microseconds (read-only flags, the record), which is why query
     lengths are only cached the second time they come.
 
@@ -307,7 +307,7 @@ def _new_structure(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: bool
     ends = np.add.accumulate(nt) if wide else np.add.accumulate(nt, out=rows[3])
     n = ends.item(-1)
     if dtype is _I32 and not 0 <= (n + 1) * t < 2**31:  # (absurd sizes) the tile line does not fit int32
-        return _whole_token_tiles(qo.astype(_I64), kv.astype(_I64), g, br, causal, qo_min, qo_max)
+        return whole_token_tiles(qo.astype(_I64), kv.astype(_I64), g, br, causal, qo_min, qo_max)
     # each request's last tile, as intp: NumPy converts other index arrays on every use (~2 us each)
     last = np.subtract(ends, line[5])
     if line[6] < n:
@@ -317,7 +317,7 @@ def _new_structure(qo: np.ndarray, kv: np.ndarray, g: int, br: int, causal: bool
     if causal:
         np.multiply(neg_first, line[3][1], out=c)
         c += kv
-        c -= qo  # kv - (qo + first * t): may wrap in int32, like the ends it feeds (see _whole_token_tiles)
+        c -= qo  # kv - (qo + first * t): may wrap in int32, like the ends it feeds (see whole_token_tiles)
     else:
         c[...] = kv  # the ends, spread with the rest
     nt64 = nt if nt.dtype is _I64 else nt.astype(_I64)  # (repeat takes intp counts: others cost a cast inside)
@@ -369,7 +369,7 @@ class _Structure:
         self.has, self.q = has, q
 
 
-#: Structures (``_whole_token_tiles``) of at most this many tiles are cached (a few arrays of as many words).
+#: Structures (``whole_token_tiles``) of at most this many tiles are cached (a few arrays of as many words).
 _CACHE_TILES = 1 << 20
 _STRUCTURES: dict = {}  # (Br, g, int32?, causal) -> (the query lengths' bytes, _Structure)
 
@@ -383,7 +383,7 @@ _LINES: dict = {}
 
 def _line(br: int, g: int, dtype, n: int) -> tuple:
     """``(arange(m), (arange(m) + 1) * t, zeros(m), 0-d (t - 1, t, g) of the dtype, the same in int64, 0-d int64 1,
-    m, {batch: request rows}, [M, per-length table])`` for ``t = Br / g``, ``m >= n``: what ``_whole_token_tiles``
+    m, {batch: request rows}, [M, per-length table])`` for ``t = Br / g``, ``m >= n``: what ``whole_token_tiles``
     reads, read-only (the rows: see ``_request_rows``; the table: ``_by_length``), cached per ``(Br, g, dtype)`` and
     grown by doubling."""
     t = br // g

@@ -22,8 +22,8 @@ from .assign import LINEAR_ITEMS_PER_CTA, assign_items
 from .cost import DEFAULT_COST, CostModel
 from .decode_plan import decode_planner
 from .merge import split_layout
-from .split_kv import DEFAULT_MIN_CHUNK, _choose, fixed_counts, split_counts, split_ranges
-from .tiles import _whole_token_tiles, at, lengths_and_range, tiles_of
+from .split_kv import DEFAULT_MIN_CHUNK, choose_split, fixed_counts, split_counts, split_ranges
+from .tiles import at, lengths_and_range, tiles_of, whole_token_tiles
 from .workplan import WorkPlan, natural_pack_fields, put_field  # noqa: F401  (put_field re-exported)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -101,9 +101,9 @@ def _bounds(costs: np.ndarray, total: float, kv_hi: int | None, br: int, h: int,
 
 
 def _balanced_under_bounds() -> bool:
-    """Whether ``_choose`` finds every batch balanced (no split) on ``_bounds``: bounds are only given when the largest
-    cost ``hi`` is at most ``1 / LINEAR_ITEMS_PER_CTA`` of the mean CTA load ``M``, and then the unsplit makespan
-    estimate is at most ``M + hi <= M * (L + 1) / L``, so ``M >= BALANCED_EFFICIENCY * estimate`` whenever
+    """Whether ``choose_split`` finds every batch balanced (no split) on ``_bounds``: bounds are only given when the
+    largest cost ``hi`` is at most ``1 / LINEAR_ITEMS_PER_CTA`` of the mean CTA load ``M``, and then the unsplit
+    makespan estimate is at most ``M + hi <= M * (L + 1) / L``, so ``M >= BALANCED_EFFICIENCY * estimate`` whenever
     ``BALANCED_EFFICIENCY * (L + 1) <= L`` (0.93 * 17 = 15.8 <= 16; 0.1 % kept for rounding). Read at call time: the
     split policy's constants are module attributes (tests change them)."""
     return _split_kv.BALANCED_EFFICIENCY * (LINEAR_ITEMS_PER_CTA + 1) <= 0.999 * LINEAR_ITEMS_PER_CTA
@@ -213,7 +213,7 @@ def plan_checked(
             return plan
 
     if qo is not None and w < 0 and br % g == 0 and kv.shape[0]:  # (tiles_of's choice, made here: one call less)
-        tiles = _whole_token_tiles(qo, kv, g, br, causal, qo_lo, qo_hi)
+        tiles = whole_token_tiles(qo, kv, g, br, causal, qo_lo, qo_hi)
     else:
         tiles = tiles_of(qo, kv, g, br, causal, w, qo_lo)
     rows, start, end = tiles.rows, tiles.kv_start, tiles.kv_end
@@ -239,12 +239,12 @@ def plan_checked(
             counts = None
     elif not disable_split and tiles.count:
         if bounds is not None and _balanced_under_bounds():
-            choice = None  # (what _choose returns on these bounds, see _balanced_under_bounds)
+            choice = None  # (what choose_split returns on these bounds, see _balanced_under_bounds)
         else:
-            choice = _choose(rows, n, stats, h, p, gr, cost, min_chunk)
+            choice = choose_split(rows, n, stats, h, p, gr, cost, min_chunk)
         if choice is not None and bounds is not None:  # bounds did not settle it: the exact costs decide
             stats = _exact_stats(costs, stats[0])
-            choice = _choose(rows, n, stats, h, p, gr, cost, min_chunk)
+            choice = choose_split(rows, n, stats, h, p, gr, cost, min_chunk)
         if choice is not None:
             chunk = choice[0] * gr
             split, ks = split_counts(n, start, end, choice[0], choice[1], gr, min_chunk)

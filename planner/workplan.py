@@ -158,7 +158,7 @@ class WorkPlan:
                     dynamic += (("item_merge", fields["item_merge"]), ("item_pieces", fields["item_pieces"]))
                 spec = self.__dict__["_pack_fields"] = (tuple(shape), tuple(dynamic))
                 return spec
-            heads = _heads(self.num_kv_heads)
+            heads = head_column(self.num_kv_heads)
             shape, dynamic = [], []
             for name, field in fields.items():
                 kind, values = field[0], field[1]
@@ -192,7 +192,7 @@ class WorkPlan:
         self.kv_ranges()
         split = self.group_partial is not None
         if self.item_group is None:
-            heads = _heads(h)
+            heads = head_column(h)
             part = (self.group_partial + heads * self.group_partial_stride) if split else -1
             return {
                 "item_req": ("group", self.group_req, None),
@@ -272,7 +272,7 @@ def natural_pack_fields(group_req: np.ndarray, group_tile, group_kv_start, group
     nd = np.ndarray
     if type(group_tile) is nd and type(group_kv_start) is int and group_kv_start == 0 and type(group_kv_end) is nd:
         # (prefill without a window: the usual case, spelled out)
-        return _PREFILL_SHAPE, (
+        return PREFILL_SHAPE, (
             ("item_req", ("group", group_req, mark)), ("item_qo_tile", ("group", group_tile, mark)),
             ("item_kv_end", ("group", group_kv_end, None)),
         )  # fmt: skip
@@ -299,8 +299,8 @@ def natural_pack_fields(group_req: np.ndarray, group_tile, group_kv_start, group
 FIXED = "fixed"
 _RANGE_NAMES = ("item_qo_tile", "item_kv_start", "item_kv_end")
 _NATURAL_SHAPES: dict = {}  # the shape keys of natural_pack_fields by its scalar fields (one object per key)
-_PREFILL_SHAPE = (("item_kv_head", "heads"), ("item_kv_start", 0), ("item_partial", -1)) + _NO_UNITS_SHAPE
-_NATURAL_SHAPES[(None, 0, None)] = _PREFILL_SHAPE
+PREFILL_SHAPE = (("item_kv_head", "heads"), ("item_kv_start", 0), ("item_partial", -1)) + _NO_UNITS_SHAPE
+_NATURAL_SHAPES[(None, 0, None)] = PREFILL_SHAPE
 
 
 def put_field(out: np.ndarray, field: tuple, num_heads: int, n_groups: int) -> None:
@@ -318,7 +318,7 @@ def put_field(out: np.ndarray, field: tuple, num_heads: int, n_groups: int) -> N
 
 
 @functools.lru_cache(maxsize=16)
-def _heads(h: int) -> np.ndarray:
+def head_column(h: int) -> np.ndarray:
     heads = np.arange(h, dtype=np.int32)[:, None]
     heads.flags.writeable = False
     return heads

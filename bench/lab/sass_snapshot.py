@@ -26,8 +26,8 @@ _ADDR = re.compile(r"/\*[0-9a-f]{4,}\*/")
 
 def bench_case_specs() -> list:
     """Specs of the kernels the standard cases run that the registry does not list (decode without lse)."""
-    from cuinfer.decode_policy import decode_config
-    from cuinfer.decode_specs import DecodeKernelKey, decode_spec
+    from cuinfer.decode.policy import decode_config
+    from cuinfer.decode.specs import DecodeKernelKey, decode_spec
 
     cfg = decode_config(4, 128)
     return [decode_spec(DecodeKernelKey(cfg, "bfloat16", "bfloat16", "bfloat16"))]

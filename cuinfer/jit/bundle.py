@@ -57,8 +57,8 @@ class ImportReport:
 def collect(arch: str | None = None) -> tuple[dict, dict[str, bytes]]:
     """(manifest, key -> entry bytes) of every valid entry in the cache tiers (first tier wins), optionally of one
     arch. Damaged entries and entries of an older format are left out."""
-    from cuinfer import __version__
     from cuinfer.jit.toolchain import fingerprint
+    from cuinfer.version import __version__
 
     blobs: dict[str, bytes] = {}
     rows = []
@@ -225,8 +225,8 @@ def read_bundle(path: str, sha256: str | None = None) -> tuple[dict, dict[str, b
 def import_bundle(path: str, sha256: str | None = None, force: bool = False) -> ImportReport:
     """Verify the bundle at ``path`` (all of it, before writing anything), then store its entries in the cache's write
     tier. Raises BundleError (bad bundle, other toolchain unless ``force``, no writable cache directory)."""
-    from cuinfer import __version__
     from cuinfer.jit.toolchain import fingerprint
+    from cuinfer.version import __version__
 
     manifest, blobs = read_bundle(path, sha256)
     here = {"toolchain": fingerprint(), "cuinfer": __version__}

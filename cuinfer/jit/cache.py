@@ -253,7 +253,7 @@ def spec_key(spec: KernelSpec, arch: str) -> str:
 
 
 def _encode(mod: CompiledModule, key: str) -> bytes:
-    from cuinfer import __version__
+    from cuinfer.version import __version__
 
     meta = {
         "key": key,

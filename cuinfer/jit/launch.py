@@ -5,11 +5,11 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from cuinfer.device import current_device_id, device_info
 from cuinfer.interop.streams import cupy_stream
 from cuinfer.jit.cache import get_compiled, spec_key
 from cuinfer.jit.compiler import CompiledModule, ResourceUsage
 from cuinfer.jit.spec import KernelSpec
+from cuinfer.runtime.device import current_device_id, device_info
 
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 

@@ -1,7 +1,8 @@
 """Every kernel specialisation cuinfer ships, by group, for CI compile checks and ``cuinfer warmup``.
 
 A module that owns kernels registers a function returning its specs; the registry imports those modules on demand so
-``import cuinfer`` stays cheap.
+``import cuinfer`` stays cheap. A provider that fails to import raises (naming it): skipping it would leave its kernels
+out of CI's compile checks and of ``cuinfer warmup`` without a word.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ def _load_providers() -> None:
     for mod in _PROVIDERS:
         try:
             importlib.import_module(mod)
-        except ModuleNotFoundError as exc:
-            if exc.name != mod:
-                raise
+        except Exception as exc:
+            raise ImportError(
+                f"the kernel provider {mod} failed to import ({type(exc).__name__}: {exc}); its kernel group cannot "
+                "be registered"
+            ) from exc
 
 
 def groups() -> list[str]:

@@ -91,7 +91,7 @@ def cache_key(spec: KernelSpec, rendered: str, options: list[str], toolchain_id:
     the kernel headers, the codegen options, the NVRTC and CUDA header identity, the target arch and the package
     version. ``options`` and ``toolchain_id`` must hold no absolute path or mtime (``cache.spec_key`` replaces the
     ``-I`` directories of every compile by placeholders), so a cache moved to another machine or prefix still hits."""
-    from cuinfer import __version__
+    from cuinfer.version import __version__
 
     compiled_fields = {k: v for k, v in asdict(spec).items() if k not in LAUNCH_ONLY_FIELDS}
     h = hashlib.sha256()

@@ -1,4 +1,4 @@
-"""bench/cases.py: PERF.md's cases, length distributions, page tables, byte and FLOP counts (no GPU)."""
+"""bench/cases.py: docs/benchmarks.md's cases, length distributions, page tables, byte and FLOP counts (no GPU)."""
 
 import sys
 from pathlib import Path
@@ -72,7 +72,7 @@ def test_onelong_has_one_request_of_32x_mean():
 
 
 def test_zipf_follows_perf_definition():
-    """PERF.md: rng.zipf(1.5, B) scaled to the mean, clipped to [16, 64·mean], with default_rng(case_seed)."""
+    """docs/benchmarks.md: rng.zipf(1.5, B) scaled to the mean, clipped to [16, 64·mean], default_rng(case_seed)."""
     mean, batch, seed = 2048, 128, 9
     raw = np.random.default_rng(seed).zipf(1.5, size=batch).astype(np.float64)
     expect = np.clip((raw / raw.mean() * mean).astype(np.int64), 16, 64 * mean)
@@ -191,7 +191,7 @@ def test_decode_bytes_hand_computed():
     ],
 )
 def test_decode_bytes_reproduce_perf_rates(case_id, perf_us, perf_tbps):
-    """PERF.md's µs × TB/s of FlashInfer is the byte count it used: ours must agree (within its rounding)."""
+    """docs/benchmarks.md's µs × TB/s of FlashInfer is the byte count it used: ours must agree (within its rounding)."""
     case = next(c for c in DECODE_CASES if c.id == case_id)
     nbytes = decode_bytes(case.lengths.draw(case.seed), case.shape, case.kv_dtype)
     assert nbytes == pytest.approx(perf_us * 1e-6 * perf_tbps * 1e12, rel=0.01)

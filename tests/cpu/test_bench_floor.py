@@ -82,7 +82,7 @@ def test_decode_variant_sizes(spec, threads, tile, per_sm):
     """``dcfg`` variants: the shared memory counts the item chunk (a 32-item chunk fits 4 CTAs of 32-token tiles on a
     228 KB SM), and the cap bounds the CTAs per SM."""
     from bench.tune_sched import _decode_variant
-    from cuinfer.decode_policy import REFERENCE_SMEM_PER_SM, ctas_per_sm
+    from cuinfer.decode.policy import REFERENCE_SMEM_PER_SM, ctas_per_sm
 
     c = _decode_variant(spec)
     assert (c.threads, c.tile_kv) == (threads, tile)

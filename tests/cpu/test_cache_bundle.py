@@ -14,7 +14,7 @@ import pytest
 from cuinfer.cli import main
 from cuinfer.jit import cache, get_compiled, toolchain
 from cuinfer.jit.bundle import BundleError, export_bundle, import_bundle, read_bundle
-from cuinfer.merge_specs import merge_spec
+from cuinfer.merge.specs import merge_spec
 
 ARCH = "sm_90a"
 SPECS = (("float16", 64), ("bfloat16", 64))

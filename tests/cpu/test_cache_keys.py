@@ -14,7 +14,7 @@ import pytest
 
 from cuinfer.jit import cache, toolchain
 from cuinfer.jit.spec import kernel_src_dir
-from cuinfer.merge_specs import merge_spec
+from cuinfer.merge.specs import merge_spec
 
 ARCH = "sm_90a"
 

@@ -1,10 +1,10 @@
-"""CacheViews (cuinfer/decode_launch.py): the paged-cache view run() reuses, and when it must not."""
+"""CacheViews (cuinfer/runtime/cache_views.py): the paged-cache view run() reuses, and when it must not."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from cuinfer.decode_launch import CacheViews
+from cuinfer.runtime.cache_views import CacheViews
 
 
 class _FakeCupyArray:

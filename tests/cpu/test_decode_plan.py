@@ -122,9 +122,10 @@ def _page_table(lens, ps, seed):
 def _fresh_caches(monkeypatch):
     """Empty the planner's caches (structures, pack blocks, ramps, planners, merge layouts)."""
     from cuinfer.planner import decode_plan as dp
+    from cuinfer.planner import decode_structure as ds
     from cuinfer.planner import merge
 
-    monkeypatch.setattr(dp, "_STRUCTURES", {})
+    monkeypatch.setattr(ds, "_STRUCTURES", {})
     monkeypatch.setattr(dp, "_BLOCKS", {})
     monkeypatch.setattr(merge, "_LAYOUTS", {})
     dp.decode_planner.cache_clear()

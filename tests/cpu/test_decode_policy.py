@@ -1,11 +1,11 @@
-"""The decode kernel/tile policy (cuinfer.decode_policy): pure host functions, checked against the constraints the
+"""The decode kernel/tile policy (cuinfer.decode.policy): pure host functions, checked against the constraints the
 kernel templates static_assert, so a policy change that would not compile (or not fit on an SM) fails here first."""
 
 from __future__ import annotations
 
 import pytest
 
-from cuinfer.decode_policy import (
+from cuinfer.decode.policy import (
     EVICT_FIRST_MAX_L2_MULTIPLE,
     SUPPORTED_HEAD_DIMS,
     DecodeConfig,
@@ -14,7 +14,7 @@ from cuinfer.decode_policy import (
     decode_config,
     kv_evict_first,
 )
-from cuinfer.decode_specs import DecodeKernelKey, DecodeParams, shipped_keys
+from cuinfer.decode.specs import DecodeKernelKey, DecodeParams, shipped_keys
 
 H200_SMEM_PER_SM = 233472
 SMEM_PER_BLOCK_OPTIN = 232448

@@ -15,7 +15,7 @@ from cuinfer.errors import CompileError
 from cuinfer.jit import KernelSpec, ParamStruct, cache, compile_spec, get_compiled
 from cuinfer.jit.compiler import parse_resources
 from cuinfer.jit.sass import check_sass
-from cuinfer.merge_specs import merge_spec
+from cuinfer.merge.specs import merge_spec
 
 P = ParamStruct("TestParams", (("x", "ptr"), ("n", "i32"), ("scale", "f32"), ("big", "i64"), ("k", "u32")))
 
@@ -162,7 +162,7 @@ def test_second_process_loads_from_disk_without_nvrtc(tmp_cache):
     get_compiled(spec, "sm_90a")  # warm the cache in this process
     code = textwrap.dedent("""
         import sys, time
-        from cuinfer.merge_specs import merge_spec
+        from cuinfer.merge.specs import merge_spec
         from cuinfer.jit import get_compiled, stats
         spec = merge_spec("float16", 64)
         t = time.perf_counter()
@@ -184,3 +184,23 @@ def test_check_sass_patterns():
     assert check_sass(ops, "sm_80", ("sm_90a:HGMMA",), ()) == []  # arch-qualified: not for sm_80
     assert check_sass(ops, "sm_90a", ("sm_90a:HGMMA",), ()) != []
     assert "forbidden" in check_sass(ops + ["LDL.64"], "sm_80", (), (r"LDL",))[0]
+
+
+# ---- registry ----------------------------------------------------------------------------------------------------
+
+
+def test_registry_groups_are_the_three_providers():
+    from cuinfer.jit import registry
+
+    assert registry.groups() == ["decode", "merge", "prefill"]
+    for group in registry.groups():
+        assert registry.specs(group), f"group {group} registers no kernel"
+        assert all(isinstance(s, KernelSpec) for s in registry.specs(group))
+
+
+def test_registry_raises_when_a_provider_fails_to_import(monkeypatch):
+    from cuinfer.jit import registry
+
+    monkeypatch.setattr(registry, "_PROVIDERS", registry._PROVIDERS + ("cuinfer.no_such_provider",))
+    with pytest.raises(ImportError, match=r"the kernel provider cuinfer\.no_such_provider failed to import"):
+        registry.groups()

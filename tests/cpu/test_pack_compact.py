@@ -1,4 +1,4 @@
-"""The compact plan-buffer form of natural-order prefill plans (planner.layout.pack_compact): the kernel reads item
+"""The compact plan-buffer form of natural-order prefill plans (planner.compact.pack_compact): the kernel reads item
 ``i``'s facts at entry ``i % G`` and takes KV head ``i // G`` and partial -1 (prefill.cuh ``item_ref``). Checked here by
 doing the kernel's lookup on the host against the full pack of the same plan, for every item."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from cuinfer.planner import PlanLayout, pack, plan_work
-from cuinfer.planner.layout import COMPACT_FIELDS, compact_groups, pack_compact
+from cuinfer.planner.compact import COMPACT_FIELDS, compact_groups, pack_compact
 
 from cuinfer.prefill import BatchPrefill
 

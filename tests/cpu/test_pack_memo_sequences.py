@@ -9,10 +9,10 @@ without a window and with and without in-kernel merge units (``BatchDecode`` set
 does not), go through one reused buffer, and after every step the words the layout says are used must equal those of
 the same plan packed into a fresh zeroed buffer by the plain path (no memo, no blocks).
 
-Regressions: plans of one cached structure (the decode planner's ``_Structure`` and its ``("equal", b, h, p)`` blocks)
-share ``pack_blocks`` whatever their window and merge units, but the blocks hold the KV starts only without a window
-(the window's starts are written every step instead) and ``item_merge`` / ``item_pieces`` as the creating plan had
-them. A block entry made by one form was reused by the other and left stale starts or merge units (and, through the
+Regressions: plans of one cached structure (the decode planner's ``LaneStructure`` and its ``("equal", b, h, p)``
+blocks) share ``pack_blocks`` whatever their window and merge units, but the blocks hold the KV starts only without a
+window (the window's starts are written every step instead) and ``item_merge`` / ``item_pieces`` as the creating plan
+had them. A block entry made by one form was reused by the other and left stale starts or merge units (and, through the
 memo's item-shape record, stale starts in a later plain plan of the same item shape: a block step had written window
 starts over the field that record said held 0).
 """
@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from cuinfer.planner import PlanLayout, pack, plan_work
 from cuinfer.planner import decode_plan as dp
+from cuinfer.planner import decode_structure as ds
 from cuinfer.planner.bench import lengths
 from cuinfer.planner.layout import HEADER_WORDS, PlanCapacity, capacity_of
 from hypothesis import HealthCheck, event, given, settings
@@ -100,13 +101,13 @@ RECIPES = {
 @contextlib.contextmanager
 def _fresh_caches():
     """Empty structure / block caches of the decode plan for one sequence (a failing sequence replays alike)."""
-    saved = dp._STRUCTURES, dp._BLOCKS
-    dp._STRUCTURES, dp._BLOCKS = {}, {}
+    saved = ds._STRUCTURES, dp._BLOCKS
+    ds._STRUCTURES, dp._BLOCKS = {}, {}
     dp.decode_planner.cache_clear()
     try:
         yield
     finally:
-        dp._STRUCTURES, dp._BLOCKS = saved
+        ds._STRUCTURES, dp._BLOCKS = saved
         dp.decode_planner.cache_clear()
 
 

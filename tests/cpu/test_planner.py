@@ -2,7 +2,7 @@
 import (``check_plan``).
 
 The checker rebuilds the query tiles and their KV ranges with plain Python loops straight from docs/internals.md
-("Work plans") and API.md (causal bottom-right, sliding window), then checks every invariant of a ``WorkPlan``:
+("Work plans") and docs/api.md (causal bottom-right, sliding window), then checks every invariant of a ``WorkPlan``:
 coverage of each (request, tile, KV head) range exactly once by contiguous pieces, chunk boundaries on the granule,
 CTA-major lists, partial blocks disjoint and in bounds, the merge list, and Graham's bound on the balance.
 """

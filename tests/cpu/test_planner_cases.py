@@ -1,4 +1,4 @@
-"""The planner on PERF.md's standard decode cases D1-D9 (lengths and seeds from ``bench/cases.py``).
+"""The planner on docs/benchmarks.md's standard decode cases D1-D9 (lengths and seeds from ``bench/cases.py``).
 
 Llama-3.1-8B decode: 8 KV heads, group 4, page 16. Two CTA counts: 132 (one CTA per SM on an H200) and 264 (two).
 Each case checks the split decision the policy is documented to make and the balance it reaches under the cost
@@ -35,7 +35,7 @@ EXPECT = [
     ("D3", 264, True, 0.90, 0.70),
     ("D4", 132, True, 0.98, 0.86),  # 33 pieces per head: 264 items in two exact waves
     ("D4", 264, True, 0.98, 0.81),
-    ("D5", 132, False, 0.96, 0.96),  # balanced without splitting (PERF.md: do not split D5-D7)
+    ("D5", 132, False, 0.96, 0.96),  # balanced without splitting (docs/benchmarks.md: do not split D5-D7)
     ("D5", 264, False, 0.96, 0.96),
     ("D6", 132, False, 0.96, 0.96),
     ("D6", 264, False, 0.96, 0.96),

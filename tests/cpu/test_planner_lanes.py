@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from cuinfer.planner import PlanLayout, capacity_bound, pack, plan_work
 from cuinfer.planner import decode_plan as dp
+from cuinfer.planner import decode_structure as ds
 from cuinfer.planner.lanes import expand, lanes_of
 from cuinfer.planner.layout import used_words
 from hypothesis import HealthCheck, event, given, settings
@@ -60,7 +61,7 @@ def test_lane_plans_are_valid(batch):
 
 def _fresh(monkeypatch):
     """Empty every cache the decode plan keeps (structures, pack blocks, ramps)."""
-    monkeypatch.setattr(dp, "_STRUCTURES", {})
+    monkeypatch.setattr(ds, "_STRUCTURES", {})
     monkeypatch.setattr(dp, "_BLOCKS", {})
     dp.decode_planner.cache_clear()
     dp._ramp.cache_clear()

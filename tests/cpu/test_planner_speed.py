@@ -1,8 +1,9 @@
-"""Host time of the public plan() on PERF.md's plan cases (decode batch 128: D6, D8, D9; paged prefill batch 64).
+"""Host time of the public plan() on docs/benchmarks.md's plan cases (decode batch 128: D6, D8, D9; paged prefill
+batch 64).
 
 Each case times ``BatchDecode.plan`` / ``BatchPrefill.plan`` without a GPU (validation, options, tile policy, grid,
-planner) plus the packing of plan and page table into a NumPy stand-in for the pinned buffer, and prints the median.
-CI machines are shared, so the assertion is only a generous bound (5x PERF.md's target: a 10x regression fails);
+planner) plus the packing of plan and page table into a NumPy stand-in for the pinned buffer, and prints the median. CI
+machines are shared, so the assertion is only a generous bound (5x docs/benchmarks.md's target: a 10x regression fails);
 ``python -m cuinfer.planner.bench`` measures properly (more calls, trials, percentiles).
 """
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from cuinfer.planner import unpack
 
-from cuinfer import prefill_policy
 from cuinfer.decode import BatchDecode
 from cuinfer.prefill import BatchPrefill
+from cuinfer.prefill import policy as prefill_policy
 
 DECODE = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=16, q_dtype="bfloat16")
 PREFILL = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, q_dtype="bfloat16")

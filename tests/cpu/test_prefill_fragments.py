@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cuinfer.prefill_specs import smem_bytes, tile_config
+from cuinfer.prefill.tiles import smem_bytes, tile_config
 
 LANES = np.arange(32)
 G, T = LANES // 4, LANES % 4  # group and thread-in-group of each lane

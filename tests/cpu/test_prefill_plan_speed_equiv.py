@@ -1,7 +1,7 @@
 """The fast paths of the prefill plan() (a new batch every call) against the plain-Python reference and the slow paths
 they stand in for: the query tiles of new query lengths (per-length table, int32 arithmetic, the int64 fallback, the
 cached structure of repeated lengths), the tile costs and their running sum, the split policy skipped on cost bounds,
-the index-array validation of ``_index_arrays_fast`` against the validators' path, the compact pack's prefill path
+the index-array validation of ``read_index_arrays_fast`` against the validators' path, the compact pack's prefill path
 against the words of the general form, and the layouts built for new item counts against the dataclass construction.
 """
 
@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from cuinfer.planner import CostModel, PlanCapacity, PlanLayout, layout, plan_work, split_kv, tiles, work, workplan
 from cuinfer.planner.assign import POOL_SHARE
+from cuinfer.planner.compact import COMPACT_FIELDS, compact_groups, pack_compact
 from cuinfer.planner.cost import DEFAULT_COST
-from cuinfer.planner.layout import COMPACT_FIELDS, compact_groups, pack_compact
 from test_planner import check_plan, reference_tiles
 
-from cuinfer import prefill_plan
 from cuinfer.prefill import BatchPrefill
+from cuinfer.prefill.index import read_checked_index_arrays, read_index_arrays_fast
 
 
 def _lengths(rng, b: int, qo_hi: int, *, empty: bool, more_queries: bool):
@@ -63,7 +63,7 @@ def test_new_query_lengths_give_the_reference_tiles(g, br, causal, empty, qo_hi,
     qo, kv = _lengths(rng, b, qo_hi, empty=empty, more_queries=causal)
     lo, hi = int(qo.min()), int(qo.max())
     for _ in range(3):  # new, cached, read from the cache
-        t = tiles._whole_token_tiles(qo, kv, g, br, causal, lo, hi)
+        t = tiles.whole_token_tiles(qo, kv, g, br, causal, lo, hi)
         _assert_tiles_are_reference(t, qo, kv, g, br, causal)
         kv = kv + rng.integers(0, 50, b).astype(np.int32)  # the same query lengths over a growing cache
 
@@ -95,7 +95,7 @@ def test_tile_costs_and_running_sum(cost, rng):
     """``beta * kv + alpha * rows + gamma`` of each tile (the short last tile of each request included) and their
     running sum, in float64 from the reference tiles."""
     qo, kv = _lengths(rng, 53, 1023, empty=True, more_queries=True)
-    t = tiles._whole_token_tiles(qo, kv, 4, 128, True, int(qo.min()), int(qo.max()))
+    t = tiles.whole_token_tiles(qo, kv, 4, 128, True, int(qo.min()), int(qo.max()))
     costs, prefix = work._tile_costs(t, t.kv_end, cost, int(kv.max()))
     ref = reference_tiles(qo.tolist(), kv.tolist(), 4, 128, True, -1)
     want = np.array([cost.beta * (r[5] - r[4]) + cost.alpha * r[2] + cost.gamma for r in ref])
@@ -126,14 +126,14 @@ def test_bounds_settle_no_split(b, qo_hi, num_ctas, rng):
     assert work._balanced_under_bounds()
     for _ in range(5):  # (no bounds when the first and last tile cost the same: rare, draw again)
         qo, kv = _lengths(rng, b, qo_hi, empty=False, more_queries=False)
-        t = tiles._whole_token_tiles(qo, kv, 4, 128, True, int(qo.min()), int(qo.max()))
+        t = tiles.whole_token_tiles(qo, kv, 4, 128, True, int(qo.min()), int(qo.max()))
         costs, prefix = work._tile_costs(t, t.kv_end, DEFAULT_COST, int(kv.max()))
         bounds = work._bounds(costs, float(prefix[-1]), int(kv.max()), 128, 8, num_ctas, DEFAULT_COST)
         if bounds is not None:
             break
     assert bounds is not None, "these shapes are meant to give bounds"
     assert bounds[1] >= float(costs.max()) and bounds[2] >= float(costs.min())
-    assert split_kv._choose(128, t.kv_end, bounds, 8, num_ctas, 64, DEFAULT_COST, 256) is None
+    assert split_kv.choose_split(128, t.kv_end, bounds, 8, num_ctas, 64, DEFAULT_COST, 256) is None
 
 
 def test_split_policy_runs_when_its_constants_change(monkeypatch):
@@ -163,7 +163,7 @@ def _page_table(rng, kv, ps: int, zero_pages: bool):
     ],
 )
 def test_fast_index_arrays_are_the_validators(paged, b, ps, zero_pages, rng):
-    """``_index_arrays_fast`` (one reduction, ``item`` reads) returns what the validators' path returns."""
+    """``read_index_arrays_fast`` (one reduction, ``item`` reads) gives what the validators' path gives."""
     qo = rng.integers(0, 900, b)
     kv = qo + rng.integers(1, 700, b)
     qo_indptr = np.concatenate([[0], np.cumsum(qo)]).astype(np.int32)
@@ -171,14 +171,15 @@ def test_fast_index_arrays_are_the_validators(paged, b, ps, zero_pages, rng):
         kvi, indices, last = _page_table(rng, kv, ps, zero_pages)
     else:
         kvi, indices, last = np.concatenate([[0], np.cumsum(kv)]).astype(np.int32), None, None
-    fast = prefill_plan._index_arrays_fast(paged, qo_indptr, kvi, indices, last, ps)
-    slow = prefill_plan._index_arrays(paged, qo_indptr, kvi, indices, last, ps)
-    assert fast is not None
-    for i, (a, s) in enumerate(zip(fast, slow, strict=True)):
+    fast, slow = {}, {}
+    assert read_index_arrays_fast(fast, paged, qo_indptr, kvi, indices, last, ps)
+    read_checked_index_arrays(slow, paged, qo_indptr, kvi, indices, last, ps)
+    assert fast.keys() == slow.keys()
+    for name, a in fast.items():
         if isinstance(a, np.ndarray):
-            np.testing.assert_array_equal(a, s, err_msg=f"item {i}")
+            np.testing.assert_array_equal(a, slow[name], err_msg=name)
         else:
-            assert a == s, (i, a, s)
+            assert a == slow[name], (name, a, slow[name])
 
 
 @pytest.mark.parametrize(
@@ -204,9 +205,11 @@ def test_fast_index_arrays_hand_bad_input_to_the_validators(bad, rng):
         qo_indptr[5] = qo_indptr[4] - 1
     else:
         qo_indptr = qo_indptr.reshape(1, -1)
-    assert prefill_plan._index_arrays_fast(True, qo_indptr, kvi, indices, last, 16) is None
+    out = {}
+    assert not read_index_arrays_fast(out, True, qo_indptr, kvi, indices, last, 16)
+    assert out == {}
     with pytest.raises(ValueError):
-        prefill_plan._index_arrays(True, qo_indptr, kvi, indices, last, 16)
+        read_checked_index_arrays(out, True, qo_indptr, kvi, indices, last, 16)
 
 
 def test_new_batches_plan_as_the_planner_and_as_repeated_batches(rng):
@@ -268,7 +271,7 @@ def test_compact_pack_fast_path_writes_the_general_words(b, lo, hi, tight, rng):
     plan = plan_work(qo, kv, num_kv_heads=8, group_size=4, tile_rows=128, num_ctas=264, kv_granule=64,
                      causal=True, pool_share=POOL_SHARE)  # fmt: skip
     g = compact_groups(plan)
-    assert g == plan.n_groups and plan.pack_fields()[0] is workplan._PREFILL_SHAPE
+    assert g == plan.n_groups and plan.pack_fields()[0] is workplan.PREFILL_SHAPE
     if tight:
         lay = PlanLayout.for_plan(plan)
     else:  # a CUDA-graph style layout: room for more CTAs and items than the plan has

@@ -1,11 +1,11 @@
-"""The prefill tile policy (cuinfer/prefill_policy.py): the paper's query-tile rule, the occupancy-driven KV tile,
+"""The prefill tile policy (cuinfer/prefill/policy.py): the paper's query-tile rule, the occupancy-driven KV tile,
 forced tiles and their limits. Pure functions, no GPU."""
 
 from __future__ import annotations
 
 import pytest
 
-from cuinfer.prefill_policy import (
+from cuinfer.prefill.policy import (
     MAX_ACCUMULATORS,
     DeviceLimits,
     accumulators,
@@ -17,7 +17,7 @@ from cuinfer.prefill_policy import (
     kv_tile,
     query_tile,
 )
-from cuinfer.prefill_specs import QUERY_TILES, block_smem_bytes, smem_bytes, tile_config
+from cuinfer.prefill.tiles import QUERY_TILES, block_smem_bytes, smem_bytes, tile_config
 
 A100 = DeviceLimits(smem_per_sm=167936, smem_per_block_optin=166912)
 SMALL_SMEM = DeviceLimits(smem_per_sm=102400, smem_per_block_optin=101376)  # sm_86/89 class

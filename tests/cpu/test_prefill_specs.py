@@ -8,19 +8,8 @@ import itertools
 import numpy as np
 import pytest
 
-from cuinfer.prefill_specs import (
-    HEAD_DIMS,
-    KV_TILES,
-    MASK_CAUSAL,
-    QUERY_TILES,
-    PrefillKernelKey,
-    PrefillParams,
-    block_smem_bytes,
-    default_specs,
-    fast_div_magic,
-    smem_bytes,
-    tile_config,
-)
+from cuinfer.prefill.specs import HEAD_DIMS, MASK_CAUSAL, PrefillKernelKey, PrefillParams, default_specs, fast_div_magic
+from cuinfer.prefill.tiles import KV_TILES, QUERY_TILES, block_smem_bytes, smem_bytes, tile_config
 
 
 def _fast_div(n: np.ndarray, d: int) -> np.ndarray:

@@ -11,6 +11,14 @@ import numpy as np
 import pytest
 
 from cuinfer import reference as R
+from cuinfer.reference import core as reference_core
+
+
+def test_the_package_exposes_the_names_of_the_module_it_replaced():
+    """``cuinfer.reference`` was one module; its public names (functions, constants, re-exported helpers) stay."""
+    names = {n for n in dir(R) if not n.startswith("_") and not isinstance(getattr(R, n), type(R))}
+    assert names == set(R.__all__) | {"LOG2E", "POS_ENCODINGS", "page_table", "as_bool_mask", "as_f64", "as_indptr"}
+    assert R.attention.__module__ == "cuinfer.reference.core" and R.rope.__module__ == "cuinfer.reference.positional"
 
 
 @pytest.fixture
@@ -270,7 +278,7 @@ def test_chunked_rows_equal_one_block(rng, monkeypatch):
     q, k, v = rng.standard_normal((lq, hq, d)), rng.standard_normal((lkv, 2, d)), rng.standard_normal((lkv, 2, d))
     opts = dict(causal=True, window_left=9, pos_encoding="rope_llama", logits_soft_cap=5.0)
     o, lse = R.attention(q, k, v, **opts)
-    monkeypatch.setattr(R, "_SCORE_BLOCK_ELEMS", hq * lkv * 3)  # 3 query rows per block
+    monkeypatch.setattr(reference_core, "_SCORE_BLOCK_ELEMS", hq * lkv * 3)  # 3 query rows per block
     o3, lse3 = R.attention(q, k, v, **opts)
     np.testing.assert_array_equal(o3, o)
     np.testing.assert_array_equal(lse3, lse)

@@ -176,7 +176,7 @@ def _rope_rounded(q, cache, indptr, indices, last, c: Case):
     """q and the cache with RoPE applied (q at position kv_len - 1, key t at t) and rounded to the input dtype: the
     inputs of the tensor-core kernel's products. (Checked against the kernel on seed 1626664701, where its lse sat
     7.8e-3 from the exact float64 reference: this model gives its value to 2e-9.)"""
-    from cuinfer.reference_rope import rope
+    from cuinfer.reference.positional import rope
 
     assert c.layout == "NHD", "the rounded-RoPE reference handles NHD caches"
     dtype = DTYPES[c.dtype][0]

@@ -1,0 +1,117 @@
+"""Kernel specs and the parameter struct of the batch-decode kernels (kernel_src/attention/decode.cuh)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from cuinfer.decode.policy import DecodeConfig, decode_config
+from cuinfer.jit import KernelSpec, ParamStruct
+
+POS_ENCODINGS = {"none": 0, "rope_llama": 1, "alibi": 2}
+CTYPES = {"float16": "half", "bfloat16": "__nv_bfloat16"}
+
+DecodeParams = ParamStruct(
+    "DecodeParams",
+    tuple(
+        (n, "ptr")
+        for n in (
+            "q", "k", "v", "o", "lse", "partial_o", "partial_lse",
+            "page_indptr", "page_indices", "kv_lens",
+            "work_indptr", "item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end", "item_partial",
+            "item_merge", "item_pieces", "merge_count", "plan_words",
+        )
+    )
+    + tuple(
+        (n, "i64")
+        for n in (
+            "q_stride_b", "q_stride_h",
+            "k_stride_page", "k_stride_slot", "k_stride_head",
+            "v_stride_page", "v_stride_slot", "v_stride_head",
+            "o_stride_b", "o_stride_h", "lse_stride_b", "lse_stride_h",
+            # doubles passed as their bit patterns (ParamStruct has no f64): RoPE angles need double-precision freqs
+            "rope_log2_theta_bits", "rope_rcp_scale_bits",
+        )
+    )
+    + (("page_size", "i32"), ("num_qo_heads", "i32"), ("window_left", "i32"), ("kv_evict_first", "i32"))
+    + (("plan_bytes", "i32"),)
+    + (("logits_scale", "f32"), ("cap_log2", "f32"), ("rcp_cap", "f32"), ("v_scale", "f32")),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DecodeKernelKey:
+    """Everything that selects one compiled decode kernel."""
+
+    config: DecodeConfig
+    q_dtype: str
+    kv_dtype: str
+    o_dtype: str
+    pos_encoding: str = "none"
+    soft_cap: bool = False
+    window: bool = False
+    lse: bool = False
+
+    def name_expr(self) -> str:
+        c = self.config
+        q, kv, o = CTYPES[self.q_dtype], CTYPES[self.kv_dtype], CTYPES[self.o_dtype]
+        pos = POS_ENCODINGS[self.pos_encoding]
+        flags = f"{pos}, {_b(self.soft_cap)}, {_b(self.window)}, {_b(self.lse)}"
+        if c.tensor_cores:
+            return (
+                f"cuinfer::decode::batch_decode_tensor_core<{q}, {kv}, {o}, {c.head_dim}, {c.group}, {c.warps_kv}, "
+                f"{c.warps_d}, {c.stages}, {c.min_blocks}, {flags}>"
+            )
+        return (
+            f"cuinfer::decode::batch_decode_cuda_core<{q}, {kv}, {o}, {c.head_dim}, {c.group}, {c.tile_kv}, "
+            f"{c.stages}, {c.threads}, {c.min_blocks}, {flags}>"
+        )
+
+    def spec_name(self) -> str:
+        c = self.config
+        kind = "tc" if c.tensor_cores else "cc"
+        opts = [self.pos_encoding] if self.pos_encoding != "none" else []
+        opts += ["softcap"] * self.soft_cap + ["window"] * self.window + ["lse"] * self.lse
+        same = self.q_dtype == self.kv_dtype == self.o_dtype
+        dt = self.q_dtype if same else f"{self.q_dtype}-{self.kv_dtype}-{self.o_dtype}"
+        return f"decode/{kind}/{dt}/d{c.head_dim}/g{c.group}" + "".join(f"/{x}" for x in opts)
+
+
+def _b(x: bool) -> str:
+    return "true" if x else "false"
+
+
+@functools.cache
+def decode_spec(key: DecodeKernelKey) -> KernelSpec:
+    """One NVRTC module per specialisation (a decode kernel compiles in ~1-2 s)."""
+    # cp.async pipeline, 16-byte q loads and o stores, 16-byte (or ldmatrix) shared reads, exp2 on the MUFU
+    expect = [r"LDGSTS.*128", r"LDG\.E.*128", r"STG\.E\.128", r"LDS.*128|LDSM", r"MUFU\.EX2"]
+    if key.config.tensor_cores:
+        expect += [r"HMMA", r"LDSM"]
+    return KernelSpec(
+        name=key.spec_name(),
+        source="attention/decode.cu",
+        name_exprs=(key.name_expr(),),
+        preamble=DecodeParams.c_decl(),
+        sass_expect=tuple(expect),
+    )
+
+
+def shipped_keys() -> list[DecodeKernelKey]:
+    """The specialisations CI compiles (sm_80 and sm_90a): both kernels for every dtype and head dim at the standard
+    groups, plus each option on the Llama shape."""
+    keys = []
+    for dt in CTYPES:
+        for d in (64, 128, 256):
+            for g, tc in ((1, False), (4, True), (8, True)):
+                keys.append(DecodeKernelKey(decode_config(g, d, use_tensor_cores=tc), dt, dt, dt, lse=True))
+    for tc in (False, True):
+        cfg = decode_config(4, 128, use_tensor_cores=tc)
+        for pos in ("rope_llama", "alibi"):
+            keys.append(DecodeKernelKey(cfg, "bfloat16", "bfloat16", "bfloat16", pos_encoding=pos))
+        keys.append(DecodeKernelKey(cfg, "bfloat16", "bfloat16", "bfloat16", soft_cap=True, window=True, lse=True))
+    return keys
+
+
+def all_specs() -> list[KernelSpec]:
+    return [decode_spec(k) for k in shipped_keys()]

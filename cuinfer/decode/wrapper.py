@@ -1,0 +1,331 @@
+"""``BatchDecode``: batch decode on a paged KV cache, on the plan/run lifecycle of ``cuinfer.runtime.wrapper``.
+
+``plan()`` runs on the host once per generation step, from the page table alone: it picks the kernel and its tiles
+(``cuinfer.decode.policy``), sizes the persistent grid from the kernel's occupancy, balances the work items over it
+(``cuinfer.planner``) and packs plan + page table into one pinned int32 buffer. ``run()`` only validates and
+enqueues, on the caller's current stream: the async copy of that buffer (once per plan and stream; every time in
+CUDA-graph mode, so a captured graph replays whatever the latest ``plan()`` wrote) and the decode kernel, which also
+merges the split-KV partial states of a request (the last of its pieces to finish does it). ``run()`` never
+synchronises.
+
+NumPy inputs to ``run()`` run the float64 CPU reference and return NumPy arrays in the output dtypes the GPU would
+produce (o in ``o_dtype``, lse float32).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from cuinfer import reference
+from cuinfer.decode.launch import DecodeLaunch
+from cuinfer.decode.plan import DecodePlan, host_plan
+from cuinfer.decode.policy import ctas_per_sm
+from cuinfer.formats.kv import KV
+from cuinfer.formats.paged import check_cache_matches, check_pages_in_cache, paged_kv
+from cuinfer.interop import validate
+from cuinfer.interop.arrays import Tensor, as_tensor
+from cuinfer.planner import layout as plan_layout
+from cuinfer.planner.decode_plan import decode_planner
+from cuinfer.planner.work import WorkPlan, plan_work
+from cuinfer.runtime.buffers import FixedLayout
+from cuinfer.runtime.calls import Call
+from cuinfer.runtime.outputs import check_out_dtype, host_outputs
+from cuinfer.runtime.wrapper import PlanRunWrapper, check_q_dtype
+
+DEFAULT_WORKSPACE_BYTES = 128 << 20
+# Host-side occupancy estimate when no GPU is present (H200: 228 KB of shared memory and 132 SMs).
+_DEFAULT_SMEM_PER_SM = 233472
+_DEFAULT_SMS = 132
+
+
+def _align4(x: int) -> int:
+    return (x + 3) & ~3
+
+
+class BatchDecode(PlanRunWrapper):
+    """Decode attention for a batch of requests over a paged KV cache: ``plan()`` once per step, ``run()`` per layer.
+
+    ``use_tensor_cores``: None picks by the GQA group (``cuinfer.decode.policy``); True / False force a kernel.
+    ``use_cuda_graph``: fixes every device pointer at the first ``plan()`` (capacities from ``max_batch_size``), so a
+    ``run()`` captured in a CUDA graph stays valid across later ``plan()`` calls. Do not re-plan while a replay is
+    in flight (the graph reads the one pinned plan buffer).
+    ``workspace_bytes``: device memory for split-KV partial states. Given (or with CUDA graphs: default 128 MiB), a
+    plan that needs more raises; left out, the workspace grows as plans need.
+    """
+
+    _NAME = "BatchDecode"
+    _PLAN_CALL = "plan(kv_indptr, kv_indices, kv_last_page_len, ...)"
+    _RUN_ARRAY_NAMES = ("q", "k_cache", "v_cache", "out")
+    _DEFAULT_WORKSPACE_BYTES = DEFAULT_WORKSPACE_BYTES
+    _plan: DecodePlan | None
+    _launch_state: DecodeLaunch | None
+
+    def __init__(
+        self,
+        *,
+        kv_layout: str = "NHD",
+        use_tensor_cores: bool | None = None,
+        use_cuda_graph: bool = False,
+        max_batch_size: int | None = None,
+        workspace_bytes: int | None = None,
+        device: int | None = None,
+    ) -> None:
+        super().__init__(
+            kv_layout=kv_layout, use_cuda_graph=use_cuda_graph, max_batch_size=max_batch_size,
+            workspace_bytes=workspace_bytes, device=device,
+        )  # fmt: skip
+        self.use_tensor_cores = use_tensor_cores
+        self._ctas: dict = {}
+        self._ctas_memo: tuple | None = None
+        self._route_memo: tuple | None = None
+        self._words_memo: tuple | None = None  # the last (layout, batch capacity, offsets)
+
+    # -- planning --------------------------------------------------------------------------------------------------
+
+    def plan(
+        self, kv_indptr: Any, kv_indices: Any, kv_last_page_len: Any, *, num_qo_heads: int, num_kv_heads: int,
+        head_dim: int, page_size: int, q_dtype: Any, kv_dtype: Any = None, o_dtype: Any = None,
+        sm_scale: float | None = None, logits_soft_cap: float = 0.0, window_left: int = -1,
+        pos_encoding: str = "none", rope_scale: float = 1.0, rope_theta: float = 1e4, variant: Any = None,
+        num_sms: int | None = None, fixed_split_size: int | None = None,
+    ) -> None:  # fmt: skip
+        """Plan one decode step. Index arrays may be lists, NumPy arrays, host tensors or device arrays (one
+        device-to-host copy). Raises before anything reaches the GPU when the inputs or the workspace do not fit."""
+        static = (num_qo_heads, num_kv_heads, head_dim, page_size, q_dtype, kv_dtype, o_dtype, sm_scale,
+                  logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant)  # fmt: skip
+        plan = host_plan(
+            static, self._static, self.use_tensor_cores, kv_indptr, kv_indices, kv_last_page_len,
+            self.max_batch_size if self.use_cuda_graph else None,
+        )  # fmt: skip
+        device_id = self._device_id
+        if device_id is False:  # (asked once per wrapper)
+            device_id = self._device_or_none()
+        plan.work = self._work(plan, self._route(plan, num_sms, device_id), fixed_split_size)
+        self._commit(plan, device_id)
+
+    def workspace_size(
+        self, kv_indptr: Any, kv_indices: Any, kv_last_page_len: Any, *, num_qo_heads: int, num_kv_heads: int,
+        head_dim: int, page_size: int, q_dtype: Any, kv_dtype: Any = None, o_dtype: Any = None,
+        sm_scale: float | None = None, logits_soft_cap: float = 0.0, window_left: int = -1,
+        pos_encoding: str = "none", rope_scale: float = 1.0, rope_theta: float = 1e4, variant: Any = None,
+        num_sms: int | None = None, fixed_split_size: int | None = None,
+    ) -> int:  # fmt: skip
+        """Exact workspace bytes ``plan()`` with these arguments needs for its split-KV partial states."""
+        static = (num_qo_heads, num_kv_heads, head_dim, page_size, q_dtype, kv_dtype, o_dtype, sm_scale,
+                  logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant)  # fmt: skip
+        plan = host_plan(
+            static, self._static, self.use_tensor_cores, kv_indptr, kv_indices, kv_last_page_len,
+            self.max_batch_size if self.use_cuda_graph else None,
+        )  # fmt: skip
+        plan.work = self._work(plan, self._route(plan, num_sms, self._device_or_none()), fixed_split_size)
+        return self._workspace_need(plan)
+
+    def _num_ctas(self, plan: DecodePlan, num_sms: int | None, device_id: int | None) -> int:
+        """The persistent grid: CTAs per SM from shared memory and threads (registers are bounded at compile time by
+        the same count, ``DecodeConfig.min_blocks``), times the SM count; no kernel is compiled to plan."""
+        memo = self._ctas_memo  # the last answer, compared by identity (hashing the config costs a microsecond)
+        if memo is not None and memo[0] is plan.config and memo[1] == num_sms and memo[2] == device_id:
+            return memo[3]
+        key = (plan.config, num_sms, device_id)
+        n = self._ctas.get(key)
+        if n is None:
+            n = self._ctas[key] = self._count_ctas(plan, num_sms, device_id)
+        self._ctas_memo = (plan.config, num_sms, device_id, n)
+        return n
+
+    @staticmethod
+    def _count_ctas(plan: DecodePlan, num_sms: int | None, device_id: int | None) -> int:
+        if device_id is None:
+            smem, threads, sms = _DEFAULT_SMEM_PER_SM, 2048, _DEFAULT_SMS
+        else:
+            from cuinfer.runtime.device import device_info
+
+            info = device_info(device_id)
+            smem, threads, sms = info.smem_per_sm, info.max_threads_per_sm, info.sm_count
+        per_sm = min(ctas_per_sm(plan.config, smem_per_sm=smem, max_threads_per_sm=threads), plan.config.min_blocks)
+        return per_sm * (sms if num_sms is None else int(num_sms))
+
+    def _route(self, plan: DecodePlan, num_sms: int | None, device_id: int | None) -> tuple:
+        """``(num_ctas, decode planner or None)``: the grid and, with one query tile per request, the decode planner
+        of this configuration (plan_work would pick the same one after checking its arguments). Memoised by
+        identity: ``config`` and ``options`` come from the static memo, one pair per set of static arguments."""
+        memo = self._route_memo
+        if (
+            memo is not None and memo[0] is plan.config and memo[1] is plan.options and memo[2] == num_sms
+            and memo[3] == device_id
+        ):  # fmt: skip
+            return memo[4]
+        num_ctas = self._num_ctas(plan, num_sms, device_id)
+        planner = None
+        g = plan.num_qo_heads // plan.num_kv_heads
+        if g <= plan.config.rows_per_tile:
+            planner = decode_planner(
+                plan.num_kv_heads, g, plan.config.rows_per_tile, num_ctas, plan.config.tile_kv,
+                plan.options.window_left,
+            )  # fmt: skip
+        route = (num_ctas, planner)
+        self._route_memo = (plan.config, plan.options, num_sms, device_id, route)
+        return route
+
+    def _work(self, plan: DecodePlan, route: tuple, fixed_split_size: int | None) -> WorkPlan:
+        """The work plan on the grid of ``route`` (``_route``): the decode planner's, else the tile pipeline's."""
+        if fixed_split_size is not None and (int(fixed_split_size) != fixed_split_size or fixed_split_size < 1):
+            raise ValueError(f"fixed_split_size must be a positive number of KV tokens but is {fixed_split_size}")
+        num_ctas, planner = route
+        if fixed_split_size is None and planner is not None and plan.batch:
+            work = planner.plan(plan.kv_lens, *plan.kv_range)
+            if work is not None:
+                work.merge_in_kernel = True  # the decode kernels merge split requests themselves (merge_split)
+                return work
+        tile = plan.config.tile_kv
+        granule = math.gcd(int(fixed_split_size), tile) if fixed_split_size is not None else tile
+        work = plan_work(
+            None, plan.kv_lens, num_kv_heads=plan.num_kv_heads, group_size=plan.num_qo_heads // plan.num_kv_heads,
+            tile_rows=plan.config.rows_per_tile, num_ctas=num_ctas, kv_granule=granule,
+            window_left=plan.options.window_left,
+            fixed_split_size=None if fixed_split_size is None else int(fixed_split_size), kv_range=plan.kv_range,
+        )  # fmt: skip
+        work.merge_in_kernel = True
+        return work
+
+    def _words_layout(self, plan: DecodePlan, holder: Any) -> tuple:
+        """``(plan layout, word offsets of the plan arrays and the page table, words in use)``. CUDA-graph mode fixes
+        the layout at the first plan (kept on ``holder.fixed_layout``); otherwise it follows each plan (cached)."""
+        batch, nnz = plan.batch, plan.nnz
+        if self.use_cuda_graph:
+            heads = (plan.num_kv_heads, plan.num_qo_heads // plan.num_kv_heads, plan.config)
+            if holder.fixed_layout is None:
+                cap = plan_layout.capacity_bound(
+                    self.max_batch_size, self.max_batch_size, plan.num_kv_heads, heads[1], plan.config.rows_per_tile,
+                    plan.work.num_ctas,
+                )  # fmt: skip
+                # Page indices: room for twice the first plan's pages (at least 64 Ki), fixed from then on.
+                lay = plan_layout.PlanLayout.for_capacity(**cap.__dict__)
+                holder.fixed_layout = FixedLayout(lay, heads, max(2 * nnz, 1 << 16))
+            fixed = holder.fixed_layout
+            lay, page_cap = fixed.layout, fixed.page_cap
+            if heads != fixed.signature:
+                raise ValueError(
+                    "with use_cuda_graph=True every plan() must keep the head configuration and kernel of the first "
+                    f"(num_kv_heads, group, kernel) = {fixed.signature[:2]}, but this plan has {heads[:2]}"
+                )
+            if nnz > page_cap:
+                raise ValueError(
+                    f"the plan reads {nnz} page indices but the CUDA-graph page table holds {page_cap} (twice the "
+                    "first plan's, fixed then); plan the largest batch first or build a new wrapper"
+                )
+            b_cap = self.max_batch_size
+        else:
+            lay = plan_layout.PlanLayout.for_plan(plan.work)
+            page_cap, b_cap = nnz, batch
+        last = self._words_memo  # the previous answer (a serving loop mostly keeps its layout)
+        if last is not None and last[0] is lay and last[1] == b_cap:
+            off = last[2]
+        else:
+            key = (id(lay), b_cap)  # the layout is kept in the value: its id stays unique while the entry lives
+            hit = self._offsets.get(key)
+            if hit is None or hit[0] is not lay:
+                off = dict(lay.offsets)
+                off["page_indptr"] = pos = lay.total_words
+                off["kv_lens"] = pos = _align4(pos + b_cap + 1)
+                off["page_indices"] = _align4(pos + b_cap)
+                if len(self._offsets) >= 64:
+                    self._offsets.clear()
+                hit = self._offsets[key] = (lay, off)
+            off = hit[1]
+            self._words_memo = (lay, b_cap, off)
+        return lay, off, _align4(off["page_indices"] + max(page_cap, 1))
+
+    def _fill_words(self, plan: DecodePlan, host: np.ndarray, lay: Any, off: dict, generation: int) -> None:
+        """Pack the work plan and the page table into ``host`` at the word offsets ``off``; ``_pack_memo`` keeps the
+        memo of ``planner.pack`` per host buffer and layout."""
+        memos = self._pack_memo
+        memo = memos.get(id(host))
+        if memo is None or memo[0] is not host or memo[1] is not lay:
+            if len(memos) >= 8:
+                memos.clear()
+            memo = memos[id(host)] = (host, lay, {})
+        plan_layout.pack(plan.work, lay, host, generation=generation, memo=memo[2])
+        b = plan.batch
+        o = off["page_indptr"]
+        host[o : o + b + 1] = plan.kv_indptr
+        o = off["kv_lens"]
+        host[o : o + b] = plan.kv_lens
+        nnz, indices = plan.nnz, plan.kv_indices
+        o = off["page_indices"]
+        host[o : o + nnz] = indices if indices.shape[0] == nnz else indices[:nnz]
+
+    # -- running ---------------------------------------------------------------------------------------------------
+
+    def run(
+        self, q: Any, kv_cache: Any, *, out: Any = None, lse: Any = None, return_lse: bool = False,
+        k_scale: float | None = None, v_scale: float | None = None,
+    ) -> Any:  # fmt: skip
+        """Decode ``q [batch, num_qo_heads, head_dim]`` against ``kv_cache`` -> ``o`` (or ``(o, lse)``; lse base 2)."""
+        return self._run(q, kv_cache, out, lse, return_lse or lse is not None, k_scale, v_scale)
+
+    def _kv_view(self, call: Call, plan: DecodePlan, kv_cache: Any) -> KV:
+        return self._kv_views.view(kv_cache, call, plan, self._paged_kv)
+
+    def _paged_kv(self, call: Call, plan: DecodePlan, kv_cache: Any) -> KV:
+        """The cache's view, validated (``CacheViews`` reuses it while the same cache object comes back)."""
+        kv = paged_kv(call.tensor, kv_cache, self.kv_layout, gpu=True)
+        self._check_kv(plan, kv)
+        return kv
+
+    def _check_q(self, plan: DecodePlan, tq: Tensor) -> None:
+        validate.check_ndim("q", tq, 3, hint="q is [batch_size, num_qo_heads, head_dim]")
+        validate.check_shape(
+            "q", tq, (plan.batch, plan.num_qo_heads, plan.head_dim),
+            hint=f"plan() was made for batch_size={plan.batch}, num_qo_heads={plan.num_qo_heads}, "
+            f"head_dim={plan.head_dim}",
+        )  # fmt: skip
+        check_q_dtype(plan, tq)
+
+    def _check_kv(self, plan: DecodePlan, kv: KV) -> None:
+        check_cache_matches(kv, plan, self.kv_layout)
+        if kv.k.dtype is not plan.kv_dtype:
+            raise ValueError(
+                f"kv_cache has dtype {kv.k.dtype.value} but plan() was made for kv_dtype={plan.kv_dtype.value}; call "
+                f"plan() with kv_dtype='{kv.k.dtype.value}'"
+            )
+        check_pages_in_cache(plan.max_page, kv)
+
+    def _launch(
+        self, call: Call, plan: DecodePlan, tq: Tensor, kv: KV, to: Tensor, tl: Tensor | None, k_scale: Any,
+        v_scale: Any,
+    ) -> None:  # fmt: skip
+        # The host path of run() is on the critical path of every decode step: everything fixed by the plan (kernels,
+        # plan-buffer pointers, options, grids) is prepared once per plan, and the parameter structs are rebuilt
+        # only when an array pointer, a stride, a scale or the stream changes.
+        st = self._launch_state
+        want_lse = tl is not None
+        if st is None or st.plan is not plan or st.want_lse != want_lse or st.device_id != call.device_id:
+            st = self._launch_state = DecodeLaunch(self._buffers, plan, want_lse, call.device_id)
+        dyn = (
+            tq.ptr, tq.strides, kv.k_ptr, kv.v_ptr, kv.k_strides, kv.v_strides, to.ptr, to.strides,
+            None if tl is None else (tl.ptr, tl.strides), k_scale, v_scale,
+        )  # fmt: skip
+        if dyn != st.dyn:
+            st.repack(tq, kv, to, tl, k_scale, v_scale)
+            st.dyn = dyn
+        st.kernel.launch(st.num_ctas, st.threads, (st.params,), smem_bytes=st.smem_bytes, stream=call.stream)
+
+    def _run_reference(
+        self, plan: DecodePlan, q: Any, kv_cache: Any, out: Any, lse: Any, want_lse: bool, k_scale: Any, v_scale: Any
+    ) -> Any:
+        tq = as_tensor(q, "q")
+        self._check_q(plan, tq)
+        self._check_kv(plan, paged_kv(as_tensor, kv_cache, self.kv_layout, gpu=False))
+        if out is not None:
+            to = as_tensor(out, "out")
+            validate.check_shape("out", to, (plan.batch, plan.num_qo_heads, plan.head_dim))
+            check_out_dtype(plan.o_dtype, to)
+        o, lse64 = reference.batch_decode_paged(
+            tq.numpy(), kv_cache, plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len, kv_layout=self.kv_layout,
+            **plan.options.reference_kwargs(), k_scale=k_scale, v_scale=v_scale,
+        )  # fmt: skip
+        return host_outputs(o, lse64, plan.o_dtype, out, lse, want_lse)

@@ -1,0 +1,55 @@
+"""``single_prefill``: one request's prefill, on the kernel of ``BatchPrefill(paged=False)``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from cuinfer.formats.mask import host_array
+from cuinfer.interop import validate
+from cuinfer.interop.arrays import as_tensor
+from cuinfer.prefill.wrapper import BatchPrefill
+from cuinfer.runtime.calls import is_host
+from cuinfer.runtime.options import kv_layout_name
+
+_single_wrappers: dict = {}
+
+
+def single_prefill(
+    q: Any, k: Any, v: Any, *, causal: bool = False, custom_mask: Any = None, kv_layout: str = "NHD",
+    sm_scale: float | None = None, logits_soft_cap: float = 0.0, window_left: int = -1, pos_encoding: str = "none",
+    rope_scale: float = 1.0, rope_theta: float = 1e4, variant: Any = None, return_lse: bool = False,
+) -> Any:  # fmt: skip
+    """Prefill one request: ``q [qo_len, num_qo_heads, head_dim]`` against ``k``, ``v`` (``[kv_len, num_kv_heads,
+    head_dim]`` NHD or ``[num_kv_heads, kv_len, head_dim]`` HND) -> ``o [qo_len, num_qo_heads, head_dim_vo]``
+    (, ``lse [qo_len, num_qo_heads]``). ``custom_mask``: bool ``[qo_len, kv_len]``, True = keep.
+
+    The same kernel as ``BatchPrefill(paged=False)``, a batch of one request (split over the GPU by the planner).
+    """
+    layout = kv_layout_name(kv_layout)
+    tq, tk, tv = (as_tensor(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v")))
+    validate.check_ndim("q", tq, 3, hint="single_prefill takes q [qo_len, num_qo_heads, head_dim]")
+    desc = "[kv_len, num_kv_heads, head_dim]" if layout == "NHD" else "[num_kv_heads, kv_len, head_dim]"
+    validate.check_ndim("k", tk, 3, hint=f"k is {desc} ({layout})")
+    validate.check_ndim("v", tv, 3, hint=f"v is {desc} ({layout})")
+    kv_len, hkv = (tk.shape[0], tk.shape[1]) if layout == "NHD" else (tk.shape[1], tk.shape[0])
+    if tk.shape[2] != tq.shape[2]:
+        raise ValueError(f"q and k must share head_dim but have shapes {tq.shape} and {tk.shape}")
+    mask = None if custom_mask is None else np.asarray(host_array(custom_mask, "custom_mask")).astype(bool)
+    if mask is not None and mask.shape != (tq.shape[0], kv_len):
+        raise ValueError(
+            f"custom_mask must have shape (qo_len, kv_len) = {(tq.shape[0], kv_len)} but has shape {mask.shape}"
+        )
+    device = None if is_host(q) else tq.device_id
+    w = _single_wrappers.get((device, layout))
+    if w is None:
+        w = _single_wrappers[(device, layout)] = BatchPrefill(paged=False, kv_layout=layout, device=device)
+    w.plan(
+        [0, tq.shape[0]], [0, kv_len], num_qo_heads=tq.shape[1], num_kv_heads=hkv, head_dim=tq.shape[2],
+        head_dim_vo=tv.shape[2], causal=causal, custom_mask=None if mask is None else mask.reshape(-1),
+        q_dtype=tq.dtype, kv_dtype=tk.dtype, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
+        window_left=window_left, pos_encoding=pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta,
+        variant=variant,
+    )  # fmt: skip
+    return w.run(q, k, v, return_lse=return_lse)

@@ -1,0 +1,100 @@
+"""Tile configurations of the FA2-class prefill kernel (kernel_src/attention/prefill.cuh): the query and KV tiles it
+is built for, how warps cover a tile, and the shared memory a CTA and a launched block need. The tile policy
+(``cuinfer.prefill.policy``) and the kernel specs (``cuinfer.prefill.specs``) both build on these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+QUERY_TILES = (16, 32, 64, 128)
+KV_TILES = (32, 64, 128)
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """How one CTA covers a (query tile x KV tile) block: warps and mma tiles per warp."""
+
+    tile_q: int
+    tile_kv: int
+    warps_q: int
+    warps_kv: int
+    mma_kv: int  # 16-key slices per warp per KV tile
+    stages: int = 2
+    groups: int = 1  # CTAs of the plan per block: 2 = paired blocks (prefill.cuh, GROUPS)
+
+    @property
+    def threads(self) -> int:
+        """Threads of one CTA of the plan (one group)."""
+        return 32 * self.warps_q * self.warps_kv
+
+    @property
+    def block_threads(self) -> int:
+        """Threads of one launched block: ``groups`` CTAs side by side."""
+        return self.groups * self.threads
+
+    @property
+    def mma_q(self) -> int:
+        return self.tile_q // (16 * self.warps_q)
+
+
+def tile_config(tile_q: int, tile_kv: int, head_dim_vo: int, stages: int = 2, groups: int = 1) -> TileConfig:
+    """Warp layout for a (query tile, KV tile) pair; ``groups=2`` pairs two 4-warp CTAs in one block (one warp per
+    row block only: query tiles of 64 rows and more; 128 rows only up to head dim 128).
+
+    4 warps per CTA. Query tiles of 64 and 128 rows split rows over 4 warps (16 or 32 rows each, so a K fragment
+    serves two m16 blocks at 128); small query tiles split the KV tile instead (16 rows: 1 x 4 warps, 32 rows: 2 x 2)
+    and merge the warps' softmax states in the epilogue. A 128-row tile with head_dim_vo 256 would need 256 fp32
+    accumulators per thread, so it uses 8 warps of 16 rows.
+    """
+    if tile_q not in QUERY_TILES:
+        raise ValueError(f"query tile must be one of {QUERY_TILES} but is {tile_q}")
+    if tile_kv not in KV_TILES:
+        raise ValueError(f"KV tile must be one of {KV_TILES} but is {tile_kv}")
+    if tile_q == 16:
+        warps_q, warps_kv = 1, 4
+    elif tile_q == 32:
+        warps_q, warps_kv = 2, 2
+    elif tile_q == 128 and head_dim_vo > 128:
+        warps_q, warps_kv = 8, 1
+    else:
+        warps_q, warps_kv = 4, 1
+    if tile_kv % (16 * warps_kv):
+        raise ValueError(
+            f"query tile {tile_q} splits the KV tile over {warps_kv} warps of 16 keys: KV tile must be a multiple "
+            f"of {16 * warps_kv} but is {tile_kv}"
+        )
+    # (a pair of 4-warp CTAs: 256 threads keep the 255 registers a thread of the long-prefill tiles needs)
+    if groups not in (1, 2) or (groups == 2 and (warps_kv != 1 or warps_q != 4)):
+        raise ValueError(
+            f"groups (CTAs per block) must be 1, or 2 for query tiles of 64 rows and more (128 at head dim 128 or "
+            f"less), but is {groups} at query tile {tile_q}, head_dim_vo {head_dim_vo}; use groups=1"
+        )
+    return TileConfig(tile_q, tile_kv, warps_q, warps_kv, tile_kv // (16 * warps_kv), stages, groups)
+
+
+TABLE_ITEMS, TABLE_FIELDS = 16, 10  # PrefillTraits::kTableItems / kTableFields (cross-item item table)
+
+
+def smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool, elem_bytes: int = 2) -> int:
+    """Dynamic shared memory of one CTA; mirrors PrefillTraits::kSmemBytes.
+
+    One warp per row block (``warps_kv == 1``) runs the cross-item pipeline: no epilogue staging, an item table;
+    otherwise the epilogue stages every warp's state over the tile buffers.
+    """
+    cross = cfg.warps_kv == 1
+    q = cfg.tile_q * head_dim_qk * elem_bytes
+    kv = cfg.stages * cfg.tile_kv * (head_dim_qk + head_dim_vo) * elem_bytes
+    rows_per_thread = cfg.tile_kv // (cfg.threads // 8)
+    page = cfg.threads * rows_per_thread * 8 if paged else 0
+    main = q + kv + page
+    epi = 0 if cross else cfg.warps_kv * cfg.tile_q * (head_dim_vo + 8) * 4 + cfg.warps_kv * cfg.tile_q * 8
+    info = (12 + 8 * cfg.warps_q * cfg.warps_kv) * 4  # kInfoInts + kWarpInts per warp
+    table = TABLE_ITEMS * TABLE_FIELDS * 4 if cross else 0
+    return max(main, epi) + info + table
+
+
+def block_smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool) -> int:
+    """Dynamic shared memory of one launched block: each group's ``smem_bytes`` at a 128-byte aligned offset
+    (PrefillTraits::kGroupBytes); one group's size when unpaired."""
+    one = smem_bytes(cfg, head_dim_qk, head_dim_vo, paged)
+    return one if cfg.groups == 1 else cfg.groups * (-(-one // 128) * 128)
