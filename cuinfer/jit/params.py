@@ -1,7 +1,9 @@
 """Kernel parameter structs: one field list generates both the C++ struct and the matching aligned NumPy dtype.
 
-Every kernel takes a single struct by value (``const __grid_constant__ Params p``), so adding a field never changes
-the launch signature, and a ``static_assert`` on size and alignment catches any drift between the two sides.
+Every kernel takes its parameters as structs by value (``const __grid_constant__ Params p``), so adding a field never
+changes the launch signature, and a ``static_assert`` on size and alignment catches any drift between the two sides.
+A field's kind is a scalar kind (below) or another ``ParamStruct`` (a nested struct: a variant's parameters inside
+``VariantParams``); a nested field is packed from a dict of its own fields.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ _KINDS: dict[str, tuple[str, str]] = {
     "u32": ("unsigned int", "<u4"),
     "i64": ("long long", "<i8"),
     "f32": ("float", "<f4"),
+    "f64": ("double", "<f8"),
 }
 
 
@@ -31,13 +34,17 @@ class ParamStruct:
     """
 
     name: str
-    fields: tuple[tuple[str, str], ...]
+    fields: tuple[tuple[str, str | ParamStruct], ...]
 
     def __post_init__(self) -> None:
+        if not self.fields:
+            raise ValueError(f"{self.name} has no fields (a C++ empty struct has size 1, a NumPy one 0): add one")
         seen = set()
         for field, kind in self.fields:
-            if kind not in _KINDS:
-                raise ValueError(f"{self.name}.{field} has kind {kind!r}; kinds are {', '.join(_KINDS)}")
+            if not isinstance(kind, ParamStruct) and kind not in _KINDS:
+                raise ValueError(
+                    f"{self.name}.{field} has kind {kind!r}; kinds are {', '.join(_KINDS)} or a nested ParamStruct"
+                )
             if field in seen:
                 raise ValueError(f"{self.name} declares field {field!r} twice")
             seen.add(field)
@@ -46,21 +53,36 @@ class ParamStruct:
         getter = operator.itemgetter(*self._names)
         # itemgetter of one name returns the bare value, not a 1-tuple
         object.__setattr__(self, "_getter", getter if len(self._names) > 1 else (lambda v: (getter(v),)))
-        object.__setattr__(self, "_dtype", np.dtype([(f, _KINDS[k][1]) for f, k in self.fields], align=True))
+        object.__setattr__(self, "_nested", tuple(i for i, (_, k) in enumerate(self.fields) if isinstance(k, ParamStruct)))
+        dt = [(f, k.numpy_dtype if isinstance(k, ParamStruct) else _KINDS[k][1]) for f, k in self.fields]
+        object.__setattr__(self, "_dtype", np.dtype(dt, align=True))
 
     @property
     def numpy_dtype(self) -> np.dtype:
         return self._dtype
 
-    def c_decl(self) -> str:
+    def nested_structs(self) -> list[ParamStruct]:
+        """The structs of nested fields, innermost first, each once."""
+        out: list[ParamStruct] = []
+        for _, k in self.fields:
+            if isinstance(k, ParamStruct):
+                for sub in [*k.nested_structs(), k]:
+                    if sub not in out:
+                        out.append(sub)
+        return out
+
+    def c_decl(self, nested: bool = True) -> str:
         """C++ declaration with layout checks against the NumPy dtype.
 
         NVRTC has no ``offsetof``; fields are emitted in order with natural alignment on both sides, so equal size and
         alignment leave no room for a field to sit elsewhere.
         """
         dt = self.numpy_dtype
-        lines = [f"struct {self.name} {{"]
-        lines += [f"  {_KINDS[k][0]} {f};" for f, k in self.fields]
+        lines = []
+        for sub in self.nested_structs() if nested else ():
+            lines.append(sub.c_decl(nested=False).rstrip("\n"))
+        lines.append(f"struct {self.name} {{")
+        lines += [f"  {k.name if isinstance(k, ParamStruct) else _KINDS[k][0]} {f};" for f, k in self.fields]
         lines.append("};")
         lines.append(
             f'static_assert(sizeof({self.name}) == {dt.itemsize}, "{self.name}: size differs from the NumPy dtype");'
@@ -84,6 +106,12 @@ class ParamStruct:
             missing = names - values.keys()
             extra = values.keys() - names
             raise TypeError(f"{self.name}.pack(): missing fields {sorted(missing)}, unknown fields {sorted(extra)}")
+        if self._nested:
+            row = list(row)
+            for i in self._nested:
+                sub = self.fields[i][1]
+                row[i] = sub.pack(**row[i]) if isinstance(row[i], dict) else row[i]
+            row = tuple(row)
         arr = np.empty((), dtype=self._dtype)
         arr[()] = row
         return arr[()]

@@ -3,8 +3,8 @@
 //
 // Prefill (CUINFER_TRACE): thread 0 of each CTA stamps every item's start and end (global ns timer) and the SM clock
 // at its phases: 0 start, 1 loop start (table and prologue done), 2 first tile ready (after the first barrier), 3 loop
-// end, 4 o stored, 5 end (next item's copies issued); 12 u64 per item where p.mask_indptr points (the trace build
-// runs without a custom mask).
+// end, 4 o stored, 5 end (next item's copies issued); 12 u64 per item where p.lse points (the trace build
+// runs without lse).
 // Decode (CUINFER_DECODE_TRACE): thread 0 of each CTA stamps its phases in kTraceWords u64 where p.lse points (the
 // trace build runs without lse): 0 globaltimer at entry, 1 SM clock at entry, 2 after the prologue's copies are
 // issued, 3 first tile landed, 4 last item's epilogue starts, 5 exit, 6 globaltimer at exit, 7 SM id, 8 work range
@@ -54,7 +54,7 @@ template <int G> __device__ __forceinline__ unsigned long long* prefill_slots() 
   do {                                                                                            \
     if ((tid) == 0) {                                                                             \
       const unsigned long long* tr_ = cuinfer::debug::prefill_slots<C::kGroups>() + 8 * (wg);    \
-      auto* out_ = reinterpret_cast<unsigned long long*>(p.mask_indptr) + 12 * (item);           \
+      auto* out_ = reinterpret_cast<unsigned long long*>(p.lse) + 12 * (item);                   \
       out_[0] = tr_[0], out_[1] = cuinfer::debug::global_ns(), out_[2] = (cta);                   \
       out_[3] = cuinfer::debug::sm_id();                                                          \
       for (int k_ = 0; k_ < 5; ++k_) out_[4 + k_] = tr_[1 + k_];                                  \

@@ -1,58 +1,81 @@
 // The attention-variant contract: what a variant may change, and how several pieces compose into one.
 //
-// A variant is a type with static member functions (all __device__ __forceinline__, all optional through the
-// defaults of `Identity`); the attention kernels take it as a template parameter and call it at fixed points, so a
-// new variant is a new type, never an edit of a kernel body:
+// A variant is a type with static member functions (all __device__ __forceinline__, every one optional through the
+// defaults of `Identity`). The attention kernels take it as a template parameter and call it at fixed points, so a new
+// variant is a new type, never an edit of a kernel body. Python renders these types from a `cuinfer.Variant`'s CUDA
+// snippets (cuinfer/variants/render.py): the built-ins (causal, sliding window, soft cap, ALiBi, custom mask, RoPE)
+// are written exactly as a user's variant is (cuinfer/variants/builtins/).
 //
-//   row(p, ix) -> Row            once per query row and KV tile (or per decode item): per-row state, e.g. an ALiBi
-//                                slope or where the row's bits of a custom mask start
-//   logits(p, row, ix, kv, x)    the logit of query row ix and key kv: x is the natural logit q·k·sm_scale (only
-//                                called when kLogits; otherwise the kernel folds sm_scale into its base-2 softmax)
-//   mask(p, row, ix, kv)         false drops the key (only called when kMask; on every tile)
-//   key_range(p, qpos, lo, hi)   narrows the keys a query at kv position qpos may see to [lo, hi) (causal, sliding
-//                                window); kernels skip tiles outside every row's range, mask the boundary tiles, and
-//                                the planner clips KV ranges by the same rules (planner/tiles.py)
+//   logits(v, ix, kv, x)            the logit of query row ix and key kv: x is the natural logit q·k·sm_scale (only
+//                                   called when kLogits; otherwise the kernels fold sm_scale into a base-2 softmax)
+//   mask(v, ix, kv)                 false drops the key (only when kMask; applied on every tile)
+//   key_range(v, ix, lo, hi)        narrows the keys query row ix may see to [lo, hi) (kUpperBound / kLowerBound:
+//                                   causal, sliding window); kernels skip tiles outside every row's range and mask the
+//                                   boundary tiles; the planner clips KV ranges by the same rules (planner/tiles.py)
+//   dim_state(v, dim, head_dim)     per-thread state of one head dimension, computed once per kernel (e.g. a RoPE
+//                                   frequency in double precision)
+//   query_transform(v, s, ix, dim, x, partner)        q[dim] before q·k (kQueryTransform); partner is q[dim ± D/2]
+//   key_transform(v, s, ix, kv, dim, x, partner)      k[dim] of key kv before q·k (kKeyTransform)
 //
-// `p` is the kernel's parameter struct (every variant reads its own fields of it), `ix` the row's `Index`. Logits are
-// natural (base e); the kernels run the softmax in base 2 and multiply by log2(e) after logits(). A masked key gets
-// -inf and never contributes; a row whose keys are all masked ends as o = 0, lse = -inf.
+// `v` is the kernel's VariantParams (each piece reads its own member), `ix` the row's `Index`, `s` the DimState of
+// `dim`. Logits are natural (base e): the kernels run the softmax in base 2 and multiply by log2(e) after logits(). A
+// masked key gets -inf and never contributes; a row whose keys are all masked ends as o = 0, lse = -inf.
 #pragma once
 #include "common/types.cuh"
 
 namespace cuinfer {
 namespace variant {
 
-// Where one logit sits (the index information a variant may use).
+// Where one logit sits: the index information a variant may use.
 struct Index {
   int batch;    // request
   int qo_idx;   // query token within the request
   int qpos;     // its kv position, qo_idx + kv_len - qo_len (bottom-right aligned)
   int qo_head;  // query head
   int kv_head;  // its KV head, qo_head / (num_qo_heads / num_kv_heads)
-  int kv_len;   // keys of the request
+  int qo_len;    // query tokens of the request
+  int kv_len;    // keys of the request
+  int head_dim;  // (of q and k)
 };
 
 constexpr int kNoLowerBound = -2147483647;  // key_range()'s lo before any piece raises it
 
 // The variant that changes nothing: plain softmax attention over every key. Pieces derive from it.
 struct Identity {
-  static constexpr bool kLogits = false;      // logits() is not the identity
-  static constexpr bool kUpperBound = false;  // key_range() may lower hi
-  static constexpr bool kLowerBound = false;  // key_range() may raise lo
-  static constexpr bool kMask = false;        // mask() may drop keys anywhere (applied on every tile)
-  struct Row {};
-  template <class P> __device__ __forceinline__ static Row row(const P&, const Index&) { return Row{}; }
-  template <class P>
-  __device__ __forceinline__ static float logits(const P&, const Row&, const Index&, int, float x) {
+  static constexpr bool kLogits = false;          // logits() is not the identity
+  static constexpr bool kUpperBound = false;      // key_range() may lower hi
+  static constexpr bool kLowerBound = false;      // key_range() may raise lo
+  static constexpr bool kMask = false;            // mask() may drop keys anywhere (applied on every tile)
+  static constexpr bool kQueryTransform = false;  // query_transform() is not the identity
+  static constexpr bool kKeyTransform = false;    // key_transform() is not the identity
+  struct DimState {};
+  template <class VP> __device__ __forceinline__ static DimState dim_state(const VP&, int, int) { return DimState{}; }
+  template <class VP>
+  __device__ __forceinline__ static float logits(const VP&, const Index&, int, float x) {
     return x;
   }
-  template <class P> __device__ __forceinline__ static bool mask(const P&, const Row&, const Index&, int) {
-    return true;
+  template <class VP> __device__ __forceinline__ static bool mask(const VP&, const Index&, int) { return true; }
+  template <class VP> __device__ __forceinline__ static void key_range(const VP&, const Index&, int&, int&) {}
+  template <class VP>
+  __device__ __forceinline__ static float query_transform(const VP&, const DimState&, const Index&, int, float x,
+                                                          float) {
+    return x;
   }
-  template <class P> __device__ __forceinline__ static void key_range(const P&, int, int&, int&) {}
+  template <class VP>
+  __device__ __forceinline__ static float key_transform(const VP&, const DimState&, const Index&, int, int, float x,
+                                                        float) {
+    return x;
+  }
 };
 
-// Pieces applied in order: logits transforms compose left to right, masks and key ranges intersect.
+template <bool B, class T, class F> struct PickState {
+  using type = T;
+};
+template <class T, class F> struct PickState<false, T, F> {
+  using type = F;
+};
+
+// Pieces applied in order: logits compose left to right, masks and key ranges intersect.
 template <class... Pieces> struct Chain;
 
 template <> struct Chain<> : Identity {};
@@ -63,31 +86,52 @@ template <class A, class... Rest> struct Chain<A, Rest...> {
   static constexpr bool kUpperBound = A::kUpperBound || Tail::kUpperBound;
   static constexpr bool kLowerBound = A::kLowerBound || Tail::kLowerBound;
   static constexpr bool kMask = A::kMask || Tail::kMask;
-  struct Row {
-    typename A::Row head;
-    typename Tail::Row tail;
-  };
-  template <class P> __device__ __forceinline__ static Row row(const P& p, const Index& ix) {
-    Row r;
-    if constexpr (A::kLogits || A::kMask) r.head = A::row(p, ix);
-    if constexpr (Tail::kLogits || Tail::kMask) r.tail = Tail::row(p, ix);
-    return r;
+  static constexpr bool kQueryTransform = A::kQueryTransform || Tail::kQueryTransform;
+  static constexpr bool kKeyTransform = A::kKeyTransform || Tail::kKeyTransform;
+  // At most one piece of a chain transforms (the renderer refuses two: rotations do not compose element by element),
+  // so the chain's DimState is that piece's.
+  static constexpr bool kHeadTransforms = A::kQueryTransform || A::kKeyTransform;
+  using DimState = typename PickState<kHeadTransforms, typename A::DimState, typename Tail::DimState>::type;
+  template <class VP> __device__ __forceinline__ static DimState dim_state(const VP& v, int dim, int head_dim) {
+    if constexpr (kHeadTransforms) {
+      return A::dim_state(v, dim, head_dim);
+    } else {
+      return Tail::dim_state(v, dim, head_dim);
+    }
   }
-  template <class P>
-  __device__ __forceinline__ static float logits(const P& p, const Row& r, const Index& ix, int kv, float x) {
-    if constexpr (A::kLogits) x = A::logits(p, r.head, ix, kv, x);
-    if constexpr (Tail::kLogits) x = Tail::logits(p, r.tail, ix, kv, x);
+  template <class VP>
+  __device__ __forceinline__ static float logits(const VP& v, const Index& ix, int kv, float x) {
+    if constexpr (A::kLogits) x = A::logits(v, ix, kv, x);
+    if constexpr (Tail::kLogits) x = Tail::logits(v, ix, kv, x);
     return x;
   }
-  template <class P> __device__ __forceinline__ static bool mask(const P& p, const Row& r, const Index& ix, int kv) {
+  template <class VP> __device__ __forceinline__ static bool mask(const VP& v, const Index& ix, int kv) {
     bool keep = true;
-    if constexpr (A::kMask) keep = A::mask(p, r.head, ix, kv);
-    if constexpr (Tail::kMask) keep = keep && Tail::mask(p, r.tail, ix, kv);
+    if constexpr (A::kMask) keep = A::mask(v, ix, kv);
+    if constexpr (Tail::kMask) keep = keep && Tail::mask(v, ix, kv);
     return keep;
   }
-  template <class P> __device__ __forceinline__ static void key_range(const P& p, int qpos, int& lo, int& hi) {
-    if constexpr (A::kUpperBound || A::kLowerBound) A::key_range(p, qpos, lo, hi);
-    if constexpr (Tail::kUpperBound || Tail::kLowerBound) Tail::key_range(p, qpos, lo, hi);
+  template <class VP> __device__ __forceinline__ static void key_range(const VP& v, const Index& ix, int& lo, int& hi) {
+    if constexpr (A::kUpperBound || A::kLowerBound) A::key_range(v, ix, lo, hi);
+    if constexpr (Tail::kUpperBound || Tail::kLowerBound) Tail::key_range(v, ix, lo, hi);
+  }
+  template <class VP>
+  __device__ __forceinline__ static float query_transform(const VP& v, const DimState& s, const Index& ix, int dim,
+                                                          float x, float partner) {
+    if constexpr (A::kQueryTransform) {
+      return A::query_transform(v, s, ix, dim, x, partner);
+    } else {
+      return Tail::query_transform(v, s, ix, dim, x, partner);
+    }
+  }
+  template <class VP>
+  __device__ __forceinline__ static float key_transform(const VP& v, const DimState& s, const Index& ix, int kv,
+                                                        int dim, float x, float partner) {
+    if constexpr (A::kKeyTransform) {
+      return A::key_transform(v, s, ix, kv, dim, x, partner);
+    } else {
+      return Tail::key_transform(v, s, ix, kv, dim, x, partner);
+    }
   }
 };
 

@@ -60,8 +60,24 @@ def test_param_struct_matches_numpy_layout():
 def test_param_struct_rejects_missing_and_unknown_fields():
     with pytest.raises(TypeError, match=r"missing fields \['k'\], unknown fields \['zz'\]"):
         P.pack(x=0, n=1, scale=1.0, big=0, zz=1)
-    with pytest.raises(ValueError, match="has kind 'f64'"):
-        ParamStruct("Bad", (("a", "f64"),))
+    with pytest.raises(ValueError, match="has kind 'f16'"):
+        ParamStruct("Bad", (("a", "f16"),))
+    with pytest.raises(ValueError, match="has no fields"):
+        ParamStruct("Empty", ())
+
+
+def test_nested_param_structs_match_c_layout(tmp_path):
+    """A nested struct (a variant's parameters) has C's layout: tail padding included, checked by NVRTC."""
+    inner = ParamStruct("InnerP", (("d", "f64"), ("f", "f32")))  # 16 bytes with 4 of tail padding
+    outer = ParamStruct("OuterP", (("a", "i32"), ("inner", inner), ("b", "i32")))
+    assert outer.numpy_dtype.itemsize == 32 and outer.numpy_dtype.fields["b"][1] == 24
+    packed = outer.pack(a=1, inner={"d": 0.25, "f": 2.0}, b=3)
+    assert packed["inner"]["d"] == 0.25 and packed["b"] == 3
+    decl = outer.c_decl()
+    assert decl.index("struct InnerP") < decl.index("struct OuterP")
+    src = tmp_path / "nested.cu"
+    src.write_text("__global__ void k(const __grid_constant__ OuterP p) {}\n")
+    compile_spec(KernelSpec(name="test/nested", source=str(src), name_exprs=("k",), preamble=decl), "sm_80")
 
 
 def test_static_assert_catches_layout_drift(tmp_path):

@@ -33,13 +33,16 @@
 // kMinBlocks (__launch_bounds__) caps the registers so that the CTAs the shared memory allows per SM (the policy's
 // count, which sizes the persistent grid) are also allowed by the register file.
 //
-// Compile-time options: sm_scale and the logits soft cap (values in DecodeParams, soft cap on/off as kSoftCap), the
-// sliding window (kWindow: the item's start is clamped to kv_len-1-window_left), positional encoding (kPos: none,
-// rope_llama applied in the kernel to q at kv_len-1 and to each K tile in shared memory, alibi), writing lse (kLse).
+// The attention variant V (variants/contract.cuh; its parameters arrive as the kernel's second argument,
+// VariantParams) shapes the logits (soft cap, ALiBi, ...), masks keys, clips each item's KV range by its key range
+// (a sliding window: at load_items), and transforms q (when an item starts) and each K tile in shared memory (RoPE).
+// kLse: the kernel writes lse.
 #pragma once
 #include "attention/decode/math.cuh"
 #include "attention/decode/pipeline.cuh"
 #include "debug/trace.cuh"
+#include "variants/apply.cuh"
+#include "variants/contract.cuh"
 
 namespace cuinfer {
 namespace decode {
@@ -47,7 +50,7 @@ namespace decode {
 // ==================================================================================================================
 // CUDA-core kernel. kThreads = (D/8) x G x BDZ; each of the BDZ token slices holds TZ = T / BDZ tokens of a tile.
 // ==================================================================================================================
-template <typename Q, typename KV, typename O, int D, int G, int T, int kThreads, int kPos, bool kSoftCap, bool kLse>
+template <typename Q, typename KV, typename O, int D, int G, int T, int kThreads, class V, bool kLse>
 struct CudaCore {
   static constexpr int BDX = D / 8;
   static constexpr int BDZ = kThreads / (BDX * G);
@@ -59,32 +62,35 @@ struct CudaCore {
   static constexpr int kSub = TZ < 8 ? TZ : 8;
   static_assert(TZ % kSub == 0, "slices hold whole sub-chunks");
 
-  // This thread's 8 dims of its query head at the item's first tile (rotated by RoPE at qpos); its ALiBi slope.
-  static __device__ __forceinline__ void load_q(const DecodeParams& p, const TileSlot<T>* cur, int tx, int ty,
-                                                int qpos, float (&q)[8], float& slope) {
+  // The row of this thread's query head at the item's first tile, and its 8 dims of q (transformed at qpos).
+  template <class VP>
+  static __device__ __forceinline__ variant::Index load_q(const DecodeParams& p, const VP& v, const TileSlot<T>* cur,
+                                                          int tx, int ty, float (&q)[8]) {
     const int head = cur->kv_head * G + ty;
+    const variant::Index ix{cur->req, 0, cur->kv_len - 1, head, cur->kv_head, 1, cur->kv_len, D};
     const Q* qrow = reinterpret_cast<const Q*>(p.q) + i64(cur->req) * p.q_stride_b + i64(head) * p.q_stride_h;
     Vec<Q, 8> qv;
     qv.load(qrow + tx * 8);
 #pragma unroll
     for (int i = 0; i < 8; ++i) q[i] = to_float(qv[i]);
-    if constexpr (kPos == kPosRope) {
+    if constexpr (V::kQueryTransform) {
       Vec<Q, 8> pv;
       pv.load(qrow + ((tx + BDX / 2) % BDX) * 8);
       float partner[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) partner[i] = to_float(pv[i]);
-      rope_q_chunk<D>(p, tx, qpos, q, partner);
+      variant::query_transform_chunk<V, D>(v, ix, tx, q, partner);
     }
-    if constexpr (kPos == kPosAlibi) slope = alibi_slope_scaled<kSoftCap>(head, p.num_qo_heads);
+    return ix;
   }
 
   // q·k for this slice's tokens, reduced over the BDX lanes of the head; online softmax kSub tokens at a time (a
   // slice of a large group holds up to 64 tokens, too many logits to keep in registers at once; the sub-chunk loop
   // stays rolled so the compiler does not hoist all of its shared-memory loads).
-  static __device__ __forceinline__ void tile(const DecodeParams& p, const KV* ks, const KV* vs, int start,
-                                              int n_valid, int tx, int tz, int qpos, float slope, const float (&q)[8],
-                                              float (&o)[8], float& m, float& d) {
+  template <class VP>
+  static __device__ __forceinline__ void tile(const DecodeParams& p, const VP& v, const variant::Index& ix,
+                                              const KV* ks, const KV* vs, int start, int n_valid, int tx, int tz,
+                                              const float (&q)[8], float (&o)[8], float& m, float& d) {
 #pragma unroll 1
     for (int j0 = 0; j0 < TZ; j0 += kSub) {
       float s[kSub];
@@ -102,7 +108,7 @@ struct CudaCore {
 #pragma unroll
       for (int j = 0; j < kSub; ++j) {
         const int r = tz * TZ + j0 + j;
-        s[j] = logit<kSoftCap, kPos>(p, fmath::group_sum<BDX>(s[j]), slope, start + r, qpos, r < n_valid);
+        s[j] = logit<V>(p, v, ix, fmath::group_sum<BDX>(s[j]), start + r, r < n_valid);
         m_sub = fmaxf(m_sub, s[j]);
       }
       const float m_new = fmaxf(m, m_sub);
@@ -172,12 +178,13 @@ struct CudaCore {
   }
 };
 
-template <typename Q, typename KV, typename O, int D, int G, int T, int kStages, int kThreads, int kMinBlocks, int kPos,
-          bool kSoftCap, bool kWindow, bool kLse>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) batch_decode_cuda_core(const __grid_constant__ DecodeParams p) {
+template <typename Q, typename KV, typename O, int D, int G, int T, int kStages, int kThreads, int kMinBlocks, class V,
+          bool kLse>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    batch_decode_cuda_core(const __grid_constant__ DecodeParams p, const __grid_constant__ VariantParams v) {
   static_assert(sizeof(KV) == 2 && sizeof(Q) == 2, "16-bit q and KV");
-  using K = CudaCore<Q, KV, O, D, G, T, kThreads, kPos, kSoftCap, kLse>;
-  using Pipe = Pipeline<KV, D, T, kStages, kThreads, kWindow, G, G>;
+  using K = CudaCore<Q, KV, O, D, G, T, kThreads, V, kLse>;
+  using Pipe = Pipeline<KV, D, T, kStages, kThreads, V, G, G>;
 
   extern __shared__ __align__(128) unsigned char smem[];
   float* md = reinterpret_cast<float*>(smem + Pipe::kBytes);  // [BDZ][G][2]: (m, d) per slice and head
@@ -187,37 +194,36 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) batch_decode_cuda_core(c
   const int tz = threadIdx.x / (K::BDX * G);
 
   Pipe pipe;
-  pipe.start(p, smem);
+  pipe.start(p, v, smem);
 
-  fmath::RopeFreq kf[8];
-  if constexpr (kPos == kPosRope) rope_k_freqs<D>(p, threadIdx.x % (D / 16), kf);
+  typename V::DimState kst[8];  // the key transform's states of this thread's dimension pairs (RoPE frequencies)
+  if constexpr (V::kKeyTransform) variant::pair_states<V, D>(v, threadIdx.x % (D / 16), kst);
 
   float q[8], o[8];
-  float m = neg_inf(), d = 0.f, slope = 0.f;
-  int qpos = 0;
+  float m = neg_inf(), d = 0.f;
+  variant::Index ix{};
 
   for (int n = 0;; ++n) {
     const TileSlot<T>* cur = pipe.wait(n);
     const int flags = cur->flags;
     if (flags & kNull) break;
     const int start = cur->start, n_valid = cur->n_valid;
-    pipe.advance(p, n);
+    pipe.advance(p, v, n);
     KV* ks = pipe.k_stage(n);
     KV* vs = pipe.v_stage(n);
 
     if (flags & kFirst) {
-      qpos = cur->kv_len - 1;
-      K::load_q(p, cur, tx, ty, qpos, q, slope);
+      ix = K::load_q(p, v, cur, tx, ty, q);
       m = neg_inf();
       d = 0.f;
 #pragma unroll
       for (int i = 0; i < 8; ++i) o[i] = 0.f;
     }
-    if constexpr (kPos == kPosRope) {
-      rope_k_tile<KV, D, kThreads>(ks, start, n_valid, kf);
+    if constexpr (V::kKeyTransform) {
+      variant::key_transform_tile<V, D, kThreads>(v, ix, ks, start, n_valid, kst, threadIdx.x);
       __syncthreads();
     }
-    K::tile(p, ks, vs, start, n_valid, tx, tz, qpos, slope, q, o, m, d);
+    K::tile(p, v, ix, ks, vs, start, n_valid, tx, tz, q, o, m, d);
     pipe.finish(p, n);
     if (flags & kLast) K::finish_item(p, cur, ks, md, tx, ty, tz, o, m, d);
   }
@@ -228,8 +234,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) batch_decode_cuda_core(c
 // dims (each warp computes the whole 16x16 S of its tokens and P·V for D / kWarpsD dims). Rows of the query tile are
 // packed rows qo_tile*16 + r = the query heads of the KV head (rows >= G are zero and never written).
 // ==================================================================================================================
-template <typename Q, typename KV, typename O, int D, int G, int kWarpsKV, int kWarpsD, int kPos, bool kSoftCap,
-          bool kLse>
+template <typename Q, typename KV, typename O, int D, int G, int kWarpsKV, int kWarpsD, class V, bool kLse>
 struct TensorCore {
   static constexpr int kThreads = 32 * kWarpsKV * kWarpsD;
   static constexpr int T = 16 * kWarpsKV;
@@ -237,12 +242,20 @@ struct TensorCore {
   static_assert(DW % 16 == 0, "each warp owns whole 16-dim blocks of the output");
   static constexpr int kChunks = D / 8;
 
-  // The item's query tile into shared memory (swizzled; rows >= G zero; RoPE at qpos), then this warp's A fragments.
-  static __device__ __forceinline__ void load_q(const DecodeParams& p, const TileSlot<T>* cur, Q* qs, int qpos,
+  // The row of query head qo_head of the item (a padding row, past the group, takes the group's last head).
+  static __device__ __forceinline__ variant::Index row(const TileSlot<T>* cur, int qo_head) {
+    return variant::Index{cur->req, 0, cur->kv_len - 1, min(qo_head, cur->kv_head * G + G - 1), cur->kv_head, 1,
+                          cur->kv_len, D};
+  }
+
+  // The item's query tile into shared memory (swizzled; rows >= G zero; transformed at qpos), then this warp's A
+  // fragments.
+  template <class VP>
+  static __device__ __forceinline__ void load_q(const DecodeParams& p, const VP& v, const TileSlot<T>* cur, Q* qs,
                                                 u32 (&qf)[D / 16][4]) {
     const int row0 = cur->qo_tile * 16;  // packed row of the tile's row 0 = head in group
     const Q* qb = reinterpret_cast<const Q*>(p.q) + i64(cur->req) * p.q_stride_b + i64(cur->kv_head * G) * p.q_stride_h;
-    if constexpr (kPos == kPosRope) {
+    if constexpr (V::kQueryTransform) {
       for (int u = threadIdx.x; u < 16 * (kChunks / 2); u += kThreads) {
         const int r = u / (kChunks / 2), c = u % (kChunks / 2);
         Vec<Q, 8> lo, hi;
@@ -258,8 +271,9 @@ struct TensorCore {
           float xr[8], yr[8];
 #pragma unroll
           for (int i = 0; i < 8; ++i) xr[i] = x[i], yr[i] = y[i];
-          rope_q_chunk<D>(p, c, qpos, xr, y);
-          rope_q_chunk<D>(p, c + kChunks / 2, qpos, yr, x);
+          const variant::Index ix = row(cur, cur->kv_head * G + row0 + r);
+          variant::query_transform_chunk<V, D>(v, ix, c, xr, y);
+          variant::query_transform_chunk<V, D>(v, ix, c + kChunks / 2, yr, x);
 #pragma unroll
           for (int i = 0; i < 8; ++i) lo[i] = from_float<Q>(xr[i]), hi[i] = from_float<Q>(yr[i]);
         }
@@ -285,13 +299,14 @@ struct TensorCore {
 
   // S = Q K^T for this warp's 16 tokens, the online softmax on rows gid (e = 0, 1) and gid + 8 (e = 2, 3) (a row is
   // spread over the 4 lanes of a quad), O += P V over this warp's output dims.
-  static __device__ __forceinline__ void tile(const DecodeParams& p, const KV* ks, const KV* vs, int start,
-                                              int n_valid, int qpos, const float (&slope)[2],
+  template <class VP>
+  static __device__ __forceinline__ void tile(const DecodeParams& p, const VP& v, const TileSlot<T>* cur,
+                                              const KV* ks, const KV* vs, int start, int n_valid,
                                               const u32 (&qf)[D / 16][4], float (&oacc)[DW / 8][4], float (&m)[2],
                                               float (&dsum)[2]) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wkv = warp % kWarpsKV, wd = warp / kWarpsKV;
-    const int tig = lane % 4;
+    const int gid = lane / 4, tig = lane % 4;
     float s[2][4];  // two n8 tiles: tokens 0-7, 8-15 of the warp
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
@@ -304,12 +319,14 @@ struct TensorCore {
       mma::mma_m16n16k16<Q>(s[0], s[1], qf[kk], b);
     }
     float mx[2] = {neg_inf(), neg_inf()};
+    const int h0 = cur->kv_head * G + cur->qo_tile * 16 + gid;  // query heads of this thread's rows: h0, h0 + 8
+    const variant::Index ix[2] = {row(cur, h0), row(cur, h0 + 8)};
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = wkv * 16 + nt * 8 + 2 * tig + (e & 1);
-        s[nt][e] = logit<kSoftCap, kPos>(p, s[nt][e], slope[e / 2], start + r, qpos, r < n_valid);
+        s[nt][e] = logit<V>(p, v, ix[e / 2], s[nt][e], start + r, r < n_valid);
         mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
       }
     }
@@ -406,14 +423,14 @@ struct TensorCore {
 };
 
 template <typename Q, typename KV, typename O, int D, int G, int kWarpsKV, int kWarpsD, int kStages, int kMinBlocks,
-          int kPos, bool kSoftCap, bool kWindow, bool kLse>
-__global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks) batch_decode_tensor_core(
-    const __grid_constant__ DecodeParams p) {
+          class V, bool kLse>
+__global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
+    batch_decode_tensor_core(const __grid_constant__ DecodeParams p, const __grid_constant__ VariantParams v) {
   static_assert(is_same<Q, KV>::value, "tensor cores take q and KV of one 16-bit type");
   static_assert(sizeof(KV) == 2, "16-bit KV");
-  using K = TensorCore<Q, KV, O, D, G, kWarpsKV, kWarpsD, kPos, kSoftCap, kLse>;
+  using K = TensorCore<Q, KV, O, D, G, kWarpsKV, kWarpsD, V, kLse>;
   constexpr int T = K::T;
-  using Pipe = Pipeline<KV, D, T, kStages, K::kThreads, kWindow, G, 16>;
+  using Pipe = Pipeline<KV, D, T, kStages, K::kThreads, V, G, 16>;
   static_assert(Pipe::kStageBytes == 16LL * kWarpsKV * D * 4, "the merge scratch is exactly one KV stage");
 
   extern __shared__ __align__(128) unsigned char smem[];
@@ -423,16 +440,15 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks) batch_dec
   CUINFER_DECODE_GSTAMP(0);
   CUINFER_DECODE_STAMP(1);
   Pipe pipe;
-  pipe.start(p, smem);
+  pipe.start(p, v, smem);
   CUINFER_DECODE_STAMP(2);
 
-  fmath::RopeFreq kf[8];
-  if constexpr (kPos == kPosRope) rope_k_freqs<D>(p, threadIdx.x % (D / 16), kf);
+  typename V::DimState kst[8];  // the key transform's states of this thread's dimension pairs (RoPE frequencies)
+  if constexpr (V::kKeyTransform) variant::pair_states<V, D>(v, threadIdx.x % (D / 16), kst);
 
   u32 qf[D / 16][4];
   float oacc[K::DW / 8][4];
-  float m[2] = {neg_inf(), neg_inf()}, dsum[2] = {0.f, 0.f}, slope[2] = {0.f, 0.f};
-  int qpos = 0;
+  float m[2] = {neg_inf(), neg_inf()}, dsum[2] = {0.f, 0.f};
 
   for (int n = 0;; ++n) {
     const TileSlot<T>* cur = pipe.wait(n);
@@ -445,28 +461,23 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks) batch_dec
       break;
     }
     const int start = cur->start, n_valid = cur->n_valid;
-    pipe.advance(p, n);
+    pipe.advance(p, v, n);
     KV* ks = pipe.k_stage(n);
     KV* vs = pipe.v_stage(n);
 
     if (flags & kFirst) {
-      qpos = cur->kv_len - 1;
-      K::load_q(p, cur, qs, qpos, qf);
-      if constexpr (kPos == kPosAlibi) {
-        const int h0 = cur->kv_head * G + cur->qo_tile * 16 + (threadIdx.x % 32) / 4;
-        slope[0] = alibi_slope_scaled<kSoftCap>(min(h0, p.num_qo_heads - 1), p.num_qo_heads);
-        slope[1] = alibi_slope_scaled<kSoftCap>(min(h0 + 8, p.num_qo_heads - 1), p.num_qo_heads);
-      }
+      K::load_q(p, v, cur, qs, qf);
       m[0] = m[1] = neg_inf();
       dsum[0] = dsum[1] = 0.f;
 #pragma unroll
       for (int j = 0; j < K::DW / 8; ++j) oacc[j][0] = oacc[j][1] = oacc[j][2] = oacc[j][3] = 0.f;
     }
-    if constexpr (kPos == kPosRope) {
-      rope_k_tile<KV, D, K::kThreads>(ks, start, n_valid, kf);
+    if constexpr (V::kKeyTransform) {
+      variant::key_transform_tile<V, D, K::kThreads>(v, K::row(cur, cur->kv_head * G), ks, start, n_valid, kst,
+                                                     threadIdx.x);
       __syncthreads();
     }
-    K::tile(p, ks, vs, start, n_valid, qpos, slope, qf, oacc, m, dsum);
+    K::tile(p, v, cur, ks, vs, start, n_valid, qf, oacc, m, dsum);
     pipe.finish(p, n);
     if (flags & kLast) {
       CUINFER_DECODE_STAMP(4);

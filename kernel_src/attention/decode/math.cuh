@@ -1,6 +1,5 @@
-// The shared math of the batch-decode kernels (attention/decode/kernels.cuh): RoPE of q and of K tiles in shared
-// memory, the logit of one key, writing an output row (or an fp32 partial state), the in-kernel merge of split
-// requests, and the merge of a tile's per-warp (or per-slice) states.
+// The shared math of the batch-decode kernels (attention/decode/kernels.cuh): the logit of one key through the
+// variant, writing an output row (or an fp32 partial state), the in-kernel merge of split requests.
 #pragma once
 #include "attention/decode/pipeline.cuh"
 #include "common/math.cuh"
@@ -9,6 +8,7 @@
 #include "common/types.cuh"
 #include "common/vec.cuh"
 #include "state/merge.cuh"
+#include "variants/contract.cuh"
 
 namespace cuinfer {
 namespace decode {
@@ -19,69 +19,20 @@ template <typename T> __device__ __forceinline__ void zero_vec(Vec<T, 16 / sizeo
   *reinterpret_cast<uint4*>(v.v) = make_uint4(0u, 0u, 0u, 0u);
 }
 
-// RoPE (rotate-half) on the K rows of a landed tile, in shared memory: row r is kv position start + r. Thread pair
-// chunk c (dims 8c..8c+7 with their partners D/2 + 8c..) is fixed per thread, so its frequencies are precomputed.
-template <typename KV, int D, int kThreads>
-__device__ __forceinline__ void rope_k_tile(KV* ks, int start, int n_valid, const fmath::RopeFreq (&f)[8]) {
-  constexpr int kChunks = D / 8;
-  constexpr int kHalf = kChunks / 2;
-  static_assert(kThreads % kHalf == 0, "threads cover whole half rows");
-  const int c = threadIdx.x % kHalf;
-  for (int r = threadIdx.x / kHalf; r < n_valid; r += kThreads / kHalf) {
-    KV* lo_p = ks + Swizzle<kChunks>::slot(r, c) * 8;
-    KV* hi_p = ks + Swizzle<kChunks>::slot(r, c + kHalf) * 8;
-    Vec<KV, 8> lo, hi;
-    lo.load(lo_p);
-    hi.load(hi_p);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      float sn, cs;
-      fmath::rope_sincos(start + r, f[i], sn, cs);
-      const float x = to_float(lo[i]), y = to_float(hi[i]);
-      lo[i] = from_float<KV>(x * cs - y * sn);
-      hi[i] = from_float<KV>(y * cs + x * sn);
-    }
-    lo.store(lo_p);
-    hi.store(hi_p);
+// Final logit (base 2) of raw q·k for key position j of row ix; masked keys (and tile padding: !keep) get -inf.
+// Without a logits transform sm_scale·log2(e) is one multiply (logits_scale); with one, the variant sees the natural
+// logit and the result is scaled to base 2.
+template <class V, class VP>
+__device__ __forceinline__ float logit(const DecodeParams& p, const VP& v, const variant::Index& ix, float raw, int j,
+                                       bool keep) {
+  float t;
+  if constexpr (V::kLogits) {
+    t = V::logits(v, ix, j, raw * p.sm_scale) * kLog2e;
+  } else {
+    t = raw * p.logits_scale;
   }
-}
-
-template <int D>
-__device__ __forceinline__ void rope_k_freqs(const DecodeParams& p, int kThreadsHalfIdx, fmath::RopeFreq (&f)[8]) {
-  const double log2_theta = __longlong_as_double(p.rope_log2_theta_bits);
-  const double rcp_scale = __longlong_as_double(p.rope_rcp_scale_bits);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) f[i] = fmath::rope_freq(kThreadsHalfIdx * 8 + i, D, log2_theta, rcp_scale);
-}
-
-// Rotate one 8-dim chunk of q (dims 8c..8c+7) given the partner chunk (dims 8c ± D/2) at position pos.
-template <int D> __device__ __forceinline__ void rope_q_chunk(const DecodeParams& p, int c, int pos, float (&x)[8],
-                                                              const float (&partner)[8]) {
-  constexpr int kHalf = D / 16;
-  const double log2_theta = __longlong_as_double(p.rope_log2_theta_bits);
-  const double rcp_scale = __longlong_as_double(p.rope_rcp_scale_bits);
-  const bool low = c < kHalf;
-  const int pair0 = (low ? c : c - kHalf) * 8;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    float sn, cs;
-    fmath::rope_sincos(pos, fmath::rope_freq(pair0 + i, D, log2_theta, rcp_scale), sn, cs);
-    x[i] = low ? x[i] * cs - partner[i] * sn : x[i] * cs + partner[i] * sn;
-  }
-}
-
-// Final logit (base 2) of raw q·k for key position j; masked keys get -inf.
-template <bool kSoftCap, int kPos>
-__device__ __forceinline__ float logit(const DecodeParams& p, float raw, float slope, int j, int qpos, bool keep) {
-  float t = raw * p.logits_scale;
-  if constexpr (kPos == kPosAlibi) t += slope * float(j - qpos);
-  if constexpr (kSoftCap) t = p.cap_log2 * fmath::tanh(t * p.rcp_cap);
+  if constexpr (V::kMask) keep = keep && V::mask(v, ix, j);
   return keep ? t : neg_inf();
-}
-
-// ALiBi slope of a query head in the units of logit(): log2(e)-scaled unless the soft cap rescales afterwards.
-template <bool kSoftCap> __device__ __forceinline__ float alibi_slope_scaled(int head, int num_heads) {
-  return fmath::alibi_slope(head, num_heads) * (kSoftCap ? 1.f : kLog2e);
 }
 
 // Write 8 dims [dim0, dim0+8) of one output row: straight to o (and lse) for an unsplit item, or as an fp32 partial

@@ -8,11 +8,11 @@
 #include "common/types.cuh"
 #include "debug/trace.cuh"
 #include "plan/work.cuh"
+#include "variants/contract.cuh"
 
 namespace cuinfer {
 namespace decode {
 
-enum PosEncoding : int { kPosNone = 0, kPosRope = 1, kPosAlibi = 2 };
 enum TileFlags : int { kFirst = 1, kLast = 2, kNull = 4 };
 
 // Items of the CTA held in shared memory at a time (reloaded when the producer runs past them; the host's
@@ -38,8 +38,8 @@ __device__ __forceinline__ i64 round_up_128(i64 x) { return (x + 127) / 128 * 12
 
 // ---- the producer: walks the CTA's items tile by tile, S tiles ahead of the math ----------------------------------
 
-template <int kThreads, bool kWindow>
-__device__ __forceinline__ void load_items(const DecodeParams& p, ItemInfo* items, int base, int end) {
+template <int kThreads, class V, class VP>
+__device__ __forceinline__ void load_items(const DecodeParams& p, const VP& v, ItemInfo* items, int base, int end) {
   const int* page_indptr = reinterpret_cast<const int*>(p.page_indptr);
   const int* kv_lens = reinterpret_cast<const int*>(p.kv_lens);
   for (int i = threadIdx.x; i < kItemChunk; i += kThreads) {
@@ -56,9 +56,14 @@ __device__ __forceinline__ void load_items(const DecodeParams& p, ItemInfo* item
       x.pieces = plan::pieces(p, it);
       x.page_begin = page_indptr[x.req];
       x.kv_len = kv_lens[x.req];
-      if constexpr (kWindow) {
-        // A decode query at kv_len-1 keeps keys j >= kv_len-1-window_left (the planner clips too; this is exact).
-        x.start = max(x.start, x.kv_len - 1 - p.window_left);
+      if constexpr (V::kUpperBound || V::kLowerBound) {
+        // The variant's key range of the decode query (at kv_len - 1) clips the item (the planner clips too; this is
+        // exact). A range may not depend on the query head.
+        const variant::Index ix{x.req, 0, x.kv_len - 1, -1, x.kv_head, 1, x.kv_len, 0};
+        int lo = variant::kNoLowerBound, hi = x.kv_len;
+        V::key_range(v, ix, lo, hi);
+        if constexpr (V::kLowerBound) x.start = max(x.start, lo);
+        if constexpr (V::kUpperBound) x.end = min(x.end, hi);
         x.end = max(x.end, x.start);
       }
       items[i] = x;
@@ -75,7 +80,7 @@ struct PendingToken {
 
 // kG: the GQA group (query heads per KV head); kRows: the query rows of one work item (the tensor-core kernel's 16-row
 // tile, the CUDA-core kernel's whole group); kQRowBytes: a query row's bytes (16-bit q).
-template <int T, int kThreads, bool kWindow, int kG, int kRows, int kQRowBytes> struct TileProducer {
+template <int T, int kThreads, class V, int kG, int kRows, int kQRowBytes> struct TileProducer {
   int item, item_end, chunk_base, pos;
   bool fresh;
 
@@ -88,7 +93,9 @@ template <int T, int kThreads, bool kWindow, int kG, int kRows, int kQRowBytes> 
   }
 
   // Describe the next tile of the stream in `slot`. All threads call it with identical state (block-uniform).
-  __device__ __forceinline__ PendingToken produce(const DecodeParams& p, ItemInfo* items, TileSlot<T>* slot) {
+  template <class VP>
+  __device__ __forceinline__ PendingToken produce(const DecodeParams& p, const VP& v, ItemInfo* items,
+                                                  TileSlot<T>* slot) {
     PendingToken tok_out;
     tok_out.valid = false;
     if (item >= item_end) {
@@ -98,7 +105,7 @@ template <int T, int kThreads, bool kWindow, int kG, int kRows, int kQRowBytes> 
     if (item - chunk_base >= kItemChunk) {
       __syncthreads();  // every thread is done reading the old chunk
       chunk_base = item;
-      load_items<kThreads, kWindow>(p, items, chunk_base, item_end);
+      load_items<kThreads, V>(p, v, items, chunk_base, item_end);
       __syncthreads();
     }
     const ItemInfo& x = items[item - chunk_base];
@@ -160,7 +167,7 @@ template <int T, int kThreads, bool kWindow, int kG, int kRows, int kQRowBytes> 
 
 // ---- the pipeline: KV stages, tile ring and item chunk in dynamic shared memory -----------------------------------
 
-template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow, int kG, int kRows> struct Pipeline {
+template <typename KV, int D, int T, int kStages, int kThreads, class V, int kG, int kRows> struct Pipeline {
   static_assert(kStages >= 2, "the pipeline needs at least two stages");
   static_assert(T <= kThreads, "one thread resolves each token of a tile");
   static constexpr int kVec = 16 / sizeof(KV);
@@ -176,7 +183,7 @@ template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow, in
 
   unsigned char* smem;
   u64 l2_policy;  // of the K/V copies: evict-first or normal, as the host chose (cuinfer/decode/policy.py kv_evict_first)
-  TileProducer<T, kThreads, kWindow, kG, kRows, D * 2> prod;
+  TileProducer<T, kThreads, V, kG, kRows, D * 2> prod;
   PendingToken pending;  // the token of tile n+S resolved by advance(n), stored by finish(n)
 
   __device__ __forceinline__ KV* k_stage(int n) const {
@@ -213,7 +220,8 @@ template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow, in
   }
 
   // Prologue: load the first item chunk, resolve tiles 0..S-1, start the copies of tiles 0..S-2.
-  __device__ __forceinline__ void start(const DecodeParams& p, unsigned char* smem_base) {
+  template <class VP>
+  __device__ __forceinline__ void start(const DecodeParams& p, const VP& v, unsigned char* smem_base) {
     smem = smem_base;
     // The CTAs together pull the plan and page table into L2 (one line per thread at most) while their first loads
     // of it are in flight, so the loads that depend on the work range (items, request facts, page indices) find
@@ -224,13 +232,13 @@ template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow, in
     l2_policy = p.kv_evict_first ? l2_evict_first_policy() : l2_evict_normal_policy();
     prod.init(plan::range_begin(p, blockIdx.x), plan::range_end(p, blockIdx.x));
     if (prod.item_end != -12345) CUINFER_DECODE_STAMP(8);  // (a branch on the loaded value: stamped once it landed)
-    load_items<kThreads, kWindow>(p, items(), prod.chunk_base, prod.item_end);
+    load_items<kThreads, V>(p, v, items(), prod.chunk_base, prod.item_end);
     __syncthreads();
     CUINFER_DECODE_STAMP(9);
     // All S page-index loads are issued before any is used: one memory round trip, not S, before the first copy.
     PendingToken first[kStages];
 #pragma unroll
-    for (int m = 0; m < kStages; ++m) first[m] = prod.produce(p, items(), slot(m));
+    for (int m = 0; m < kStages; ++m) first[m] = prod.produce(p, v, items(), slot(m));
 #pragma unroll
     for (int m = 0; m < kStages; ++m) prod.finish(p, slot(m), first[m]);
     __syncthreads();
@@ -250,10 +258,10 @@ template <typename KV, int D, int T, int kStages, int kThreads, bool kWindow, in
   }
 
   // After wait(n): start the copies of tile n+S-1 (one commit group per iteration, empty or not) and resolve n+S.
-  __device__ __forceinline__ void advance(const DecodeParams& p, int n) {
+  template <class VP> __device__ __forceinline__ void advance(const DecodeParams& p, const VP& v, int n) {
     issue(p, n + kStages - 1);
     cp_async_commit();
-    pending = prod.produce(p, items(), slot(n + kStages));
+    pending = prod.produce(p, v, items(), slot(n + kStages));
   }
 
   // After the math of iteration n: store the offsets resolved by advance(n).

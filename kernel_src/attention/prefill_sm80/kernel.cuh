@@ -37,6 +37,7 @@
 #include "attention/prefill_sm80/loader.cuh"
 #include "attention/prefill_sm80/mainloop.cuh"
 #include "attention/prefill_sm80/traits.cuh"
+#include "attention/prefill_sm80/transform.cuh"
 #include "common/cp_async.cuh"
 #include "common/ldst.cuh"
 #include "debug/trace.cuh"
@@ -145,9 +146,9 @@ __device__ __forceinline__ void prologue(const Loader<C, P>& ld, const ItemFacts
 // Warp-uniform bounds (WarpField): "does this tile need a mask at all" and "is it fully masked for this warp", from
 // the variant's key ranges of the warp's first and last query token. Kept in smem (read once per tile after the
 // barrier) rather than in registers; the loop reads them before its first barrier.
-template <class C, class P>
-__device__ __forceinline__ void write_warp_bounds(const P& p, const Cta<C>& c, const ItemFacts& f, int packed_rows,
-                                                  int q_shift) {
+template <class C, class P, class VP>
+__device__ __forceinline__ void write_warp_bounds(const P& p, const VP& v, const Cta<C>& c, const ItemFacts& f,
+                                                  int packed_rows, int q_shift) {
   using V = typename C::Variant;
   const int warp_first = f.row0 + c.warp_row0;
   const int warp_last = min(warp_first + C::kMmaQ * 16, packed_rows) - 1;
@@ -155,9 +156,12 @@ __device__ __forceinline__ void write_warp_bounds(const P& p, const Cta<C>& c, c
   const int tok_last = static_cast<int>(fast_div(static_cast<u32>(max(warp_last, 0)), p.group_mul, p.group_shift));
   int* wb = c.warp_ints();
   if (c.lane == 0) {
+    // (key ranges may not depend on the query head: a warp's rows hold several heads)
+    const variant::Index first{f.b, tok_first, tok_first + q_shift, -1, f.kvh, f.qo_len, f.kv_len, C::kHeadDimQK};
+    const variant::Index last{f.b, tok_last, tok_last + q_shift, -1, f.kvh, f.qo_len, f.kv_len, C::kHeadDimQK};
     int lo_first = variant::kNoLowerBound, hi_first = f.kv_end, lo_last = variant::kNoLowerBound, hi_last = f.kv_end;
-    V::key_range(p, tok_first + q_shift, lo_first, hi_first);
-    V::key_range(p, tok_last + q_shift, lo_last, hi_last);
+    V::key_range(v, first, lo_first, hi_first);
+    V::key_range(v, last, lo_last, hi_last);
     wb[kWKvBase] = f.kv_base, wb[kWKvHead] = f.kvh;
     wb[kWUpper] = hi_first;
     wb[kWSkip] = warp_first >= packed_rows ? -2147483647 : hi_last;
@@ -169,8 +173,8 @@ __device__ __forceinline__ void write_warp_bounds(const P& p, const Cta<C>& c, c
 
 // S, the variant and the softmax of one tile for this warp -> P as 16-bit A fragments (packed before the V copy is
 // issued: half the registers).
-template <class C, class P>
-__device__ __forceinline__ void tile_scores(const P& p, const Cta<C>& c, int stage, int wkey0, int kv_end, int wb0,
+template <class C, class P, class VP>
+__device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C>& c, int stage, int wkey0, int kv_end, int wb0,
                                             int wb1, int wb2, u32 (&pa)[C::kMmaQ][C::kMmaKV][4],
                                             float (&o)[C::kMmaQ][C::kHeadDimVO / 8][4], float (&row_max)[C::kMmaQ][2],
                                             float (&row_sum)[C::kMmaQ][2], float x_scale) {
@@ -203,7 +207,7 @@ __device__ __forceinline__ void tile_scores(const P& p, const Cta<C>& c, int sta
     } else {
       qk_tile<C, false>(s, c.q_lane, k_stage, live);
     }
-    if (V::kLogits || need_mask) logits_and_mask<C>(p, c, s, wkey0, kv_end, need_mask);
+    if (V::kLogits || need_mask) logits_and_mask<C>(p, v, c, s, wkey0, kv_end, need_mask);
     if (kMaxFree && fast) {
       if (softmax_max_free<C>(s, row_max, row_sum, x_scale)) break;
       fast = false;  // recompute this tile on the exact path
@@ -223,8 +227,8 @@ __device__ __forceinline__ void tile_scores(const P& p, const Cta<C>& c, int sta
 
 // The KV tiles of one item, by first key (key0) and buffer (stage, which runs on across items); the tile STAGES-1
 // ahead starts at `ahead`.
-template <class C, class P>
-__device__ __forceinline__ void kv_loop(const P& p, const Cta<C>& c, const Loader<C, P>& ld, int kv_start, int kv_end,
+template <class C, class P, class VP>
+__device__ __forceinline__ void kv_loop(const P& p, const VP& v, const Cta<C>& c, const Loader<C, P>& ld, int kv_start, int kv_end,
                                         int& stage, int (&pages)[C::kKVRowsPerThread],
                                         float (&o)[C::kMmaQ][C::kHeadDimVO / 8][4], float (&row_max)[C::kMmaQ][2],
                                         float (&row_sum)[C::kMmaQ][2], float x_scale) {
@@ -240,6 +244,10 @@ __device__ __forceinline__ void kv_loop(const P& p, const Cta<C>& c, const Loade
     const int wb2 = V::kLowerBound ? wb[kWLower] : 0, wb3 = V::kLowerBound ? wb[kWBelow] : 0;
     cp_async_wait<2 * STAGES - 3>();
     c.sync();
+    if constexpr (C::kTransforms) {
+      transform_tile<C>(p, v, c, stage, key0, kv_end, key0 == kv_start);
+      c.sync();
+    }
     if (key0 == kv_start) CUINFER_PREFILL_TRACE_STAMP(2);
     const int st = stage == 0 ? STAGES - 1 : stage - 1;  // buffer of the previous tile == of the tile ahead
     if (ahead < kv_end) ld.load_k(ahead, st, cp_base, cp_head, kv_end, pages);
@@ -247,7 +255,7 @@ __device__ __forceinline__ void kv_loop(const P& p, const Cta<C>& c, const Loade
     // Fully masked for this warp (all keys past every row's limit, or before every row's lower bound): skip the math.
     const bool skip = wkey0 >= wb1 || (V::kLowerBound && wkey0 + MMA_KV * 16 <= wb3);
     u32 pa[C::kMmaQ][MMA_KV][4];
-    if (!skip) tile_scores<C>(p, c, stage, wkey0, kv_end, wb0, wb1, wb2, pa, o, row_max, row_sum, x_scale);
+    if (!skip) tile_scores<C>(p, v, c, stage, wkey0, kv_end, wb0, wb1, wb2, pa, o, row_max, row_sum, x_scale);
     {
       const int* wv = c.warp_ints();  // (read before the barrier, as above)
       const int v_base = wv[kWKvBase], v_head = wv[kWKvHead];
@@ -282,8 +290,9 @@ __device__ __forceinline__ void kv_loop(const P& p, const Cta<C>& c, const Loade
 }
 
 // One item: its facts, the prologue, the KV tiles and the epilogue.
-template <class C, class P>
-__device__ __forceinline__ void run_item(const P& p, const Cta<C>& c, const Loader<C, P>& ld, int item, int& stage) {
+template <class C, class P, class VP>
+__device__ __forceinline__ void run_item(const P& p, const VP& v, const Cta<C>& c, const Loader<C, P>& ld, int item,
+                                         int& stage) {
   constexpr bool XI = C::kCrossItem;
   constexpr int MMA_Q = C::kMmaQ, DVO = C::kHeadDimVO;
   CUINFER_PREFILL_TRACE_BEGIN(C, c.tid, c.wg);
@@ -306,7 +315,7 @@ __device__ __forceinline__ void run_item(const P& p, const Cta<C>& c, const Load
   }
   int pages[C::kKVRowsPerThread];
   prologue<C>(ld, f, valid_rows, stage, !XI || slot == 0, pages);
-  write_warp_bounds<C>(p, c, f, packed_rows, q_shift);
+  write_warp_bounds<C>(p, v, c, f, packed_rows, q_shift);
 
   float o[MMA_Q][DVO / 8][4];
   float row_max[MMA_Q][2];  // reference max of the transformed logits x (base-2 logit = x * x_scale)
@@ -336,7 +345,7 @@ __device__ __forceinline__ void run_item(const P& p, const Cta<C>& c, const Load
     }
   }
   CUINFER_PREFILL_TRACE_STAMP(1);
-  kv_loop<C>(p, c, ld, f.kv_start, f.kv_end, stage, pages, o, row_max, row_sum, x_scale);
+  kv_loop<C>(p, v, c, ld, f.kv_start, f.kv_end, stage, pages, o, row_max, row_sum, x_scale);
   CUINFER_PREFILL_TRACE_STAMP(3);
   if constexpr (XI) {
     const int e_slot = (item - lds_volatile(c.sched())) % C::kTableItems;
@@ -349,14 +358,18 @@ __device__ __forceinline__ void run_item(const P& p, const Cta<C>& c, const Load
 
 }  // namespace prefill
 
+// p: the plan's arrays, the tensors and the shapes (PrefillParams, cuinfer/prefill/specs.py); v: the variant's
+// parameters (VariantParams, rendered with the variant by cuinfer/variants/render.py).
 template <class C>
-__global__ void __launch_bounds__(C::kBlockThreads) batch_prefill(const __grid_constant__ PrefillParams p) {
+__global__ void __launch_bounds__(C::kBlockThreads) batch_prefill(const __grid_constant__ PrefillParams p,
+                                                                  const __grid_constant__ VariantParams v) {
   extern __shared__ __align__(128) unsigned char smem_block[];
   prefill::Cta<C> c;
   c.init(smem_block);
   const prefill::Loader<C, PrefillParams> ld{p, c};
   // Work ranges: this CTA's own list, then items of the plan's shared tail (the pool) taken one at a time until it
   // runs dry, so the CTAs that run fast finish the work of those that run slow (docs/internals.md, "Dynamic tail").
+  if constexpr (C::kTransforms) prefill::init_dim_states<C>(v, c);  // (visible after the barrier below)
   int* sched = c.sched();
   if (c.tid == 0) {
     sched[0] = plan::range_begin(p, c.cta), sched[1] = plan::range_end(p, c.cta);
@@ -366,7 +379,7 @@ __global__ void __launch_bounds__(C::kBlockThreads) batch_prefill(const __grid_c
   int stage = 0;  // buffer of the next KV tile; runs on across items (the next item's first tile follows the last)
   for (;;) {
     for (int item = lds_volatile(sched); item < lds_volatile(sched + 1); ++item) {
-      prefill::run_item<C>(p, c, ld, item, stage);
+      prefill::run_item<C>(p, v, c, ld, item, stage);
     }
     // Range done: take the next pool item (an empty range once the pool is dry, or when there is none).
     c.sync();  // every thread has read the old range

@@ -101,9 +101,10 @@ __device__ __forceinline__ float exp2_row(float (&s)[2 * MMA_KV][4], int h, floa
 // component e, is the logit of packed row row0 + warp_row0 + lane/4 + 16 mq + 8 h and key wkey0 + 8 j + 2 (lane % 4)
 // + e % 2. Keys outside the row's key range [lo, hi) (the variant's key_range clipped to the item's kv_end) and keys
 // the variant's mask drops become -inf.
-template <class C, class P>
-__device__ __forceinline__ void logits_and_mask(const P& p, const Cta<C>& c, float (&s)[C::kMmaQ][2 * C::kMmaKV][4],
-                                                int wkey0, int kv_end, bool need_mask) {
+template <class C, class P, class VP>
+__device__ __forceinline__ void logits_and_mask(const P& p, const VP& v, const Cta<C>& c,
+                                                float (&s)[C::kMmaQ][2 * C::kMmaKV][4], int wkey0, int kv_end,
+                                                bool need_mask) {
   using V = typename C::Variant;
   const int g = p.group_size;
   const int q_shift = c.info[kIQShift];
@@ -121,22 +122,22 @@ __device__ __forceinline__ void logits_and_mask(const P& p, const Cta<C>& c, flo
       ix.qo_head = ix.kv_head * g + (pr - ix.qo_idx * g);
       ix.batch = c.info[kIReq];
       ix.kv_len = c.info[kIKvLen];
+      ix.qo_len = ix.kv_len - q_shift;
+      ix.head_dim = C::kHeadDimQK;
       int lo = variant::kNoLowerBound, hi = kv_end;  // keys < lo and >= hi are masked
-      V::key_range(p, ix.qpos, lo, hi);
-      typename V::Row vrow;
-      if constexpr (V::kLogits || V::kMask) vrow = V::row(p, ix);
+      V::key_range(v, ix, lo, hi);
 #pragma unroll
       for (int j = 0; j < 2 * C::kMmaKV; ++j) {
 #pragma unroll
         for (int e = 2 * h; e < 2 * h + 2; ++e) {
           const int key = wkey0 + j * 8 + 2 * (c.lane % 4) + (e % 2);
           float x = s[mq][j][e];
-          if constexpr (V::kLogits) x = V::logits(p, vrow, ix, key, x * p.sm_scale);
+          if constexpr (V::kLogits) x = V::logits(v, ix, key, x * p.sm_scale);
           if (need_mask) {
             bool keep = key < hi;
             if constexpr (V::kLowerBound) keep = keep && key >= lo;
             if constexpr (V::kMask) {
-              if (keep) keep = V::mask(p, vrow, ix, key);
+              if (keep) keep = V::mask(v, ix, key);
             }
             x = keep ? x : neg_inf();
           }

@@ -4,7 +4,7 @@
 #include "common/types.cuh"
 #include "kv/paged.cuh"
 #include "kv/ragged.cuh"
-#include "variants/builtins.cuh"
+#include "variants/contract.cuh"
 
 namespace cuinfer {
 
@@ -15,13 +15,14 @@ template <class T, class F> struct Select<false, T, F> {
   using type = F;
 };
 
+// Variant_: the attention variant (variants/contract.cuh), rendered by cuinfer/variants/render.py.
 template <typename DTypeKV_, typename DTypeO_, int HEAD_DIM_QK_, int HEAD_DIM_VO_, int TILE_Q_, int WARPS_Q_,
-          int WARPS_KV_, int MMA_KV_, int STAGES_, bool PAGED_, int MASK_, bool SOFT_CAP_, bool ALIBI_, int GROUPS_>
+          int WARPS_KV_, int MMA_KV_, int STAGES_, bool PAGED_, class Variant_, int GROUPS_>
 struct PrefillTraits {
   using DTypeQ = DTypeKV_;  // q, k and v share one 16-bit type (fp16 or bf16)
   using DTypeKV = DTypeKV_;
   using DTypeO = DTypeO_;
-  using Variant = variant::FromFlags<MASK_, SOFT_CAP_, ALIBI_>;
+  using Variant = Variant_;
   using KV = typename Select<PAGED_, kv::Paged, kv::Ragged>::type;
   static constexpr int kHeadDimQK = HEAD_DIM_QK_;
   static constexpr int kHeadDimVO = HEAD_DIM_VO_;
@@ -77,7 +78,12 @@ struct PrefillTraits {
 #endif
   static constexpr int kTableFields = 10;
   static constexpr int kTableOff = kInfoOff + (kInfoInts + kWarpInts * kWarpsQ * kWarpsKV) * 4;
-  static constexpr int kSmemBytes = kTableOff + (kCrossItem ? kTableItems * kTableFields * 4 : 0);
+  // q / k transforms (RoPE, transform.cuh): each thread's DimStates of its 8 dimension pairs, computed once, kept in
+  // smem (the registers are taken by the accumulators), kDimStateBytes each.
+  static constexpr bool kTransforms = Variant::kQueryTransform || Variant::kKeyTransform;
+  static constexpr int kDimStateBytes = 8;
+  static constexpr int kStatesOff = kTableOff + (kCrossItem ? kTableItems * kTableFields * 4 : 0);
+  static constexpr int kSmemBytes = kStatesOff + (kTransforms ? kThreads * 8 * kDimStateBytes : 0);
   // Paired blocks (GROUPS = 2, cross-item tiles only): two groups of kThreads per block, each one CTA of the plan
   // with kSmemBytes of its own at a 128-byte aligned offset (see Cta in cta.cuh).
   static constexpr int kGroups = GROUPS_;
@@ -93,6 +99,7 @@ struct PrefillTraits {
   static_assert(kHeadDimVO % 8 == 0, "epilogue writes 8 elements per thread");
   static_assert(kTableItems <= kThreads, "the item table is filled one item per thread");
   static_assert(kGroups == 1 || (kGroups == 2 && kCrossItem), "paired blocks run cross-item tiles (WARPS_KV == 1)");
+  static_assert(sizeof(typename Variant::DimState) <= kDimStateBytes, "a variant's DimState holds at most 8 bytes");
 };
 
 }  // namespace cuinfer

@@ -1,0 +1,8 @@
+"""Attention variants: ``Variant`` (CUDA snippets + typed parameters, compiled by NVRTC into the decode and prefill
+kernels), the registry of named variants, the built-ins, and their rendering into C++ (kernel_src/variants/)."""
+
+from cuinfer.variants.registry import lookup, register, registered
+from cuinfer.variants.render import Rendered, render
+from cuinfer.variants.spec import Param, Variant
+
+__all__ = ["Param", "Rendered", "Variant", "lookup", "register", "registered", "render"]

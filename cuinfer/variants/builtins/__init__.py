@@ -1,0 +1,5 @@
+"""The built-in variants, each in its own file and written as a user would write one (``cuinfer.Variant``)."""
+
+from cuinfer.variants.builtins import alibi, causal, custom_mask, rope, soft_cap, window
+
+__all__ = ["alibi", "causal", "custom_mask", "rope", "soft_cap", "window"]

@@ -1,0 +1,18 @@
+"""ALiBi: ``logit += slope_h * (j - qpos)`` with the standard slopes of ``num_qo_heads`` heads: with m the largest
+power of two <= n, ``2^(-8(h+1)/m)`` for h < m, then the odd slopes of the 2m sequence (``fmath::alibi_slope``)."""
+
+from cuinfer.variants.registry import register
+from cuinfer.variants.spec import Param, Variant
+
+ALIBI = register(
+    Variant(
+        name="alibi",
+        logits="x + fmath::alibi_slope(qo_head, params.num_qo_heads) * static_cast<float>(kv_idx - qpos)",
+        params=(Param("num_qo_heads", "i32"),),
+        doc=__doc__,
+    )
+)
+
+
+def values(num_qo_heads: int) -> dict:
+    return {"num_qo_heads": int(num_qo_heads)}
