@@ -19,6 +19,7 @@ from cuinfer.interop.arrays import Tensor
 from cuinfer.jit import get_kernel
 from cuinfer.runtime.buffers import Buffers
 from cuinfer.runtime.device import device_info
+from cuinfer.variants.select import chain_values
 
 _LOG2E = 1.0 / math.log(2.0)
 
@@ -34,8 +35,9 @@ class DecodeLaunch:
         self.num_ctas, self.threads, self.smem_bytes = work.num_ctas, plan.config.threads, plan.config.smem_bytes
         d = plan.head_dim
         partial_o, partial_lse = buf.partial_pointers(d)
-        cap = opts.logits_soft_cap
-        self.sm_scale, self.cap = opts.sm_scale, cap
+        self.sm_scale = opts.sm_scale
+        # the variant's parameters (fixed by the plan): the kernel's second argument
+        self.vparams = chain_values(plan.variant, opts, num_qo_heads=plan.num_qo_heads, user_values=plan.variant_values)
         kv_bytes = int(plan.kv_lens.sum(dtype=np.int64)) * plan.num_kv_heads * d * 2 * plan.config.kv_itemsize
         self.static = dict(
             partial_o=partial_o, partial_lse=partial_lse,
@@ -46,11 +48,7 @@ class DecodeLaunch:
                 "item_partial", "item_merge", "item_pieces")},
             merge_count=buf.merge_count_ptr(),
             # the plan and page table (one buffer): the kernel's prologue prefetches it into L2 (decode_pipeline.cuh)
-            plan_words=buf.ptr(0), plan_bytes=4 * int(plan.words_used),
-            rope_log2_theta_bits=int(np.float64(math.log2(opts.rope_theta)).view(np.int64)),
-            rope_rcp_scale_bits=int(np.float64(1.0 / opts.rope_scale).view(np.int64)),
-            page_size=plan.page_size, num_qo_heads=plan.num_qo_heads, window_left=opts.window_left,
-            cap_log2=cap * _LOG2E, rcp_cap=1.0 / cap if cap > 0 else 0.0,
+            plan_words=buf.ptr(0), plan_bytes=4 * int(plan.words_used), page_size=plan.page_size,
             kv_evict_first=int(kv_evict_first(kv_bytes, device_info(device_id).l2_bytes)),
         )  # fmt: skip
         # (split requests merge inside the kernel, decode.cuh merge_split: one launch per step)
@@ -66,6 +64,6 @@ class DecodeLaunch:
             v_stride_page=kv.v_strides[0], v_stride_slot=kv.v_strides[1], v_stride_head=kv.v_strides[2],
             o_stride_b=to.strides[0], o_stride_h=to.strides[1],
             lse_stride_b=0 if tl is None else tl.strides[0], lse_stride_h=0 if tl is None else tl.strides[1],
-            logits_scale=scale * (1.0 if self.cap > 0 else _LOG2E),
+            sm_scale=scale, logits_scale=scale * _LOG2E,
             v_scale=1.0 if v_scale is None else float(v_scale),
         )  # fmt: skip

@@ -16,6 +16,8 @@ from cuinfer.formats.paged import read_page_table
 from cuinfer.interop.dtypes import DType
 from cuinfer.runtime.options import AttentionOptions, check_options, half_dtype
 from cuinfer.runtime.wrapper import PlanState
+from cuinfer.variants import Rendered
+from cuinfer.variants.select import chain_for, user_variants
 
 # plan()'s arguments that do not depend on the page table, in order (memoised per wrapper).
 STATIC_ARGS = (
@@ -39,6 +41,7 @@ class DecodePlan(PlanState):
     o_dtype: DType
     options: AttentionOptions
     config: DecodeConfig
+    variant: Rendered  # the chain of variants the kernel runs (built-ins from the options, then the user's)
     kv_indptr: np.ndarray
     kv_indices: np.ndarray
     kv_last_page_len: np.ndarray
@@ -46,6 +49,7 @@ class DecodePlan(PlanState):
     max_page: int  # largest page index the plan reads, -1 when it reads none
     kv_range: tuple[int, int] = (0, 0)  # (min, max) of kv_lens
     nnz: int = 0  # page indices the plan reads (kv_indptr[-1])
+    variant_values: dict | None = None  # parameters of the user's variants (variant_params=), checked
 
     @classmethod
     def from_fields(cls, fields: dict) -> DecodePlan:
@@ -56,17 +60,8 @@ class DecodePlan(PlanState):
         return plan
 
     def key(self, lse: bool) -> DecodeKernelKey:
-        o = self.options
-        return DecodeKernelKey(
-            self.config,
-            self.q_dtype.value,
-            self.kv_dtype.value,
-            self.o_dtype.value,
-            pos_encoding=o.pos_encoding,
-            soft_cap=o.logits_soft_cap > 0,
-            window=o.window_left >= 0,
-            lse=lse,
-        )
+        return DecodeKernelKey(self.config, self.q_dtype.value, self.kv_dtype.value, self.o_dtype.value, self.variant,
+                               lse=lse)  # fmt: skip
 
 
 @dataclass(frozen=True, eq=False)
@@ -133,11 +128,12 @@ def static_facts(
             f"{qd.value}, kv_dtype={kvd.value}; use use_tensor_cores=False or None"
         )
     config = decode_config(group, head_dim, use_tensor_cores=tc)
+    chain = chain_for(opts, decode=True, user=user_variants(variant))
     # every field present (the defaults: work, words, ..., kv_range, nnz): no dict resize as a plan's go in
     fields = {name: _PLAN_DEFAULTS.get(name) for name in _PLAN_FIELDS}
     fields.update(
         num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, q_dtype=qd,
-        kv_dtype=kvd, o_dtype=od, options=opts, config=config, partial_dim=head_dim,
+        kv_dtype=kvd, o_dtype=od, options=opts, config=config, variant=chain, partial_dim=head_dim,
     )  # fmt: skip
     return DecodeStatic(fields, page_size, num_qo_heads, head_dim)
 

@@ -15,6 +15,7 @@ from cuinfer.interop.dtypes import DType
 from cuinfer.runtime.calls import begin, is_host
 from cuinfer.runtime.options import kv_layout_name
 from cuinfer.runtime.outputs import host_outputs
+from cuinfer.variants.select import chain_for, refuse_user_variants_on_host, user_variants
 
 _single_wrappers: dict = {}  # (device, layout) -> BatchDecode reused across calls
 
@@ -22,7 +23,7 @@ _single_wrappers: dict = {}  # (device, layout) -> BatchDecode reused across cal
 def single_decode(
     q: Any, k: Any, v: Any, *, kv_layout: str = "NHD", sm_scale: float | None = None, logits_soft_cap: float = 0.0,
     window_left: int = -1, pos_encoding: str = "none", rope_scale: float = 1.0, rope_theta: float = 1e4,
-    variant: Any = None, return_lse: bool = False,
+    variant: Any = None, variant_params: dict | None = None, return_lse: bool = False,
 ) -> Any:  # fmt: skip
     """Decode one query token ``q [num_qo_heads, head_dim]`` against ``k``, ``v`` (``[kv_len, num_kv_heads,
     head_dim]`` NHD or ``[num_kv_heads, kv_len, head_dim]`` HND) -> ``o [num_qo_heads, head_dim]`` (, ``lse``).
@@ -42,6 +43,7 @@ def single_decode(
         if layout == "HND":
             kn, vn = kn.transpose(1, 0, 2), vn.transpose(1, 0, 2)
         opts = check_decode_options(head_dim=tq.shape[1], **opts_kw)
+        refuse_user_variants_on_host(chain_for(opts, decode=True, user=user_variants(variant)))
         o, lse = reference.attention(tq.numpy()[None], kn, vn, **opts.reference_kwargs())
         return host_outputs(o[0], lse[0], tq.dtype, None, None, return_lse)
     call, tq = begin(q, "q")
@@ -63,7 +65,7 @@ def single_decode(
     pages = 1 if kv_len else 0
     w.plan(
         [0, pages], [0] * pages, [max(kv_len, 1)], num_qo_heads=hq, num_kv_heads=hkv, head_dim=d,
-        page_size=max(kv_len, 1), q_dtype=tq.dtype, kv_dtype=tk.dtype, **opts_kw,
+        page_size=max(kv_len, 1), q_dtype=tq.dtype, kv_dtype=tk.dtype, variant_params=variant_params, **opts_kw,
     )  # fmt: skip
     plan = w._plan
     # The kernels see the request as a batch of one: 3-D views with a batch stride of 0 (nothing is copied).

@@ -1,4 +1,7 @@
-"""Kernel specs and the parameter struct of the batch-decode kernels (kernel_src/attention/decode.cuh)."""
+"""Kernel specs and the parameter struct of the batch-decode kernels (kernel_src/attention/decode/kernels.cuh).
+
+A kernel takes two by-value structs: ``DecodeParams`` (below) and the ``VariantParams`` of its attention variant
+(rendered with the variant: cuinfer/variants/render.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +10,8 @@ from dataclasses import dataclass
 
 from cuinfer.decode.policy import DecodeConfig, decode_config
 from cuinfer.jit import KernelSpec, ParamStruct
+from cuinfer.variants import Rendered, lookup, render
 
-POS_ENCODINGS = {"none": 0, "rope_llama": 1, "alibi": 2}
 CTYPES = {"float16": "half", "bfloat16": "__nv_bfloat16"}
 
 DecodeParams = ParamStruct(
@@ -29,13 +32,11 @@ DecodeParams = ParamStruct(
             "k_stride_page", "k_stride_slot", "k_stride_head",
             "v_stride_page", "v_stride_slot", "v_stride_head",
             "o_stride_b", "o_stride_h", "lse_stride_b", "lse_stride_h",
-            # doubles passed as their bit patterns (ParamStruct has no f64): RoPE angles need double-precision freqs
-            "rope_log2_theta_bits", "rope_rcp_scale_bits",
         )
     )
-    + (("page_size", "i32"), ("num_qo_heads", "i32"), ("window_left", "i32"), ("kv_evict_first", "i32"))
-    + (("plan_bytes", "i32"),)
-    + (("logits_scale", "f32"), ("cap_log2", "f32"), ("rcp_cap", "f32"), ("v_scale", "f32")),
+    + (("page_size", "i32"), ("kv_evict_first", "i32"), ("plan_bytes", "i32"))
+    # sm_scale (k_scale folded in) for the variant's natural logits; logits_scale = sm_scale·log2(e) otherwise
+    + (("sm_scale", "f32"), ("logits_scale", "f32"), ("v_scale", "f32")),
 )  # fmt: skip
 
 
@@ -47,16 +48,13 @@ class DecodeKernelKey:
     q_dtype: str
     kv_dtype: str
     o_dtype: str
-    pos_encoding: str = "none"
-    soft_cap: bool = False
-    window: bool = False
+    variant: Rendered = render(())
     lse: bool = False
 
     def name_expr(self) -> str:
         c = self.config
         q, kv, o = CTYPES[self.q_dtype], CTYPES[self.kv_dtype], CTYPES[self.o_dtype]
-        pos = POS_ENCODINGS[self.pos_encoding]
-        flags = f"{pos}, {_b(self.soft_cap)}, {_b(self.window)}, {_b(self.lse)}"
+        flags = f"Variant, {_b(self.lse)}"  # (Variant: the preamble's chain)
         if c.tensor_cores:
             return (
                 f"cuinfer::decode::batch_decode_tensor_core<{q}, {kv}, {o}, {c.head_dim}, {c.group}, {c.warps_kv}, "
@@ -70,8 +68,8 @@ class DecodeKernelKey:
     def spec_name(self) -> str:
         c = self.config
         kind = "tc" if c.tensor_cores else "cc"
-        opts = [self.pos_encoding] if self.pos_encoding != "none" else []
-        opts += ["softcap"] * self.soft_cap + ["window"] * self.window + ["lse"] * self.lse
+        opts = [self.variant.name] if self.variant.pieces else []
+        opts += ["lse"] * self.lse
         same = self.q_dtype == self.kv_dtype == self.o_dtype
         dt = self.q_dtype if same else f"{self.q_dtype}-{self.kv_dtype}-{self.o_dtype}"
         return f"decode/{kind}/{dt}/d{c.head_dim}/g{c.group}" + "".join(f"/{x}" for x in opts)
@@ -92,7 +90,7 @@ def decode_spec(key: DecodeKernelKey) -> KernelSpec:
         name=key.spec_name(),
         source="attention/decode.cu",
         name_exprs=(key.name_expr(),),
-        preamble=DecodeParams.c_decl(),
+        preamble=DecodeParams.c_decl() + key.variant.preamble(),
         sass_expect=tuple(expect),
     )
 
@@ -107,9 +105,10 @@ def shipped_keys() -> list[DecodeKernelKey]:
                 keys.append(DecodeKernelKey(decode_config(g, d, use_tensor_cores=tc), dt, dt, dt, lse=True))
     for tc in (False, True):
         cfg = decode_config(4, 128, use_tensor_cores=tc)
-        for pos in ("rope_llama", "alibi"):
-            keys.append(DecodeKernelKey(cfg, "bfloat16", "bfloat16", "bfloat16", pos_encoding=pos))
-        keys.append(DecodeKernelKey(cfg, "bfloat16", "bfloat16", "bfloat16", soft_cap=True, window=True, lse=True))
+        for name in ("rope", "alibi", "custom_mask"):
+            keys.append(DecodeKernelKey(cfg, "bfloat16", "bfloat16", "bfloat16", render((lookup(name),))))
+        chain = render((lookup("window"), lookup("soft_cap")))
+        keys.append(DecodeKernelKey(cfg, "bfloat16", "bfloat16", "bfloat16", chain, lse=True))
     return keys
 
 

@@ -34,6 +34,7 @@ from cuinfer.runtime.buffers import FixedLayout
 from cuinfer.runtime.calls import Call
 from cuinfer.runtime.outputs import check_out_dtype, host_outputs
 from cuinfer.runtime.wrapper import PlanRunWrapper, check_q_dtype
+from cuinfer.variants.select import check_user_values, refuse_user_variants_on_host
 
 DEFAULT_WORKSPACE_BYTES = 128 << 20
 # Host-side occupancy estimate when no GPU is present (H200: 228 KB of shared memory and 132 SMs).
@@ -90,16 +91,19 @@ class BatchDecode(PlanRunWrapper):
         head_dim: int, page_size: int, q_dtype: Any, kv_dtype: Any = None, o_dtype: Any = None,
         sm_scale: float | None = None, logits_soft_cap: float = 0.0, window_left: int = -1,
         pos_encoding: str = "none", rope_scale: float = 1.0, rope_theta: float = 1e4, variant: Any = None,
-        num_sms: int | None = None, fixed_split_size: int | None = None,
+        variant_params: dict | None = None, num_sms: int | None = None, fixed_split_size: int | None = None,
     ) -> None:  # fmt: skip
         """Plan one decode step. Index arrays may be lists, NumPy arrays, host tensors or device arrays (one
-        device-to-host copy). Raises before anything reaches the GPU when the inputs or the workspace do not fit."""
+        device-to-host copy). ``variant``: a ``cuinfer.Variant``, a registered name or a sequence of them, applied
+        after the built-in options; ``variant_params``: their parameters, ``{variant name: {param: value}}``.
+        Raises before anything reaches the GPU when the inputs or the workspace do not fit."""
         static = (num_qo_heads, num_kv_heads, head_dim, page_size, q_dtype, kv_dtype, o_dtype, sm_scale,
                   logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant)  # fmt: skip
         plan = host_plan(
             static, self._static, self.use_tensor_cores, kv_indptr, kv_indices, kv_last_page_len,
             self.max_batch_size if self.use_cuda_graph else None,
         )  # fmt: skip
+        plan.variant_values = check_user_values(plan.variant, variant_params)
         device_id = self._device_id
         if device_id is False:  # (asked once per wrapper)
             device_id = self._device_or_none()
@@ -111,7 +115,7 @@ class BatchDecode(PlanRunWrapper):
         head_dim: int, page_size: int, q_dtype: Any, kv_dtype: Any = None, o_dtype: Any = None,
         sm_scale: float | None = None, logits_soft_cap: float = 0.0, window_left: int = -1,
         pos_encoding: str = "none", rope_scale: float = 1.0, rope_theta: float = 1e4, variant: Any = None,
-        num_sms: int | None = None, fixed_split_size: int | None = None,
+        variant_params: dict | None = None, num_sms: int | None = None, fixed_split_size: int | None = None,
     ) -> int:  # fmt: skip
         """Exact workspace bytes ``plan()`` with these arguments needs for its split-KV partial states."""
         static = (num_qo_heads, num_kv_heads, head_dim, page_size, q_dtype, kv_dtype, o_dtype, sm_scale,
@@ -312,7 +316,7 @@ class BatchDecode(PlanRunWrapper):
         if dyn != st.dyn:
             st.repack(tq, kv, to, tl, k_scale, v_scale)
             st.dyn = dyn
-        st.kernel.launch(st.num_ctas, st.threads, (st.params,), smem_bytes=st.smem_bytes, stream=call.stream)
+        st.kernel.launch(st.num_ctas, st.threads, (st.params, st.vparams), smem_bytes=st.smem_bytes, stream=call.stream)
 
     def _run_reference(
         self, plan: DecodePlan, q: Any, kv_cache: Any, out: Any, lse: Any, want_lse: bool, k_scale: Any, v_scale: Any
@@ -320,6 +324,7 @@ class BatchDecode(PlanRunWrapper):
         tq = as_tensor(q, "q")
         self._check_q(plan, tq)
         self._check_kv(plan, paged_kv(as_tensor, kv_cache, self.kv_layout, gpu=False))
+        refuse_user_variants_on_host(plan.variant)
         if out is not None:
             to = as_tensor(out, "out")
             validate.check_shape("out", to, (plan.batch, plan.num_qo_heads, plan.head_dim))

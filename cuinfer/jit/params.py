@@ -53,7 +53,9 @@ class ParamStruct:
         getter = operator.itemgetter(*self._names)
         # itemgetter of one name returns the bare value, not a 1-tuple
         object.__setattr__(self, "_getter", getter if len(self._names) > 1 else (lambda v: (getter(v),)))
-        object.__setattr__(self, "_nested", tuple(i for i, (_, k) in enumerate(self.fields) if isinstance(k, ParamStruct)))
+        object.__setattr__(
+            self, "_nested", tuple(i for i, (_, k) in enumerate(self.fields) if isinstance(k, ParamStruct))
+        )
         dt = [(f, k.numpy_dtype if isinstance(k, ParamStruct) else _KINDS[k][1]) for f, k in self.fields]
         object.__setattr__(self, "_dtype", np.dtype(dt, align=True))
 

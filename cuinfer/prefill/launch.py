@@ -17,12 +17,13 @@ from cuinfer.jit import get_kernel
 from cuinfer.prefill.specs import PrefillParams, fast_div_magic, prefill_spec
 from cuinfer.prefill.tiles import block_smem_bytes
 from cuinfer.runtime.buffers import Buffers
+from cuinfer.variants.select import chain_values
 
 _LOG2E = 1.0 / math.log(2.0)
 
 # Plan-buffer arrays the kernel reads, by their PrefillParams field names (== plan offset names).
 _PLAN_ARRAYS = (
-    "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "mask_indptr", "work_indptr",
+    "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "work_indptr",
     "item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end", "item_partial",
 )  # fmt: skip
 
@@ -45,22 +46,22 @@ class PrefillLaunch:
         # A paired block (cfg.groups == 2) runs two CTAs of the plan: half the blocks, twice the threads and smem.
         self.num_ctas, self.threads = work.num_ctas // cfg.groups, cfg.block_threads
         dvo = plan.head_dim_vo
-        self.smem_bytes = block_smem_bytes(cfg, plan.head_dim, dvo, paged)
+        self.smem_bytes = block_smem_bytes(cfg, plan.head_dim, dvo, paged, transforms=key.variant.transforms)
         partial_o, partial_lse = buf.partial_pointers(dvo)
         g = plan.num_qo_heads // plan.num_kv_heads
         g_mul, g_shift = fast_div_magic(g)
         p_mul, p_shift = fast_div_magic(plan.page_size)
-        cap = opts.logits_soft_cap
         self.static = dict(
             partial_o=partial_o, partial_lse=partial_lse, pool_count=buf.merge_count_ptr(),
             **{name: buf.ptr(off[name]) for name in _PLAN_ARRAYS},
-            mask=buf.ptr(off["mask"]),
-            group_size=g, page_size=plan.page_size, window_left=opts.window_left,
-            natural_groups=plan.compact_groups,
-            alibi_pow2=1 << (plan.num_qo_heads.bit_length() - 1),
+            group_size=g, page_size=plan.page_size, natural_groups=plan.compact_groups,
             group_mul=g_mul, group_shift=g_shift, page_mul=p_mul, page_shift=p_shift,
             sm_scale=opts.sm_scale, sm_scale_log2=opts.sm_scale * _LOG2E,
-            soft_cap=cap, inv_soft_cap=1.0 / cap if cap > 0 else 0.0,
+        )  # fmt: skip
+        # the variant's parameters (fixed by the plan; a custom mask's bits are in the plan buffer): the second argument
+        self.vparams = chain_values(
+            key.variant, opts, num_qo_heads=plan.num_qo_heads, user_values=plan.variant_values,
+            mask_ptrs=(buf.ptr(off["mask"]), buf.ptr(off["mask_indptr"])),
         )  # fmt: skip
         # Split plans merge their partial states in a second launch (sized for max_merge).
         self.merge = None
@@ -93,7 +94,8 @@ class PrefillLaunch:
                 lse_stride_n=0 if tl is None else tl.strides[0], lse_stride_h=0 if tl is None else tl.strides[1],
             )  # fmt: skip
             self.dyn = dyn
-        self.kernel.launch(self.num_ctas, self.threads, (self.params,), smem_bytes=self.smem_bytes, stream=stream)
+        self.kernel.launch(self.num_ctas, self.threads, (self.params, self.vparams), smem_bytes=self.smem_bytes,
+                           stream=stream)  # fmt: skip
         if self.merge is not None:
             from cuinfer.merge import launch_merge_partials
 

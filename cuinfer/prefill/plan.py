@@ -15,10 +15,12 @@ from cuinfer.formats.mask import custom_mask_bytes
 from cuinfer.interop.dtypes import DType
 from cuinfer.prefill.index import read_index_arrays
 from cuinfer.prefill.policy import DeviceLimits, check_head_dims, choose_tiles, query_tile
-from cuinfer.prefill.specs import MASK_CAUSAL, MASK_CUSTOM, MASK_WINDOW, PrefillKernelKey
+from cuinfer.prefill.specs import PrefillKernelKey
 from cuinfer.prefill.tiles import TileConfig
 from cuinfer.runtime.options import AttentionOptions, check_options, half_dtype
 from cuinfer.runtime.wrapper import PlanState
+from cuinfer.variants import Rendered
+from cuinfer.variants.select import chain_for, user_variants
 
 # plan()'s arguments other than the index arrays and masks, in the order of the memo key BatchPrefill.plan builds
 STATIC_ARGS = (
@@ -62,19 +64,23 @@ class PrefillPlan(PlanState):
     static: PrefillStatic | None = None  # the memoised facts of plan()'s arguments this plan was made from
     n_pages: int = 0  # page-table entries in use (kv_indptr[-1]); 0 for ragged K/V
     compact_groups: int = 0  # G when the plan buffer holds the compact form (planner.compact.pack_compact), else 0
+    variant_values: dict | None = None  # parameters of the user's variants (variant_params=), checked
 
     @property
     def nnz_qo(self) -> int:
         return int(self.qo_indptr[-1])
 
+    @property
+    def variant(self) -> Rendered:
+        """The chain of variants the kernel runs: the built-ins of the options (a custom mask when one was given),
+        then the user's."""
+        static = self.static
+        return static.chain_masked if self.mask_bytes is not None else static.chain
+
     def key(self, paged: bool) -> PrefillKernelKey:
-        o = self.options
-        mask = (MASK_CAUSAL if o.causal else 0) | (MASK_WINDOW if o.window_left >= 0 else 0)
-        mask |= MASK_CUSTOM if self.mask_bytes is not None else 0
         return PrefillKernelKey(
-            self.q_dtype.value, self.o_dtype.value, self.head_dim, self.head_dim_vo, self.config, paged, mask,
-            soft_cap=o.logits_soft_cap > 0, alibi=o.pos_encoding == "alibi",
-        )  # fmt: skip
+            self.q_dtype.value, self.o_dtype.value, self.head_dim, self.head_dim_vo, self.config, paged, self.variant
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,6 +109,8 @@ class PrefillStatic:
     tiles: TileRequest
     max_query_tile: int  # query_tile() of any average at or past it
     configs: dict  # tile configurations by query tile (``tiles_for``'s memo)
+    chain: Rendered  # the variants of a plan without a custom mask
+    chain_masked: Rendered  # ... and with one
     fields: dict  # the PrefillPlan fields these fix, every other field present at its default (copied by each plan)
 
 
@@ -115,11 +123,6 @@ def check_prefill_options(
         pos_encoding=pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta, variant=variant, head_dim=head_dim,
         builtin_hint="causal, custom_mask, sm_scale, logits_soft_cap, window_left, pos_encoding='alibi'",
     )  # fmt: skip
-    if o.pos_encoding == "rope_llama":
-        raise NotImplementedError(
-            "pos_encoding='rope_llama' is not implemented in the prefill kernel yet; rotate q and k first with "
-            "cuinfer.apply_rope(...) and plan with pos_encoding='none'"
-        )
     return o
 
 
@@ -255,9 +258,12 @@ def static_facts(
     tiles = parse_tile_sizes(tile_sizes)
     # the PrefillPlan fields these arguments fix, with every other field present (see plan_of)
     fields = {f.name: _PLAN_DEFAULTS.get(f.name) for f in dataclasses.fields(PrefillPlan)}
+    users = user_variants(variant)
     facts = PrefillStatic(
         paged=paged, limits=limits, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, head_dim_vo=dvo, page_size=ps,
-        options=opts, tiles=tiles, max_query_tile=query_tile(math.inf, dvo), configs={}, fields=fields,
+        options=opts, tiles=tiles, max_query_tile=query_tile(math.inf, dvo), configs={},
+        chain=chain_for(opts, decode=False, user=users),
+        chain_masked=chain_for(opts, decode=False, custom_mask_given=True, user=users), fields=fields,
     )  # fmt: skip
     fields.update(
         num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, head_dim_vo=dvo, page_size=ps, q_dtype=qd, kv_dtype=kvd,
@@ -276,11 +282,9 @@ def tiles_for(facts: PrefillStatic, avg: float, memo: bool) -> TileConfig:
     configs = facts.configs
     config = configs.get(key) if memo else None
     if config is None:
-        opts = facts.options
         config = choose_tiles(
             avg, facts.head_dim, facts.head_dim_vo, paged=facts.paged, limits=facts.limits, tile_q=tiles.tile_q,
-            tile_kv=tiles.tile_kv, stages=tiles.stages, groups=tiles.groups,
-            variant=opts.logits_soft_cap > 0 or opts.pos_encoding == "alibi",
+            tile_kv=tiles.tile_kv, stages=tiles.stages, groups=tiles.groups, variant=facts.chain.has_logits,
         )  # fmt: skip
         if memo:
             configs[key] = config

@@ -19,7 +19,8 @@ _single_wrappers: dict = {}
 def single_prefill(
     q: Any, k: Any, v: Any, *, causal: bool = False, custom_mask: Any = None, kv_layout: str = "NHD",
     sm_scale: float | None = None, logits_soft_cap: float = 0.0, window_left: int = -1, pos_encoding: str = "none",
-    rope_scale: float = 1.0, rope_theta: float = 1e4, variant: Any = None, return_lse: bool = False,
+    rope_scale: float = 1.0, rope_theta: float = 1e4, variant: Any = None, variant_params: dict | None = None,
+    return_lse: bool = False,
 ) -> Any:  # fmt: skip
     """Prefill one request: ``q [qo_len, num_qo_heads, head_dim]`` against ``k``, ``v`` (``[kv_len, num_kv_heads,
     head_dim]`` NHD or ``[num_kv_heads, kv_len, head_dim]`` HND) -> ``o [qo_len, num_qo_heads, head_dim_vo]``
@@ -50,6 +51,6 @@ def single_prefill(
         head_dim_vo=tv.shape[2], causal=causal, custom_mask=None if mask is None else mask.reshape(-1),
         q_dtype=tq.dtype, kv_dtype=tk.dtype, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
         window_left=window_left, pos_encoding=pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta,
-        variant=variant,
+        variant=variant, variant_params=variant_params,
     )  # fmt: skip
     return w.run(q, k, v, return_lse=return_lse)

@@ -10,11 +10,10 @@ from dataclasses import dataclass
 
 from cuinfer.jit import KernelSpec, ParamStruct
 from cuinfer.prefill.tiles import TileConfig, tile_config
+from cuinfer.variants import Rendered, lookup, render
 
 HEAD_DIMS = ((64, 64), (128, 128), (256, 256), (192, 128))  # (qk, vo) pairs the kernel is built for
 CTYPES = {"float16": "half", "bfloat16": "__nv_bfloat16"}
-
-MASK_CAUSAL, MASK_WINDOW, MASK_CUSTOM = 1, 2, 4
 
 PrefillParams = ParamStruct(
     "PrefillParams",
@@ -22,7 +21,7 @@ PrefillParams = ParamStruct(
         (n, "ptr")
         for n in (
             "q", "k", "v", "o", "lse", "partial_o", "partial_lse",
-            "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "mask", "mask_indptr",
+            "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len",
             "work_indptr", "item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end", "item_partial",
             "pool_count",
         )
@@ -34,10 +33,9 @@ PrefillParams = ParamStruct(
             "o_stride_n", "o_stride_h", "lse_stride_n", "lse_stride_h",
         )
     )
-    + (("group_size", "i32"), ("page_size", "i32"), ("window_left", "i32"), ("alibi_pow2", "i32"))
-    + (("natural_groups", "i32"),)
+    + (("group_size", "i32"), ("page_size", "i32"), ("natural_groups", "i32"))
     + (("group_mul", "u32"), ("group_shift", "u32"), ("page_mul", "u32"), ("page_shift", "u32"))
-    + (("sm_scale", "f32"), ("sm_scale_log2", "f32"), ("soft_cap", "f32"), ("inv_soft_cap", "f32"))
+    + (("sm_scale", "f32"), ("sm_scale_log2", "f32"))
 )  # fmt: skip
 
 
@@ -63,35 +61,21 @@ class PrefillKernelKey:
     head_dim_vo: int
     cfg: TileConfig
     paged: bool
-    mask: int  # MASK_* bits
-    soft_cap: bool
-    alibi: bool
+    variant: Rendered  # the chain of attention variants (cuinfer/variants)
 
     def name_expr(self) -> str:
         c = self.cfg
         return (
             f"cuinfer::batch_prefill<cuinfer::PrefillTraits<{CTYPES[self.dtype]}, {CTYPES[self.out_dtype]}, "
             f"{self.head_dim_qk}, {self.head_dim_vo}, {c.tile_q}, {c.warps_q}, {c.warps_kv}, {c.mma_kv}, {c.stages}, "
-            f"{str(self.paged).lower()}, {self.mask}, {str(self.soft_cap).lower()}, {str(self.alibi).lower()}, "
-            f"{c.groups}>>"
+            f"{str(self.paged).lower()}, Variant, {c.groups}>>"
         )
 
     def short_name(self) -> str:
         c = self.cfg
-        flags = "".join(
-            f
-            for f, on in (
-                ("c", self.mask & MASK_CAUSAL),
-                ("w", self.mask & MASK_WINDOW),
-                ("m", self.mask & MASK_CUSTOM),
-                ("s", self.soft_cap),
-                ("a", self.alibi),
-            )
-            if on
-        )
         return (
             f"prefill/{'paged' if self.paged else 'ragged'}/{self.dtype}/d{self.head_dim_qk}x{self.head_dim_vo}/"
-            f"q{c.tile_q}k{c.tile_kv}s{c.stages}{'g2' if c.groups == 2 else ''}/{flags or 'plain'}"
+            f"q{c.tile_q}k{c.tile_kv}s{c.stages}{'g2' if c.groups == 2 else ''}/{self.variant.name}"
         )
 
 
@@ -102,28 +86,31 @@ def prefill_spec(key: PrefillKernelKey) -> KernelSpec:
         name=key.short_name(),
         source="attention/prefill.cu",
         name_exprs=(key.name_expr(),),
-        preamble=PrefillParams.c_decl(),
+        preamble=PrefillParams.c_decl() + key.variant.preamble(),
         sass_expect=(r"HMMA", r"LDSM", r"LDGSTS"),
     )
 
 
 def default_specs() -> list[KernelSpec]:
     """The specialisations CI compiles (sm_80 and sm_90a, no spills): per head-dim pair the long-prefill tiles on
-    ragged and paged KV (causal) and the decode-like tiles (paged); then one of each variant flag."""
+    ragged and paged KV (causal) and the decode-like tiles (paged); then the built-in variants."""
     from cuinfer.prefill.policy import block_groups, default_kv_tile, query_tile
 
-    def key(dtype, dqk, dvo, tq, paged, mask, soft_cap=False, alibi=False):
-        cfg = tile_config(tq, default_kv_tile(tq, dqk, dvo, soft_cap or alibi), dvo)
+    def key(dtype, dqk, dvo, tq, paged, *names):
+        chain = render(tuple(lookup(n) for n in names))
+        cfg = tile_config(tq, default_kv_tile(tq, dqk, dvo, chain.has_logits), dvo)
         cfg = dataclasses.replace(cfg, groups=block_groups(cfg, dqk, dvo, paged))
-        return PrefillKernelKey(dtype, dtype, dqk, dvo, cfg, paged, mask, soft_cap, alibi)
+        return PrefillKernelKey(dtype, dtype, dqk, dvo, cfg, paged, chain)
 
     keys = []
     for dqk, dvo in HEAD_DIMS:
         long_tile = query_tile(1 << 20, dvo)
-        keys.append(key("bfloat16", dqk, dvo, long_tile, False, MASK_CAUSAL))
-        keys.append(key("bfloat16", dqk, dvo, long_tile, True, MASK_CAUSAL))
-        keys.append(key("bfloat16", dqk, dvo, 16, True, 0))
-    keys.append(key("float16", 128, 128, 64, False, 0))
-    keys.append(key("bfloat16", 128, 128, 128, False, MASK_CAUSAL | MASK_WINDOW, soft_cap=True, alibi=True))
-    keys.append(key("float16", 128, 128, 32, True, MASK_CAUSAL | MASK_CUSTOM))
+        keys.append(key("bfloat16", dqk, dvo, long_tile, False, "causal"))
+        keys.append(key("bfloat16", dqk, dvo, long_tile, True, "causal"))
+        keys.append(key("bfloat16", dqk, dvo, 16, True))
+    keys.append(key("float16", 128, 128, 64, False))
+    keys.append(key("bfloat16", 128, 128, 128, False, "causal", "window", "alibi", "soft_cap"))
+    keys.append(key("float16", 128, 128, 32, True, "causal", "custom_mask"))
+    keys.append(key("bfloat16", 128, 128, 128, False, "causal", "rope"))
+    keys.append(key("bfloat16", 128, 128, 16, True, "rope"))
     return [prefill_spec(k) for k in keys]

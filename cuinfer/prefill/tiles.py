@@ -75,11 +75,16 @@ def tile_config(tile_q: int, tile_kv: int, head_dim_vo: int, stages: int = 2, gr
 TABLE_ITEMS, TABLE_FIELDS = 16, 10  # PrefillTraits::kTableItems / kTableFields (cross-item item table)
 
 
-def smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool, elem_bytes: int = 2) -> int:
+DIM_STATE_BYTES = 8  # PrefillTraits::kDimStateBytes: a variant's per-dimension state (RoPE frequencies)
+
+
+def smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool, elem_bytes: int = 2,
+               transforms: bool = False) -> int:  # fmt: skip
     """Dynamic shared memory of one CTA; mirrors PrefillTraits::kSmemBytes.
 
     One warp per row block (``warps_kv == 1``) runs the cross-item pipeline: no epilogue staging, an item table;
-    otherwise the epilogue stages every warp's state over the tile buffers.
+    otherwise the epilogue stages every warp's state over the tile buffers. ``transforms``: the variant transforms q
+    / k (RoPE), whose per-thread states of 8 dimension pairs live in shared memory.
     """
     cross = cfg.warps_kv == 1
     q = cfg.tile_q * head_dim_qk * elem_bytes
@@ -90,11 +95,13 @@ def smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool,
     epi = 0 if cross else cfg.warps_kv * cfg.tile_q * (head_dim_vo + 8) * 4 + cfg.warps_kv * cfg.tile_q * 8
     info = (12 + 8 * cfg.warps_q * cfg.warps_kv) * 4  # kInfoInts + kWarpInts per warp
     table = TABLE_ITEMS * TABLE_FIELDS * 4 if cross else 0
-    return max(main, epi) + info + table
+    states = cfg.threads * 8 * DIM_STATE_BYTES if transforms else 0
+    return max(main, epi) + info + table + states
 
 
-def block_smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool) -> int:
+def block_smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool,
+                     transforms: bool = False) -> int:  # fmt: skip
     """Dynamic shared memory of one launched block: each group's ``smem_bytes`` at a 128-byte aligned offset
     (PrefillTraits::kGroupBytes); one group's size when unpaired."""
-    one = smem_bytes(cfg, head_dim_qk, head_dim_vo, paged)
+    one = smem_bytes(cfg, head_dim_qk, head_dim_vo, paged, transforms=transforms)
     return one if cfg.groups == 1 else cfg.groups * (-(-one // 128) * 128)

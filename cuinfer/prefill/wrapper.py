@@ -42,6 +42,7 @@ from cuinfer.runtime.buffers import FixedLayout
 from cuinfer.runtime.calls import Call
 from cuinfer.runtime.outputs import host_outputs
 from cuinfer.runtime.wrapper import PlanRunWrapper, check_q_dtype
+from cuinfer.variants.select import check_user_values, refuse_user_variants_on_host
 
 DEFAULT_WORKSPACE_BYTES = 128 << 20
 BACKENDS = ("auto", "fa2", "sm90")
@@ -131,7 +132,8 @@ class BatchPrefill(PlanRunWrapper):
 
                 k = plan.key(self.paged)
                 kernel = get_kernel(prefill_spec(k), k.name_expr(), device_id)
-                smem = block_smem_bytes(cfg, plan.head_dim, plan.head_dim_vo, self.paged)
+                smem = block_smem_bytes(cfg, plan.head_dim, plan.head_dim_vo, self.paged,
+                                        transforms=plan.variant.transforms)  # fmt: skip
                 # (a paired block holds cfg.groups CTAs of the plan)
                 per_sm = max(1, kernel.max_active_blocks(cfg.block_threads, smem)) * cfg.groups
                 sms = device_info(device_id).sm_count
@@ -185,7 +187,9 @@ class BatchPrefill(PlanRunWrapper):
         """Exact workspace bytes ``plan()`` with the same arguments needs for its split-KV partial states."""
         num_sms, fixed = kwargs.pop("num_sms", None), kwargs.pop("fixed_split_size", None)
         device_id = self._device_or_none()
-        plan = self._host_plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, **self._plan_kwargs(kwargs),
+        kw = self._plan_kwargs(kwargs)
+        kw.pop("variant_params")  # (no effect on the workspace)
+        plan = self._host_plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, **kw,
                                limits=self._limits(device_id))  # fmt: skip
         plan.work = self._work(plan, self._num_ctas(plan, num_sms, device_id), fixed)
         return self._workspace_need(plan)
@@ -195,7 +199,7 @@ class BatchPrefill(PlanRunWrapper):
         defaults = dict(
             page_size=1, causal=False, custom_mask=None, packed_custom_mask=None, head_dim_vo=None, kv_dtype=None,
             o_dtype=None, sm_scale=None, logits_soft_cap=0.0, window_left=-1, pos_encoding="none", rope_scale=1.0,
-            rope_theta=1e4, variant=None, tile_sizes=None,
+            rope_theta=1e4, variant=None, variant_params=None, tile_sizes=None,
         )  # fmt: skip
         for req in ("num_qo_heads", "num_kv_heads", "head_dim", "q_dtype"):
             if req not in kw:
@@ -211,12 +215,14 @@ class BatchPrefill(PlanRunWrapper):
         custom_mask: Any = None, packed_custom_mask: Any = None, head_dim_vo: int | None = None, q_dtype: Any,
         kv_dtype: Any = None, o_dtype: Any = None, sm_scale: float | None = None, logits_soft_cap: float = 0.0,
         window_left: int = -1, pos_encoding: str = "none", rope_scale: float = 1.0, rope_theta: float = 1e4,
-        variant: Any = None, num_sms: int | None = None, fixed_split_size: int | None = None,
-        tile_sizes: tuple[int, ...] | None = None,
+        variant: Any = None, variant_params: dict | None = None, num_sms: int | None = None,
+        fixed_split_size: int | None = None, tile_sizes: tuple[int, ...] | None = None,
     ) -> None:  # fmt: skip
         """Plan one batch. Index arrays may be lists, NumPy arrays, host tensors or device arrays (one device-to-host
-        copy). ``tile_sizes=(query_tile, kv_tile[, stages[, groups]])`` overrides the tile policy (tests, tuning; groups
-        2 pairs two CTAs per block).
+        copy). ``variant``: a ``cuinfer.Variant``, a registered name or a sequence of them, applied after the built-in
+        options; ``variant_params``: their parameters, ``{variant name: {param: value}}``.
+        ``tile_sizes=(query_tile, kv_tile[, stages[, groups]])`` overrides the tile policy (tests, tuning; groups 2
+        pairs two CTAs per block).
         Raises before anything reaches the GPU when the inputs or the workspace do not fit."""
         device_id = self._device_id if self._device_id is not False else self._device_or_none()
         memo = self._limits_memo  # (_limits, inlined)
@@ -232,6 +238,7 @@ class BatchPrefill(PlanRunWrapper):
             self.max_batch_size if self.use_cuda_graph else None, None if self._fixed is None else self._fixed.config,
             self._static,
         )  # fmt: skip
+        plan.variant_values = check_user_values(plan.variant, variant_params)
         plan.work = self._work(plan, self._num_ctas(plan, num_sms, device_id), fixed_split_size)
         # (prefill has only ever checked the workspace of plans it packs for a GPU)
         self._commit(plan, device_id, fit_on_host=False)
@@ -414,6 +421,7 @@ class BatchPrefill(PlanRunWrapper):
     ) -> Any:
         tq = as_tensor(q, "q")
         self._check_q(plan, tq)
+        refuse_user_variants_on_host(plan.variant)
         opts = plan.options
         kw = dict(causal=opts.causal, **opts.reference_kwargs())
         mask = None

@@ -59,12 +59,8 @@ def check_options(
     *, what: str, causal: Any, sm_scale: Any, logits_soft_cap: Any, window_left: Any, pos_encoding: Any,
     rope_scale: Any, rope_theta: Any, variant: Any, head_dim: int, builtin_hint: str,
 ) -> AttentionOptions:  # fmt: skip
-    """Validate the options shared by decode and prefill (``what`` names the wrapper in messages)."""
-    if variant is not None:
-        raise NotImplementedError(
-            f"variant={variant!r}: user-defined attention variants are not implemented for {what} yet; use the "
-            f"built-in options ({builtin_hint})"
-        )
+    """Validate the options shared by decode and prefill (``what`` names the wrapper in messages; ``variant`` is
+    resolved by the caller, cuinfer.variants.select)."""
     pos = getattr(pos_encoding, "value", pos_encoding)
     pos = pos.lower() if isinstance(pos, str) else pos
     if pos not in POS_ENCODINGS:

@@ -20,8 +20,7 @@ def register(variant: Variant) -> Variant:
 
 
 def lookup(name: str) -> Variant:
-    import cuinfer.variants.builtins  # noqa: F401  (registers the built-ins)
-
+    """The variant registered as ``name`` (the built-ins register when ``cuinfer.variants`` is imported)."""
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -30,6 +29,4 @@ def lookup(name: str) -> Variant:
 
 
 def registered() -> dict[str, Variant]:
-    import cuinfer.variants.builtins  # noqa: F401
-
     return dict(_REGISTRY)

@@ -90,7 +90,9 @@ def _piece(v: Variant) -> list[str]:
     out = [f"struct piece_{v.name} : Identity {{"]
     out += [f"  static constexpr bool {k} = true;" for k, on in flags.items() if on]
     if v.logits:
-        out += _functor(v, "logits", "float logits(const VP& v_, const Index& ix_, int kv_idx, float x)", v.logits, "ix_")
+        out += _functor(
+            v, "logits", "float logits(const VP& v_, const Index& ix_, int kv_idx, float x)", v.logits, "ix_"
+        )
     if v.mask:
         out += _functor(v, "mask", "bool mask(const VP& v_, const Index& ix_, int kv_idx)", v.mask, "ix_")
     if v.key_hi or v.key_lo:
@@ -106,8 +108,11 @@ def _piece(v: Variant) -> list[str]:
         out += _functor(v, "dim_state", "DimState dim_state(const VP& v_, int dim, int head_dim)", v.dim_state or "",
                         None, statements=True, prologue=("DimState state;",), epilogue=("return state;",))  # fmt: skip
         if v.query_transform:
-            sig = "float query_transform(const VP& v_, const DimState& state, const Index& ix_, int dim, float x, float partner)"
-            out += _functor(v, "query_transform", sig, v.query_transform, "ix_", prologue=("const int pos = ix_.qpos;",))
+            sig = ("float query_transform(const VP& v_, const DimState& state, const Index& ix_, int dim, float x, "
+                   "float partner)")  # fmt: skip
+            out += _functor(
+                v, "query_transform", sig, v.query_transform, "ix_", prologue=("const int pos = ix_.qpos;",)
+            )
         if v.key_transform:
             sig = ("float key_transform(const VP& v_, const DimState& state, const Index& ix_, int kv_idx, int dim, "
                    "float x, float partner)")  # fmt: skip
@@ -126,11 +131,15 @@ def render(pieces: tuple[Variant, ...]) -> Rendered:
         raise ValueError(f"at most one variant of a chain may transform q / k (rotations do not compose): {names}")
     fields = tuple((p.name, _piece_struct(p)) for p in pieces if p.params)
     params = ParamStruct("VariantParams", fields or (("unused_", "i32"),))
-    lines = ['#line 1 "variants"', '#include "common/math.cuh"', '#include "variants/contract.cuh"', "namespace cuinfer {",
-             "namespace variant {"]  # fmt: skip
+    lines = ['#line 1 "variants"', '#include "common/math.cuh"', '#include "variants/contract.cuh"']
+    lines += ["namespace cuinfer {", "namespace variant {"]
     for p in pieces:
         lines += _piece(p)
         lines.append(f'#line {len(lines) + 1} "variants"')  # (the next line's index in `lines`)
     chain = ", ".join(f"::cuinfer::variant::piece_{p.name}" for p in pieces)
-    lines += ["}  // namespace variant", "}  // namespace cuinfer", f"using Variant = ::cuinfer::variant::Chain<{chain}>;"]
+    lines += [
+        "}  // namespace variant",
+        "}  // namespace cuinfer",
+        f"using Variant = ::cuinfer::variant::Chain<{chain}>;",
+    ]
     return Rendered("+".join(names) or "plain", tuple(pieces), params, "\n".join(lines) + "\n")

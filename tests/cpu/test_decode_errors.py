@@ -103,9 +103,23 @@ def test_unsupported_head_dim(case):
         _planned(case, head_dim=96)
 
 
-def test_variant_is_not_implemented_yet(case):
-    with _raises(NotImplementedError, "variant='mine': user-defined attention variants are not implemented"):
+def test_variant_must_be_a_variant_or_a_registered_name(case):
+    with _raises(ValueError, "no variant is registered as 'mine'; registered: alibi, causal"):
         _planned(case, variant="mine")
+    with _raises(TypeError, "variant must be a cuinfer.Variant, a registered variant's name"):
+        _planned(case, variant=3)
+
+
+def test_variant_params_are_checked_at_plan(case):
+    from cuinfer.variants import Param, Variant
+
+    v = Variant(name="test_decode_scale", logits="x * params.s", params=(Param("s", "f32"),))
+    with _raises(ValueError, "variant 'test_decode_scale' takes parameters ['s']; pass variant_params="):
+        _planned(case, variant=v)
+    with _raises(TypeError, "variant_params['test_decode_scale']['s'] must be a number (f32)"):
+        _planned(case, variant=v, variant_params={"test_decode_scale": {"s": "big"}})
+    with _raises(ValueError, "variant_params names ['other']"):
+        _planned(case, variant=v, variant_params={"test_decode_scale": {"s": 2.0}, "other": {}})
 
 
 def test_fp8_kv_is_not_implemented_yet(case):
@@ -245,3 +259,15 @@ def test_single_decode_shape_errors(rng):
         single_decode(q, k, k)
     with _raises(ValueError, "q and k must share head_dim"):
         single_decode(q[:, :32], k[:, :3], k[:, :3])
+
+
+def test_user_variants_do_not_run_on_the_cpu_reference(case):
+    from cuinfer.variants import Variant
+
+    v = Variant(name="test_decode_double", logits="2.f * x")
+    w = _planned(case, variant=v)
+    with _raises(NotImplementedError, "variant 'test_decode_double': the CPU reference backend (NumPy inputs)"):
+        w.run(case["q"], case["cache"])
+    # the built-ins the options select run there, through the reference's own implementation
+    out = _planned(case, variant=(), logits_soft_cap=2.0).run(case["q"], case["cache"])
+    assert out.shape == case["q"].shape

@@ -14,7 +14,8 @@ from cuinfer.decode.policy import (
     decode_config,
     kv_evict_first,
 )
-from cuinfer.decode.specs import DecodeKernelKey, DecodeParams, shipped_keys
+from cuinfer.decode.specs import DecodeKernelKey, DecodeParams, decode_spec, shipped_keys
+from cuinfer.variants import lookup, render
 
 H200_SMEM_PER_SM = 233472
 SMEM_PER_BLOCK_OPTIN = 232448
@@ -122,22 +123,28 @@ def test_shipped_specialisations_are_distinct_and_named():
     keys = shipped_keys()
     names = [k.spec_name() for k in keys]
     assert len(set(names)) == len(names)
-    exprs = [k.name_expr() for k in keys]
+    # (a variant is the preamble's `Variant`: a specialisation is its name expression and its preamble)
+    exprs = [(k.name_expr(), decode_spec(k).preamble) for k in keys]
     assert len(set(exprs)) == len(exprs)
     assert any(k.config.tensor_cores for k in keys) and any(not k.config.tensor_cores for k in keys)
 
 
 def test_name_expressions_spell_the_template_arguments():
-    tc = DecodeKernelKey(decode_config(4, 128), "bfloat16", "bfloat16", "float16", pos_encoding="alibi", lse=True)
+    alibi = render((lookup("alibi"),))
+    tc = DecodeKernelKey(decode_config(4, 128), "bfloat16", "bfloat16", "float16", alibi, lse=True)
     assert tc.name_expr() == (
-        "cuinfer::decode::batch_decode_tensor_core<__nv_bfloat16, __nv_bfloat16, half, 128, 4, 4, 1, 3, 2, 2, false, "
-        "false, true>"
+        "cuinfer::decode::batch_decode_tensor_core<__nv_bfloat16, __nv_bfloat16, half, 128, 4, 4, 1, 3, 2, Variant, "
+        "true>"
     )
-    cc = DecodeKernelKey(decode_config(1, 64), "float16", "float16", "float16", soft_cap=True, window=True)
-    assert cc.name_expr() == (
-        "cuinfer::decode::batch_decode_cuda_core<half, half, half, 64, 1, 64, 4, 128, 3, 0, true, true, false>"
+    assert tc.spec_name() == "decode/tc/bfloat16-bfloat16-float16/d128/g4/alibi/lse"
+    chain = render((lookup("window"), lookup("soft_cap")))
+    cc = DecodeKernelKey(decode_config(1, 64), "float16", "float16", "float16", chain)
+    assert (
+        cc.name_expr()
+        == "cuinfer::decode::batch_decode_cuda_core<half, half, half, 64, 1, 64, 4, 128, 3, Variant, false>"
     )
-    assert cc.spec_name() == "decode/cc/float16/d64/g1/softcap/window"
+    assert cc.spec_name() == "decode/cc/float16/d64/g1/window+soft_cap"
+    assert "struct window_params" in decode_spec(cc).preamble
 
 
 def test_kv_evict_first_only_for_short_streams():

@@ -8,8 +8,16 @@ import itertools
 import numpy as np
 import pytest
 
-from cuinfer.prefill.specs import HEAD_DIMS, MASK_CAUSAL, PrefillKernelKey, PrefillParams, default_specs, fast_div_magic
+from cuinfer.prefill.specs import (
+    HEAD_DIMS,
+    PrefillKernelKey,
+    PrefillParams,
+    default_specs,
+    fast_div_magic,
+    prefill_spec,
+)
 from cuinfer.prefill.tiles import KV_TILES, QUERY_TILES, block_smem_bytes, smem_bytes, tile_config
+from cuinfer.variants import lookup, render
 
 
 def _fast_div(n: np.ndarray, d: int) -> np.ndarray:
@@ -42,15 +50,18 @@ def test_tile_config_rejects_unknown_tiles():
 
 
 def test_name_expression_spells_every_template_argument():
-    key = PrefillKernelKey("bfloat16", "float16", 192, 128, tile_config(64, 32, 128), True, MASK_CAUSAL, True, False)
+    chain = render((lookup("causal"), lookup("soft_cap")))
+    key = PrefillKernelKey("bfloat16", "float16", 192, 128, tile_config(64, 32, 128), True, chain)
     assert key.name_expr() == (
-        "cuinfer::batch_prefill<cuinfer::PrefillTraits<__nv_bfloat16, half, 192, 128, 64, 4, 1, 2, 2, true, 1, "
-        "true, false, 1>>"
+        "cuinfer::batch_prefill<cuinfer::PrefillTraits<__nv_bfloat16, half, 192, 128, 64, 4, 1, 2, 2, true, "
+        "Variant, 1>>"
     )
-    assert key.short_name() == "prefill/paged/bfloat16/d192x128/q64k32s2/cs"
-    paired = PrefillKernelKey("bfloat16", "bfloat16", 128, 128, tile_config(128, 64, 128, 2, 2), False, 1, False, False)
-    assert paired.name_expr().endswith("128, 128, 128, 4, 1, 4, 2, false, 1, false, false, 2>>")
-    assert paired.short_name() == "prefill/ragged/bfloat16/d128x128/q128k64s2g2/c"
+    assert key.short_name() == "prefill/paged/bfloat16/d192x128/q64k32s2/causal+soft_cap"
+    causal = render((lookup("causal"),))
+    paired = PrefillKernelKey("bfloat16", "bfloat16", 128, 128, tile_config(128, 64, 128, 2, 2), False, causal)
+    assert paired.name_expr().endswith("128, 128, 128, 4, 1, 4, 2, false, Variant, 2>>")
+    assert paired.short_name() == "prefill/ragged/bfloat16/d128x128/q128k64s2g2/causal"
+    assert "struct VariantParams" in prefill_spec(paired).preamble
 
 
 def test_paired_blocks_hold_two_cross_item_ctas():
@@ -93,24 +104,27 @@ def test_cpp_traits_agree_with_python_smem_sizes():
     from cuinfer.jit.toolchain import nvrtc_module
 
     nvrtc = nvrtc_module()
-    lines = [PrefillParams.c_decl(), '#include "attention/prefill_sm80/traits.cuh"']
+    rope = render((lookup("rope"),))  # a transforming variant: its states take shared memory too
+    lines = [PrefillParams.c_decl(), '#include "attention/prefill_sm80/traits.cuh"', rope.source.replace(
+        "using Variant =", "using RopeVariant =")]  # fmt: skip
     n = 0
-    combos = itertools.product(HEAD_DIMS, QUERY_TILES, KV_TILES, (0, 1), (2, 3), (1, 2))
-    for (dqk, dvo), tq, tkv, paged, stages, groups in combos:
+    combos = itertools.product(HEAD_DIMS, QUERY_TILES, KV_TILES, (0, 1), (2, 3), (1, 2), (False, True))
+    for (dqk, dvo), tq, tkv, paged, stages, groups, transforms in combos:
         try:
             cfg = tile_config(tq, tkv, dvo, stages, groups)
         except ValueError:
             continue
         t = (
             f"cuinfer::PrefillTraits<__nv_bfloat16, __nv_bfloat16, {dqk}, {dvo}, {tq}, {cfg.warps_q}, {cfg.warps_kv}, "
-            f"{cfg.mma_kv}, {stages}, {'true' if paged else 'false'}, 1, false, false, {groups}>"
+            f"{cfg.mma_kv}, {stages}, {'true' if paged else 'false'}, "
+            f"{'RopeVariant' if transforms else 'cuinfer::variant::Identity'}, {groups}>"
         )
-        want = smem_bytes(cfg, dqk, dvo, bool(paged))
+        want = smem_bytes(cfg, dqk, dvo, bool(paged), transforms=transforms)
         tag = f"{dqk} {dvo} {tq} {tkv} {paged} {stages} {groups}"
         lines.append(f'static_assert({t}::kSmemBytes == {want}, "smem {tag}");')
         lines.append(f'static_assert({t}::kThreads == {cfg.threads}, "threads {tag}");')
         lines.append(f'static_assert({t}::kBlockThreads == {cfg.block_threads}, "block threads {tag}");')
-        block = block_smem_bytes(cfg, dqk, dvo, bool(paged))
+        block = block_smem_bytes(cfg, dqk, dvo, bool(paged), transforms=transforms)
         lines.append(f'static_assert({t}::kGroups * {t}::kGroupBytes == {block} || {groups} == 1, "block {tag}");')
         n += 1
     src = "\n".join(lines).encode()

@@ -35,10 +35,14 @@ def test_registering_a_name_twice_with_another_variant_raises():
     [
         pytest.param(dict(name="bad name", logits="x"), "not a C identifier", id="name"),
         pytest.param(dict(name="empty"), "has no snippet", id="no-snippet"),
-        pytest.param(dict(name="twice", logits="x", params=(Param("a"), Param("a"))), "declares a parameter twice",
-                     id="param-twice"),  # fmt: skip
-        pytest.param(dict(name="lonely", dim_state="state.a = 0;", logits="x"), "dim_state is only used",
-                     id="dim-state-alone"),  # fmt: skip
+        pytest.param(
+            dict(name="twice", logits="x", params=(Param("a"), Param("a"))),
+            "declares a parameter twice",
+            id="param-twice",
+        ),  # fmt: skip
+        pytest.param(
+            dict(name="lonely", dim_state="state.a = 0;", logits="x"), "dim_state is only used", id="dim-state-alone"
+        ),  # fmt: skip
         pytest.param(dict(name="fields", logits="x", state_fields="float a;"), "state_fields without", id="fields"),
     ],
 )
