@@ -24,6 +24,7 @@ modules still run. One failing case does not stop the others.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -74,6 +75,9 @@ class Case:
     loose: float = 1.0
     sms: int | None = None  # num_sms: plan for this many SMs (many items per CTA)
     ramp: float = 0.0  # ragged: key j of a request scaled by 1 + ramp * j / kv_len (logits rise along the keys)
+    # RoPE in the kernel rotates q and each K tile in shared memory, rounded to the 16-bit type: the reference rotates
+    # in float64, rounds to the input dtype, then attends without RoPE (as the decode tests do)
+    rope_rounded: bool = False
 
 
 CASES = [
@@ -116,6 +120,33 @@ CASES = [
         id="window0-smscale",
     ),
     pytest.param(Case(B12_SHORT, mask=True, tiles=(32,)), id="custom-mask-q32"),
+    pytest.param(Case(B12, opts={"pos_encoding": "rope_llama"}, rope_rounded=True), id="rope-b12mix-ragged"),
+    pytest.param(
+        Case(
+            QO_MIX,
+            (28, 4),
+            page=5,
+            dtype="fp16",
+            sms=1,
+            rope_rounded=True,
+            opts={"pos_encoding": "rope_llama", "rope_theta": 5e5, "rope_scale": 2.0},
+        ),
+        id="rope-theta5e5-scale2-p5-fp16-one-sm",
+    ),  # fmt: skip
+    pytest.param(
+        Case(
+            B12_SHORT,
+            (4, 4),
+            (64, 64),
+            page=16,
+            causal=False,
+            tiles=(16,),
+            rope_rounded=True,
+            opts={"pos_encoding": "rope_llama", "logits_soft_cap": 20.0},
+        ),
+        id="rope-softcap-d64-p16-q16",
+    ),  # fmt: skip
+    pytest.param(Case(B1_LONG, split=1000, opts={"pos_encoding": "rope_llama"}, rope_rounded=True), id="rope-split"),
     pytest.param(Case(B12_SHORT, (4, 4), page=16, mask=True, causal=False, dtype="fp16"), id="custom-mask-p16"),
     # --- many items per CTA: the cross-item pipeline ------------------------------------------------------------------
     pytest.param(Case(B12, sms=1), id="one-sm-b12mix-ragged"),
@@ -181,7 +212,55 @@ def _build(rng, c: Case):
     return out
 
 
+def _rope_rounded(c: Case, h: dict) -> dict:
+    """q and k (ragged or the paged cache, NHD) rotated by RoPE in float64 and rounded to the input dtype: q row i of
+    a request at kv position i + kv_len - qo_len, key j at j."""
+    from cuinfer.reference.positional import rope
+
+    assert c.layout == "NHD", "the rounded-RoPE reference handles NHD"
+    dt = DTYPES[c.dtype][0]
+    kw = {k: v for k, v in c.opts.items() if k in ("rope_scale", "rope_theta")}
+    qo = h["qo_indptr"]
+    out = dict(h)
+    q = h["q"].copy()
+    if c.page is None:
+        kvp = h["kv_indptr"]
+        k = h["k"].copy()
+        kv_lens = np.diff(kvp)
+    else:
+        ps, pi, last = c.page, h["kv_indptr"], h["kv_last_page_len"]
+        cache = h["cache"].copy()
+        kv_lens = np.array(
+            [0 if pi[b + 1] == pi[b] else (pi[b + 1] - pi[b] - 1) * ps + last[b] for b in range(len(qo) - 1)]
+        )
+    for b in range(len(qo) - 1):
+        n_q, n_kv = qo[b + 1] - qo[b], int(kv_lens[b])
+        if n_q:
+            pos = np.arange(n_q) + n_kv - n_q
+            q[qo[b] : qo[b + 1]] = rope(h["q"][qo[b] : qo[b + 1]].astype(np.float64), pos, **kw).astype(dt)
+        if n_kv == 0:
+            continue
+        rows = np.arange(n_kv)
+        if c.page is None:
+            k[kvp[b] : kvp[b + 1]] = rope(h["k"][kvp[b] : kvp[b + 1]].astype(np.float64), rows, **kw).astype(dt)
+        else:
+            pages = h["kv_indices"][pi[b] : pi[b + 1]]
+            page, slot = pages[rows // ps], rows % ps
+            cache[page, 0, slot] = rope(h["cache"][page, 0, slot].astype(np.float64), rows, **kw).astype(dt)
+    out["q"] = q
+    if c.page is None:
+        out["k"] = k
+    else:
+        out["cache"] = cache
+    return out
+
+
 def _reference(c: Case, h: dict):
+    if c.rope_rounded:
+        h = _rope_rounded(c, h)
+        c = dataclasses.replace(
+            c, opts={k: v for k, v in c.opts.items() if not k.startswith(("pos_encoding", "rope_"))}
+        )
     kw = dict(causal=c.causal, custom_mask=h.get("mask"), **c.opts)
     if c.page is None:
         return reference.batch_attention_ragged(h["q"], h["k"], h["v"], h["qo_indptr"], h["kv_indptr"], **kw)
