@@ -228,12 +228,15 @@ def check_index_array(
     min_len: int | None = None,
     nonnegative: bool = True,
     hint: str | None = None,
+    used: int | None = None,
 ) -> np.ndarray:
     """A host ``int32`` 1-D NumPy array of the indices in ``x``.
 
     ``x`` may be a list, a NumPy array, a host tensor (read in place: no device synchronisation) or a device array
     (one device-to-host copy, which waits for the array's producer and blocks the host). The result may share
-    memory with ``x`` when ``x`` already is a host int32 array; treat it as read-only.
+    memory with ``x`` when ``x`` already is a host int32 array; treat it as read-only. ``used``: only the first
+    ``used`` entries are read (checked and returned); ``x`` must have at least that many, and what follows is ignored
+    (a longer buffer, as FlashInfer's page tables allow).
     """
     arr = _host_index_array(name, x)
     if arr.dtype.kind not in "iu":
@@ -243,8 +246,12 @@ def check_index_array(
         _fail(name, "must be 1-D", f"has shape {_fmt_shape(arr.shape)}", f"pass {name}.ravel() if it is flat data")
     if length is not None and arr.shape[0] != length:
         _fail(name, f"must have {_entries(length)}", f"has {arr.shape[0]}", hint)
+    if used is not None:
+        min_len = used if min_len is None else max(min_len, used)
     if min_len is not None and arr.shape[0] < min_len:
         _fail(name, f"must have at least {_entries(min_len)}", f"has {arr.shape[0]}", hint)
+    if used is not None and arr.shape[0] > used:
+        arr = arr[:used]
     if arr.size:
         lo, hi = int(arr.min()), int(arr.max())
         if nonnegative and lo < 0:

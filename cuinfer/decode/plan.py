@@ -14,7 +14,7 @@ from cuinfer.decode.policy import DecodeConfig, decode_config
 from cuinfer.decode.specs import DecodeKernelKey
 from cuinfer.formats.paged import read_page_table
 from cuinfer.interop.dtypes import DType
-from cuinfer.runtime.options import AttentionOptions, check_options, half_dtype
+from cuinfer.runtime.options import AttentionOptions, check_int, check_options, check_window_left, half_dtype
 from cuinfer.runtime.wrapper import PlanState
 from cuinfer.variants import Rendered
 from cuinfer.variants.select import chain_for, user_variants
@@ -101,11 +101,8 @@ def static_facts(
     pos_encoding: Any, rope_scale: Any, rope_theta: Any, variant: Any,
 ) -> DecodeStatic:  # fmt: skip
     """Check plan()'s arguments other than the page table and gather what they fix."""
-    for name, v in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads), ("page_size", page_size)):
-        if int(v) != v or v < 1:
-            raise ValueError(f"{name} must be a positive integer but is {v}")
-    num_qo_heads, num_kv_heads = int(num_qo_heads), int(num_kv_heads)
-    head_dim, page_size = int(head_dim), int(page_size)
+    num_qo_heads, num_kv_heads = check_int("num_qo_heads", num_qo_heads), check_int("num_kv_heads", num_kv_heads)
+    head_dim, page_size = check_int("head_dim", head_dim), check_int("page_size", page_size)
     if num_qo_heads % num_kv_heads:
         raise ValueError(
             f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads ({num_kv_heads}) for grouped-query "
@@ -138,6 +135,13 @@ def static_facts(
     return DecodeStatic(fields, page_size, num_qo_heads, head_dim)
 
 
+def check_counts(static: tuple) -> None:
+    """The counts among ``static`` (``STATIC_ARGS``) are integers (NumPy integers too), never floats or bools."""
+    for i in (0, 1, 2, 3):
+        check_int(STATIC_ARGS[i], static[i])
+    check_window_left(static[9])
+
+
 def host_plan(
     static: tuple, memo: dict, use_tensor_cores: bool | None, kv_indptr: Any, kv_indices: Any, kv_last_page_len: Any,
     max_batch_size: int | None,
@@ -145,6 +149,13 @@ def host_plan(
     """Validate and resolve the arguments of plan() (``static``: the values named in ``STATIC_ARGS``); what does not
     depend on the page table is memoised in ``memo`` (a wrapper's). ``max_batch_size`` (CUDA-graph mode) bounds the
     batch."""
+    if (
+        type(static[0]) is not int
+        or type(static[1]) is not int
+        or type(static[2]) is not int
+        or (type(static[3]) is not int or type(static[9]) is not int)
+    ):  # (8.0 == 8 and True == 1 hash alike: the memo would take a float or a bool for the count it was made for)
+        check_counts(static)
     try:
         facts, keep = memo.get(static), True
     except TypeError:  # an unhashable argument: no memo

@@ -6,18 +6,17 @@ from dataclasses import replace
 from typing import Any
 
 from cuinfer import reference
-from cuinfer.decode.plan import check_decode_options
 from cuinfer.decode.wrapper import BatchDecode
 from cuinfer.formats.kv import KV, check_aligned
 from cuinfer.interop import validate
-from cuinfer.interop.arrays import Tensor, as_tensor
+from cuinfer.interop.arrays import Tensor
 from cuinfer.interop.dtypes import DType
-from cuinfer.runtime.calls import begin, is_host
-from cuinfer.runtime.options import kv_layout_name
-from cuinfer.runtime.outputs import host_outputs
-from cuinfer.variants.select import chain_for, refuse_user_variants_on_host, user_variants
+from cuinfer.runtime.calls import start
+from cuinfer.runtime.options import INT32_MAX, kv_layout_name
+from cuinfer.runtime.outputs import PLANNABLE, host_outputs
+from cuinfer.variants.select import refuse_user_variants_on_host
 
-_single_wrappers: dict = {}  # (device, layout) -> BatchDecode reused across calls
+_single_wrappers: dict = {}  # (device or None for the CPU reference, layout) -> BatchDecode reused across calls
 
 
 def single_decode(
@@ -29,24 +28,11 @@ def single_decode(
     head_dim]`` NHD or ``[num_kv_heads, kv_len, head_dim]`` HND) -> ``o [num_qo_heads, head_dim]`` (, ``lse``).
 
     The same kernels as ``BatchDecode``: the request is one page of ``kv_len`` tokens, split over the GPU by the
-    planner when it is long.
+    planner when it is long. NumPy inputs take the same checks and the same plan() (so they raise exactly when GPU
+    arrays would), then the float64 CPU reference.
     """
     layout = kv_layout_name(kv_layout)
-    opts_kw = dict(
-        sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left, pos_encoding=pos_encoding,
-        rope_scale=rope_scale, rope_theta=rope_theta, variant=variant,
-    )  # fmt: skip
-    if is_host(q):
-        tq, tk, tv = as_tensor(q, "q"), as_tensor(k, "k"), as_tensor(v, "v")
-        _check_single(tq, tk, tv, layout)
-        kn, vn = tk.numpy(), tv.numpy()
-        if layout == "HND":
-            kn, vn = kn.transpose(1, 0, 2), vn.transpose(1, 0, 2)
-        opts = check_decode_options(head_dim=tq.shape[1], **opts_kw)
-        refuse_user_variants_on_host(chain_for(opts, decode=True, user=user_variants(variant)))
-        o, lse = reference.attention(tq.numpy()[None], kn, vn, **opts.reference_kwargs())
-        return host_outputs(o[0], lse[0], tq.dtype, None, None, return_lse)
-    call, tq = begin(q, "q")
+    call, tq = start(q, "q")
     tk, tv = call.tensor(k, "k"), call.tensor(v, "v")
     _check_single(tq, tk, tv, layout)
     hq, d = tq.shape
@@ -54,24 +40,35 @@ def single_decode(
     check_aligned("q", tq, (0,))
     for name, t in (("k", tk), ("v", tv)):
         check_aligned(name, t, (0, 1))
+    w = _single_wrappers.get((call.device_id, layout))
+    if w is None:
+        w = _single_wrappers[(call.device_id, layout)] = BatchDecode(kv_layout=layout, device=call.device_id)
+        if call.is_host:
+            w._device_id = None  # (host-only plans: the CPU reference never touches a GPU)
+    pages = 1 if kv_len else 0
+    w.plan(
+        [0, pages], [0] * pages, [max(kv_len, 1)], num_qo_heads=hq, num_kv_heads=hkv, head_dim=d,
+        page_size=max(kv_len, 1), q_dtype=tq.dtype, kv_dtype=tk.dtype, sm_scale=sm_scale,
+        logits_soft_cap=logits_soft_cap, window_left=window_left, pos_encoding=pos_encoding, rope_scale=rope_scale,
+        rope_theta=rope_theta, variant=variant, variant_params=variant_params,
+    )  # fmt: skip
+    plan = w._plan
+    to = call.empty((hq, d), plan.o_dtype)
+    tl = call.empty((hq,), DType.FLOAT32) if return_lse else None
+    if call.is_host:
+        refuse_user_variants_on_host(plan.variant)
+        kn, vn = tk.numpy(), tv.numpy()
+        if layout == "HND":
+            kn, vn = kn.transpose(1, 0, 2), vn.transpose(1, 0, 2)
+        o, lse = reference.attention(tq.numpy()[None], kn, vn, **plan.options.reference_kwargs())
+        return host_outputs(o[0], lse[0], to, tl)
     slot, head = (0, 1) if layout == "NHD" else (1, 0)
     kv = KV(
         tk, tv, tk.ptr, tv.ptr, (0, tk.strides[slot], tk.strides[head]), (0, tv.strides[slot], tv.strides[head]),
         1, max(kv_len, 1), hkv, d,
     )  # fmt: skip
-    w = _single_wrappers.get((call.device_id, layout))
-    if w is None:
-        w = _single_wrappers[(call.device_id, layout)] = BatchDecode(kv_layout=layout, device=call.device_id)
-    pages = 1 if kv_len else 0
-    w.plan(
-        [0, pages], [0] * pages, [max(kv_len, 1)], num_qo_heads=hq, num_kv_heads=hkv, head_dim=d,
-        page_size=max(kv_len, 1), q_dtype=tq.dtype, kv_dtype=tk.dtype, variant_params=variant_params, **opts_kw,
-    )  # fmt: skip
-    plan = w._plan
     # The kernels see the request as a batch of one: 3-D views with a batch stride of 0 (nothing is copied).
     q3 = replace(tq, shape=(1, hq, d), strides=(0,) + tq.strides)
-    to = call.empty((hq, d), plan.o_dtype)
-    tl = call.empty((hq,), DType.FLOAT32) if return_lse else None
     o3 = replace(to, shape=(1, hq, d), strides=(0,) + to.strides)
     l3 = None if tl is None else replace(tl, shape=(1, hq), strides=(0,) + tl.strides)
     w._enqueue(call, plan, q3, kv, o3, l3, None, None)  # (a fresh plan: its words are uploaded)
@@ -79,16 +76,25 @@ def single_decode(
 
 
 def _check_single(tq: Tensor, tk: Tensor, tv: Tensor, layout: str) -> None:
+    """What single_decode checks on both routes before its plan() checks the rest (head dim, options)."""
     validate.check_ndim("q", tq, 2, hint="single_decode takes q [num_qo_heads, head_dim]")
     expect = "[kv_len, num_kv_heads, head_dim]" if layout == "NHD" else "[num_kv_heads, kv_len, head_dim]"
     validate.check_ndim("k", tk, 3, hint=f"k is {expect} ({layout})")
     validate.check_shape("v", tv, tk.shape, hint="it must match k")
-    hkv = tk.shape[1] if layout == "NHD" else tk.shape[0]
+    validate.check_same_device(("q", "k", "v"), (tq, tk, tv))
+    # q and k/v each float16 or bfloat16 (decode takes a kv dtype other than q's, as BatchDecode.plan does)
+    validate.check_dtype("q", tq, PLANNABLE)
+    validate.check_dtype("k", tk, PLANNABLE)
+    validate.check_same_dtype(("k", "v"), (tk, tv))
+    kv_len, hkv = (tk.shape[0], tk.shape[1]) if layout == "NHD" else (tk.shape[1], tk.shape[0])
     if tk.shape[2] != tq.shape[1]:
         raise ValueError(f"q and k must share head_dim but have shapes {tq.shape} and {tk.shape}")
-    if tq.shape[0] % hkv:
+    if hkv == 0 or tq.shape[0] % hkv:
         raise ValueError(
             f"num_qo_heads ({tq.shape[0]}) must be a multiple of num_kv_heads ({hkv}) for grouped-query attention; "
             "query head h reads kv head h // (num_qo_heads // num_kv_heads)"
         )
-    validate.check_same_dtype(("k", "v"), (tk, tv))
+    if kv_len > INT32_MAX:
+        raise ValueError(
+            f"k must hold at most {INT32_MAX} tokens (the kernels count a request's keys in int32) but holds {kv_len}"
+        )

@@ -26,15 +26,16 @@ from cuinfer.decode.policy import ctas_per_sm
 from cuinfer.formats.kv import KV
 from cuinfer.formats.paged import check_cache_matches, check_pages_in_cache, paged_kv
 from cuinfer.interop import validate
-from cuinfer.interop.arrays import Tensor, as_tensor
+from cuinfer.interop.arrays import Tensor
 from cuinfer.planner import layout as plan_layout
 from cuinfer.planner.decode_plan import decode_planner
 from cuinfer.planner.work import WorkPlan, plan_work
 from cuinfer.runtime.buffers import FixedLayout
 from cuinfer.runtime.calls import Call
-from cuinfer.runtime.outputs import check_out_dtype, host_outputs
+from cuinfer.runtime.options import check_int, check_scales
+from cuinfer.runtime.outputs import replan_hint
 from cuinfer.runtime.wrapper import PlanRunWrapper, check_q_dtype
-from cuinfer.variants.select import check_user_values, refuse_user_variants_on_host
+from cuinfer.variants.select import check_user_values
 
 DEFAULT_WORKSPACE_BYTES = 128 << 20
 # Host-side occupancy estimate when no GPU is present (H200: 228 KB of shared memory and 132 SMs).
@@ -150,12 +151,14 @@ class BatchDecode(PlanRunWrapper):
             info = device_info(device_id)
             smem, threads, sms = info.smem_per_sm, info.max_threads_per_sm, info.sm_count
         per_sm = min(ctas_per_sm(plan.config, smem_per_sm=smem, max_threads_per_sm=threads), plan.config.min_blocks)
-        return per_sm * (sms if num_sms is None else int(num_sms))
+        return per_sm * (sms if num_sms is None else check_int("num_sms", num_sms))
 
     def _route(self, plan: DecodePlan, num_sms: int | None, device_id: int | None) -> tuple:
         """``(num_ctas, decode planner or None)``: the grid and, with one query tile per request, the decode planner
         of this configuration (plan_work would pick the same one after checking its arguments). Memoised by
         identity: ``config`` and ``options`` come from the static memo, one pair per set of static arguments."""
+        if num_sms is not None and type(num_sms) is not int:
+            check_int("num_sms", num_sms)  # (before the memos, where 4.0 == 4)
         memo = self._route_memo
         if (
             memo is not None and memo[0] is plan.config and memo[1] is plan.options and memo[2] == num_sms
@@ -176,8 +179,8 @@ class BatchDecode(PlanRunWrapper):
 
     def _work(self, plan: DecodePlan, route: tuple, fixed_split_size: int | None) -> WorkPlan:
         """The work plan on the grid of ``route`` (``_route``): the decode planner's, else the tile pipeline's."""
-        if fixed_split_size is not None and (int(fixed_split_size) != fixed_split_size or fixed_split_size < 1):
-            raise ValueError(f"fixed_split_size must be a positive number of KV tokens but is {fixed_split_size}")
+        if fixed_split_size is not None:
+            fixed_split_size = check_int("fixed_split_size", fixed_split_size, rule="a positive number of KV tokens")
         num_ctas, planner = route
         if fixed_split_size is None and planner is not None and plan.batch:
             work = planner.plan(plan.kv_lens, *plan.kv_range)
@@ -269,6 +272,8 @@ class BatchDecode(PlanRunWrapper):
         k_scale: float | None = None, v_scale: float | None = None,
     ) -> Any:  # fmt: skip
         """Decode ``q [batch, num_qo_heads, head_dim]`` against ``kv_cache`` -> ``o`` (or ``(o, lse)``; lse base 2)."""
+        if k_scale is not None or v_scale is not None:
+            check_scales(k_scale, v_scale)
         return self._run(q, kv_cache, out, lse, return_lse or lse is not None, k_scale, v_scale)
 
     def _kv_view(self, call: Call, plan: DecodePlan, kv_cache: Any) -> KV:
@@ -276,7 +281,7 @@ class BatchDecode(PlanRunWrapper):
 
     def _paged_kv(self, call: Call, plan: DecodePlan, kv_cache: Any) -> KV:
         """The cache's view, validated (``CacheViews`` reuses it while the same cache object comes back)."""
-        kv = paged_kv(call.tensor, kv_cache, self.kv_layout, gpu=True)
+        kv = paged_kv(call.tensor, kv_cache, self.kv_layout)
         self._check_kv(plan, kv)
         return kv
 
@@ -292,9 +297,10 @@ class BatchDecode(PlanRunWrapper):
     def _check_kv(self, plan: DecodePlan, kv: KV) -> None:
         check_cache_matches(kv, plan, self.kv_layout)
         if kv.k.dtype is not plan.kv_dtype:
+            got = kv.k.dtype
             raise ValueError(
-                f"kv_cache has dtype {kv.k.dtype.value} but plan() was made for kv_dtype={plan.kv_dtype.value}; call "
-                f"plan() with kv_dtype='{kv.k.dtype.value}'"
+                f"kv_cache has dtype {got.value} but plan() was made for kv_dtype={plan.kv_dtype.value}; cast it with "
+                f"{validate.cast_fix('kv_cache', kv.k.framework, plan.kv_dtype)}{replan_hint('kv_dtype', got)}"
             )
         check_pages_in_cache(plan.max_page, kv)
 
@@ -318,19 +324,10 @@ class BatchDecode(PlanRunWrapper):
             st.dyn = dyn
         st.kernel.launch(st.num_ctas, st.threads, (st.params, st.vparams), smem_bytes=st.smem_bytes, stream=call.stream)
 
-    def _run_reference(
-        self, plan: DecodePlan, q: Any, kv_cache: Any, out: Any, lse: Any, want_lse: bool, k_scale: Any, v_scale: Any
-    ) -> Any:
-        tq = as_tensor(q, "q")
-        self._check_q(plan, tq)
-        self._check_kv(plan, paged_kv(as_tensor, kv_cache, self.kv_layout, gpu=False))
-        refuse_user_variants_on_host(plan.variant)
-        if out is not None:
-            to = as_tensor(out, "out")
-            validate.check_shape("out", to, (plan.batch, plan.num_qo_heads, plan.head_dim))
-            check_out_dtype(plan.o_dtype, to)
-        o, lse64 = reference.batch_decode_paged(
+    def _reference(
+        self, plan: DecodePlan, tq: Tensor, kv_cache: Any, kvt: KV, k_scale: Any, v_scale: Any
+    ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        return reference.batch_decode_paged(
             tq.numpy(), kv_cache, plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len, kv_layout=self.kv_layout,
             **plan.options.reference_kwargs(), k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
-        return host_outputs(o, lse64, plan.o_dtype, out, lse, want_lse)

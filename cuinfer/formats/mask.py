@@ -26,7 +26,7 @@ def custom_mask_bytes(
     indptr = np.zeros(bits.shape[0] + 1, dtype=np.int64)
     np.cumsum((bits + 7) // 8, out=indptr[1:])
     if custom_mask is not None:
-        m = np.asarray(host_array(custom_mask, "custom_mask")).astype(bool).reshape(-1)
+        m = bool_mask(host_array(custom_mask, "custom_mask"), "custom_mask").reshape(-1)
         if m.shape[0] != int(bits.sum()):
             raise ValueError(
                 f"custom_mask must hold sum(qo_len * kv_len) = {int(bits.sum())} entries (each request's row-major "
@@ -46,6 +46,30 @@ def custom_mask_bytes(
     if indptr[-1] > np.iinfo(np.int32).max // 8:
         raise ValueError(f"custom masks above {np.iinfo(np.int32).max // 8} bytes are not supported")
     return np.ascontiguousarray(packed, dtype=np.uint8), indptr.astype(np.int32)
+
+
+def bool_mask(m: np.ndarray, name: str) -> np.ndarray:
+    """A custom mask as bool (True = keep): bool, or integers that are all 0 or 1 (a list of 0/1, say). Anything else
+    is refused rather than cast: ``[0, 2, 0, 5]`` or a float mask is more likely a mistake (token ids, an additive
+    -inf mask) than a mask. FlashInfer takes bool."""
+    m = np.asarray(m)
+    if m.dtype == np.bool_:
+        return m
+    if m.size == 0:
+        return m.astype(bool)
+    if m.dtype.kind in "iu":
+        bad = np.flatnonzero((m.reshape(-1) != 0) & (m.reshape(-1) != 1))
+        if not bad.size:
+            return m.astype(bool)
+        i = int(bad[0])
+        raise ValueError(
+            f"{name} must hold bools (True = keep) or the integers 0 and 1 but its entry {i} (flat) is "
+            f"{m.reshape(-1)[i]}; pass ({name} != 0) if nonzero means keep"
+        )
+    raise ValueError(
+        f"{name} must have dtype bool (True = keep; integers 0 / 1 are taken too) but has dtype {m.dtype}; pass "
+        f"({name} != 0) if nonzero means keep, or ({name} == 0) for an additive mask of 0 / -inf"
+    )
 
 
 def host_array(x: Any, name: str) -> np.ndarray:

@@ -21,9 +21,15 @@ INT32_MAX = 2**31 - 1
 def check_page_table(
     indptr: np.ndarray, kv_indices: Any, kv_last_page_len: Any, page_size: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Validate a CSR page table whose ``indptr`` is already checked -> (indices, last_page_len, pages per request)."""
+    """Validate a CSR page table whose ``indptr`` is already checked -> (indices in use, last_page_len, kv_lens int32).
+
+    ``kv_indices`` may be longer than ``indptr[-1]`` (a preallocated buffer, as FlashInfer allows): only the entries in
+    use are read. A request's ``kv_len`` must fit the kernels' int32 token counts."""
     batch = indptr.shape[0] - 1
-    indices = validate.check_index_array("kv_indices", kv_indices, min_len=int(indptr[-1]))
+    nnz = int(indptr[-1])
+    indices = validate.check_index_array(
+        "kv_indices", kv_indices, used=nnz, hint=f"kv_indptr[-1] = {nnz} pages are in use"
+    )
     last = validate.check_index_array(
         "kv_last_page_len", kv_last_page_len, length=batch, hint="one entry per request (len(kv_indptr) - 1)"
     )
@@ -35,7 +41,15 @@ def check_page_table(
             f"kv_last_page_len[{b}] must be in [1, page_size={page_size}] for a request with pages but is "
             f"{int(last[b])}; it counts the tokens in the request's last page"
         )
-    return indices, last, pages
+    kv_lens = np.maximum(pages.astype(np.int64) * page_size + (last.astype(np.int64) - page_size), 0)
+    if batch and int(kv_lens.max()) > INT32_MAX:
+        b = int(np.argmax(kv_lens))
+        raise ValueError(
+            f"request {b} must hold at most {INT32_MAX} tokens (the kernels count a request's keys in int32) but "
+            f"kv_indptr and kv_last_page_len give it {int(kv_lens[b])} ({int(pages[b])} pages of page_size="
+            f"{page_size}); split the request"
+        )
+    return indices, last, kv_lens.astype(np.int32)
 
 
 def check_cache_matches(kv: KV, plan: Any, layout: str) -> None:
@@ -59,9 +73,10 @@ def check_pages_in_cache(max_page: int, kv: KV) -> None:
         )
 
 
-def paged_kv(tensor: Callable[[Any, str], Tensor], kv_cache: Any, layout: str, *, gpu: bool) -> KV:
-    """Parse a 5-D cache or a (k_cache, v_cache) tuple of ``layout`` (imported with ``tensor``); ``gpu`` adds the
-    16-byte alignment checks the kernels need."""
+def paged_kv(tensor: Callable[[Any, str], Tensor], kv_cache: Any, layout: str) -> KV:
+    """Parse a 5-D cache or a (k_cache, v_cache) tuple of ``layout`` (imported with ``tensor``), checked as both routes
+    check it (``check_aligned``: a contiguous last dimension; on the GPU also the 16-byte alignment the kernels
+    need)."""
     nhd = layout == "NHD"
     if isinstance(kv_cache, (tuple, list)):
         if len(kv_cache) != 2:
@@ -74,8 +89,7 @@ def paged_kv(tensor: Callable[[Any, str], Tensor], kv_cache: Any, layout: str, *
         )
         for name, t in (("k_cache", k), ("v_cache", v)):
             validate.check_ndim(name, t, 4, hint=f"a ({layout}) cache is {expect}")
-            if gpu:
-                check_aligned(name, t, (0, 1, 2))
+            check_aligned(name, t, (0, 1, 2))
         validate.check_shape("v_cache", v, k.shape, hint="it must match k_cache")
         slot, head = (1, 2) if nhd else (2, 1)
         ks = (k.strides[0], k.strides[slot], k.strides[head])
@@ -95,8 +109,7 @@ def paged_kv(tensor: Callable[[Any, str], Tensor], kv_cache: Any, layout: str, *
             raise ValueError(
                 f"kv_cache must have shape {expect} ({layout}) but has shape {c.shape}; dim 1 holds K and V"
             )
-        if gpu:
-            check_aligned("kv_cache", c, (0, 1, 2, 3))
+        check_aligned("kv_cache", c, (0, 1, 2, 3))
         slot, head = (2, 3) if nhd else (3, 2)
         ks = vs = (c.strides[0], c.strides[slot], c.strides[head])
         shape = (c.shape[0],) + c.shape[2:]
@@ -129,11 +142,10 @@ def read_checked_page_table(out: dict, kv_indptr: Any, kv_indices: Any, kv_last_
     """``read_page_table`` through the validators (raising the error that names the argument)."""
     indptr = validate.check_indptr("kv_indptr", kv_indptr)
     batch = indptr.shape[0] - 1
-    indices, last, pages = check_page_table(indptr, kv_indices, kv_last_page_len, page_size)
+    indices, last, kv_lens = check_page_table(indptr, kv_indices, kv_last_page_len, page_size)
     nnz = int(indptr[-1])
-    kv_lens = np.maximum(pages * page_size + (last - page_size), 0).astype(np.int32, copy=False)
     out["kv_indptr"], out["kv_indices"], out["kv_last_page_len"], out["kv_lens"] = indptr, indices, last, kv_lens
-    out["max_page"] = int(indices[:nnz].max()) if nnz else -1
+    out["max_page"] = int(indices.max()) if nnz else -1
     out["kv_range"] = (int(kv_lens.min()), int(kv_lens.max())) if batch else (0, 0)
     out["nnz"] = nnz
 
@@ -154,7 +166,7 @@ def read_page_table_fast(out: dict, indptr: np.ndarray, indices: np.ndarray, las
         return False
     nnz = indptr.item(-1)
     n_ind = indices.shape[0]
-    if n_ind < nnz:
+    if n_ind < nnz or nnz * page_size > INT32_MAX:  # (past that, a request's kv_len might not fit int32)
         return False
     ps = const32(page_size)  # a 0-d operand: NumPy calls with Python scalars cost about twice as much
     rows = np.empty((4, batch), dtype=np.int32)
@@ -171,10 +183,9 @@ def read_page_table_fast(out: dict, indptr: np.ndarray, indices: np.ndarray, las
     if kv_lo < 0:  # requests without pages have length 0
         np.maximum(kv, 0, out=kv)
         kv_lo = 0
-    if nnz:
-        max_page = int(np.maximum.reduce((indices if n_ind == nnz else indices[:nnz]).view(U32)))
-    else:
-        max_page = -1
+    if n_ind != nnz:
+        indices = indices[:nnz]  # (a longer buffer's tail is not read)
+    max_page = int(np.maximum.reduce(indices.view(U32))) if nnz else -1
     if max_page > INT32_MAX:
         return False
     out["kv_indptr"], out["kv_indices"], out["kv_last_page_len"], out["kv_lens"] = indptr, indices, last, kv

@@ -1,17 +1,20 @@
 """Merging attention states (o, lse): two states, S states, and the split-KV partials of a plan.
 
-lse is base 2 and float32; o is float16, bfloat16 or float32 with head dim 64, 128 or 256. NumPy inputs run on the
-float64 CPU reference; GPU arrays (torch, JAX, CuPy, any DLPack producer) run the kernels of
-``kernel_src/attention/merge.cu`` on the caller's current stream, without copies.
+lse is base 2 and float32; o is float16, bfloat16 or float32 with head dim 64, 128 or 256. GPU arrays (torch, JAX,
+CuPy, any DLPack producer) run the kernels of ``kernel_src/attention/merge.cu`` on the caller's current stream,
+without copies; NumPy arrays run the float64 CPU reference after the same checks (o may also be float64 there) and
+come back in the same dtypes (o in the input's, lse float32).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from cuinfer import reference
 from cuinfer.interop import validate
-from cuinfer.interop.arrays import Tensor, as_tensor
+from cuinfer.interop.arrays import Tensor
 from cuinfer.interop.dtypes import DType
 from cuinfer.jit import get_kernel, register
 from cuinfer.merge.specs import (
@@ -24,7 +27,7 @@ from cuinfer.merge.specs import (
     instance,
     merge_spec,
 )
-from cuinfer.runtime.calls import Call, begin, is_host
+from cuinfer.runtime.calls import Call, start
 
 register("merge", all_specs)
 
@@ -73,28 +76,24 @@ def _kernel(kind: str, dtype: DType, head_dim: int, device_id: int):
 
 
 def merge_state(o_a: Any, lse_a: Any, o_b: Any, lse_b: Any) -> tuple[Any, Any]:
-    """``[o_a, lse_a] ⊕ [o_b, lse_b]``; o ``[L, H, D]``, lse ``[L, H]`` float32 (base 2). Returns new (o, lse)."""
-    if is_host(o_a):
-        _check_pair(*(as_tensor(x, n) for x, n in zip((o_a, lse_a, o_b, lse_b), _PAIR, strict=True)), *_PAIR)
-        return reference.merge_state(o_a, lse_a, o_b, lse_b)
-    call, ta = begin(o_a, "o_a")
+    """``[o_a, lse_a] ⊕ [o_b, lse_b]``; o ``[L, H, D]``, lse ``[L, H]`` float32 (base 2). Returns new (o, lse): o in
+    the input dtype, lse float32 (NumPy inputs too)."""
+    call, ta = start(o_a, "o_a")
     tb, sa, sb = call.tensor(o_b, "o_b"), call.tensor(lse_a, "lse_a"), call.tensor(lse_b, "lse_b")
-    _check_pair(ta, sa, tb, sb, "o_a", "lse_a", "o_b", "lse_b")
+    _check_pair(ta, sa, tb, sb, *_PAIR)
     o = call.empty(ta.shape, ta.dtype)
     lse = call.empty(ta.shape[:2], DType.FLOAT32)
-    _launch_two(call, ta, sa, tb, sb, o, lse, None)
+    if call.is_host:
+        _write(o, lse, reference.merge_state(ta.numpy(), sa.numpy(), tb.numpy(), sb.numpy()))
+    else:
+        _launch_two(call, ta, sa, tb, sb, o, lse, None)
     return call.give(o), call.give(lse)
 
 
 def merge_state_in_place(o: Any, lse: Any, o_other: Any, lse_other: Any, mask: Any = None) -> None:
     """``[o, lse] ← [o, lse] ⊕ [o_other, lse_other]`` in place; rows whose ``mask`` [L] (bool) is False stay as they
     are."""
-    if is_host(o):
-        names = ("o", "lse", "o_other", "lse_other")
-        _check_pair(*(as_tensor(x, n) for x, n in zip((o, lse, o_other, lse_other), names, strict=True)), *names)
-        reference.merge_state_in_place(o, lse, o_other, lse_other, mask=mask)
-        return
-    call, to = begin(o, "o")
+    call, to = start(o, "o")
     tl, tb, sb = call.tensor(lse, "lse"), call.tensor(o_other, "o_other"), call.tensor(lse_other, "lse_other")
     _check_pair(to, tl, tb, sb, "o", "lse", "o_other", "lse_other")
     validate.check_writable("o", to)
@@ -105,7 +104,20 @@ def merge_state_in_place(o: Any, lse: Any, o_other: Any, lse_other: Any, mask: A
         validate.check_shape("mask", tm, (to.shape[0],))
         if tm.strides[0] != 1 and tm.shape[0] > 1:
             raise ValueError(f"mask must be contiguous but has stride {tm.strides[0]}; pass a contiguous copy")
+        validate.check_same_device(("o", "mask"), (to, tm))
+    if call.is_host:
+        reference.merge_state_in_place(
+            to.numpy(), tl.numpy(), tb.numpy(), sb.numpy(), None if tm is None else tm.numpy()
+        )
+        return
     _launch_two(call, to, tl, tb, sb, to, tl, tm)
+
+
+def _write(o: Tensor, lse: Tensor, merged: tuple) -> None:
+    """The reference's float64 (o, lse) into the host outputs (o in its dtype, lse float32)."""
+    out_o, out_lse = o.numpy(), lse.numpy()
+    out_o[...] = merged[0].astype(out_o.dtype)
+    out_lse[...] = merged[1].astype(np.float32)
 
 
 def _check_pair(oa: Tensor, la: Tensor, ob: Tensor, lb: Tensor, noa: str, nla: str, nob: str, nlb: str) -> None:
@@ -138,19 +150,18 @@ def _launch_two(call: Call, a: Tensor, la: Tensor, b: Tensor, lb: Tensor, o: Ten
 def merge_states(o: Any, lse: Any) -> tuple[Any, Any]:
     """Merge S states per row: o ``[L, S, H, D]``, lse ``[L, S, H]`` float32 -> (o ``[L, H, D]``, lse ``[L, H]``).
 
-    States with lse = -inf are empty and contribute nothing; a row whose states are all empty gives o = 0,
-    lse = -inf.
+    States with lse = -inf are empty and contribute nothing (their o is never read); a row whose states are all empty
+    gives o = 0, lse = -inf. o comes back in the input dtype, lse float32 (NumPy inputs too).
     """
-    if is_host(o):
-        _check_states(as_tensor(o, "o"), as_tensor(lse, "lse"))
-        return reference.merge_states(o, lse)
-    call, to = begin(o, "o")
+    call, to = start(o, "o")
     tl = call.tensor(lse, "lse")
     _check_states(to, tl)
     rows, states, heads, d = to.shape
     out = call.empty((rows, heads, d), to.dtype)
     out_lse = call.empty((rows, heads), DType.FLOAT32)
-    if rows * heads:
+    if call.is_host:
+        _write(out, out_lse, reference.merge_states(to.numpy(), tl.numpy()))
+    elif rows * heads:
         p = MergeStatesParams.pack(
             o_in=to.ptr, lse_in=tl.ptr, o=out.ptr, lse=out_lse.ptr,
             num_rows=rows, num_heads=heads, num_states=states,

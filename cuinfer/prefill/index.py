@@ -10,7 +10,6 @@ import numpy as np
 
 from cuinfer.formats.paged import I32, INT32_MAX, U32, check_page_table, const32
 from cuinfer.interop import validate
-from cuinfer.planner.tiles import kv_lens_from_pages
 
 
 def read_index_arrays(
@@ -39,10 +38,8 @@ def read_checked_index_arrays(
                 "a paged BatchPrefill needs kv_indices and kv_last_page_len in plan(); pass the page table (or "
                 "build BatchPrefill(paged=False) for ragged k/v)"
             )
-        indices, last, pages = check_page_table(kvi, kv_indices, kv_last_page_len, ps)
-        kv_lens = kv_lens_from_pages(kvi, last, ps).astype(np.int32)
-        used = indices[: int(kvi[-1])]
-        max_page = int(used.max()) if used.size else -1
+        indices, last, kv_lens = check_page_table(kvi, kv_indices, kv_last_page_len, ps)
+        max_page = int(indices.max()) if indices.size else -1
     else:
         kvi = validate.check_indptr("kv_indptr", kv_indptr, length=qo.shape[0], hint=hint)
         indices = last = None
@@ -82,15 +79,16 @@ def read_index_arrays_fast(out: dict, paged: bool, qo: Any, kvi: Any, indices: A
     max_page = -1
     if paged:
         nnz = kvi.item(-1)
-        if last.shape[0] != batch or indices.shape[0] < nnz:
+        if last.shape[0] != batch or indices.shape[0] < nnz or nnz * ps > INT32_MAX:  # (kv_lens might not fit int32)
             return False
         c = const32(ps)
         lp = np.subtract(last, c, out=rows[2 * batch : half])
         np.multiply(kv_lens, c, out=kv_lens)
         kv_lens += lp
+        if indices.shape[0] != nnz:
+            indices = indices[:nnz]  # (a longer buffer's tail is not read)
         if nnz:
-            used = indices if indices.shape[0] == nnz else indices[:nnz]
-            max_page = int(np.maximum.reduce(used.view(U32)))
+            max_page = int(np.maximum.reduce(indices.view(U32)))
             if max_page > INT32_MAX:
                 return False
     np.negative(rows[:half], out=rows[half:])

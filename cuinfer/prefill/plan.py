@@ -17,7 +17,7 @@ from cuinfer.prefill.index import read_index_arrays
 from cuinfer.prefill.policy import DeviceLimits, check_head_dims, choose_tiles, query_tile
 from cuinfer.prefill.specs import PrefillKernelKey
 from cuinfer.prefill.tiles import TileConfig
-from cuinfer.runtime.options import AttentionOptions, check_options, half_dtype
+from cuinfer.runtime.options import AttentionOptions, check_int, check_options, check_window_left, half_dtype
 from cuinfer.runtime.wrapper import PlanState
 from cuinfer.variants import Rendered
 from cuinfer.variants.select import chain_for, user_variants
@@ -127,9 +127,16 @@ def check_prefill_options(
 
 
 def positive(name: str, v: Any) -> int:
-    if isinstance(v, bool) or int(v) != v or v < 1:
-        raise ValueError(f"{name} must be a positive integer but is {v!r}")
-    return int(v)
+    return check_int(name, v)
+
+
+def check_counts(static: tuple) -> None:
+    """The counts among ``static`` (``STATIC_ARGS``) are integers (NumPy integers too), never floats or bools."""
+    for i in (1, 2, 3, 4):
+        check_int(STATIC_ARGS[i], static[i])
+    if static[6] is not None:
+        check_int("head_dim_vo", static[6])
+    check_window_left(static[12])
 
 
 def parse_tile_sizes(tile_sizes: Any) -> TileRequest:
@@ -141,7 +148,9 @@ def parse_tile_sizes(tile_sizes: Any) -> TileRequest:
     if not 1 <= len(t) <= 4:
         raise ValueError(f"tile_sizes must be (query_tile, kv_tile[, stages[, groups]]) but is {tile_sizes!r}")
     t = t + (None,) * (4 - len(t))
-    return TileRequest(t[0], t[1], 2 if t[2] is None else int(t[2]), None if t[3] is None else int(t[3]))
+    names = ("query_tile", "kv_tile", "stages", "groups")
+    t = tuple(None if x is None else check_int(f"tile_sizes ({n})", x) for n, x in zip(names, t, strict=True))
+    return TileRequest(t[0], t[1], 2 if t[2] is None else t[2], t[3])
 
 
 def host_plan(
@@ -173,6 +182,17 @@ def plan_of(
 ) -> PrefillPlan:  # fmt: skip
     """``host_plan`` with the arguments other than index arrays and masks already in one tuple, the values named in
     ``STATIC_ARGS`` (``BatchPrefill.plan`` builds it directly: a call with two dozen keywords costs microseconds)."""
+    if (
+        type(static[1]) is not int
+        or type(static[2]) is not int
+        or type(static[3]) is not int
+        or (
+            type(static[4]) is not int
+            or (static[6] is not None and type(static[6]) is not int)
+            or type(static[12]) is not int
+        )
+    ):  # (8.0 == 8 and True == 1 hash alike: the memo would take a float or a bool for the count it was made for)
+        check_counts(static)
     facts = static_facts_of(static, memo)
     # The dataclass __init__ with its 27 fields costs microseconds: the fields are set in a copy of the dict the
     # other arguments fix (all fields in: no resize while the rest go in).

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from cuinfer.formats.mask import host_array
+from cuinfer.formats.mask import bool_mask, host_array
 from cuinfer.interop import validate
-from cuinfer.interop.arrays import as_tensor
 from cuinfer.prefill.wrapper import BatchPrefill
-from cuinfer.runtime.calls import is_host
+from cuinfer.runtime.calls import start
 from cuinfer.runtime.options import kv_layout_name
+from cuinfer.runtime.outputs import PLANNABLE
 
-_single_wrappers: dict = {}
+_single_wrappers: dict = {}  # (device or None for the CPU reference, layout) -> BatchPrefill reused across calls
 
 
 def single_prefill(
@@ -24,28 +22,36 @@ def single_prefill(
 ) -> Any:  # fmt: skip
     """Prefill one request: ``q [qo_len, num_qo_heads, head_dim]`` against ``k``, ``v`` (``[kv_len, num_kv_heads,
     head_dim]`` NHD or ``[num_kv_heads, kv_len, head_dim]`` HND) -> ``o [qo_len, num_qo_heads, head_dim_vo]``
-    (, ``lse [qo_len, num_qo_heads]``). ``custom_mask``: bool ``[qo_len, kv_len]``, True = keep.
+    (, ``lse [qo_len, num_qo_heads]``). ``custom_mask``: bool ``[qo_len, kv_len]``, True = keep (integers 0 / 1 are
+    taken too).
 
     The same kernel as ``BatchPrefill(paged=False)``, a batch of one request (split over the GPU by the planner).
+    NumPy inputs take the same checks, plan() and run() (so they raise exactly when GPU arrays would), then the
+    float64 CPU reference.
     """
     layout = kv_layout_name(kv_layout)
-    tq, tk, tv = (as_tensor(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v")))
+    call, tq = start(q, "q")
+    tk, tv = call.tensor(k, "k"), call.tensor(v, "v")
     validate.check_ndim("q", tq, 3, hint="single_prefill takes q [qo_len, num_qo_heads, head_dim]")
     desc = "[kv_len, num_kv_heads, head_dim]" if layout == "NHD" else "[num_kv_heads, kv_len, head_dim]"
     validate.check_ndim("k", tk, 3, hint=f"k is {desc} ({layout})")
     validate.check_ndim("v", tv, 3, hint=f"v is {desc} ({layout})")
+    validate.check_dtype("q", tq, PLANNABLE)
+    validate.check_same_dtype(("q", "k", "v"), (tq, tk, tv), hint="(the prefill kernel takes one 16-bit type)")
     kv_len, hkv = (tk.shape[0], tk.shape[1]) if layout == "NHD" else (tk.shape[1], tk.shape[0])
     if tk.shape[2] != tq.shape[2]:
         raise ValueError(f"q and k must share head_dim but have shapes {tq.shape} and {tk.shape}")
-    mask = None if custom_mask is None else np.asarray(host_array(custom_mask, "custom_mask")).astype(bool)
+    mask = None if custom_mask is None else bool_mask(host_array(custom_mask, "custom_mask"), "custom_mask")
     if mask is not None and mask.shape != (tq.shape[0], kv_len):
         raise ValueError(
             f"custom_mask must have shape (qo_len, kv_len) = {(tq.shape[0], kv_len)} but has shape {mask.shape}"
         )
-    device = None if is_host(q) else tq.device_id
-    w = _single_wrappers.get((device, layout))
+    w = _single_wrappers.get((call.device_id, layout))
     if w is None:
-        w = _single_wrappers[(device, layout)] = BatchPrefill(paged=False, kv_layout=layout, device=device)
+        w = _single_wrappers[(call.device_id, layout)] = BatchPrefill(paged=False, kv_layout=layout,
+                                                                      device=call.device_id)  # fmt: skip
+        if call.is_host:
+            w._device_id = None  # (host-only plans: the CPU reference never touches a GPU)
     w.plan(
         [0, tq.shape[0]], [0, kv_len], num_qo_heads=tq.shape[1], num_kv_heads=hkv, head_dim=tq.shape[2],
         head_dim_vo=tv.shape[2], causal=causal, custom_mask=None if mask is None else mask.reshape(-1),

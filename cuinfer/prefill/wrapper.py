@@ -23,9 +23,9 @@ import numpy as np
 from cuinfer import reference
 from cuinfer.formats.kv import KV
 from cuinfer.formats.paged import check_cache_matches, check_pages_in_cache, paged_kv
-from cuinfer.formats.ragged import check_ragged_shapes, ragged_kv
+from cuinfer.formats.ragged import ragged_kv
 from cuinfer.interop import validate
-from cuinfer.interop.arrays import Tensor, as_tensor
+from cuinfer.interop.arrays import Tensor
 from cuinfer.jit import get_kernel
 from cuinfer.planner import assign as plan_assign
 from cuinfer.planner import compact as plan_compact
@@ -40,9 +40,9 @@ from cuinfer.prefill.specs import prefill_spec
 from cuinfer.prefill.tiles import block_smem_bytes
 from cuinfer.runtime.buffers import FixedLayout
 from cuinfer.runtime.calls import Call
-from cuinfer.runtime.outputs import host_outputs
+from cuinfer.runtime.outputs import replan_hint
 from cuinfer.runtime.wrapper import PlanRunWrapper, check_q_dtype
-from cuinfer.variants.select import check_user_values, refuse_user_variants_on_host
+from cuinfer.variants.select import check_user_values
 
 DEFAULT_WORKSPACE_BYTES = 128 << 20
 BACKENDS = ("auto", "fa2", "sm90")
@@ -107,6 +107,8 @@ class BatchPrefill(PlanRunWrapper):
     def _num_ctas(self, plan: PrefillPlan, num_sms: int | None, device_id: int | None) -> int:
         # The last answer, compared by identity (building the kernel key costs microseconds): same memoised
         # arguments, tiles, mask presence, SM count and device.
+        if num_sms is not None and type(num_sms) is not int:
+            positive("num_sms", num_sms)  # (before the memos, where 4.0 == 4)
         memo = self._ctas_memo
         has_mask = plan.mask_bytes is not None
         if (
@@ -377,7 +379,7 @@ class BatchPrefill(PlanRunWrapper):
         return c
 
     def _paged_kv(self, call: Call, plan: PrefillPlan, cache: Any) -> KV:
-        c = paged_kv(call.tensor, cache, self.kv_layout, gpu=True)
+        c = paged_kv(call.tensor, cache, self.kv_layout)
         check_cache_matches(c, plan, self.kv_layout)
         if plan.head_dim_vo != plan.head_dim:
             raise ValueError(
@@ -397,9 +399,11 @@ class BatchPrefill(PlanRunWrapper):
     @staticmethod
     def _check_kv_dtype(plan: PrefillPlan, c: KV) -> None:
         if c.k.dtype is not plan.kv_dtype:
+            got = c.k.dtype
             raise ValueError(
-                f"k/v have dtype {c.k.dtype.value} but plan() was made for kv_dtype={plan.kv_dtype.value}; call "
-                f"plan() with kv_dtype='{c.k.dtype.value}'"
+                f"k/v have dtype {got.value} but plan() was made for kv_dtype={plan.kv_dtype.value} (the prefill "
+                f"kernel takes q, k and v of one 16-bit type); cast them with "
+                f"{validate.cast_fix('k', c.k.framework, plan.kv_dtype)}{replan_hint('q_dtype', got)}"
             )
 
     def _launch(
@@ -416,12 +420,9 @@ class BatchPrefill(PlanRunWrapper):
             st = self._launch_state = PrefillLaunch(buf, plan, call.device_id, self.paged, max_merge)
         st.launch(call.stream, tq, kv, to, tl)
 
-    def _run_reference(
-        self, plan: PrefillPlan, q: Any, kv: tuple, out: Any, lse: Any, want_lse: bool, k_scale: Any, v_scale: Any
-    ) -> Any:
-        tq = as_tensor(q, "q")
-        self._check_q(plan, tq)
-        refuse_user_variants_on_host(plan.variant)
+    def _reference(
+        self, plan: PrefillPlan, tq: Tensor, kv: tuple, kvt: KV, k_scale: Any, v_scale: Any
+    ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
         opts = plan.options
         kw = dict(causal=opts.causal, **opts.reference_kwargs())
         mask = None
@@ -429,16 +430,12 @@ class BatchPrefill(PlanRunWrapper):
             kv_tok = np.concatenate([[0], np.cumsum(plan.kv_lens)])
             mask = reference.unpack_custom_mask(plan.mask_bytes, plan.qo_indptr, kv_tok)
         if self.paged:
-            o, lse64 = reference.batch_prefill_paged(
+            return reference.batch_prefill_paged(
                 tq.numpy(), kv[0], plan.qo_indptr, plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len,
                 kv_layout=self.kv_layout, custom_mask=mask, **kw,
             )  # fmt: skip
-        else:
-            k, v = as_tensor(kv[0], "k").numpy(), as_tensor(kv[1], "v").numpy()
-            if self.kv_layout == "HND":
-                k, v = k.transpose(1, 0, 2), v.transpose(1, 0, 2)
-            check_ragged_shapes(k.shape, v.shape, plan, "NHD")
-            o, lse64 = reference.batch_attention_ragged(
-                tq.numpy(), k, v, plan.qo_indptr, plan.kv_indptr, custom_mask=mask, **kw
-            )
-        return host_outputs(o, lse64, plan.o_dtype, out, lse, want_lse)
+        k, v = kvt.k.numpy(), kvt.v.numpy()
+        if self.kv_layout == "HND":
+            k, v = k.transpose(1, 0, 2), v.transpose(1, 0, 2)
+        qo, kvi = plan.qo_indptr, plan.kv_indptr
+        return reference.batch_attention_ragged(tq.numpy(), k, v, qo, kvi, custom_mask=mask, **kw)

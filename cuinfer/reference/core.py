@@ -24,7 +24,7 @@ import numpy as np
 
 from cuinfer.reference.paged import page_table
 from cuinfer.reference.positional import alibi_slopes, rope
-from cuinfer.reference.util import as_bool_mask, as_f64, as_indptr
+from cuinfer.reference.util import as_bool_mask, as_f64, as_indptr, check_memory
 
 POS_ENCODINGS = ("none", "rope_llama", "alibi")
 LOG2E = 1.0 / math.log(2.0)
@@ -94,6 +94,35 @@ def _check_heads(q: tuple, k: tuple, v: tuple) -> None:
             f"num_qo_heads ({hq}) must be a multiple of num_kv_heads ({hkv}) for grouped-query attention; "
             f"query head h reads kv head h // (num_qo_heads // num_kv_heads)"
         )
+
+
+def _peak_bytes(q_shape: tuple, kv_tokens: int, kv_heads: int, d: int, dv: int, qo_lens: Any, kv_lens: Any) -> int:
+    """An upper estimate of the bytes a reference call allocates: float64 copies of q, of ``kv_tokens`` K/V rows (the
+    whole ragged k / v, or the longest request gathered from pages, with its RoPE / transposed copies), o and lse, and
+    the largest request's score block with its temporaries (at least one query row: ``Hq x kv_len`` scores)."""
+    tokens, hq = int(q_shape[0]), int(q_shape[1])
+    per_kv = kv_heads * (d + dv)
+    whole = tokens * hq * (d + 2 * dv + 2) + 3 * kv_tokens * per_kv
+    block = 0
+    for lq, lkv in zip(np.asarray(qo_lens).tolist(), np.asarray(kv_lens).tolist(), strict=True):
+        if lq and lkv:
+            rows = min(lq, max(1, _SCORE_BLOCK_ELEMS // (hq * lkv)))
+            block = max(block, 5 * hq * rows * lkv + 2 * lkv * per_kv + rows * hq * (d + dv))
+    return 8 * (whole + block)
+
+
+def _check_size(what: str, q: Any, k: Any, v: Any, qo_lens: Any = None, kv_lens: Any = None,
+                kv_tokens: int | None = None) -> None:  # fmt: skip
+    """``check_memory`` from the shapes alone, before anything is converted to float64. ``q``, ``k``, ``v``: ragged
+    [tokens, heads, dim] (one request when ``qo_lens`` is None), or page-table views [pages, page_size, heads, dim]
+    whose longest request holds ``kv_tokens`` keys. Malformed shapes are left to the checks that name them."""
+    qs, ks, vs = np.shape(q), np.shape(k), np.shape(v)
+    if len(qs) != 3 or len(ks) < 3 or len(vs) < 3:
+        return
+    if qo_lens is None:
+        qo_lens, kv_lens = [qs[0]], [ks[0]]
+    tokens = ks[0] if kv_tokens is None else kv_tokens
+    check_memory(_peak_bytes(qs, tokens, ks[-2], ks[-1], vs[-1], qo_lens, kv_lens), what)
 
 
 def _ragged_qkv(q: Any, k: Any, v: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -167,6 +196,7 @@ def attention(
     opt = _options(causal=causal, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
                    pos_encoding=pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta, k_scale=k_scale,
                    v_scale=v_scale)  # fmt: skip
+    _check_size("this attention call", q, k, v)
     q64, k64, v64 = _ragged_qkv(q, k, v)
     mask = None if custom_mask is None else as_bool_mask(custom_mask, "custom_mask", (q64.shape[0], k64.shape[0]))
     return _attend(q64, k64, v64, mask, opt)
@@ -196,13 +226,14 @@ def batch_attention_ragged(
     opt = _options(causal=causal, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
                    pos_encoding=pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta, k_scale=k_scale,
                    v_scale=v_scale)  # fmt: skip
-    q64, k64, v64 = _ragged_qkv(q, k, v)
-    qo = as_indptr(qo_indptr, "qo_indptr", total=q64.shape[0])
-    kv = as_indptr(kv_indptr, "kv_indptr", total=k64.shape[0])
+    qo = as_indptr(qo_indptr, "qo_indptr", total=_rows(q))
+    kv = as_indptr(kv_indptr, "kv_indptr", total=_rows(k))
     if qo.shape != kv.shape:
         raise ValueError(
             f"qo_indptr and kv_indptr must both have batch_size + 1 entries but have {qo.shape[0]} and {kv.shape[0]}"
         )
+    _check_size("this batch", q, k, v, np.diff(qo), np.diff(kv))
+    q64, k64, v64 = _ragged_qkv(q, k, v)
     masks = _split_flat_mask(custom_mask, np.diff(qo), np.diff(kv))
     o = np.zeros((q64.shape[0], q64.shape[1], v64.shape[2]))
     lse = np.full(q64.shape[:2], -np.inf)
@@ -212,12 +243,26 @@ def batch_attention_ragged(
     return o, lse
 
 
-def _paged_q(q: Any, kv_cache: Any, kv_indptr: Any, kv_indices: Any, kv_last_page_len: Any, kv_layout: str):
-    """q as float64 ``[tokens, heads, dim]`` and the validated page table of ``kv_cache``, their heads checked."""
-    q64 = as_f64(q, "q", ndim=3)
+def _rows(x: Any) -> int | None:
+    """Rows of an array-like (None for a scalar: the checks that need an array name it)."""
+    shape = np.shape(x)
+    return shape[0] if shape else None
+
+
+def _paged_q(q: Any, kv_cache: Any, kv_indptr: Any, kv_indices: Any, kv_last_page_len: Any, kv_layout: str,
+             qo_indptr: Any = None):  # fmt: skip
+    """q as float64 ``[tokens, heads, dim]``, the validated page table of ``kv_cache`` and ``qo_indptr`` (None: one
+    query row per request, decode), their heads checked and the memory the call needs too (``_check_size``)."""
     table = page_table(kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout)
+    batch = table.kv_lens.shape[0]
+    qo = None if qo_indptr is None else as_indptr(qo_indptr, "qo_indptr", total=_rows(q))
+    qo_lens = np.ones(batch, np.int64) if qo is None else np.diff(qo)
+    if qo_lens.shape[0] == batch:  # (else the caller names the mismatch)
+        longest = int(table.kv_lens.max()) if batch else 0
+        _check_size("this batch", q, table.k, table.v, qo_lens, table.kv_lens, kv_tokens=longest)
+    q64 = as_f64(q, "q", ndim=3)
     _check_heads(q64.shape, table.k.shape[1:], table.v.shape[1:])
-    return q64, table
+    return q64, table, qo
 
 
 def batch_decode_paged(
@@ -232,7 +277,7 @@ def batch_decode_paged(
     opt = _options(causal=False, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
                    pos_encoding=pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta, k_scale=k_scale,
                    v_scale=v_scale)  # fmt: skip
-    q64, table = _paged_q(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout)
+    q64, table, _ = _paged_q(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout)
     batch = table.kv_lens.shape[0]
     if q64.shape[0] != batch:
         raise ValueError(f"q has {q64.shape[0]} rows but the page table has {batch} requests; decode takes one each")
@@ -257,8 +302,7 @@ def batch_prefill_paged(
     opt = _options(causal=causal, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
                    pos_encoding=pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta, k_scale=k_scale,
                    v_scale=v_scale)  # fmt: skip
-    q64, table = _paged_q(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout)
-    qo = as_indptr(qo_indptr, "qo_indptr", total=q64.shape[0])
+    q64, table, qo = _paged_q(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout, qo_indptr)
     batch = table.kv_lens.shape[0]
     if qo.shape[0] != batch + 1:
         raise ValueError(

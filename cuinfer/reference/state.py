@@ -22,6 +22,8 @@ def _merge_axis(o: np.ndarray, lse: np.ndarray, axis: int) -> tuple[np.ndarray, 
     w = np.exp2(lse - np.where(empty, 0.0, m))
     total = np.sum(w, axis=axis, keepdims=True)
     safe_total = np.where(empty, 1.0, total)
+    # An empty state's o is never read (it may hold anything, NaN included: 0 x NaN would poison the row).
+    o = np.where((lse == -np.inf)[..., None], 0.0, o)
     o_out = np.sum(w[..., None] * o, axis=axis) / np.squeeze(safe_total, axis=axis)[..., None]
     with np.errstate(divide="ignore"):
         lse_out = np.squeeze(np.where(empty, -np.inf, m + np.log2(safe_total)), axis=axis)

@@ -6,6 +6,7 @@ malformed inputs loudly instead of guessing: a silently wrong oracle would make 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -69,3 +70,23 @@ def check_rope_dims(head_dim: int, rotary_dim: int | None) -> int:
             f"pass None for the full head dim"
         )
     return r
+
+
+def memory_limit() -> int:
+    """Bytes the CPU reference may allocate for one call: half this machine's physical memory (16 GiB where that is
+    not known)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, AttributeError):
+        return 16 << 30
+
+
+def check_memory(need: int, what: str) -> None:
+    """Refuse, before allocating anything large, a call whose float64 temporaries would not fit ``memory_limit()``:
+    a clear ValueError with the size instead of a MemoryError (or the machine swapping) half-way through."""
+    limit = memory_limit()
+    if need > limit:
+        raise ValueError(
+            f"the CPU reference backend would need about {need / 2**30:.1f} GiB of memory for {what} but may use "
+            f"{limit / 2**30:.1f} GiB (half this machine's memory); run it on a GPU, or split the batch"
+        )

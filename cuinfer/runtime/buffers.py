@@ -3,12 +3,15 @@ workspace rules they follow."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from cuinfer.planner import layout as plan_layout
+from cuinfer.runtime.options import check_int
 
 
 def buffer_settings(
@@ -20,14 +23,18 @@ def buffer_settings(
     without graphs, whose pointers must stay fixed) the workspace grows as plans need.
     """
     graph = bool(use_cuda_graph)
-    if graph and (max_batch_size is None or int(max_batch_size) < 1):
+    if graph and max_batch_size is None:
         raise ValueError(
             f"use_cuda_graph=True needs max_batch_size >= 1 (the plan buffers are sized once) but got {max_batch_size}"
         )
-    ws = default_workspace if workspace_bytes is None else int(workspace_bytes)
-    if ws < 0:
-        raise ValueError(f"workspace_bytes must be >= 0 but is {workspace_bytes}")
-    return graph, None if max_batch_size is None else int(max_batch_size), ws, workspace_bytes is None and not graph
+    if max_batch_size is not None:
+        max_batch_size = check_int("max_batch_size", max_batch_size)
+    ws = (
+        default_workspace
+        if workspace_bytes is None
+        else check_int("workspace_bytes", workspace_bytes, lo=0, hi=2**62, rule="an integer >= 0")
+    )
+    return graph, max_batch_size, ws, workspace_bytes is None and not graph
 
 
 def fit_workspace(wrapper: str, current: int, need: int, rows: int, *, can_grow: bool) -> int:
@@ -56,6 +63,22 @@ def partial_rows_capacity(workspace_bytes: int, head_dim: int) -> int:
 # ---- GPU buffers of one wrapper ---------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def allocating(device_id: int, nbytes: int, what: str) -> Iterator[None]:
+    """Turn a failed device or pinned-host allocation of plan() into a MemoryError that names what was allocated and
+    its size (CuPy says "out of memory" for the device and a bare CUDA error for pinned memory)."""
+    import cupy
+
+    try:
+        yield
+    except (cupy.cuda.memory.OutOfMemoryError, cupy.cuda.runtime.CUDARuntimeError) as exc:
+        raise MemoryError(
+            f"plan() needs {nbytes} bytes ({nbytes / 2**30:.2f} GiB) for the {what} on cuda:{device_id} but they "
+            f"cannot be allocated ({exc}); plan a smaller batch, or free device memory (workspace_size(...) gives "
+            "the workspace a plan needs)"
+        ) from exc
+
+
 class Buffers:
     """Device plan buffer, pinned host buffers (two, alternating, so plan() never overwrites a buffer whose copy is
     still pending; one in CUDA-graph mode, whose captured copy reads a fixed address) and the workspace."""
@@ -65,7 +88,7 @@ class Buffers:
 
         self.device_id = device_id
         self.graph = graph
-        with cupy.cuda.Device(device_id):
+        with cupy.cuda.Device(device_id), allocating(device_id, int(workspace_bytes), "workspace"):
             self.workspace = cupy.empty(int(workspace_bytes), dtype=np.uint8)
         self.workspace_bytes = int(workspace_bytes)
         self.merge_count = None
@@ -84,7 +107,8 @@ class Buffers:
             return
         with cupy.cuda.Device(self.device_id):
             cupy.cuda.Device(self.device_id).synchronize()  # kernels in flight may still write the old partials
-            self.workspace = cupy.empty(int(nbytes), dtype=np.uint8)
+            with allocating(self.device_id, int(nbytes), "workspace"):
+                self.workspace = cupy.empty(int(nbytes), dtype=np.uint8)
         self.workspace_bytes = int(nbytes)
         self._new_merge_counters()
 
@@ -122,8 +146,9 @@ class Buffers:
                 # Growing (rare: the first plans of a wrapper): kernels and copies in flight may still read the old
                 # buffers, on any stream; wait for them before the memory goes back to the pools.
                 cupy.cuda.Device(self.device_id).synchronize()
-            self.device = cupy.empty(n, dtype=np.int32)
-            self.pinned = [cupyx.empty_pinned((n,), dtype=np.int32) for _ in range(1 if self.graph else 2)]
+            with allocating(self.device_id, 4 * n, "plan buffer (plan and page table)"):
+                self.device = cupy.empty(n, dtype=np.int32)
+                self.pinned = [cupyx.empty_pinned((n,), dtype=np.int32) for _ in range(1 if self.graph else 2)]
             self.events = [None] * len(self.pinned)
 
     def next_host(self) -> np.ndarray:

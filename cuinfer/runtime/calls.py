@@ -1,5 +1,7 @@
-"""The shape of every public GPU call: import the caller's arrays without copies on the caller's stream, allocate
-outputs in the caller's framework, hand them back. NumPy inputs go to the CPU reference instead."""
+"""The shape of every public call: import the caller's arrays without copies on the caller's stream, allocate
+outputs in the caller's framework, hand them back. NumPy inputs take the same path to the CPU reference instead
+(``HOST``): the same checks, in the same order, with the same messages; only the GPU's 16-byte alignment rule and
+the launch are left out."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ class Call:
     framework: str
     device_id: int
     stream: int
+    is_host = False  # (class constant: HostCall's is True)
 
     def tensor(self, x: Any, name: str) -> Tensor:
         """Import another input of this call (ordered on this call's stream, no copy)."""
@@ -40,24 +43,64 @@ class Call:
         return arrays.wrap(t, stream=self.stream)
 
 
+class HostCall:
+    """A call on the CPU reference backend (NumPy arrays in and out; no GPU is touched). It quacks like ``Call`` so
+    that both routes share their checks: ``tensor`` imports an input (a device array among NumPy inputs is imported
+    too, so that the same-device check names it), ``empty`` allocates a NumPy output."""
+
+    framework = "numpy"
+    device_id = None
+    stream = None
+    is_host = True
+
+    def tensor(self, x: Any, name: str) -> Tensor:
+        return arrays.as_tensor(x, name)
+
+    def optional(self, x: Any, name: str) -> Tensor | None:
+        return None if x is None else self.tensor(x, name)
+
+    def empty(self, shape: tuple[int, ...], dtype: Any) -> Tensor:
+        return arrays.empty("numpy", shape, dtype)[1]
+
+    def give(self, t: Tensor) -> Any:
+        return t.obj
+
+
+HOST = HostCall()
+
+
+def start(anchor: Any, name: str) -> tuple[Call | HostCall, Tensor]:
+    """The route of a public call from its main input (``q``, ``o``, ``o_a``): the CPU reference (``HOST``) for NumPy
+    arrays, else ``begin``'s GPU call."""
+    if is_host(anchor):
+        return HOST, arrays.as_tensor(anchor, name)
+    return begin(anchor, name)
+
+
 def begin(anchor: Any, name: str) -> tuple[Call, Tensor]:
     """Start a GPU call from its main input (``q`` or ``o``): framework, device and stream all come from it.
 
-    The stream is found before the array is exported: a DLPack export without a stream would order the producer's
-    stream against the legacy default stream, which is illegal while the caller captures a CUDA graph.
+    What is not an array, or not on a GPU, is refused as such before the GPU is looked for (so ``None`` or a CPU
+    tensor on a machine without a GPU reads as the mistake it is, not as ``NoGPUError``). The stream is found before
+    the array is exported: a DLPack export without a stream would order the producer's stream against the legacy
+    default stream, which is illegal while the caller captures a CUDA graph.
     """
     from cuinfer.interop import dlpack
     from cuinfer.runtime.device import require_gpu
 
-    require_gpu()
-    fw = arrays.framework_of(anchor)
     if not hasattr(anchor, "__dlpack_device__"):
         arrays.as_tensor(anchor, name)  # raises the "must be an array" error
+        raise ValueError(
+            f"{name} has __dlpack__ but no __dlpack_device__, so where it lives is unknown; pass a torch, JAX, CuPy "
+            "or NumPy array"
+        )
     dev_type, dev_id = (int(x) for x in anchor.__dlpack_device__())
     if dlpack.DEVICE_KIND.get(dev_type) != "cuda":
         raise ValueError(
             f"{name} is on the CPU but GPU calls need CUDA arrays; move it to the GPU, or pass NumPy arrays "
             "to run on the CPU reference backend"
         )
+    require_gpu()
+    fw = arrays.framework_of(anchor)
     call = Call(fw, dev_id, streams.current_stream(fw, dev_id))
     return call, call.tensor(anchor, name)

@@ -3,13 +3,45 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from cuinfer.interop.dtypes import DType, as_dtype
 
 POS_ENCODINGS = ("none", "rope_llama", "alibi")
 KV_LAYOUTS = ("NHD", "HND")
+INT32_MAX = 2**31 - 1
+
+
+def check_int(name: str, v: Any, *, lo: int = 1, hi: int = INT32_MAX, rule: str = "a positive integer") -> int:
+    """A count or index argument as a Python int: an int or a NumPy integer (never a bool or a float, even a whole
+    one: ``num_qo_heads=8.0`` is a mistake to show, not to round) in ``[lo, hi]``; TypeError for the wrong type,
+    ValueError naming ``rule`` for a value out of range."""
+    if type(v) is not int:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"{name} must be an integer but is {v!r} (a {type(v).__name__}); pass a Python int")
+        v = int(v)
+    if not lo <= v <= hi:
+        raise ValueError(f"{name} must be {rule} but is {v}" + (f" (at most {hi})" if v > hi else ""))
+    return v
+
+
+def check_scales(k_scale: Any, v_scale: Any) -> None:
+    """run()'s ``k_scale`` / ``v_scale``: None or a finite real number (not a bool: ``k_scale=True`` is a mistake)."""
+    for name, v in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if v is None:
+            continue
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+            raise TypeError(f"{name} must be a number (or None for 1.0) but is {v!r} (a {type(v).__name__})")
+        if not math.isfinite(v):
+            raise ValueError(f"{name} must be a finite number (or None for 1.0) but is {v}")
+
+
+def check_window_left(window_left: Any) -> int:
+    return check_int("window_left", window_left, lo=-1, rule="an integer >= -1 (-1 disables the window)")
 
 
 def kv_layout_name(kv_layout: Any) -> str:
@@ -68,14 +100,13 @@ def check_options(
     cap = float(logits_soft_cap or 0.0)
     if not cap >= 0 or not math.isfinite(cap):
         raise ValueError(f"logits_soft_cap must be >= 0 (0 disables it) but is {logits_soft_cap}")
-    if int(window_left) != window_left or window_left < -1:
-        raise ValueError(f"window_left must be an integer >= -1 (-1 disables the window) but is {window_left}")
+    window_left = check_window_left(window_left)
     if pos == "rope_llama" and not (rope_scale > 0 and rope_theta > 0):
         raise ValueError(f"rope_scale and rope_theta must be > 0 but are {rope_scale}, {rope_theta}")
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
     if not (scale > 0 and math.isfinite(scale)):
         raise ValueError(f"sm_scale must be a finite number > 0 (default 1/sqrt(head_dim)) but is {sm_scale}")
     return AttentionOptions(
-        causal=bool(causal), sm_scale=scale, logits_soft_cap=cap, window_left=int(window_left), pos_encoding=pos,
+        causal=bool(causal), sm_scale=scale, logits_soft_cap=cap, window_left=window_left, pos_encoding=pos,
         rope_scale=float(rope_scale), rope_theta=float(rope_theta),
     )  # fmt: skip

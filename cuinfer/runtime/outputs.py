@@ -1,5 +1,6 @@
-"""The outputs of a run(): the caller's ``out`` / ``lse`` checked or new arrays allocated in its framework, and the
-reference results returned in the dtypes the GPU path would produce."""
+"""The outputs of a run(): the caller's ``out`` / ``lse`` checked or new arrays allocated in its framework (on both
+routes: ``call`` is a GPU ``Call`` or the CPU reference's ``HOST``), and the reference results written into them in
+the dtypes the GPU path produces."""
 
 from __future__ import annotations
 
@@ -12,12 +13,21 @@ from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor
 from cuinfer.interop.dtypes import DType
 
+# the dtypes plan() takes for q, k/v and o: a fix may suggest re-planning only for one of these
+PLANNABLE = (DType.FLOAT16, DType.BFLOAT16)
+
+
+def replan_hint(arg: str, got: DType) -> str:
+    """`` or call plan() with <arg>='<got>'`` when plan() would take it, else nothing (a fix suggests only what
+    works)."""
+    return f" or call plan() with {arg}='{got.value}'" if got in PLANNABLE else ""
+
 
 def check_out_dtype(o_dtype: DType, to: Tensor) -> None:
     if to.dtype is not o_dtype:
         raise ValueError(
             f"out has dtype {to.dtype.value} but plan() was made for o_dtype={o_dtype.value}; pass an "
-            f"out of dtype {o_dtype.value} or call plan() with o_dtype='{to.dtype.value}'"
+            f"out of dtype {o_dtype.value}{replan_hint('o_dtype', to.dtype)}"
         )
 
 
@@ -45,14 +55,12 @@ def prepare_outputs(
     return to, tl
 
 
-def host_outputs(o64: np.ndarray, lse64: np.ndarray, o_dtype: DType, out: Any, lse: Any, want_lse: bool) -> Any:
-    """Reference results in the dtypes the GPU path returns (o in o_dtype, lse float32), written into out / lse."""
-    o = o64.astype(o_dtype.numpy)
-    lse32 = lse64.astype(np.float32)
-    if out is not None:
-        out[...] = o
-        o = out
-    if lse is not None:
-        lse[...] = lse32
-        lse32 = lse
-    return (o, lse32) if want_lse else o
+def host_outputs(o64: np.ndarray, lse64: np.ndarray, to: Tensor, tl: Tensor | None) -> Any:
+    """Write reference results into the host outputs of ``prepare_outputs`` (o in their dtype, lse float32) and
+    return them as run() does: ``o``, or ``(o, lse)`` when ``tl`` is given."""
+    o = to.numpy()
+    o[...] = o64.astype(o.dtype)
+    if tl is None:
+        return to.obj
+    tl.numpy()[...] = lse64.astype(np.float32)
+    return to.obj, tl.obj

@@ -23,7 +23,8 @@ running
   ``_check_q(plan, tq)``                         q against the plan
   ``_kv_view(call, plan, kv)``                   run()'s KV argument(s) (opaque to the base) as a checked ``KV``
   ``_launch(call, plan, tq, kv, to, tl, k_scale, v_scale)``  enqueue the kernel(s) on ``call.stream``
-  ``_run_reference(plan, q, kv, out, lse, want_lse, k_scale, v_scale)``  the float64 CPU path of NumPy inputs
+  ``_reference(plan, tq, kv, kvt, k_scale, v_scale)``  -> float64 ``(o, lse)`` of NumPy inputs (the CPU reference),
+                                                 after the checks run() makes on both routes (``_run_host``)
 class constants
   ``_NAME`` (messages), ``_PLAN_CALL`` (the plan() call run() asks for without a plan), ``_RUN_ARRAY_NAMES`` (q, K,
   V and out in device-mismatch messages), ``_DEFAULT_WORKSPACE_BYTES`` (private like the hooks: the wrappers' public
@@ -39,25 +40,26 @@ import numpy as np
 
 from cuinfer.formats.kv import KV, check_aligned
 from cuinfer.interop import validate
-from cuinfer.interop.arrays import Tensor
+from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.planner import layout as plan_layout
 from cuinfer.planner.work import WorkPlan
 from cuinfer.runtime.buffers import Buffers, HostLayoutHolder, buffer_settings, fit_workspace, partial_rows_capacity
 from cuinfer.runtime.cache_views import CacheViews
-from cuinfer.runtime.calls import Call, begin, is_host
+from cuinfer.runtime.calls import HOST, Call, begin, is_host
 from cuinfer.runtime.options import kv_layout_name
-from cuinfer.runtime.outputs import prepare_outputs
+from cuinfer.runtime.outputs import host_outputs, prepare_outputs, replan_hint
+from cuinfer.variants.select import refuse_user_variants_on_host
 
 
 def check_q_dtype(plan: Any, tq: Tensor) -> None:
-    """q's dtype against the plan's ``q_dtype`` and, on the GPU, the 16-byte alignment of its rows."""
+    """q's dtype against the plan's ``q_dtype``, its contiguous last dimension and, on the GPU, the 16-byte alignment
+    of its rows."""
     if tq.dtype is not plan.q_dtype:
         raise ValueError(
             f"q has dtype {tq.dtype.value} but plan() was made for q_dtype={plan.q_dtype.value}; cast q with "
-            f"{validate.cast_fix('q', tq.framework, plan.q_dtype)} or call plan() with q_dtype='{tq.dtype.value}'"
+            f"{validate.cast_fix('q', tq.framework, plan.q_dtype)}{replan_hint('q_dtype', tq.dtype)}"
         )
-    if tq.is_cuda:
-        check_aligned("q", tq, (0, 1))
+    check_aligned("q", tq, (0, 1))
 
 
 @dataclass(kw_only=True)
@@ -140,8 +142,13 @@ class PlanRunWrapper:
         """Make ``plan`` (with its work) the current plan: the workspace checked (also without a GPU unless
         ``fit_on_host`` is False), the words packed on a GPU. Raises before anything reaches the GPU."""
         if device_id is not None:
+            grown_from = self.workspace_bytes
             self._fit_workspace(plan)
-            self._pack(plan, device_id)
+            try:
+                self._pack(plan, device_id)
+            except MemoryError:  # (Buffers names what could not be allocated; a smaller plan may still fit)
+                self.workspace_bytes = grown_from
+                raise
         elif fit_on_host:
             self._fit_workspace(plan)
         self._plan = plan
@@ -187,7 +194,7 @@ class PlanRunWrapper:
         if plan is None:
             raise ValueError(f"run() needs a plan: call {self._PLAN_CALL} first")
         if is_host(q):
-            return self._run_reference(plan, q, kv, out, lse, want_lse, k_scale, v_scale)
+            return self._run_host(plan, q, kv, out, lse, want_lse, k_scale, v_scale)
         call, tq = begin(q, "q")
         self._check_q(plan, tq)
         kvt = self._kv_view(call, plan, kv)
@@ -209,6 +216,20 @@ class PlanRunWrapper:
         if not want_lse:
             return o_user
         return o_user, (lse if lse is not None else call.give(tl))
+
+    def _run_host(self, plan: Any, q: Any, kv: Any, out: Any, lse: Any, want_lse: bool, k_scale: Any,
+                  v_scale: Any) -> Any:  # fmt: skip
+        """run() on the CPU reference backend: the GPU route's checks (q, the KV arrays, out / lse, one device), by the
+        same hooks in the same order, then the float64 reference, returned in the GPU's dtypes (o in o_dtype, lse
+        float32) and written into out / lse when given."""
+        tq = as_tensor(q, "q")
+        self._check_q(plan, tq)
+        kvt = self._kv_view(HOST, plan, kv)
+        to, tl = prepare_outputs(HOST, plan.out_shape, plan.o_dtype, out, lse, want_lse)
+        validate.check_same_device(self._RUN_ARRAY_NAMES, (tq, kvt.k, kvt.v, to))
+        refuse_user_variants_on_host(plan.variant)
+        o64, lse64 = self._reference(plan, tq, kv, kvt, k_scale, v_scale)
+        return host_outputs(o64, lse64, to, tl)
 
     def _enqueue(
         self, call: Call, plan: Any, tq: Tensor, kv: KV, to: Tensor, tl: Tensor | None, k_scale: Any, v_scale: Any
@@ -232,7 +253,5 @@ class PlanRunWrapper:
     ) -> None:
         raise NotImplementedError
 
-    def _run_reference(
-        self, plan: Any, q: Any, kv: Any, out: Any, lse: Any, want_lse: bool, k_scale: Any, v_scale: Any
-    ) -> Any:
+    def _reference(self, plan: Any, tq: Tensor, kv: Any, kvt: KV, k_scale: Any, v_scale: Any) -> tuple:
         raise NotImplementedError

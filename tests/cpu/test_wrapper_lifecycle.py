@@ -8,126 +8,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cuinfer.interop.arrays import Tensor
 from cuinfer.interop.dtypes import DType
-from cuinfer.planner import layout as plan_layout
 
-import cuinfer.decode.launch as decode_launch
-import cuinfer.decode.single as decode_single
-import cuinfer.merge as merge
-import cuinfer.prefill.launch as prefill_launch
-import cuinfer.prefill.wrapper as prefill_wrapper
-import cuinfer.runtime.device as device
-import cuinfer.runtime.wrapper as wrapper
 from cuinfer.decode import BatchDecode, single_decode
 from cuinfer.prefill import BatchPrefill
-
-_NEXT = [1 << 20]
-
-
-def _alloc(nbytes: int) -> int:
-    p = _NEXT[0]
-    _NEXT[0] += (int(nbytes) + 0xFFFF) & ~0xFFF
-    return p
-
-
-def _cuda(shape: tuple, dtype: DType = DType.BFLOAT16) -> Tensor:
-    strides, s = [], 1
-    for d in reversed(shape):
-        strides.append(s)
-        s *= d
-    return Tensor(_alloc(s * dtype.itemsize), tuple(shape), tuple(reversed(strides)), dtype, "cuda", 0, "cupy", None)
-
-
-class _Memory:
-    def __init__(self, n: int) -> None:
-        self.size = n
-        self.data = type("Ptr", (), {"ptr": _alloc(4 * n)})()
-
-
-class FakeBuffers:
-    """``runtime.buffers.Buffers`` without CuPy: host buffers are NumPy, device addresses are made up."""
-
-    def __init__(self, log: list, device_id: int, workspace_bytes: int, graph: bool) -> None:
-        self.log, self.device_id, self.graph = log, device_id, graph
-        self.workspace_bytes = int(workspace_bytes)
-        self.workspace, self.merge_count = _Memory(self.workspace_bytes // 4 + 1), _Memory(2)
-        self.device, self.pinned, self.turn, self.fixed_layout = None, [], 0, None
-
-    def ensure_workspace(self, nbytes: int) -> None:
-        if nbytes > self.workspace_bytes:
-            self.workspace, self.workspace_bytes = _Memory(int(nbytes) // 4 + 1), int(nbytes)
-
-    def merge_count_ptr(self) -> int:
-        return self.merge_count.data.ptr
-
-    def ensure(self, words: int) -> None:
-        if self.device is None or self.device.size < words:
-            n = max(words, 4096)
-            self.device, self.pinned = _Memory(n), [np.zeros(n, np.int32) for _ in range(1 if self.graph else 2)]
-
-    def next_host(self) -> np.ndarray:
-        i = 0 if self.graph else self.turn
-        self.turn ^= 1
-        return self.pinned[i]
-
-    def upload(self, host: np.ndarray, words: int, stream: int) -> None:
-        self.log.append(("upload", stream, words))
-
-    def ptr(self, word: int) -> int:
-        return self.device.data.ptr + 4 * int(word)
-
-    def partial_pointers(self, head_dim: int) -> tuple[int, int]:
-        rows = self.workspace_bytes // (4 * head_dim + 4)
-        return self.workspace.data.ptr, self.workspace.data.ptr + plan_layout.workspace_offsets(rows, head_dim)[0]
-
-
-class FakeKernel:
-    def __init__(self, log: list, name: str) -> None:
-        self.log, self.name = log, name
-
-    def launch(self, grid, block, args, *, smem_bytes=0, stream=0) -> None:
-        p = args[0]
-        self.log.append(("launch", self.name.split("<")[0], stream, {n: p[n].item() for n in p.dtype.names}))
-
-    def max_active_blocks(self, block_threads: int, smem_bytes: int = 0) -> int:
-        return 1
-
-
-class FakeCall:
-    framework, device_id = "cupy", 0
-
-    def __init__(self, stream: int) -> None:
-        self.stream = stream
-
-    def tensor(self, x, name):
-        return x
-
-    def empty(self, shape, dtype):
-        return _cuda(shape, dtype)
-
-    def give(self, t):
-        return t
+from tests.cpu.fake_gpu import cuda as _cuda
+from tests.cpu.fake_gpu import install
 
 
 @pytest.fixture
 def gpu(monkeypatch):
     """A fake GPU: returns the log of uploads and launches, and ``stream`` (a one-element list) for run()'s calls."""
-    log, stream = [], [7]
-    info = device.DeviceInfo(0, "fake", (9, 0), 132, 232448, 233472, 60 << 20, 65536, 2048)
-    monkeypatch.setattr(device, "gpu_available", lambda: True)
-    monkeypatch.setattr(device, "current_device_id", lambda: 0)
-    monkeypatch.setattr(device, "device_info", lambda device_id=None: info)
-    monkeypatch.setattr(decode_launch, "device_info", lambda device_id=None: info)
-    kernel = lambda spec, name_expr, device_id: FakeKernel(log, name_expr)  # noqa: E731
-    for mod in (decode_launch, prefill_launch, prefill_wrapper, merge):
-        monkeypatch.setattr(mod, "get_kernel", kernel)
-    monkeypatch.setattr(wrapper, "Buffers", lambda *a: FakeBuffers(log, *a))
-    begin = lambda anchor, name: (FakeCall(stream[0]), anchor)  # noqa: E731
-    monkeypatch.setattr(wrapper, "begin", begin)
-    monkeypatch.setattr(decode_single, "begin", begin)
-    monkeypatch.setattr(decode_single, "_single_wrappers", {})  # (none of these fakes outlives the test)
-    return log, stream
+    return install(monkeypatch)
 
 
 def _page_table(rng, lens, ps=16):
