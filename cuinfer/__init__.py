@@ -8,6 +8,8 @@ from cuinfer.decode import BatchDecode, single_decode
 from cuinfer.errors import CompileError, CuinferError, NoGPUError, ToolchainError
 from cuinfer.merge import merge_state, merge_state_in_place, merge_states
 from cuinfer.prefill import BatchPrefill, single_prefill
+from cuinfer.variants import Param, Variant
+from cuinfer.variants import register as register_variant
 from cuinfer.version import __version__
 
 __all__ = [
@@ -23,4 +25,7 @@ __all__ = [
     "merge_state",
     "merge_state_in_place",
     "merge_states",
+    "Param",
+    "Variant",
+    "register_variant",
 ]

@@ -37,7 +37,11 @@ class DecodeLaunch:
         partial_o, partial_lse = buf.partial_pointers(d)
         self.sm_scale = opts.sm_scale
         # the variant's parameters (fixed by the plan): the kernel's second argument
-        self.vparams = chain_values(plan.variant, opts, num_qo_heads=plan.num_qo_heads, user_values=plan.variant_values)
+        masked = plan.mask_bytes is not None
+        self.vparams = chain_values(
+            plan.variant, opts, num_qo_heads=plan.num_qo_heads, user_values=plan.variant_values,
+            mask_ptrs=(buf.ptr(off["mask"]), buf.ptr(off["mask_indptr"])) if masked else None,
+        )  # fmt: skip
         kv_bytes = int(plan.kv_lens.sum(dtype=np.int64)) * plan.num_kv_heads * d * 2 * plan.config.kv_itemsize
         self.static = dict(
             partial_o=partial_o, partial_lse=partial_lse,

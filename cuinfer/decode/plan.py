@@ -12,6 +12,7 @@ import numpy as np
 
 from cuinfer.decode.policy import DecodeConfig, decode_config
 from cuinfer.decode.specs import DecodeKernelKey
+from cuinfer.formats.mask import custom_mask_bytes
 from cuinfer.formats.paged import read_page_table
 from cuinfer.interop.dtypes import DType
 from cuinfer.runtime.options import AttentionOptions, check_int, check_options, check_window_left, half_dtype
@@ -50,6 +51,8 @@ class DecodePlan(PlanState):
     kv_range: tuple[int, int] = (0, 0)  # (min, max) of kv_lens
     nnz: int = 0  # page indices the plan reads (kv_indptr[-1])
     variant_values: dict | None = None  # parameters of the user's variants (variant_params=), checked
+    mask_bytes: np.ndarray | None = None  # custom mask: each request's [1, kv_len] bits, packed little-endian
+    mask_indptr: np.ndarray | None = None  # byte offset of each request's bits
 
     @classmethod
     def from_fields(cls, fields: dict) -> DecodePlan:
@@ -74,6 +77,7 @@ class DecodeStatic:
     page_size: int
     num_qo_heads: int
     head_dim: int
+    chain_masked: Rendered  # the variant chain with a custom mask (fields["variant"]: without)
 
 
 def check_decode_options(
@@ -125,14 +129,16 @@ def static_facts(
             f"{qd.value}, kv_dtype={kvd.value}; use use_tensor_cores=False or None"
         )
     config = decode_config(group, head_dim, use_tensor_cores=tc)
-    chain = chain_for(opts, decode=True, user=user_variants(variant))
+    users = user_variants(variant)
+    chain = chain_for(opts, decode=True, user=users)
     # every field present (the defaults: work, words, ..., kv_range, nnz): no dict resize as a plan's go in
     fields = {name: _PLAN_DEFAULTS.get(name) for name in _PLAN_FIELDS}
     fields.update(
         num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, q_dtype=qd,
         kv_dtype=kvd, o_dtype=od, options=opts, config=config, variant=chain, partial_dim=head_dim,
     )  # fmt: skip
-    return DecodeStatic(fields, page_size, num_qo_heads, head_dim)
+    return DecodeStatic(fields, page_size, num_qo_heads, head_dim,
+                        chain_for(opts, decode=True, custom_mask_given=True, user=users))  # fmt: skip
 
 
 def check_counts(static: tuple) -> None:
@@ -144,17 +150,13 @@ def check_counts(static: tuple) -> None:
 
 def host_plan(
     static: tuple, memo: dict, use_tensor_cores: bool | None, kv_indptr: Any, kv_indices: Any, kv_last_page_len: Any,
-    max_batch_size: int | None,
+    max_batch_size: int | None, custom_mask: Any = None, packed_custom_mask: Any = None,
 ) -> DecodePlan:  # fmt: skip
     """Validate and resolve the arguments of plan() (``static``: the values named in ``STATIC_ARGS``); what does not
     depend on the page table is memoised in ``memo`` (a wrapper's). ``max_batch_size`` (CUDA-graph mode) bounds the
     batch."""
-    if (
-        type(static[0]) is not int
-        or type(static[1]) is not int
-        or type(static[2]) is not int
-        or (type(static[3]) is not int or type(static[9]) is not int)
-    ):  # (8.0 == 8 and True == 1 hash alike: the memo would take a float or a bool for the count it was made for)
+    # (8.0 == 8 and True == 1 hash alike: the memo would take them for the ints it was made for)
+    if not type(static[0]) is type(static[1]) is type(static[2]) is type(static[3]) is type(static[9]) is int:
         check_counts(static)
     try:
         facts, keep = memo.get(static), True
@@ -174,4 +176,11 @@ def host_plan(
         )
     fields["batch"] = batch
     fields["out_shape"] = (batch, facts.num_qo_heads, facts.head_dim)
+    if custom_mask is not None or packed_custom_mask is not None:
+        # a decode query is one row: each request's mask is its [1, kv_len] block
+        ones = np.ones(batch, dtype=np.int64)
+        fields["mask_bytes"], fields["mask_indptr"] = custom_mask_bytes(
+            custom_mask, packed_custom_mask, ones, fields["kv_lens"]
+        )
+        fields["variant"] = facts.chain_masked
     return DecodePlan.from_fields(fields)

@@ -92,17 +92,20 @@ class BatchDecode(PlanRunWrapper):
         head_dim: int, page_size: int, q_dtype: Any, kv_dtype: Any = None, o_dtype: Any = None,
         sm_scale: float | None = None, logits_soft_cap: float = 0.0, window_left: int = -1,
         pos_encoding: str = "none", rope_scale: float = 1.0, rope_theta: float = 1e4, variant: Any = None,
-        variant_params: dict | None = None, num_sms: int | None = None, fixed_split_size: int | None = None,
+        variant_params: dict | None = None, custom_mask: Any = None, packed_custom_mask: Any = None,
+        num_sms: int | None = None, fixed_split_size: int | None = None,
     ) -> None:  # fmt: skip
         """Plan one decode step. Index arrays may be lists, NumPy arrays, host tensors or device arrays (one
         device-to-host copy). ``variant``: a ``cuinfer.Variant``, a registered name or a sequence of them, applied
         after the built-in options; ``variant_params``: their parameters, ``{variant name: {param: value}}``.
+        ``custom_mask``: each request's ``kv_len`` bools (True = keep), concatenated (or ``packed_custom_mask``, as
+        ``segment_packbits(..., bitorder="little")`` gives).
         Raises before anything reaches the GPU when the inputs or the workspace do not fit."""
         static = (num_qo_heads, num_kv_heads, head_dim, page_size, q_dtype, kv_dtype, o_dtype, sm_scale,
                   logits_soft_cap, window_left, pos_encoding, rope_scale, rope_theta, variant)  # fmt: skip
         plan = host_plan(
             static, self._static, self.use_tensor_cores, kv_indptr, kv_indices, kv_last_page_len,
-            self.max_batch_size if self.use_cuda_graph else None,
+            self.max_batch_size if self.use_cuda_graph else None, custom_mask, packed_custom_mask,
         )  # fmt: skip
         plan.variant_values = check_user_values(plan.variant, variant_params)
         device_id = self._device_id
@@ -116,7 +119,8 @@ class BatchDecode(PlanRunWrapper):
         head_dim: int, page_size: int, q_dtype: Any, kv_dtype: Any = None, o_dtype: Any = None,
         sm_scale: float | None = None, logits_soft_cap: float = 0.0, window_left: int = -1,
         pos_encoding: str = "none", rope_scale: float = 1.0, rope_theta: float = 1e4, variant: Any = None,
-        variant_params: dict | None = None, num_sms: int | None = None, fixed_split_size: int | None = None,
+        variant_params: dict | None = None, custom_mask: Any = None, packed_custom_mask: Any = None,
+        num_sms: int | None = None, fixed_split_size: int | None = None,
     ) -> int:  # fmt: skip
         """Exact workspace bytes ``plan()`` with these arguments needs for its split-KV partial states."""
         static = (num_qo_heads, num_kv_heads, head_dim, page_size, q_dtype, kv_dtype, o_dtype, sm_scale,
@@ -202,6 +206,7 @@ class BatchDecode(PlanRunWrapper):
         """``(plan layout, word offsets of the plan arrays and the page table, words in use)``. CUDA-graph mode fixes
         the layout at the first plan (kept on ``holder.fixed_layout``); otherwise it follows each plan (cached)."""
         batch, nnz = plan.batch, plan.nnz
+        n_mask = 0 if plan.mask_bytes is None else plan.mask_bytes.shape[0]
         if self.use_cuda_graph:
             heads = (plan.num_kv_heads, plan.num_qo_heads // plan.num_kv_heads, plan.config)
             if holder.fixed_layout is None:
@@ -209,11 +214,16 @@ class BatchDecode(PlanRunWrapper):
                     self.max_batch_size, self.max_batch_size, plan.num_kv_heads, heads[1], plan.config.rows_per_tile,
                     plan.work.num_ctas,
                 )  # fmt: skip
-                # Page indices: room for twice the first plan's pages (at least 64 Ki), fixed from then on.
+                # Page indices (and mask bytes): room for twice the first plan's (at least 64 Ki pages), fixed then.
                 lay = plan_layout.PlanLayout.for_capacity(**cap.__dict__)
-                holder.fixed_layout = FixedLayout(lay, heads, max(2 * nnz, 1 << 16))
+                holder.fixed_layout = FixedLayout(lay, heads, max(2 * nnz, 1 << 16), 2 * max(n_mask, 4))
             fixed = holder.fixed_layout
-            lay, page_cap = fixed.layout, fixed.page_cap
+            lay, page_cap, mask_cap = fixed.layout, fixed.page_cap, fixed.mask_cap
+            if n_mask > mask_cap:
+                raise ValueError(
+                    f"the plan's custom mask has {n_mask} bytes but the CUDA-graph buffer holds {mask_cap} (twice the "
+                    "first plan's, fixed then); plan the largest batch first or build a new wrapper"
+                )
             if heads != fixed.signature:
                 raise ValueError(
                     "with use_cuda_graph=True every plan() must keep the head configuration and kernel of the first "
@@ -227,7 +237,7 @@ class BatchDecode(PlanRunWrapper):
             b_cap = self.max_batch_size
         else:
             lay = plan_layout.PlanLayout.for_plan(plan.work)
-            page_cap, b_cap = nnz, batch
+            page_cap, b_cap, mask_cap = nnz, batch, n_mask
         last = self._words_memo  # the previous answer (a serving loop mostly keeps its layout)
         if last is not None and last[0] is lay and last[1] == b_cap:
             off = last[2]
@@ -244,7 +254,11 @@ class BatchDecode(PlanRunWrapper):
                 hit = self._offsets[key] = (lay, off)
             off = hit[1]
             self._words_memo = (lay, b_cap, off)
-        return lay, off, _align4(off["page_indices"] + max(page_cap, 1))
+        end = _align4(off["page_indices"] + max(page_cap, 1))
+        if mask_cap:  # (after the page table: plans without a mask keep their offsets)
+            off = dict(off, mask_indptr=end, mask=_align4(end + b_cap + 1))
+            end = _align4(off["mask"] + -(-mask_cap // 4))
+        return lay, off, end
 
     def _fill_words(self, plan: DecodePlan, host: np.ndarray, lay: Any, off: dict, generation: int) -> None:
         """Pack the work plan and the page table into ``host`` at the word offsets ``off``; ``_pack_memo`` keeps the
@@ -264,6 +278,13 @@ class BatchDecode(PlanRunWrapper):
         nnz, indices = plan.nnz, plan.kv_indices
         o = off["page_indices"]
         host[o : o + nnz] = indices if indices.shape[0] == nnz else indices[:nnz]
+        if plan.mask_bytes is not None:
+            o = off["mask_indptr"]
+            host[o : o + b + 1] = plan.mask_indptr
+            words = np.zeros(-(-plan.mask_bytes.shape[0] // 4) * 4, dtype=np.uint8)
+            words[: plan.mask_bytes.shape[0]] = plan.mask_bytes
+            o = off["mask"]
+            host[o : o + words.shape[0] // 4] = words.view(np.int32)
 
     # -- running ---------------------------------------------------------------------------------------------------
 
@@ -327,7 +348,16 @@ class BatchDecode(PlanRunWrapper):
     def _reference(
         self, plan: DecodePlan, tq: Tensor, kv_cache: Any, kvt: KV, k_scale: Any, v_scale: Any
     ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-        return reference.batch_decode_paged(
-            tq.numpy(), kv_cache, plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len, kv_layout=self.kv_layout,
-            **plan.options.reference_kwargs(), k_scale=k_scale, v_scale=v_scale,
+        if plan.mask_bytes is None:
+            return reference.batch_decode_paged(
+                tq.numpy(), kv_cache, plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len, kv_layout=self.kv_layout,
+                **plan.options.reference_kwargs(), k_scale=k_scale, v_scale=v_scale,
+            )  # fmt: skip
+        # one query row per request: the prefill reference with its custom mask
+        qo = np.arange(plan.batch + 1, dtype=np.int32)
+        kv_tok = np.concatenate([[0], np.cumsum(plan.kv_lens)])
+        mask = reference.unpack_custom_mask(plan.mask_bytes, qo, kv_tok)
+        return reference.batch_prefill_paged(
+            tq.numpy(), kv_cache, qo, plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len, kv_layout=self.kv_layout,
+            custom_mask=mask, **plan.options.reference_kwargs(), k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip

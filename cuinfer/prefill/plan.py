@@ -182,16 +182,9 @@ def plan_of(
 ) -> PrefillPlan:  # fmt: skip
     """``host_plan`` with the arguments other than index arrays and masks already in one tuple, the values named in
     ``STATIC_ARGS`` (``BatchPrefill.plan`` builds it directly: a call with two dozen keywords costs microseconds)."""
-    if (
-        type(static[1]) is not int
-        or type(static[2]) is not int
-        or type(static[3]) is not int
-        or (
-            type(static[4]) is not int
-            or (static[6] is not None and type(static[6]) is not int)
-            or type(static[12]) is not int
-        )
-    ):  # (8.0 == 8 and True == 1 hash alike: the memo would take a float or a bool for the count it was made for)
+    if not type(static[1]) is type(static[2]) is type(static[3]) is type(static[4]) is type(static[12]) is int or (
+        static[6] is not None and type(static[6]) is not int
+    ):  # (8.0 == 8 and True == 1 hash alike: the memo would take them for the ints it was made for)
         check_counts(static)
     facts = static_facts_of(static, memo)
     # The dataclass __init__ with its 27 fields costs microseconds: the fields are set in a copy of the dict the

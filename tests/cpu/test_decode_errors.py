@@ -271,3 +271,21 @@ def test_user_variants_do_not_run_on_the_cpu_reference(case):
     # the built-ins the options select run there, through the reference's own implementation
     out = _planned(case, variant=(), logits_soft_cap=2.0).run(case["q"], case["cache"])
     assert out.shape == case["q"].shape
+
+
+def test_custom_mask_in_decode_on_the_cpu_backend(case, rng):
+    """A decode query is one row: the mask holds each request's kv_len bools; NumPy inputs match the reference."""
+    lens = np.array([1, 17, 43])
+    mask = rng.random(int(lens.sum())) < 0.5
+    w = _planned(case, custom_mask=mask)
+    o, lse = w.run(case["q"], case["cache"], return_lse=True)
+    qo = np.arange(4, dtype=np.int32)
+    ref_o, ref_lse = reference.batch_prefill_paged(
+        case["q"], case["cache"], qo, case["indptr"], case["indices"], case["last"], custom_mask=mask
+    )
+    np.testing.assert_array_equal(o, ref_o.astype(BF16))
+    np.testing.assert_array_equal(lse, ref_lse.astype(np.float32))
+    with _raises(ValueError, "custom_mask must hold sum(qo_len * kv_len) = 61 entries"):
+        _planned(case, custom_mask=mask[:-1])
+    with _raises(ValueError, "custom_mask and packed_custom_mask were both given"):
+        _planned(case, custom_mask=mask, packed_custom_mask=np.zeros(3, np.uint8))

@@ -151,3 +151,37 @@ def test_user_variants_in_prefill(rng, fw, paged):
         sl = slice(qo_indptr[b], qo_indptr[b + 1])
         ref_o, ref_lse = _attend(q[sl], ks[b], vs[b], int(qo[b]), True, 1 / np.sqrt(d))
         _check(o[sl], lse[sl], ref_o, ref_lse, f"prefill request {b} (qo {qo[b]}, kv {kv[b]})")
+
+
+@pytest.mark.parametrize("tensor_cores", [True, False], ids=["tc", "cc"])
+@pytest.mark.parametrize("packed", [False, True], ids=["bool", "packed"])
+def test_custom_mask_in_decode(rng, fw, tensor_cores, packed):
+    """The custom_mask built-in in both decode kernels (a random mask over each request's keys, split requests
+    included), against the float64 reference (the prefill reference with one query row per request)."""
+    from cuinfer import reference
+    from cuinfer.decode import BatchDecode
+
+    hq, hkv, d, ps = 32, 8, 128, 16
+    lens = np.array([1, 17, 300, 4097, 1000, 33])
+    pages = (lens + ps - 1) // ps
+    indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+    num_pages = int(indptr[-1]) + 2
+    indices = rng.permutation(num_pages)[: indptr[-1]].astype(np.int32)
+    last = (lens - (pages - 1) * ps).astype(np.int32)
+    cache = rng.standard_normal((num_pages, 2, ps, hkv, d), dtype=np.float32).astype(BF16)
+    q = (2 * rng.standard_normal((lens.size, hq, d), dtype=np.float32)).astype(BF16)
+    mask = rng.random(int(lens.sum())) < 0.6
+    mask[: lens[0]] = False  # request 0 sees no key: o = 0, lse = -inf
+    kw = dict(custom_mask=mask)
+    if packed:
+        bit_indptr = np.concatenate([[0], np.cumsum(lens)])
+        kw = dict(packed_custom_mask=reference.segment_packbits(mask, bit_indptr, bitorder="little")[0])
+    w = BatchDecode(use_tensor_cores=tensor_cores)
+    w.plan(indptr, indices, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=ps, q_dtype="bfloat16",
+           fixed_split_size=512, **kw)  # fmt: skip
+    out = fw.asarray(np.full(q.shape, np.nan, BF16))
+    lse = fw.asarray(np.full(q.shape[:2], np.nan, np.float32))
+    w.run(fw.asarray(q), fw.asarray(cache), out=out, lse=lse)
+    qo = np.arange(lens.size + 1, dtype=np.int32)
+    ref_o, ref_lse = reference.batch_prefill_paged(q, cache, qo, indptr, indices, last, custom_mask=mask)
+    _check(fw.to_numpy(out), fw.to_numpy(lse), ref_o, ref_lse, "decode with a custom mask")
