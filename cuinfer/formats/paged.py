@@ -166,7 +166,7 @@ def read_page_table_fast(out: dict, indptr: np.ndarray, indices: np.ndarray, las
         return False
     nnz = indptr.item(-1)
     n_ind = indices.shape[0]
-    if n_ind < nnz or nnz * page_size > INT32_MAX:  # (past that, a request's kv_len might not fit int32)
+    if n_ind < nnz or not 0 <= nnz * page_size <= INT32_MAX:  # (negative: decreasing; past int32: kv_lens might be)
         return False
     ps = const32(page_size)  # a 0-d operand: NumPy calls with Python scalars cost about twice as much
     rows = np.empty((4, batch), dtype=np.int32)

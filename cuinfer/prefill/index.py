@@ -79,8 +79,8 @@ def read_index_arrays_fast(out: dict, paged: bool, qo: Any, kvi: Any, indices: A
     max_page = -1
     if paged:
         nnz = kvi.item(-1)
-        if last.shape[0] != batch or indices.shape[0] < nnz or nnz * ps > INT32_MAX:  # (kv_lens might not fit int32)
-            return False
+        if last.shape[0] != batch or indices.shape[0] < nnz or not 0 <= nnz * ps <= INT32_MAX:
+            return False  # (a negative nnz: a decreasing kv_indptr; past int32: kv_lens might not fit int32)
         c = const32(ps)
         lp = np.subtract(last, c, out=rows[2 * batch : half])
         np.multiply(kv_lens, c, out=kv_lens)

@@ -237,6 +237,14 @@ CASES: dict[str, Bad] = {
                                    ("kv_last_page_len[1] must be in [1, page_size=4] for a request with pages",)),
     "decode-plan-indices-short": Bad(lambda mk: BatchDecode().plan(D_INDPTR, D_INDICES[:4], D_LAST, **D_PLAN),
                                      ValueError, ("kv_indices must have at least 5 entries but has 4",)),
+    "decode-plan-indptr-negative-end": Bad(  # (int32 arrays: the fast path hands it over instead of failing itself)
+        lambda mk: BatchDecode().plan(np.array([0, -1], np.int32), np.zeros(0, np.int32), np.array([1], np.int32),
+                                      **D_PLAN),  # fmt: skip
+        ValueError, ("kv_indptr must be non-negative but kv_indptr[1] = -1",)),
+    "prefill-plan-kv-indptr-negative-end": Bad(
+        lambda mk: BatchPrefill().plan(np.array([0, 0], np.int32), np.array([0, -1], np.int32), np.zeros(0, np.int32),
+                                       np.array([0], np.int32), **P_PLAN),  # fmt: skip
+        ValueError, ("kv_indptr must be non-negative but kv_indptr[1] = -1",)),
     "decode-plan-kv-len-over-int32": Bad(
         lambda mk: BatchDecode().plan(np.array([0, 4096], np.int32), np.zeros(4096, np.int32),
                                       np.array([BIG], np.int32), **{**D_PLAN, "page_size": BIG}),  # fmt: skip

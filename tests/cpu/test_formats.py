@@ -51,7 +51,9 @@ def test_fast_page_table_is_the_validators(b, ps, zero_pages, spare, rng):
     assert slow["kv_lens"].dtype == np.int32 and slow["nnz"] == int(indptr[-1])
 
 
-@pytest.mark.parametrize("bad", ["negative-page", "last-page-0", "last-page-over", "decreasing", "2d", "short"])
+@pytest.mark.parametrize(
+    "bad", ["negative-page", "last-page-0", "last-page-over", "decreasing", "negative-end", "2d", "short"]
+)
 def test_fast_page_table_hands_bad_input_to_the_validators(bad, rng):
     indptr, indices, last = _table(rng, 12, 16, False, 0)
     if bad == "negative-page":
@@ -62,6 +64,8 @@ def test_fast_page_table_hands_bad_input_to_the_validators(bad, rng):
         last[3] = 17
     elif bad == "decreasing":
         indptr[5] = indptr[4] - 1
+    elif bad == "negative-end":  # (kv_indptr[-1] < 0: no page count to slice kv_indices with)
+        indptr[-1] = -1
     elif bad == "2d":
         indptr = indptr.reshape(1, -1)
     else:

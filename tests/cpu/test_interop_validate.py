@@ -231,6 +231,19 @@ def test_check_index_array_messages(x, kwargs, message):
         check_index_array("kv_indices", x, **kwargs)
 
 
+def test_check_index_array_reads_only_the_entries_in_use():
+    """``used=n``: a longer buffer's tail is neither checked nor returned (FlashInfer's preallocated kv_indices)."""
+    for tail in ([-1, 2**40], [7]):
+        for x in (np.array([4, 2] + tail, np.int64), [4, 2] + tail):
+            out = check_index_array("kv_indices", x, used=2)
+            assert out.dtype == np.int32
+            np.testing.assert_array_equal(out, [4, 2])
+    with raises("kv_indices must have at least 3 entries but has 2"):
+        check_index_array("kv_indices", [4, 2], used=3)
+    with raises("kv_indices must be non-negative but kv_indices[1] = -2"):
+        check_index_array("kv_indices", [4, -2, 5], used=2)
+
+
 def test_check_index_array_ragged_list():
     with pytest.raises(ValueError, match=r"^x must be a 1-D list of integers but could not be read as an array"):
         check_index_array("x", [[1, 2], [3]])
