@@ -123,7 +123,7 @@ def fi_plans(case: PlanCase, t: _Tables) -> dict:
 
 
 def run(ctx: Context, cases) -> None:
-    from cuinfer.planner.bench import calibrate
+    from bench.plan_host import calibrate
 
     use_fi = peers.use_flashinfer(ctx)
     # plan() is a few dozen NumPy calls: its time scales with this host's per-call cost (~1.1 us on a quiet core)

@@ -1,7 +1,7 @@
 """The floor of a small decode step: how fast can *any* kernel read a case's K/V bytes under the PERF.md method?
 
-python -m bench.stream_floor            (GPU machine; CUINFER_FLOOR_CASES=D1,D2,D4 by default)
-python -m bench.stream_floor plot OUT.png DECODE.json FLOOR.txt [FLOOR.txt ...]   (anywhere: the plot of a record)
+python -m bench.lab.stream_floor            (GPU machine; CUINFER_FLOOR_CASES=D1,D2,D4 by default)
+python -m bench.lab.stream_floor plot OUT.png DECODE.json FLOOR.txt [FLOOR.txt ...]   (anywhere: the plot of a record)
 
 A decode step must read every K/V byte once. This probe times plain read kernels over a buffer of each case's bytes
 by the PERF.md method (CUDA events, L2 flushed by a 512 MB write, median), sweeping what a read kernel can choose:

@@ -1,6 +1,6 @@
 """Scheduling and per-item cost experiments (GPU machine). Not a standard suite.
 
-python -m bench.tune_sched [trace] [cut] [decode] [prefill]
+python -m bench.lab.tune_sched [trace] [cut] [decode] [prefill]
 
 trace    P1/P2/P3/P6 with the prefill kernel built with -DCUINFER_TRACE: thread 0 of each CTA stamps every item's
          start and end (%globaltimer) and the SM clock at its phases, written where mask_indptr points. Prints the
@@ -92,7 +92,7 @@ def _list_schedule(costs_items: np.ndarray, order: np.ndarray, p: int) -> tuple[
         load, c = heapq.heappop(heap)
         owner[i] = c
         heapq.heappush(heap, (load + float(costs_items[i]), c))
-    from bench.tune_prefill import cta_major
+    from bench.lab.tune_prefill import cta_major
 
     loads = np.bincount(owner, weights=costs_items, minlength=p)
     rank = np.empty(order.shape[0], dtype=np.int64)
@@ -692,7 +692,7 @@ def trace(case_ids: list[str], out_dir: str | None) -> None:
     import cuinfer.prefill.launch as launch_mod
     import cuinfer.prefill.wrapper as prefill_mod
     from bench import cases, inputs
-    from bench.tune_prefill import use_spec
+    from bench.lab.tune_prefill import use_spec
 
     spec_of, real_params = prefill_mod.prefill_spec, launch_mod.PrefillParams
     tbuf = torch.zeros(4 << 20, dtype=torch.int64, device="cuda")

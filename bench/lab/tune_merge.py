@@ -1,6 +1,6 @@
 """Tuning sweep for merge_states (unroll x min blocks per SM) on the M1 shape; prints GB/s per variant.
 
-python -m bench.tune_merge   (GPU machine). Not part of the standard suites: it picks constants for merge/specs.py.
+python -m bench.lab.tune_merge   (GPU machine). Not part of the standard suites: it picks constants for merge/specs.py.
 """
 
 from __future__ import annotations

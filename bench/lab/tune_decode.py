@@ -1,6 +1,6 @@
 """Tuning sweep for batch decode (GPU machine): split size per standard case, with plan statistics.
 
-python -m bench.tune_decode [D1 D4 D5 D8 ...]. Picks the split policy's constants; not a standard suite.
+python -m bench.lab.tune_decode [D1 D4 D5 D8 ...]. Picks the split policy's constants; not a standard suite.
 """
 
 from __future__ import annotations

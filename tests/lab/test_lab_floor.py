@@ -1,12 +1,12 @@
-"""Host-side pieces of the decode floor probe and the decode experiments (bench/stream_floor.py,
-bench/tune_sched.py): log parsing, the CTA-cut plan's contract, the configuration variants' sizes."""
+"""Host-side pieces of the decode floor probe and the decode experiments (bench/lab/stream_floor.py,
+bench/lab/tune_sched.py): log parsing, the CTA-cut plan's contract, the configuration variants' sizes."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from bench.stream_floor import parse_floors
+from bench.lab.stream_floor import parse_floors
 
 LOG_A = """near-empty kernel 2.91 us (132 SMs)
 D1 67 MB: torch.sum 29.9 us
@@ -35,7 +35,7 @@ def test_cta_cut_plan_reproduces_the_reference(rng, monkeypatch):
     import cuinfer.planner.decode_plan as dp
     from test_decode_plan import _emulate
 
-    from bench.tune_sched import cta_cut_plan
+    from bench.lab.tune_sched import cta_cut_plan
     from cuinfer import reference
     from cuinfer.decode import BatchDecode
 
@@ -66,7 +66,7 @@ def test_cta_cut_plan_reproduces_the_reference(rng, monkeypatch):
 def test_cta_cut_plan_balances_tiles():
     """D2's lengths: every CTA gets 5 or 6 KV tiles (the lane plan gives some 8)."""
     from bench.cases import DECODE_CASES
-    from bench.tune_sched import cta_cut_plan
+    from bench.lab.tune_sched import cta_cut_plan
 
     case = next(c for c in DECODE_CASES if c.id == "D2")
     kv = case.lengths.draw(case.seed)
@@ -81,7 +81,7 @@ def test_cta_cut_plan_balances_tiles():
 def test_decode_variant_sizes(spec, threads, tile, per_sm):
     """``dcfg`` variants: the shared memory counts the item chunk (a 32-item chunk fits 4 CTAs of 32-token tiles on a
     228 KB SM), and the cap bounds the CTAs per SM."""
-    from bench.tune_sched import _decode_variant
+    from bench.lab.tune_sched import _decode_variant
     from cuinfer.decode.policy import REFERENCE_SMEM_PER_SM, ctas_per_sm
 
     c = _decode_variant(spec)

@@ -1,7 +1,7 @@
 """Run one standard case's kernels a few times, for a profiler attached from outside (GPU machine):
 
-ncu --kernel-name regex:batch_decode --launch-skip 3 --launch-count 1 --set full python3 -m bench.ncu_case D7
-ncu --kernel-name regex:BatchPrefill --launch-skip 3 --launch-count 1 --set full python3 -m bench.ncu_case P2 fi
+ncu --kernel-name regex:batch_decode --launch-skip 3 --launch-count 1 --set full python3 -m bench.lab.ncu_case D7
+ncu --kernel-name regex:BatchPrefill --launch-skip 3 --launch-count 1 --set full python3 -m bench.lab.ncu_case P2 fi
 
 The optional second argument ``fi`` runs FlashInfer's kernel for the case instead (decode: BatchDecode with tensor
 cores; prefill: the fa2 backend), so both sides of a ratio can be profiled the same way. ``$CUINFER_NCU_GROUPS``

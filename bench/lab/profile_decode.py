@@ -1,5 +1,8 @@
 """Where decode and prefill time goes (GPU machine): host time of run() / plan() under cProfile, and per-kernel GPU
-time from the torch profiler (CUPTI sees the kernels CuPy launches too). python -m bench.profile_decode [D1 P2 ...]"""
+time from the torch profiler (CUPTI sees the kernels CuPy launches too).
+
+python -m bench.lab.profile_decode [D1 P2 ...]
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Tuning sweep for the FA2-class prefill kernel on P1-P6: configurations x cases -> TFLOP/s, in one GPU call.
 
-python -m bench.tune_prefill            cuinfer configurations (table), outputs checked against the first one
-python -m bench.tune_prefill --fi       FlashInfer fa2 on the same cases (waits for --fi-warm's JIT, up to a deadline)
-python -m bench.tune_prefill --fi-warm  JIT-compile FlashInfer's fa2 prefill modules (run it in the background first)
+python -m bench.lab.tune_prefill            cuinfer configurations (table), outputs checked against the first
+python -m bench.lab.tune_prefill --fi       FlashInfer fa2 on the same cases (waits for --fi-warm's JIT, up to a limit)
+python -m bench.lab.tune_prefill --fi-warm  JIT-compile FlashInfer's fa2 prefill modules (run it in the background)
 
 A configuration is a kernel variant and forced ``tile_sizes=(query tile, kv tile, stages)``. Variants: ``new`` (the
 kernel of this checkout), ``noxi`` / ``noskip`` (the same with the cross-item pipeline / the causal slice skipping
@@ -88,7 +88,7 @@ kernel before the block's change; the variants of the rejected rows were removed
 
 Nsight Compute (P3) before the first change: ~2.3 % of the samples were moves of copy addresses and a bounds read
 waiting for copies still queued (register pairs reused while the LSU had not read them), ~0.9 % smem reads right
-after the barriers. The phase stamps of `bench.tune_sched trace` then showed the epilogue at 2.16 us of a P3 item's
+after the barriers. The phase stamps of `bench.lab.tune_sched trace` then showed the epilogue at 2.16 us of a P3 item's
 ~34 us (1.77 us with the MUFU forms); the staged epilogue took ~900 instructions out of the kernel. 32-bit strides
 in the copy addresses (one IMAD.WIDE per product) saved 32 instructions on the ragged kernel and added 40 on the
 paged one: not measured.
