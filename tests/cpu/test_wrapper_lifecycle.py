@@ -12,8 +12,11 @@ from cuinfer.interop.dtypes import DType
 
 from cuinfer.decode import BatchDecode, single_decode
 from cuinfer.prefill import BatchPrefill
+from tests.cpu.fake_gpu import (
+    FakeKernel,  # noqa: F401 (tests/lab/test_lab_harness.py takes the stand-ins from here)
+    install,
+)
 from tests.cpu.fake_gpu import cuda as _cuda
-from tests.cpu.fake_gpu import install
 
 
 @pytest.fixture
