@@ -423,6 +423,38 @@ def test_the_reference_size_check_lets_ordinary_batches_by(monkeypatch):
         decode(lambda a: a)
 
 
+def test_a_plan_whose_buffers_cannot_be_allocated_raises_at_plan_with_the_size(monkeypatch):
+    """On a GPU, plan() allocates the workspace and the plan buffer (page table): a failed allocation is a
+    MemoryError naming the buffer and its bytes, and the wrapper keeps its previous workspace."""
+    import cupy
+
+    import cuinfer.runtime.wrapper as wrapper
+    from cuinfer.runtime.buffers import allocating
+    from tests.cpu.fake_gpu import FakeBuffers
+
+    with pytest.raises(MemoryError, match=r"plan\(\) needs 5000 bytes \(0.00 GiB\) for the workspace on cuda:0"):
+        with allocating(0, 5000, "workspace"):
+            raise cupy.cuda.memory.OutOfMemoryError(5000, 0, 0)
+    log, _ = install(monkeypatch)
+
+    class Tight(FakeBuffers):  # a device with room for 4 KiB of workspace
+        def ensure_workspace(self, nbytes: int) -> None:
+            if nbytes > 4096:
+                with allocating(self.device_id, nbytes, "workspace"):
+                    raise cupy.cuda.memory.OutOfMemoryError(nbytes, 0, 0)
+            super().ensure_workspace(nbytes)
+
+    monkeypatch.setattr(wrapper, "Buffers", lambda *a: Tight(log, *a))
+    monkeypatch.setattr(BatchDecode, "_DEFAULT_WORKSPACE_BYTES", 4096)
+    w = BatchDecode()  # (no workspace_bytes: the workspace grows as plans need)
+    need = w.workspace_size(D_INDPTR, D_INDICES, D_LAST, **D_PLAN, fixed_split_size=1)
+    assert need > 4096
+    with pytest.raises(MemoryError, match=f"plan\\(\\) needs {need} bytes .* for the workspace"):
+        w.plan(D_INDPTR, D_INDICES, D_LAST, **D_PLAN, fixed_split_size=1)
+    assert w.workspace_bytes == 4096
+    w.plan(D_INDPTR, D_INDICES, D_LAST, **D_PLAN)  # a plan that fits still does
+
+
 # ---- accepted on purpose -----------------------------------------------------------------------------------------
 
 

@@ -52,8 +52,10 @@ def test_fast_page_table_is_the_validators(b, ps, zero_pages, spare, rng):
 
 
 @pytest.mark.parametrize(
-    "bad", ["negative-page", "last-page-0", "last-page-over", "decreasing", "negative-end", "2d", "short"]
-)
+    "bad",
+    ["negative-page", "last-page-0", "last-page-over", "decreasing", "negative-end", "kv-len-over-int32", "2d",
+     "short"],
+)  # fmt: skip
 def test_fast_page_table_hands_bad_input_to_the_validators(bad, rng):
     indptr, indices, last = _table(rng, 12, 16, False, 0)
     if bad == "negative-page":
@@ -66,15 +68,19 @@ def test_fast_page_table_hands_bad_input_to_the_validators(bad, rng):
         indptr[5] = indptr[4] - 1
     elif bad == "negative-end":  # (kv_indptr[-1] < 0: no page count to slice kv_indices with)
         indptr[-1] = -1
+    elif bad == "kv-len-over-int32":  # (pages x page_size past int32: the fast path's int32 lengths would wrap)
+        indptr = (np.arange(13) * 4096).astype(np.int32)
+        indices, last = np.zeros(int(indptr[-1]), np.int32), np.full(12, 2**20, np.int32)
     elif bad == "2d":
         indptr = indptr.reshape(1, -1)
     else:
         indices = indices[:-1]
+    ps = 2**20 if bad == "kv-len-over-int32" else 16
     out = {}
-    assert not read_page_table_fast(out, indptr, indices, last, 16)
+    assert not read_page_table_fast(out, indptr, indices, last, ps)
     assert out == {}
     with pytest.raises(ValueError):
-        read_page_table(out, indptr, indices, last, 16)
+        read_page_table(out, indptr, indices, last, ps)
 
 
 def test_other_inputs_take_the_validators(rng):

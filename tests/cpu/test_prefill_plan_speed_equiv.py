@@ -189,6 +189,8 @@ def test_fast_index_arrays_are_the_validators(paged, b, ps, zero_pages, rng):
         pytest.param("last-page-0", id="last-page-0"),
         pytest.param("decreasing-qo", id="decreasing-qo"),
         pytest.param("2d-indptr", id="2d-indptr"),
+        pytest.param("negative-kv-end", id="negative-kv-end"),
+        pytest.param("kv-len-over-int32", id="kv-len-over-int32"),
     ],
 )
 def test_fast_index_arrays_hand_bad_input_to_the_validators(bad, rng):
@@ -203,13 +205,20 @@ def test_fast_index_arrays_hand_bad_input_to_the_validators(bad, rng):
         last[4] = 0
     elif bad == "decreasing-qo":
         qo_indptr[5] = qo_indptr[4] - 1
+    elif bad == "negative-kv-end":  # (no page count to slice kv_indices with)
+        kvi[-1] = -1
+    elif bad == "kv-len-over-int32":  # (pages x page_size past int32: the fast path's int32 lengths would wrap)
+        ps = 2**20
+        kvi[1:] = np.arange(1, 10, dtype=np.int32) * 4096
+        indices, last = np.zeros(int(kvi[-1]), np.int32), np.full(9, ps, np.int32)
     else:
         qo_indptr = qo_indptr.reshape(1, -1)
+    ps = 2**20 if bad == "kv-len-over-int32" else 16
     out = {}
-    assert not read_index_arrays_fast(out, True, qo_indptr, kvi, indices, last, 16)
+    assert not read_index_arrays_fast(out, True, qo_indptr, kvi, indices, last, ps)
     assert out == {}
     with pytest.raises(ValueError):
-        read_checked_index_arrays(out, True, qo_indptr, kvi, indices, last, 16)
+        read_checked_index_arrays(out, True, qo_indptr, kvi, indices, last, ps)
 
 
 def test_new_batches_plan_as_the_planner_and_as_repeated_batches(rng):
