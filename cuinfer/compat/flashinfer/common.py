@@ -209,11 +209,6 @@ def length(x: Any) -> int:
     return int(x.shape[0]) if hasattr(x, "shape") else len(x)
 
 
-def host_last(indptr: Any) -> int:
-    """``indptr[-1]`` as an int (one element read; a device tensor synchronises, as FlashInfer's plan does)."""
-    return int(indptr[-1])
-
-
 # ---- outputs ---------------------------------------------------------------------------------------------------------
 
 

@@ -197,7 +197,7 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
             use_fp16_qk_reduction=use_fp16_qk_reduction, prefix_len_ptr=prefix_len_ptr,
             token_pos_in_items_ptr=token_pos_in_items_ptr, max_item_len_ptr=max_item_len_ptr,
         )  # fmt: skip
-        self._check_graph_batch(common.length(qo_indptr) - 1, common.host_last(qo_indptr))
+        self._check_graph_batch(common.length(qo_indptr) - 1, qo_indptr)
         if self._use_cuda_graph and common.length(paged_kv_indices) > common.length(self._paged_kv_indices_buf):
             raise ValueError("The length of paged_kv_indices exceeds the allocated buffer size.")
         options = common.attention_options(
@@ -358,7 +358,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
         batch = common.length(qo_indptr) - 1
         if common.length(kv_indptr) != batch + 1:
             raise ValueError("The kv_indptr length should be equal to mask_indptr length.")
-        self._check_graph_batch(batch, common.host_last(qo_indptr))
+        self._check_graph_batch(batch, qo_indptr)
         options = common.attention_options(
             pos_encoding_mode=pos_encoding_mode, window_left=window_left, logits_soft_cap=logits_soft_cap,
             sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,

@@ -44,11 +44,12 @@ class CompatWrapper:
             device=self._device_id,
         )  # fmt: skip
 
-    def _check_graph_batch(self, batch_size: int, total_rows: int | None = None) -> None:
-        """FlashInfer's CUDA-graph rules: the batch size of the constructor's buffers, and (prefill) no more query
-        rows than the first plan had."""
+    def _check_graph_batch(self, batch_size: int, qo_indptr: Any = None) -> None:
+        """FlashInfer's CUDA-graph rules: the batch size of the constructor's buffers, and (prefill, ``qo_indptr``
+        given) no more query rows than the first plan had."""
         if not self._use_cuda_graph:
             return
+        total_rows = None if qo_indptr is None else int(qo_indptr[-1])  # (one element read, graph mode only)
         if batch_size != self._fixed_batch_size:
             raise ValueError(
                 f"The batch size should be fixed in cudagraph mode, the runtime batch size {batch_size} mismatches "
