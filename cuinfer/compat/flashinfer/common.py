@@ -94,15 +94,17 @@ def data_type(x: Any) -> Any:
     return x
 
 
-def attention_options(
-    *, pos_encoding_mode: Any, window_left: Any, logits_soft_cap: Any, sm_scale: Any, rope_scale: Any,
-    rope_theta: Any,
-) -> dict[str, Any]:  # fmt: skip
-    """FlashInfer's attention options with their ``None`` defaults resolved, as cuinfer ``plan()`` keywords.
-    FlashInfer applies the soft cap only when it is > 0, so None, 0 and negative values all disable it."""
-    cap = 0.0 if logits_soft_cap is None else float(logits_soft_cap)
+OPTION_NAMES = ("pos_encoding_mode", "window_left", "logits_soft_cap", "sm_scale", "rope_scale", "rope_theta")
+
+
+def attention_options(args: dict[str, Any]) -> dict[str, Any]:
+    """FlashInfer's attention options (``OPTION_NAMES``, read from ``args``: the caller's arguments) with their
+    ``None`` defaults resolved, as cuinfer ``plan()`` keywords. FlashInfer applies the soft cap only when it is
+    > 0, so None, 0 and negative values all disable it."""
+    cap = 0.0 if args["logits_soft_cap"] is None else float(args["logits_soft_cap"])
+    sm_scale, rope_scale, rope_theta = args["sm_scale"], args["rope_scale"], args["rope_theta"]
     return dict(
-        pos_encoding=pos_encoding(pos_encoding_mode), window_left=int(window_left),
+        pos_encoding=pos_encoding(args["pos_encoding_mode"]), window_left=int(args["window_left"]),
         logits_soft_cap=cap if cap > 0 else 0.0, sm_scale=None if sm_scale is None else float(sm_scale),
         rope_scale=1.0 if rope_scale is None else float(rope_scale),
         rope_theta=1e4 if rope_theta is None else float(rope_theta),
@@ -144,6 +146,15 @@ def plan_refusals(
         prefix_len_ptr=(prefix_len_ptr, prefix_len_ptr is not None, MULTI_ITEM),
         token_pos_in_items_ptr=(token_pos_in_items_ptr, token_pos_in_items_ptr is not None, MULTI_ITEM),
         max_item_len_ptr=(max_item_len_ptr, max_item_len_ptr is not None, MULTI_ITEM),
+    )  # fmt: skip
+
+
+def run_refusals(args: tuple, sinks: Any = None, kv_cache_sf: Any = None, skip_softmax: Any = None) -> None:
+    """The ``run()`` arguments cuinfer does not implement (each changes results)."""
+    refuse(
+        args=(args, bool(args), NO_RUN_ARGS), sinks=(sinks, sinks is not None, NO_SINKS),
+        kv_cache_sf=(kv_cache_sf, kv_cache_sf is not None, NO_NVFP4),
+        skip_softmax_threshold_scale_factor=(skip_softmax, skip_softmax is not None, NO_SKIP_SOFTMAX),
     )  # fmt: skip
 
 

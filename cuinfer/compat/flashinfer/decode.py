@@ -39,6 +39,7 @@ class BatchDecodeWithPagedKVCacheWrapper(CompatWrapper):
     """
 
     _API = "BatchDecodeWithPagedKVCacheWrapper"
+    _RUN_ARRAYS = ("q", "paged_kv_cache")
 
     def __init__(
         self,
@@ -125,10 +126,7 @@ class BatchDecodeWithPagedKVCacheWrapper(CompatWrapper):
         self._check_graph_batch(batch)
         if self._use_cuda_graph and common.length(indices) > common.length(self._paged_kv_indices_buf):
             raise ValueError("The size of indices should be less than or equal to the allocated buffer")
-        opts = common.attention_options(
-            pos_encoding_mode=pos_encoding_mode, window_left=window_left, logits_soft_cap=logits_soft_cap,
-            sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
-        )  # fmt: skip
+        opts = common.attention_options(call)
         q_dtype = common.data_type(q_data_type)
         self._core.plan(
             indptr, indices, last_page_len, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
@@ -151,13 +149,7 @@ class BatchDecodeWithPagedKVCacheWrapper(CompatWrapper):
     ) -> Any:  # fmt: skip
         """Decode ``q [batch_size, num_qo_heads, head_dim]`` against the paged cache -> ``o`` (``(o, lse)`` with
         ``return_lse``; lse base 2 ``[batch_size, num_qo_heads]``). ``enable_pdl`` is a launch hint (no effect)."""
-        common.refuse(
-            args=(args, bool(args), common.NO_RUN_ARGS), sinks=(sinks, sinks is not None, common.NO_SINKS),
-            kv_cache_sf=(kv_cache_sf, kv_cache_sf is not None, common.NO_NVFP4),
-            skip_softmax_threshold_scale_factor=(skip_softmax_threshold_scale_factor,
-                                                 skip_softmax_threshold_scale_factor is not None,
-                                                 common.NO_SKIP_SOFTMAX),
-        )  # fmt: skip
+        common.run_refusals(args, sinks, kv_cache_sf, skip_softmax_threshold_scale_factor)
         if q_len_per_req is not None:
             warnings.warn(
                 "Passing `q_len_per_req` to BatchDecodeWithPagedKVCacheWrapper.run() is deprecated; pass it to "
@@ -193,11 +185,7 @@ class BatchDecodeWithPagedKVCacheWrapper(CompatWrapper):
     ) -> Any:  # fmt: skip
         """Deprecated in FlashInfer (use ``run``): its options replace the plan's (cuinfer plans again if they
         differ)."""
-        self._replan_for_forward(
-            pos_encoding_mode=pos_encoding_mode, window_left=window_left, logits_soft_cap=logits_soft_cap,
-            sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
-        )  # fmt: skip
-        return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
+        return self._forward(locals(), False, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
 
     def forward_return_lse(
         self, q: Any, paged_kv_cache: Any, pos_encoding_mode: str = "NONE", q_scale: float | None = None,
@@ -206,11 +194,7 @@ class BatchDecodeWithPagedKVCacheWrapper(CompatWrapper):
         rope_theta: float | None = None,
     ) -> Any:  # fmt: skip
         """Deprecated in FlashInfer (use ``run_return_lse``): ``forward`` returning ``(o, lse)``."""
-        self._replan_for_forward(
-            pos_encoding_mode=pos_encoding_mode, window_left=window_left, logits_soft_cap=logits_soft_cap,
-            sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
-        )  # fmt: skip
-        return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=True)
+        return self._forward(locals(), True, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
 
 
 _PLAN_POSITIONAL = frozenset(
@@ -254,10 +238,7 @@ def single_decode_with_kv_cache(
     head_dim]`` (NHD) -> ``o`` (, lse base 2 ``[num_qo_heads]``). ``use_tensor_cores`` only picks a kernel in
     FlashInfer (same result); cuinfer's ``single_decode`` picks its own. ``q_scale`` and ``k_scale`` multiply
     ``sm_scale``, ``v_scale`` the output, as in FlashInfer."""
-    opts = common.attention_options(
-        pos_encoding_mode=pos_encoding_mode, window_left=window_left, logits_soft_cap=logits_soft_cap,
-        sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
-    )  # fmt: skip
+    opts = common.attention_options(locals())
     scale = opts.pop("sm_scale")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     for s in (q_scale, k_scale):

@@ -87,15 +87,19 @@ class PrefillWrapper(CompatWrapper):
         result = self._core.run(q, *kv, out=out, lse=lse_core, return_lse=return_lse or lse_core is not None)
         return self._finish(result, return_lse, v_scale, lse_base, lse_layout, lse_dst)
 
-    def _forward(self, run_args: tuple, return_lse: bool, k_scale: Any = None, **options: Any) -> Any:
-        """forward(): plan again with its options when they differ (FlashInfer's forward multiplies sm_scale by
-        ``k_scale``, so it goes into that plan), then run."""
+    def _prefill_forward(self, call: dict, return_lse: bool) -> Any:
+        """forward() / forward_return_lse(): FlashInfer multiplies sm_scale by ``k_scale`` (it goes into the new
+        plan here) and the output by ``v_scale``."""
+        call = dict(call)
+        k_scale, v_scale = call.pop("k_scale", None), call.pop("v_scale", None)
         if k_scale is not None and common.scalar(k_scale) != 1.0:
-            base = options["sm_scale"]
+            base = call["sm_scale"]
             base = 1.0 / math.sqrt(self._head_dim_qk) if base is None else float(base)
-            options["sm_scale"] = base * common.scalar(k_scale)
-        self._replan_for_forward(**options)
-        return self.run(*run_args, return_lse=return_lse)
+            call["sm_scale"] = base * common.scalar(k_scale)
+        result = self._forward(call, return_lse)
+        if return_lse:
+            return common.scale_output(result[0], v_scale), result[1]
+        return common.scale_output(result, v_scale)
 
 
 def _plan_call(local: dict, positional: tuple[str, ...]) -> dict:
@@ -118,6 +122,7 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
 
     _API = "BatchPrefillWithPagedKVCacheWrapper"
     _PAGED = True
+    _RUN_ARRAYS = ("q", "paged_kv_cache")
 
     def __init__(
         self,
@@ -200,10 +205,7 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
         self._check_graph_batch(common.length(qo_indptr) - 1, qo_indptr)
         if self._use_cuda_graph and common.length(paged_kv_indices) > common.length(self._paged_kv_indices_buf):
             raise ValueError("The length of paged_kv_indices exceeds the allocated buffer size.")
-        options = common.attention_options(
-            pos_encoding_mode=pos_encoding_mode, window_left=window_left, logits_soft_cap=logits_soft_cap,
-            sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
-        )  # fmt: skip
+        options = common.attention_options(call)
         index = (qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len)
         self._core_plan(
             index, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim_qk=head_dim_qk, page_size=page_size,
@@ -228,12 +230,8 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
         qk = 1.0
         for s in (q_scale, k_scale):
             qk *= 1.0 if s is None else common.scalar(s)
+        common.run_refusals(args, sinks, kv_cache_sf, skip_softmax_threshold_scale_factor)
         common.refuse(
-            args=(args, bool(args), common.NO_RUN_ARGS), sinks=(sinks, sinks is not None, common.NO_SINKS),
-            kv_cache_sf=(kv_cache_sf, kv_cache_sf is not None, common.NO_NVFP4),
-            skip_softmax_threshold_scale_factor=(skip_softmax_threshold_scale_factor,
-                                                 skip_softmax_threshold_scale_factor is not None,
-                                                 common.NO_SKIP_SOFTMAX),
             use_fp16_softmax=(use_fp16_softmax, bool(use_fp16_softmax), _TRTLLM_ONLY),
             uses_spcompress=(uses_spcompress, bool(uses_spcompress), _TRTLLM_ONLY),
             q_scale_k_scale=(qk, qk != 1.0, "cuinfer's prefill fixes sm_scale at plan(): pass "
@@ -253,12 +251,7 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
     ) -> Any:  # fmt: skip
         """Deprecated in FlashInfer (use ``run``): its options replace the plan's (cuinfer plans again if they
         differ; ``k_scale`` goes into that plan's sm_scale)."""
-        o = self._forward(
-            (q, paged_kv_cache), False, k_scale, causal=causal, pos_encoding_mode=pos_encoding_mode,
-            use_fp16_qk_reduction=use_fp16_qk_reduction, window_left=window_left, logits_soft_cap=logits_soft_cap,
-            sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
-        )  # fmt: skip
-        return common.scale_output(o, v_scale)
+        return self._prefill_forward(locals(), False)
 
     def forward_return_lse(
         self, q: Any, paged_kv_cache: Any, causal: bool = False, pos_encoding_mode: str = "NONE",
@@ -267,12 +260,7 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
         rope_scale: float | None = None, rope_theta: float | None = None,
     ) -> Any:  # fmt: skip
         """Deprecated in FlashInfer (use ``run_return_lse``): ``forward`` returning ``(o, lse)``."""
-        o, lse = self._forward(
-            (q, paged_kv_cache), True, k_scale, causal=causal, pos_encoding_mode=pos_encoding_mode,
-            use_fp16_qk_reduction=use_fp16_qk_reduction, window_left=window_left, logits_soft_cap=logits_soft_cap,
-            sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
-        )  # fmt: skip
-        return common.scale_output(o, v_scale), lse
+        return self._prefill_forward(locals(), True)
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
@@ -284,6 +272,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
 
     _API = "BatchPrefillWithRaggedKVCacheWrapper"
     _PAGED = False
+    _RUN_ARRAYS = ("q", "k", "v")
 
     def __init__(
         self,
@@ -359,10 +348,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
         if common.length(kv_indptr) != batch + 1:
             raise ValueError("The kv_indptr length should be equal to mask_indptr length.")
         self._check_graph_batch(batch, qo_indptr)
-        options = common.attention_options(
-            pos_encoding_mode=pos_encoding_mode, window_left=window_left, logits_soft_cap=logits_soft_cap,
-            sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
-        )  # fmt: skip
+        options = common.attention_options(call)
         self._core_plan(
             (qo_indptr, kv_indptr), num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim_qk=head_dim_qk,
             page_size=1, head_dim_vo=head_dim_vo, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask,
@@ -383,10 +369,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
         ``[kv_indptr[-1], num_kv_heads, head_dim]`` -> ``o`` (``(o, lse)`` with ``return_lse``).
         ``q_scale``, ``k_scale``, ``v_scale``, ``o_scale``: FlashInfer applies them on this path only to fp8 / NVFP4
         K/V, which cuinfer does not have, so with 16-bit K/V they leave the result unchanged in both libraries."""
-        common.refuse(
-            args=(args, bool(args), common.NO_RUN_ARGS),
-            kv_cache_sf=(kv_cache_sf, kv_cache_sf is not None, common.NO_NVFP4),
-        )  # fmt: skip
+        common.run_refusals(args, kv_cache_sf=kv_cache_sf)
         return self._run(q, (k, v), out, lse, return_lse, lse_base, lse_layout, None)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
@@ -398,11 +381,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
     ) -> Any:  # fmt: skip
         """Deprecated in FlashInfer (use ``run``): its options replace the plan's (cuinfer plans again if they
         differ)."""
-        return self._forward(
-            (q, k, v), False, causal=causal, pos_encoding_mode=pos_encoding_mode,
-            use_fp16_qk_reduction=use_fp16_qk_reduction, window_left=window_left, logits_soft_cap=logits_soft_cap,
-            sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
-        )  # fmt: skip
+        return self._prefill_forward(locals(), False)
 
     def forward_return_lse(
         self, q: Any, k: Any, v: Any, causal: bool = False, pos_encoding_mode: str = "NONE",
@@ -410,8 +389,4 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
         sm_scale: float | None = None, rope_scale: float | None = None, rope_theta: float | None = None,
     ) -> Any:  # fmt: skip
         """Deprecated in FlashInfer (use ``run_return_lse``): ``forward`` returning ``(o, lse)``."""
-        return self._forward(
-            (q, k, v), True, causal=causal, pos_encoding_mode=pos_encoding_mode,
-            use_fp16_qk_reduction=use_fp16_qk_reduction, window_left=window_left, logits_soft_cap=logits_soft_cap,
-            sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
-        )  # fmt: skip
+        return self._prefill_forward(locals(), True)

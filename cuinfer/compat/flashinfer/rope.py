@@ -25,11 +25,7 @@ def apply_rope(
 ) -> tuple[Any, Any]:
     """RoPE on ragged ``q [nnz, num_qo_heads, head_dim]`` / ``k [nnz, num_kv_heads, head_dim]``: token ``t`` of
     request ``b`` (rows ``indptr[b]:indptr[b+1]``) at position ``offsets[b] + t - indptr[b]``."""
-    qr, kr = common.utility("apply_rope", q)(
-        q, k, indptr, offsets, rotary_dim=rotary_dim, interleave=bool(interleave), rope_scale=float(rope_scale),
-        rope_theta=float(rope_theta),
-    )  # fmt: skip
-    return common.like_input(qr, q), common.like_input(kr, k)
+    return _rope("apply_rope", q, k, (indptr, offsets), rotary_dim, interleave, rope_scale, rope_theta)
 
 
 def apply_rope_pos_ids(
@@ -43,8 +39,14 @@ def apply_rope_pos_ids(
 ) -> tuple[Any, Any]:
     """RoPE on ``q [nnz, num_qo_heads, head_dim]`` / ``k [nnz, num_kv_heads, head_dim]`` at positions
     ``pos_ids [nnz]``."""
-    qr, kr = common.utility("apply_rope_pos_ids", q)(
-        q, k, pos_ids, rotary_dim=rotary_dim, interleave=bool(interleave), rope_scale=float(rope_scale),
+    return _rope("apply_rope_pos_ids", q, k, (pos_ids,), rotary_dim, interleave, rope_scale, rope_theta)
+
+
+def _rope(name: str, q: Any, k: Any, positions: tuple, rotary_dim: Any, interleave: bool, rope_scale: float,
+          rope_theta: float) -> tuple[Any, Any]:  # fmt: skip
+    """cuinfer's ``name`` with FlashInfer's positional options as its keywords; results in q's and k's dtypes."""
+    qr, kr = common.utility(name, q)(
+        q, k, *positions, rotary_dim=rotary_dim, interleave=bool(interleave), rope_scale=float(rope_scale),
         rope_theta=float(rope_theta),
     )  # fmt: skip
     return common.like_input(qr, q), common.like_input(kr, k)

@@ -57,10 +57,7 @@ def single_prefill_with_kv_cache(
                  "single_prefill returns q's dtype; for another output dtype use "
                  "BatchPrefillWithRaggedKVCacheWrapper with o_data_type"),
     )  # fmt: skip
-    opts = common.attention_options(
-        pos_encoding_mode=pos_encoding_mode, window_left=window_left, logits_soft_cap=logits_soft_cap,
-        sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
-    )  # fmt: skip
+    opts = common.attention_options(locals())
     if k_scale is not None:
         scale = opts["sm_scale"]
         opts["sm_scale"] = (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale) * common.scalar(k_scale)

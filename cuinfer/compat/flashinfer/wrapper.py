@@ -13,6 +13,7 @@ class CompatWrapper:
     """A FlashInfer wrapper's state around one cuinfer wrapper (``self._core``, made by the subclass)."""
 
     _API: ClassVar[str] = "wrapper"
+    _RUN_ARRAYS: ClassVar[tuple[str, ...]] = ("q",)  # run()'s array arguments, by name
 
     def __init__(self, float_workspace_buffer: Any, kv_layout: Any, use_cuda_graph: bool) -> None:
         self._kv_layout = common.kv_layout(kv_layout)
@@ -76,17 +77,22 @@ class CompatWrapper:
                 "the window is part of the plan: call plan() with the new window_left"
             )
 
-    def _replan_for_forward(self, **options: Any) -> None:
-        """The deprecated ``forward()`` / ``forward_return_lse()`` take attention options that replace the plan's (as
-        in FlashInfer): plan again with them when they differ (a host-side cost per call)."""
+    def _forward(self, call: dict[str, Any], return_lse: bool, **run_kwargs: Any) -> Any:
+        """The deprecated ``forward()`` / ``forward_return_lse()`` (``call``: their arguments) take attention options
+        that replace the plan's, as in FlashInfer: plan again with them when they differ (a host-side cost per
+        call), then run on the arrays ``_RUN_ARRAYS`` names."""
         if self._plan_call is None:
             raise ValueError(f"{self._API}.forward() needs a plan: call plan() (or begin_forward()) first")
         args, kwargs = self._plan_call
-        if all(kwargs.get(name, _UNSET) == value for name, value in options.items()):
-            return
-        self.plan(*args, **{**kwargs, **options})
+        options = {name: call[name] for name in FORWARD_OPTIONS if name in call}
+        if any(kwargs.get(name, _UNSET) != value for name, value in options.items()):
+            self.plan(*args, **{**kwargs, **options})
+        return self.run(*(call[name] for name in self._RUN_ARRAYS), return_lse=return_lse, **run_kwargs)
 
     def plan(self, *args: Any, **kwargs: Any) -> None:  # (each wrapper defines its own)
+        raise NotImplementedError
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:  # (each wrapper defines its own)
         raise NotImplementedError
 
     def _finish(self, result: Any, return_lse: bool, v_scale: Any, lse_base: str = "log2", lse_layout: str = "NH",
@@ -101,3 +107,4 @@ class CompatWrapper:
 
 
 _UNSET = object()
+FORWARD_OPTIONS = (*common.OPTION_NAMES, "causal", "use_fp16_qk_reduction")
