@@ -185,6 +185,8 @@ def test_batch_decode_page_size_one_shorthand(rng):
     want = w.run(q, cache)
     np.testing.assert_array_equal(w.run(q, cache[:, :, 0]), want)  # 4-D [pages, 2, heads, dim]
     np.testing.assert_array_equal(w.run(q, (cache[:, 0, 0], cache[:, 1, 0])), want)  # tuple of 3-D
+    pair = (cache[:, 0], cache[:, 1])
+    assert fi.common.expand_paged(pair, "NHD") is pair  # (cuinfer reuses a cache's checked view by identity)
 
 
 def test_batch_decode_scales_fold_like_flashinfer(rng):

@@ -211,7 +211,9 @@ def expand_paged(cache: Any, layout: str) -> Any:
         return x[..., None, :, :] if layout == "NHD" else x[..., None, :]
 
     if isinstance(cache, (tuple, list)):
-        return tuple(expand(c, 4) for c in cache)
+        parts = tuple(expand(c, 4) for c in cache)
+        # the caller's own tuple when nothing changed: cuinfer reuses a cache's checked view by its identity
+        return cache if all(p is c for p, c in zip(parts, cache, strict=False)) else parts
     return expand(cache, 5)
 
 
