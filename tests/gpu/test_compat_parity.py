@@ -15,7 +15,7 @@ directory on the path)::
 
     python tests/gpu/test_compat_parity.py [--peers /tmp/peers] [--cases decode,merge] [--dtypes float16]
 
-FlashInfer JIT-compiles one module per (kernel, dtype, options) on first use, about 18 here, cached in
+FlashInfer JIT-compiles one module per (kernel, dtype, options) on first use, about 20 here, cached in
 bench/.peer-cache as the benchmark suites do: on a cold machine run the table in parts (``--cases decode,merge`` then
 ``--cases prefill,single,errors,utilities``) to stay inside a 10-minute command. The option cases (window, soft cap,
 RoPE, ALiBi) run in float16 only unless ``--dtypes`` says otherwise; the prefill cases ask FlashInfer for
