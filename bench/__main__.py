@@ -23,7 +23,7 @@ from pathlib import Path
 from bench import cases as cases_mod
 from bench.suite import SUITES
 
-METHOD_MIN_ITERS = 20  # PERF.md: median of >= 20 timed runs
+METHOD_MIN_ITERS = 20  # docs/benchmarks.md: median of >= 20 timed runs
 COMMANDS = (*SUITES, "all", "warm", "list", "plot")
 DEFAULT_OUT = Path("bench/results")
 
@@ -31,7 +31,7 @@ DEFAULT_OUT = Path("bench/results")
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench",
-        description="cuinfer benchmark suites beside FlashInfer and torch SDPA (PERF.md method and cases).",
+        description="cuinfer benchmark suites beside FlashInfer and torch SDPA (method and cases: docs/benchmarks.md).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="cases: " + ", ".join(cases_mod.known_ids()),
     )
@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.iters, args.warmup, args.plan_iters = 5, 2, 20
     elif args.iters < METHOD_MIN_ITERS:
-        p.error(f"--iters {args.iters} is below the PERF.md method's {METHOD_MIN_ITERS} timed runs; "
+        p.error(f"--iters {args.iters} is below the docs/benchmarks.md method's {METHOD_MIN_ITERS} timed runs; "
                 "use --quick for a smoke run")  # fmt: skip
     if args.warmup < 1:
         p.error(f"--warmup must be >= 1 (the first run may compile), got {args.warmup}")

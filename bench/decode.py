@@ -1,6 +1,6 @@
 """Decode suite D1-D10: cuinfer BatchDecode against FlashInfer's decode wrappers in the same run.
 
-Rows per case: cuinfer with its default policy (the row judged against the PERF.md target), then forced
+Rows per case: cuinfer with its default policy (the row judged against the docs/benchmarks.md target), then forced
 ``use_tensor_cores=True`` / ``False``; FlashInfer's BatchDecodeWithPagedKVCacheWrapper on CUDA cores and on tensor
 cores, and its persistent BatchAttention on the skewed cases D8/D9, called exactly as the anchor script calls them.
 Metric: bytes = K and V actually read + q + o (cases.decode_bytes), GB/s and % of the copy bandwidth measured in
@@ -136,7 +136,8 @@ def peer_variants(case) -> list[tuple[str, object]]:
 def run(ctx: Context, cases) -> None:
     use_fi = peers.use_flashinfer(ctx)
     for case in cases:
-        ctx.log(f"[decode] {case.id}: {case.describe()}  (target {case.target.text}; PERF.md peer {case.anchor})")
+        anchor = f"docs/benchmarks.md peer {case.anchor}"
+        ctx.log(f"[decode] {case.id}: {case.describe()}  (target {case.target.text}; {anchor})")
         run_case(ctx, case, use_fi)
         inputs.free()  # this case's tensors died with run_case
 

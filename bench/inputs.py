@@ -1,7 +1,8 @@
 """Device inputs for the standard cases: fresh random data (seeded per case), paged caches scattered over the pool.
 
 Index arrays are kept twice: NumPy for cuinfer (its plan() takes host arrays with no device sync) and device int32
-tensors for FlashInfer, called as the anchor script calls it so its numbers are comparable with PERF.md.
+tensors for FlashInfer, called as the anchor script calls it so its numbers are comparable with docs/benchmarks.md's
+anchors.
 """
 
 from __future__ import annotations

@@ -60,7 +60,8 @@ def flashinfer():
     mod, why = flashinfer_or_reason()
     if mod is None:
         raise ImportError(
-            f"FlashInfer is not importable ({why}); install the peer pack (PERF.md, 'Peers on the GPU machine')"
+            f"FlashInfer is not importable ({why}); install the peer pack (docs/benchmarks.md, 'Peers on the GPU "
+            "machine')"
         )
     return mod
 

@@ -3,7 +3,7 @@
 plan() runs on the host once per generation step, so its wall time is paid every step: median of many single calls
 (perf_counter), after a first call that is reported separately (it may JIT-compile, for the peers). cuinfer gets
 NumPy index arrays (its documented no-sync path); FlashInfer gets device int32 tensors, as the anchor script gave it
-(PERF.md's 175-260 µs / 400-710 µs / 431.8 µs were measured that way).
+(docs/benchmarks.md's 175-260 µs / 400-710 µs / 431.8 µs were measured that way).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class _Tables:
 
 def cuinfer_plan(case: PlanCase, tables: list):
     """plan() on one wrapper of ``tables`` in turn, one per call (like a serving loop); one table: the same batch
-    planned again every call (PERF.md's row)."""
+    planned again every call (docs/benchmarks.md's row)."""
     cuinfer = peers.cuinfer()
     s = case.shape
     kw = dict(num_qo_heads=s.num_qo_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim, page_size=s.page_size,
@@ -123,7 +123,7 @@ def fi_plans(case: PlanCase, t: _Tables) -> dict:
 
 
 def run(ctx: Context, cases) -> None:
-    from cuinfer.planner.bench import calibrate
+    from bench.plan_host import calibrate
 
     use_fi = peers.use_flashinfer(ctx)
     # plan() is a few dozen NumPy calls: its time scales with this host's per-call cost (~1.1 us on a quiet core)

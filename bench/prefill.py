@@ -3,7 +3,8 @@ torch SDPA (flash, cuDNN) in the same run.
 
 cuinfer rows: ``backend="auto"`` (the default, judged against the Hopper-class target), then forced ``fa2`` (judged
 against the FA2-class target) and ``sm90`` (Hopper class). SDPA runs only on the ragged cases whose requests all
-have the same length (P1, P2), as in PERF.md: SDPA has no ragged batch, and padding P3 would count work it wastes.
+have the same length (P1, P2), as in docs/benchmarks.md: SDPA has no ragged batch, and padding P3 would count work it
+wastes.
 Metric: FLOPs = 4·Hq·D·(attended q-k pairs) (cases.prefill_flops), TFLOP/s and % of the bf16 matmul rate measured
 in this run.
 """
@@ -145,7 +146,7 @@ def run(ctx: Context, cases) -> None:
         anchor = ", ".join(f"{k} {v}" for k, v in case.anchor.items())
         ctx.log(
             f"[prefill] {case.id}: {case.describe()}  (targets FA2-class {case.target_fa2.text}, Hopper-class "
-            f"{case.target_hopper.text}; PERF.md peers TFLOP/s: {anchor})"
+            f"{case.target_hopper.text}; docs/benchmarks.md peers TFLOP/s: {anchor})"
         )
         run_case(ctx, case, use_fi)
         inputs.free()

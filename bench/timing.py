@@ -1,4 +1,4 @@
-"""Timing by the PERF.md method, and the machine's ceilings measured in the same run.
+"""Timing by the docs/benchmarks.md method, and the machine's ceilings measured in the same run.
 
 GPU time: CUDA events through torch on torch's current stream (cuinfer enqueues on it for torch inputs), L2 flushed
 before every timed run by writing a 512 MB buffer (the H200's L2 is 60 MB: a decode over a warm L2 would read part
@@ -77,7 +77,8 @@ class CudaTimer:
 
     def __init__(self, *, flush_bytes: int = FLUSH_BYTES, clean_flush: bool = False) -> None:
         """``clean_flush``: after the write, read a second buffer of the same size, so the timed kernel finds the
-        L2 full of clean lines instead of dirty ones it must write back (a diagnostic, not the PERF.md method)."""
+        L2 full of clean lines instead of dirty ones it must write back (a diagnostic, not the docs/benchmarks.md
+        method)."""
         torch = cuda_torch()
         self._torch = torch
         self._flush = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda") if flush_bytes else None

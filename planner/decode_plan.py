@@ -141,7 +141,7 @@ class DecodePlanner:
         if self.split and h * total < BALANCED_EFFICIENCY * e0 * p:
             if b <= self.n_lanes:
                 if not SMALL_BATCH_ALIGNED:
-                    return None  # (A/B builds: the tile pipeline's equal pieces, bench/tune_sched.py dtrace)
+                    return None  # (A/B builds: the tile pipeline's equal pieces, bench/lab/tune_sched.py dtrace)
                 plan = self._aligned(kv, s, n, b, n_sum, lo, hi, e0)
                 if plan is not _NO_SPLIT:
                     return plan  # (None: a partial lane, no lane to spare or an unbalanced mixed plan: the tile
@@ -202,7 +202,7 @@ class DecodePlanner:
         take the 17 largest of n_r / m, which gives every request two pieces and the longest (1021) three. At the
         granule the largest piece is 8 KV tiles (half of 963 tokens, 16 tiles), and 1021 (16 tiles) needs only two
         such pieces: 32 pieces, one per lane. The tile pipeline's chunks put two pieces on 80 of the 264 CTAs:
-        D2 26.5 against 29.8 us on the H200 (``python -m bench.tune_sched dtrace``, variant ``tileplan``).
+        D2 26.5 against 29.8 us on the H200 (the former ``dtrace tileplan`` lab variant; docs/results/lab-findings.md).
         """
         lanes, o, xp, gr = self.lanes.full, self.o, self.xp, self.gr
         extra = lanes - b
@@ -561,7 +561,7 @@ def _equal_indptr(n: int, p: int) -> np.ndarray:
     """Equal items: CTA ``c`` starts at the first item whose midpoint ``i + 1/2`` reaches ``c * n / P``.
 
     (Putting them on fewer CTAs with the same most items per CTA, 256 instead of 264 for D5-D7, measured within
-    noise of this on an H200 once the merge moved into the decode kernel: bench/tune_sched.py cut.)
+    noise of this on an H200 once the merge moved into the decode kernel: bench/lab/tune_sched.py cut.)
     """
     indptr = np.arange(0, 2 * n * (p + 1), 2 * n)
     indptr += p - 1

@@ -132,8 +132,8 @@ def decode_config(
 def kv_evict_first(kv_bytes: int, l2_bytes: int) -> bool:
     """Whether a decode step streaming ``kv_bytes`` of K/V marks its copies evict-first in an L2 of ``l2_bytes``.
 
-    Measured on the H200 (60 MB L2; ``python -m bench.tune_sched evict``, both policies in one call) with the L2 full
-    of dirty lines, as after docs/benchmarks.md's flush (a 512 MB write) or after kernels that wrote a lot:
+    Measured on the H200 (60 MB L2; ``python -m bench.lab.tune_sched evict``, both policies in one call) with the L2
+    full of dirty lines, as after docs/benchmarks.md's flush (a 512 MB write) or after kernels that wrote a lot:
 
     * evict-normal displaces the dirty lines and pays their write-back inside the kernel, a fixed cost of ~6-9 µs;
     * evict-first keeps them (the stream replaces its own lines) but streams ~10 % slower over the whole kernel.

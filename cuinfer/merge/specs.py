@@ -9,7 +9,7 @@ from cuinfer.jit import KernelSpec, ParamStruct
 MERGE_HEAD_DIMS = (64, 128, 256)
 MERGE_DTYPES = {"float16": "half", "bfloat16": "__nv_bfloat16", "float32": "float"}
 THREADS = 256
-# Measured on the H200 (bench/tune_merge.py, M1 shape, fp16): unroll 4 at 4 blocks/SM (64 registers) 4070 GB/s;
+# Measured on the H200 (bench/lab/tune_merge.py, M1 shape, fp16): unroll 4 at 4 blocks/SM (64 registers) 4070 GB/s;
 # unroll 8 at 2 blocks/SM (93 registers) 3505 GB/s, at 3 blocks/SM 4011 GB/s; unroll 2 at 4 blocks/SM 3766 GB/s.
 UNROLL = 4  # state slices loaded before use: 4 x 16 bytes in flight per thread (kept packed until used)
 # merge_partials reads fp32 partials, two 16-byte loads per source for 16-bit outputs: unroll 4 spilled on sm_90a

@@ -151,7 +151,7 @@ def block_groups(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: boo
     128 x 64 tiles at head dim 128 when two of them fit in one block and the SM holds exactly two CTAs either way;
     else 1.
 
-    Measured on the H200 (bench/tune_prefill.py, same call, outputs bit-identical): paired blocks ran the ragged
+    Measured on the H200 (bench/lab/tune_prefill.py, same call, outputs bit-identical): paired blocks ran the ragged
     P1-P3 3.6 / 3.1 / 2.1 % faster than two CTAs per SM, and the paged P4-P6 8-9 % slower, so paged tiles stay
     unpaired. Other head dims and tiles were not measured and stay unpaired.
 

@@ -249,3 +249,18 @@ def test_page_table_rejects_empty_request():
 def test_indptr():
     np.testing.assert_array_equal(indptr([3, 1, 4]), [0, 3, 4, 8])
     assert indptr([3]).dtype == np.int32
+
+
+def test_decode_targets():
+    """D1-D4: the page-order floor of their bytes (python -m bench.lab.stream_floor) + 3 µs, as docs/benchmarks.md
+    states them; D5-D9 a bandwidth."""
+    got = {c.id: (c.target.metric, c.target.value) for c in DECODE_CASES}
+    assert {k: got[k] for k in ("D1", "D2", "D3", "D4")} == {
+        "D1": ("us", 26.3), "D2": ("us", 22.0), "D3": ("us", 26.2), "D4": ("us", 43.2),
+    }  # fmt: skip
+    assert {k: got[k] for k in ("D5", "D6", "D7", "D8", "D9")} == {
+        "D5": ("gbps", 4100.0), "D6": ("gbps", 4100.0), "D7": ("gbps", 4100.0), "D8": ("gbps", 3900.0),
+        "D9": ("gbps", 3900.0),
+    }  # fmt: skip
+    d1 = next(c for c in DECODE_CASES if c.id == "D1").target
+    assert d1.text == "≤ 26.3 µs (floor 23.3 + 3)" and d1.check({"us": 26.3}) and not d1.check({"us": 26.4})

@@ -55,7 +55,7 @@ def test_parse_defaults_and_options():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        pytest.param(["decode", "--iters", "10"], "below the PERF.md method", id="too-few-iters"),
+        pytest.param(["decode", "--iters", "10"], "below the docs/benchmarks.md method", id="too-few-iters"),
         pytest.param(["decode", "--cases", "D1,D99"], "unknown case id(s) D99", id="unknown-case"),
         pytest.param(["decode", "--cases", ","], "at least one case id", id="empty-cases"),
         pytest.param(["attention"], "invalid choice", id="unknown-suite"),

@@ -184,7 +184,6 @@ def repository_files() -> list[Path]:
         return sorted(files)
 
 
-@pytest.mark.xfail(strict=False, reason="code comments are being updated in another branch")
 def test_no_file_names_the_external_notes():
     offenders = []
     for f in repository_files():

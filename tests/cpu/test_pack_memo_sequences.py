@@ -26,11 +26,11 @@ import pytest
 from cuinfer.planner import PlanLayout, pack, plan_work
 from cuinfer.planner import decode_plan as dp
 from cuinfer.planner import decode_structure as ds
-from cuinfer.planner.bench import lengths
 from cuinfer.planner.layout import HEADER_WORDS, PlanCapacity, capacity_of
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from bench.plan_host import lengths
 from cuinfer.decode import BatchDecode
 
 H, G = 8, 4  # Llama-3.1-8B: 8 KV heads, 4 query heads each

@@ -17,10 +17,10 @@ import heapq
 import numpy as np
 import pytest
 from cuinfer.planner import CostModel, plan_work
-from cuinfer.planner.bench import plan_balance
 from test_planner import check_plan
 
 from bench.cases import DECODE_CASES
+from bench.plan_host import plan_balance
 
 CFG = dict(num_kv_heads=8, group_size=4, tile_rows=16, kv_granule=16)
 CASES = {c.id: c for c in DECODE_CASES}

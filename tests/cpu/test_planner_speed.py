@@ -4,7 +4,7 @@ batch 64).
 Each case times ``BatchDecode.plan`` / ``BatchPrefill.plan`` without a GPU (validation, options, tile policy, grid,
 planner) plus the packing of plan and page table into a NumPy stand-in for the pinned buffer, and prints the median. CI
 machines are shared, so the assertion is only a generous bound (5x docs/benchmarks.md's target: a 10x regression fails);
-``python -m cuinfer.planner.bench`` measures properly (more calls, trials, percentiles).
+``python -m bench.plan_host`` measures properly (more calls, trials, percentiles).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import time
 
 import numpy as np
 import pytest
-from cuinfer.planner.bench import PUBLIC_CASES, calibrate, lengths, public_step
+
+from bench.plan_host import PUBLIC_CASES, calibrate, lengths, public_step
 
 SLACK = 5.0
 
@@ -36,6 +37,6 @@ def test_public_plan_time(name, kind, largs, target, capsys):
               f"{calibrate(500):.2f} us, quiet ~1.1)", end="")  # fmt: skip
     assert median <= SLACK * target, (
         f"{name}: plan() + pack takes {median:.0f} us, over {SLACK:.0f}x the {target:.0f} us target: a regression "
-        "(profile with python -m cuinfer.planner.bench and cProfile)"
+        "(profile with python -m bench.plan_host and cProfile)"
     )
     assert w._plan.work.n_items > 0

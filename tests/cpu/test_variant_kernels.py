@@ -59,16 +59,17 @@ def test_a_registered_variant_is_found_by_name():
 @pytest.mark.parametrize("kind", ["decode-tc", "decode-cc", "prefill-ragged", "prefill-paged"])
 def test_a_user_variant_compiles_into_every_kernel(kind, arch):
     """Cold NVRTC compiles (no cache): within 3 s each on a 2-core machine; no spills; the SASS has what the kernel is
-    made of. The time is printed (pytest -s)."""
+    made of. The budget is on the process's CPU time (NVRTC compiles on the calling thread, so on an idle machine it is
+    the wall time; other processes loading the host stretch only the wall time). Both are printed (pytest -s)."""
     chain = (
         render((lookup("causal"), SOFT_CAP_RATIONAL)) if kind.startswith("prefill") else render((SOFT_CAP_RATIONAL,))
     )
     spec = _specs(chain)[kind]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     mod = compile_spec(spec, arch)
-    seconds = time.perf_counter() - t0
-    print(f"{kind} {arch} {spec.name}: {seconds:.2f} s")
-    assert seconds < 3.0, f"{spec.name} took {seconds:.2f} s to compile for {arch} (the budget is 3 s)"
+    seconds = time.process_time() - c0
+    print(f"{kind} {arch} {spec.name}: {seconds:.2f} s CPU, {time.perf_counter() - t0:.2f} s wall")
+    assert seconds < 3.0, f"{spec.name} took {seconds:.2f} s of CPU to compile for {arch} (the budget is 3 s)"
     for sym, r in mod.resources.items():
         assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack_frame == 0, f"{sym}: {r}"
     if find_cuobjdump() is not None:

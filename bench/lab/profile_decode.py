@@ -1,12 +1,15 @@
-"""Where decode and prefill time goes (GPU machine): host time of run() / plan() under cProfile, and per-kernel GPU
-time from the torch profiler (CUPTI sees the kernels CuPy launches too). python -m bench.profile_decode [D1 P2 ...]"""
+"""Where decode and prefill time goes (GPU machine; lab code): host time of run() / plan() under cProfile, and
+per-kernel GPU time from the torch profiler (CUPTI sees the kernels CuPy launches too).
+
+python -m bench.lab.profile_decode [D1 P2 ...]   (decode and prefill case ids; default D1 D6 D8)
+"""
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import io
 import pstats
-import sys
 import time
 
 import numpy as np
@@ -22,7 +25,7 @@ def main(case_ids: list[str]) -> None:
     decode = {c.id: c for c in cases.DECODE_CASES}
     prefill = {c.id: c for c in cases.PREFILL_CASES}
     for cid in case_ids:
-        for tc in (None,):
+        for tc in (None,):  # (the decode policy's kernel)
             if cid in prefill:
                 inp = inputs.prefill_inputs(prefill[cid])
                 prep = prepare_prefill(inp, "fa2")
@@ -71,6 +74,19 @@ def main(case_ids: list[str]) -> None:
         inputs.free()
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from bench import cases
+
+    ap = argparse.ArgumentParser(prog="python -m bench.lab.profile_decode", description=__doc__.splitlines()[0])
+    ap.add_argument("cases", nargs="*", default=["D1", "D6", "D8"], help="decode or prefill case ids")
+    args = ap.parse_args(argv)
+    known = {c.id for c in cases.DECODE_CASES + cases.PREFILL_CASES}
+    bad = [c for c in args.cases if c not in known]
+    if bad:
+        ap.error(f"unknown case(s) {', '.join(bad)}; decode or prefill case ids")
+    return args
+
+
 if __name__ == "__main__":
     np.set_printoptions(linewidth=150)
-    main(sys.argv[1:] or ["D1", "D6", "D8"])
+    main(parse_args().cases)

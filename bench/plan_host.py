@@ -1,4 +1,4 @@
-"""Micro-benchmark of the host plan path: ``python -m cuinfer.planner.bench``.
+"""Micro-benchmark of the host plan path, no GPU needed: ``python -m bench.plan_host``.
 
 Two tables. *planner*: KV lengths from ``kv_indptr`` / ``kv_last_page_len`` (decode; prefill also takes ``qo_indptr``),
 ``plan_work``, and ``pack`` into an int32 buffer whose layout was fixed up front from ``capacity_bound`` (CUDA-graph
@@ -8,9 +8,8 @@ and page table into a NumPy stand-in for the pinned buffer, for docs/benchmarks.
 serving loop (every length one token longer per step: the decode plan's cached structure is rebuilt when a cut crosses a
 request edge). Medians, 10th and 90th percentiles of single calls (``time.perf_counter_ns``) after warm-up.
 
-Shapes: Llama-3.1-8B (32 query heads, 8 KV heads: group 4), page size 16, ``num_ctas`` = 132 SMs x 2. Lengths follow
-docs/benchmarks.md with the seeds of ``bench/cases.py`` (zipf: ``rng.zipf(1.5)`` scaled to the mean, clipped to
-``[16, 64 * mean]``; onelong: one request of ``32 * mean``, the rest ``mean``).
+Shapes: Llama-3.1-8B (32 query heads, 8 KV heads: group 4), page size 16, ``num_ctas`` = 132 SMs x 2. Lengths and
+page tables are the standard cases' (``bench.cases.Lengths``, ``bench.cases.page_table``, same seeds).
 
 Targets (docs/benchmarks.md): decode batch 128 <= 50 us median, prefill batch 64 <= 80 us. The host is shared and small,
 so run-to-run noise of 1.5-2x is normal here; ``--trials`` repeats each case and keeps the best median.
@@ -22,30 +21,20 @@ import argparse
 import time
 
 import numpy as np
+from cuinfer.planner.cost import DEFAULT_COST, CostModel
+from cuinfer.planner.layout import PlanLayout, capacity_bound, pack
+from cuinfer.planner.tiles import kv_lens_from_pages, qo_lens_from_indptr
+from cuinfer.planner.work import plan_work
 
-from .cost import DEFAULT_COST, CostModel
-from .layout import PlanLayout, capacity_bound, pack
-from .tiles import kv_lens_from_pages, qo_lens_from_indptr
-from .work import plan_work
+from bench.cases import Lengths
+from bench.cases import page_table as paged_table
 
 NUM_QO_HEADS, NUM_KV_HEADS, PAGE = 32, 8, 16
 
 
 def lengths(dist: str, batch: int, mean: int, seed: int, lo: int = 0, hi: int = 0) -> np.ndarray:
-    """docs/benchmarks.md length distributions (the same formulas as ``bench/cases.py``)."""
-    rng = np.random.default_rng(seed)
-    if dist == "const":
-        return np.full(batch, mean, dtype=np.int64)
-    if dist == "uniform":
-        return rng.integers(lo, hi + 1, size=batch).astype(np.int64)
-    if dist == "zipf":
-        x = rng.zipf(1.5, size=batch).astype(np.float64)
-        return np.clip((x / x.mean() * mean).astype(np.int64), 16, 64 * mean)
-    if dist == "onelong":
-        x = np.full(batch, mean, dtype=np.int64)
-        x[0] = 32 * mean
-        return x
-    raise ValueError(f"unknown length distribution {dist!r}; use const, uniform, zipf or onelong")
+    """The lengths of ``bench.cases.Lengths(dist, batch, mean, lo, hi)`` drawn with ``seed``."""
+    return Lengths(dist, batch, mean, lo, hi).draw(seed)
 
 
 # (name, kind, lengths args) -- decode batch 1/16/128/256 and the prefill batch of 64
@@ -103,6 +92,15 @@ def run_case(kind: str, lens: np.ndarray, *, num_ctas: int, reps: int, trials: i
     )  # fmt: skip
 
 
+def item_costs(plan, qo_lens, group_size: int, tile_rows: int, cost: CostModel = DEFAULT_COST) -> np.ndarray:
+    """Each item's cost under the cost model (CTA-major, float64): its rows, KV tokens, fixed cost and, when split,
+    the partial rows it writes (``qo_lens`` None: decode, one query token per request)."""
+    rows = _item_rows(plan, qo_lens, group_size, tile_rows)
+    kv = plan.item_kv_end.astype(np.float64) - plan.item_kv_start
+    split = plan.item_partial >= 0
+    return cost.alpha * rows + cost.gamma + cost.beta * kv + cost.partial_row * rows * split
+
+
 def plan_balance(plan, qo_lens, group_size: int, tile_rows: int, cost: CostModel = DEFAULT_COST):
     """``(balance, efficiency)`` of a plan under the cost model: balance = mean / max CTA load; efficiency = the
     unsplit work spread evenly over the CTAs (the ideal) / (max load + the merge's fixed cost if anything is split)."""
@@ -110,7 +108,7 @@ def plan_balance(plan, qo_lens, group_size: int, tile_rows: int, cost: CostModel
     kv = plan.item_kv_end.astype(np.float64) - plan.item_kv_start
     split = plan.item_partial >= 0
     base = cost.alpha * rows + cost.gamma
-    costs = base + cost.beta * kv + cost.partial_row * rows * split
+    costs = item_costs(plan, qo_lens, group_size, tile_rows, cost)
     cta = np.repeat(np.arange(plan.num_ctas), np.diff(plan.work_indptr))
     loads = np.bincount(cta, weights=costs, minlength=plan.num_ctas)
     ideal = float(costs[~split].sum() + cost.beta * kv[split].sum())
@@ -154,14 +152,9 @@ PUBLIC_CASES = (
 
 
 def page_table(lens: np.ndarray, seed: int):
-    """``(kv_indptr, kv_indices, kv_last_page_len)`` int32 of ``lens`` (page 16) over a pool shuffled by the seed, as
-    ``bench/cases.py`` builds them."""
-    lens = np.asarray(lens, dtype=np.int64)
-    pages = (lens + PAGE - 1) // PAGE
-    indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
-    indices = np.random.default_rng(seed + 7919).permutation(int(indptr[-1])).astype(np.int32)
-    last = ((lens - 1) % PAGE + 1).astype(np.int32)
-    return indptr, indices, last
+    """``(kv_indptr, kv_indices, kv_last_page_len)`` int32 of ``lens`` (page 16), as ``bench.cases.page_table``."""
+    t = paged_table(lens, PAGE, seed)
+    return t.kv_indptr, t.kv_indices, t.kv_last_page_len
 
 
 def public_step(kind: str, lens: np.ndarray, seed: int, *, steps: int = 1):
@@ -170,7 +163,7 @@ def public_step(kind: str, lens: np.ndarray, seed: int, *, steps: int = 1):
     buffer standing in for the pinned plan buffer (``_pack_host``: the same packing plan() does on a GPU).
     ``steps > 1`` cycles through that many consecutive batches, every length one token longer than the last (a
     serving loop, where the decode plan's cached structure is sometimes rebuilt)."""
-    from cuinfer.decode import BatchDecode  # the runtime, imported here only: the planner needs nothing but NumPy
+    from cuinfer.decode import BatchDecode  # (imported here: the planner table runs without the runtime)
     from cuinfer.prefill import BatchPrefill
 
     heads = dict(num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=128, page_size=PAGE)
@@ -233,7 +226,7 @@ def run_public(reps: int, trials: int) -> list:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m cuinfer.planner.bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.plan_host", description=__doc__.splitlines()[0])
     ap.add_argument("--ctas", type=int, default=264, help="persistent CTAs (default 264 = 132 SMs x 2)")
     ap.add_argument("--reps", type=int, default=2000, help="timed single calls per trial (default 2000)")
     ap.add_argument("--trials", type=int, default=3, help="trials per case; the best median is kept (default 3)")

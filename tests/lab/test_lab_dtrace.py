@@ -1,11 +1,12 @@
-"""The arithmetic of ``python -m bench.tune_sched dtrace``: per-CTA stamps (CUINFER_DECODE_TRACE) to phase medians."""
+"""The arithmetic of ``python -m bench.lab.tune_sched dtrace``: per-CTA stamps (CUINFER_DECODE_TRACE) to phase
+medians."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from bench.tune_sched import DPHASES, decode_phase_medians
+from bench.lab.tune_sched import DPHASES, decode_phase_medians
 
 
 def _stamps(ctas: int, ghz: float, phases_us: list, entry_ns: np.ndarray, idle: int = 0) -> np.ndarray:
@@ -51,7 +52,7 @@ def test_ctas_without_items_do_not_count():
 def test_exit_spread_and_idle_share():
     """_dends: exits after the first entry (us), percentiles over the CTAs that ran an item, and the mean wait for the
     last CTA over the step; a CTA that ran nothing (no first-tile stamp) is left out."""
-    from bench.tune_sched import _dends
+    from bench.lab.tune_sched import _dends
 
     t = np.zeros((5, 16), dtype=np.int64)
     t[:, 0] = [1000, 1000, 1000, 1000, 1000]  # entries (ns)

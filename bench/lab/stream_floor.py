@@ -1,10 +1,11 @@
-"""The floor of a small decode step: how fast can *any* kernel read a case's K/V bytes under the PERF.md method?
+"""The floor of a small decode step: how fast can *any* kernel read a case's K/V bytes by the benchmark method? (Lab.)
 
-python -m bench.stream_floor            (GPU machine; CUINFER_FLOOR_CASES=D1,D2,D4 by default)
-python -m bench.stream_floor plot OUT.png DECODE.json FLOOR.txt [FLOOR.txt ...]   (anywhere: the plot of a record)
+python -m bench.lab.stream_floor [--cases D1,D2,D4]   (GPU machine; default $CUINFER_FLOOR_CASES, else D1,D2,D4)
+python -m bench.lab.stream_floor plot OUT.png DECODE.json FLOOR.txt [FLOOR.txt ...]   (anywhere: the plot of a record)
 
 A decode step must read every K/V byte once. This probe times plain read kernels over a buffer of each case's bytes
-by the PERF.md method (CUDA events, L2 flushed by a 512 MB write, median), sweeping what a read kernel can choose:
+by the docs/benchmarks.md method (CUDA events, L2 flushed by a 512 MB write, median), sweeping what a read kernel can
+choose:
 
 * the L2 policy of the loads (``normal``; ``first``: evict-first, so the stream replaces its own lines instead of the
   dirty lines the flush left, see ``decode.policy.kv_evict_first``),
@@ -16,10 +17,12 @@ by the PERF.md method (CUDA events, L2 flushed by a 512 MB write, median), sweep
 Each row also runs after a write-then-read flush (clean L2) to separate the write-back from the stream itself. The
 best row of a case bounds what the decode kernel can reach under the same method: the kernel reads the same bytes
 plus its plan, page table, q and o, and computes on them. Plain CuPy kernels (NVRTC): nothing of cuinfer runs here.
+The floors measured so far, and the decode targets set from them: docs/benchmarks.md, "The floor of a decode step".
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import os
 
@@ -107,22 +110,28 @@ extern "C" __global__ void __launch_bounds__(256) page_read(const uint4* __restr
 """
 
 
+def kernel_options(policy: str, unroll: int, order: str) -> tuple[str, ...]:
+    """The NVRTC options of one read kernel: its L2 policy (``normal`` / ``first``), loads in flight per thread and
+    order (``grid`` / ``block``)."""
+    if policy not in ("normal", "first") or order not in ("grid", "block") or unroll < 1:
+        raise ValueError(f"policy normal|first, order grid|block, unroll >= 1; got {policy!r}, {order!r}, {unroll}")
+    return (f"-DUNROLL={unroll}", f"-DPOLICY_FIRST={int(policy == 'first')}", f"-DORDER_BLOCK={int(order == 'block')}",
+            "-std=c++17")  # fmt: skip
+
+
 def _kernel(policy: str, unroll: int, order: str, name: str = "stream_read"):
     import cupy as cp
 
-    opts = (f"-DUNROLL={unroll}", f"-DPOLICY_FIRST={int(policy == 'first')}", f"-DORDER_BLOCK={int(order == 'block')}",
-            "-std=c++17")  # fmt: skip
-    return cp.RawKernel(_SRC, name, options=opts)
+    return cp.RawKernel(_SRC, name, options=kernel_options(policy, unroll, order))
 
 
-def main() -> None:
+def main(want: list[str]) -> None:
     import cupy as cp
     import torch
 
     from bench import cases
     from bench.timing import CudaTimer
 
-    want = os.environ.get("CUINFER_FLOOR_CASES", "D1,D2,D4").split(",")
     by_id = {c.id: c for c in cases.DECODE_CASES}
     dirty, clean = CudaTimer(), CudaTimer(clean_flush=True)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -249,10 +258,23 @@ def plot(png: str, decode_json: str, floor_logs: list[str]) -> None:
     print(f"wrote {png}")
 
 
-if __name__ == "__main__":
-    import sys
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.lab.stream_floor", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command")
+    ap.add_argument("--cases", default=os.environ.get("CUINFER_FLOOR_CASES", "D1,D2,D4"),
+                    help="decode cases to probe ($CUINFER_FLOOR_CASES; default D1,D2,D4)")  # fmt: skip
+    p = sub.add_parser("plot", help="a record's decode step times against the floors of its logs (any machine)")
+    p.add_argument("png", help="the PNG to write")
+    p.add_argument("decode_json", help="a decode suite's JSON (python -m bench decode)")
+    p.add_argument("floors", nargs="+", help="logs of this probe")
+    args = ap.parse_args(argv)
+    args.cases = [c.strip().upper() for c in args.cases.split(",") if c.strip()]
+    return args
 
-    if sys.argv[1:2] == ["plot"]:
-        plot(sys.argv[2], sys.argv[3], sys.argv[4:])
+
+if __name__ == "__main__":
+    args = parse_args()
+    if args.command == "plot":
+        plot(args.png, args.decode_json, args.floors)
     else:
-        main()
+        main(args.cases)
