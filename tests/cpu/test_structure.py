@@ -177,3 +177,15 @@ def test_the_planner_imports_nothing_but_numpy_and_itself():
                 continue
             bad.append(f"{path.relative_to(ROOT)}:{line}: {src}")
     assert not bad, "the planner imports:\n" + "\n".join(bad)
+
+
+def test_every_package_is_listed_in_pyproject():
+    """A wheel ships only the packages pyproject.toml lists: every product folder with an ``__init__.py`` is there
+    (an editable install finds unlisted ones, so only a built wheel would miss them)."""
+    import re
+
+    block = re.search(r"^packages = \[(.*?)\]", (ROOT / "pyproject.toml").read_text(), re.S | re.M)
+    assert block, "no packages list in pyproject.toml's [tool.setuptools]"
+    listed = set(re.findall(r'"([^"]+)"', block.group(1)))
+    found = {name for name, (_, is_pkg) in MODULES.items() if is_pkg}
+    assert found <= listed, f"packages missing from [tool.setuptools] packages: {sorted(found - listed)}"
