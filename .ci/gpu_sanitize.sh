@@ -12,6 +12,7 @@
 # usage (on the GPU machine, in the repository root):  bash .ci/gpu_sanitize.sh
 #   SELECT="<pytest -k expression>"  replaces the memcheck selection ("" runs the whole suite)
 #   MEMCHECK_S / RACECHECK_S / SYNCCHECK_S  time limits of the three steps in seconds (defaults 300 / 120 / 60)
+#   MEMCHECK_WORKERS=N  runs the memcheck suite with pytest -n N (each xdist worker is a sanitized child process)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
@@ -86,6 +87,7 @@ say "cases without a sanitizer: exit $rc; $(grep -c '^ok' "$LOGS/cases_plain.log
 # 1. memcheck over the GPU suite (the selection)
 K=()
 [ -n "$SELECT" ] && K=(-k "$SELECT")
+[ -n "${MEMCHECK_WORKERS:-}" ] && K+=(-n "$MEMCHECK_WORKERS")
 sanitize memcheck "${MEMCHECK_S:-300}" "$LOGS/memcheck_suite.log" \
   python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -rfE "${K[@]}"
 rc=$?
