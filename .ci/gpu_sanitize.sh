@@ -12,7 +12,8 @@
 # usage (on the GPU machine, in the repository root):  bash .ci/gpu_sanitize.sh
 #   SELECT="<pytest -k expression>"  replaces the memcheck selection ("" runs the whole suite)
 #   MEMCHECK_S / RACECHECK_S / SYNCCHECK_S  time limits of the three steps in seconds (defaults 300 / 120 / 60)
-#   MEMCHECK_WORKERS=N  runs the memcheck suite with pytest -n N (each xdist worker is a sanitized child process)
+#   MEMCHECK_WORKERS=N  runs the memcheck suite with pytest -n N (each xdist worker is a sanitized child process;
+#                       on 2026-12-01 with N=8 no test finished within 210 s: give it the full 10 minutes or use one worker)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
