@@ -225,6 +225,11 @@ def _run_gpu(call: Call, a: RopeArgs, q_user: Tensor, k_user: Tensor, inplace: b
     """Launch on the call's stream; returns (q_out, k_out) in the caller's framework, or None in place."""
     if inplace:
         for name, t in (("q", q_user), ("k", k_user)):
+            if t.framework == "jax":
+                raise ValueError(
+                    f"{name} must be writable for an in-place RoPE but is a JAX array; JAX arrays are immutable: call "
+                    "the form without _inplace, which returns new arrays"
+                )
             validate.check_writable(name, t)
         outs = (a.q, a.k)
     else:

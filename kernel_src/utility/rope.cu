@@ -16,7 +16,7 @@
 // is kVec pairs (neox: the chunks at columns c and c + R/2; interleave: one chunk of kVec / 2 pairs), a pass-through
 // unit one chunk at column >= R (not launched in place). threadIdx.y and blockIdx.x stride over tokens; blockIdx.y is
 // a group of heads (q heads then k heads), so small batches still fill the GPU. The sines and cosines of a token
-// serve every head of the group; kHeads heads' loads are in flight before their stores.
+// serve every head of the group; kHeads heads' loads (8 chunks) are in flight before their stores.
 // The parameter struct RopeParams comes from the generated preamble.
 #include "common/math.cuh"
 #include "utility/io.cuh"
@@ -25,7 +25,8 @@ namespace cuinfer {
 namespace rope {
 
 constexpr int kThreads = 256;
-constexpr int kHeads = 4;
+// heads whose chunks are loaded before the first store: 8 chunks of a thread in flight either way
+template <bool kInterleave> constexpr int kHeads = kInterleave ? 8 : 4;
 enum PosKind { kPosInt32 = 0, kPosInt64 = 1, kPosRagged = 2 };
 
 // Frequency of pair i, in double, split into hi + lo floats (see fmath::rope_freq).
@@ -119,6 +120,7 @@ template <typename T, int kVec, bool kInterleave>
 __global__ void __launch_bounds__(kThreads, 2) apply_rope(const __grid_constant__ RopeParams p) {
   using U = Unit<T, kVec, kInterleave>;
   constexpr int kPairs = U::kPairs;
+  constexpr int kHeads = rope::kHeads<kInterleave>;
   const int u = threadIdx.x;
   const bool rot = u < p.rot_units;
   // columns of the unit: c0, and c0 + R/2 for a neox rotary unit

@@ -433,5 +433,5 @@ def test_memory_bound_kernels_keep_loads_in_flight():
     if find_cuobjdump() is None:
         pytest.skip("cuobjdump wheel not installed")
     assert _loads_before_first_store(S.append_spec("float16"), S.append_instance("float16")) >= S.APPEND_UNROLL
-    neox = S.rope_instance("bfloat16", 8, False)
-    assert _loads_before_first_store(S.rope_spec("bfloat16", 8), neox) >= 8  # 4 heads x 2 halves
+    for interleave in (False, True):  # rotate-half: 4 heads x 2 chunks; interleaved: 8 heads x 1 chunk
+        assert _loads_before_first_store(S.rope_spec("bfloat16", 8), S.rope_instance("bfloat16", 8, interleave)) >= 8

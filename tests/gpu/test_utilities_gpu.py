@@ -23,6 +23,11 @@ def _poison_pool(framework, nbytes: int = 64 << 20) -> None:
     kernel never writes shows."""
     x = framework.asarray(np.full(nbytes // 4, np.nan, np.float32))
     del x
+    if framework == "jax":  # JAX outputs are allocated by CuPy (interop.empty), so poison CuPy's pool too
+        import cupy
+
+        y = cupy.full(nbytes // 4, np.nan, cupy.float32)
+        del y
 
 
 def _module(x) -> str:
