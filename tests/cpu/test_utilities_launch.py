@@ -350,6 +350,7 @@ def test_every_selectable_kernel_is_registered():
 def _pack8(v: int, magic: int) -> int:
     """packbits.cu's pack8 on Python ints (64-bit wrap-around)."""
     m = (1 << 64) - 1
+    v = int(v)
     v |= v >> 4
     v |= v >> 2
     v |= v >> 1
@@ -435,3 +436,75 @@ def test_memory_bound_kernels_keep_loads_in_flight():
     assert _loads_before_first_store(S.append_spec("float16"), S.append_instance("float16")) >= S.APPEND_UNROLL
     for interleave in (False, True):  # rotate-half: 4 heads x 2 chunks; interleaved: 8 heads x 1 chunk
         assert _loads_before_first_store(S.rope_spec("bfloat16", 8), S.rope_instance("bfloat16", 8, interleave)) >= 8
+
+
+def _gather8(mem: np.ndarray, base: int, n: int, a: int, count: int) -> int:
+    """packbits.cu's gather8 over a byte buffer: x = mem[base:base + n], addresses are offsets into mem (its
+    alignment stands for the device address's)."""
+    a, count = int(a), int(count)
+    sh = (base + a) & 7
+    lo = base + a - sh
+    v = 0
+    if lo >= base and lo + (16 if sh else 8) <= base + n:
+        w0 = int(mem[lo : lo + 8].view("<u8")[0])
+        v = w0
+        if sh:
+            w1 = int(mem[lo + 8 : lo + 16].view("<u8")[0])
+            v = ((w0 >> (8 * sh)) | (w1 << (64 - 8 * sh))) & ((1 << 64) - 1)
+    else:
+        for k in range(min(count, 8)):
+            v |= int(mem[base + a + k]) << (8 * k)
+    return v & ((1 << (8 * count)) - 1) if count < 8 else v
+
+
+@pytest.mark.parametrize("offset", [0, 1, 3, 8, 13])
+def test_packbits_kernel_paths_emulated(rng, offset):
+    """The 16-byte warp path (lane L, round i -> output bytes 2(32i + L), +1) and the per-byte path with gather8, for
+    inputs starting at several alignments, and segment_packbits' segment lookup."""
+    src = (SRC / "packbits.cu").read_text()
+    little = int(re.search(r"kBig \? 0x[0-9a-f]+ull : (0x[0-9a-f]+)ull", src).group(1), 16)
+    n = 2 * 4096 + 77
+    mem = np.zeros(offset + n + 64, np.uint8)
+    mem[offset : offset + n] = (rng.random(n) < 0.5) * rng.integers(1, 256, n)
+    x = mem[offset : offset + n] != 0
+    out = np.zeros((n + 7) // 8, np.uint8)
+    full = n // 4096 if offset % 16 == 0 else 0
+    for c in range(full):
+        for i in range(8):
+            for lane in range(32):
+                vec = mem[offset + c * 4096 + 16 * (32 * i + lane) :][:16].view("<u8")
+                b0, b1 = (_pack8(int(w), little) for w in vec)
+                out[c * 512 + 2 * (32 * i + lane) : c * 512 + 2 * (32 * i + lane) + 2] = (b0, b1)
+    for j in range(full * 512, len(out)):
+        out[j] = _pack8(_gather8(mem, offset, n, 8 * j, min(8, n - 8 * j)), little)
+    np.testing.assert_array_equal(out, np.packbits(x, bitorder="little"))
+    seg = np.array([0, 5, 9, 0, 130, 1, 2000, 64, 3])
+    indptr = np.concatenate([[0], np.cumsum(seg)])
+    new_indptr = np.concatenate([[0], np.cumsum((seg + 7) // 8)])
+    packed = np.zeros(new_indptr[-1], np.uint8)
+    for j in range(new_indptr[-1]):
+        s = max(i for i in range(len(seg)) if new_indptr[i] <= j)  # the kernel's binary search
+        a = indptr[s] + 8 * (j - new_indptr[s])
+        packed[j] = _pack8(_gather8(mem, offset, n, a, min(8, indptr[s + 1] - a)), little)
+    want, _ = cuinfer.segment_packbits(x[: indptr[-1]], indptr.astype(I32))
+    np.testing.assert_array_equal(packed, want)
+
+
+def test_gpu_only_errors():
+    """What only the GPU route checks: one device for every array, and rows too narrow for the widest RoPE row."""
+    k = np.zeros((2, 1, 8), np.float16)
+    cache = np.zeros((2, 2, 4, 1, 8), np.float16)
+    idx = np.zeros(2, I32)
+
+    def mixed(x, name):  # everything on the GPU but kv_indices
+        t = as_tensor(x, name)
+        return t if name == "kv_indices" else replace(t, device_type="cuda")
+
+    with pytest.raises(
+        ValueError, match="must be on one device but paged_kv_cache is on cuda:0 and kv_indices is on cpu"
+    ):
+        P.check_append(k, k, idx, idx, cache, idx, np.array([0, 1], I32), np.array([2], I32), "NHD", mixed)
+    q = np.zeros((2, 1, 700), np.float16)[:, :, 1:601]  # 600 dims starting 2 bytes off: 1-element chunks
+    a = R.check_rope(q, q, {"pos_ids": idx}, rotary_dim=None, interleave=False, freqs=(1.0, 1e4, None), tensor=cuda)
+    with pytest.raises(ValueError, match="head_dim 600 with rotary_dim 600 needs 300 threads per row"):
+        R.rope_launch(a, (a.q, a.k), False, sms=1)
