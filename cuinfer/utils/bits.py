@@ -101,6 +101,8 @@ def segment_packbits(x: Any, indptr: Any, bitorder: str = "little") -> tuple[Any
         return reference.segment_packbits(x, indptr, bitorder=order)
     new_indptr = np.concatenate([[0], np.cumsum((np.diff(values.astype(np.int64)) + 7) // 8)]).astype(np.int32)
     new = upload(call, new_indptr, DType.INT32)
+    if ti.dtype is not DType.INT32:  # the kernel reads int32: the values are on the host already
+        ti = upload(call, values, DType.INT32)
     out_bytes = int(new_indptr[-1])
     out = call.empty((out_bytes,), DType.UINT8)
     if out_bytes:

@@ -13,9 +13,11 @@ from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor
 from cuinfer.interop.dtypes import DType
 from cuinfer.jit import KernelSpec, get_kernel
+from cuinfer.utils import specs as S
 
 HALF_DTYPES = (DType.FLOAT16, DType.BFLOAT16)
-INT32 = (DType.INT32,)
+# Index arrays: int32, or int64 (narrowed to int32 on the device by narrow_indices for the kernels that read int32)
+INDEX_DTYPES = (DType.INT32, DType.INT64)
 
 
 @dataclass(frozen=True)
@@ -64,8 +66,10 @@ def check_rows16(name: str, t: Tensor) -> None:
         )
 
 
-def check_index(name: str, t: Tensor, length: int | None = None, *, dtypes: Sequence[DType] = INT32, hint=None) -> None:
-    """A 1-D index array the kernels read directly: an allowed integer dtype, ``length`` entries, contiguous."""
+def check_index(
+    name: str, t: Tensor, length: int | None = None, *, dtypes: Sequence[DType] = INDEX_DTYPES, hint=None
+) -> None:
+    """A 1-D index array the kernels read: an allowed integer dtype, ``length`` entries, contiguous."""
     validate.check_ndim(name, t, 1, hint=hint)
     validate.check_dtype(name, t, dtypes)
     if length is not None:
@@ -82,11 +86,32 @@ def check_positive_int(name: str, value: Any, *, minimum: int = 1) -> int:
 
 
 def host_values(name: str, t: Tensor, x: Any) -> np.ndarray:
-    """The values of an index array on the host as int64: read in place for host arrays, one blocking
-    device-to-host copy (made by the array's framework) for device arrays."""
-    if not t.is_cuda:
-        return np.asarray(t.numpy(), dtype=np.int64)
-    return validate.check_index_array(name, x, nonnegative=False).astype(np.int64)
+    """The values of an index array on the host as int64, checked to fit in int32: read in place for host arrays,
+    one blocking device-to-host copy (made by the array's framework) for device arrays."""
+    return validate.check_index_array(name, t.numpy() if not t.is_cuda else x, nonnegative=False).astype(np.int64)
+
+
+def index_launch(kind: str, src: Tensor, lens: Tensor, out0: Tensor, out1: Tensor, n: int, batch: int, page_size: int,
+                 sms: int) -> Launch:  # fmt: skip
+    """A launch of one of positions.cu's kernels (4 entries a thread)."""
+    params = S.PositionsParams.pack(
+        indptr=src.ptr, lens=lens.ptr, out0=out0.ptr, out1=out1.ptr, n=n, batch_size=batch, page_size=page_size
+    )
+    grid = blocks(-(-n // (4 * S.POSITIONS_THREADS)), sms, 8)
+    return Launch(S.positions_spec(), S.positions_instance(kind), (grid,), (S.POSITIONS_THREADS,), params)
+
+
+def as_int32(call: Any, t: Tensor) -> Tensor:
+    """``t`` for a kernel that reads int32 indices: itself, or for int64 a new int32 array of the call's framework
+    filled on the call's stream (values are not checked: the host reads none)."""
+    if t.dtype is DType.INT32:
+        return t
+    out = call.empty(t.shape, DType.INT32)
+    if t.size:
+        index_launch("narrow_indices", t, t, out, out, t.size, 0, 0, sm_count(call.device_id)).run(
+            call.device_id, call.stream
+        )
+    return out
 
 
 def upload(call: Any, values: np.ndarray, dtype: DType) -> Tensor:

@@ -10,7 +10,7 @@ first, with the messages of the NumPy route.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -27,11 +27,13 @@ from cuinfer.utils import specs as S
 from cuinfer.utils.launch import (
     HALF_DTYPES,
     Launch,
+    as_int32,
     blocks,
     check_index,
     check_positive_int,
     check_rows16,
     host_values,
+    index_launch,
     sm_count,
 )
 
@@ -364,6 +366,7 @@ def append_paged_kv_cache(
             append_key, append_value, batch_indices, positions, new if len(new) == 2 else new[0], kv_indices,
             kv_indptr, kv_last_page_len, kv_layout, call.tensor,
         )  # fmt: skip
+    a = replace(a, **{n: as_int32(call, t) for n, t in zip(_INDEX_NAMES, _index_tensors(a), strict=True)})
     for launch in append_launches(a, sm_count(call.device_id)):
         launch.run(call.device_id, call.stream)
     if not fresh:
@@ -392,6 +395,7 @@ def get_batch_indices_positions(append_indptr: Any, seq_lens: Any, nnz: int) -> 
         ti, tl = as_tensor(append_indptr, "append_indptr"), as_tensor(seq_lens, "seq_lens")
         n = _check_positions_args(ti, tl, nnz)
         indptr = validate.check_indptr("append_indptr", append_indptr)
+        validate.check_index_array("seq_lens", seq_lens, nonnegative=False)
         if indptr[-1] > n:
             raise ValueError(
                 f"append_indptr must end at most at nnz = {n} but ends at {indptr[-1]}; pass nnz >= append_indptr[-1]"
@@ -402,6 +406,7 @@ def get_batch_indices_positions(append_indptr: Any, seq_lens: Any, nnz: int) -> 
     n = _check_positions_args(ti, tl, nnz)
     b_out, p_out = call.empty((n,), _INT32), call.empty((n,), _INT32)
     if n:
+        ti, tl = as_int32(call, ti), as_int32(call, tl)
         _positions_launch("batch_indices_positions", ti, tl, b_out, p_out, n, ti.shape[0] - 1, 0, call)
     return call.give(b_out), call.give(p_out)
 
@@ -423,6 +428,7 @@ def get_seq_lens(kv_indptr: Any, kv_last_page_len: Any, page_size: int) -> Any:
         tp, tl = as_tensor(kv_indptr, "kv_indptr"), as_tensor(kv_last_page_len, "kv_last_page_len")
         ps = _check_seq_lens_args(tp, tl, page_size)
         validate.check_indptr("kv_indptr", kv_indptr)
+        validate.check_index_array("kv_last_page_len", kv_last_page_len, nonnegative=False)
         return ref_utils.get_seq_lens(kv_indptr, kv_last_page_len, ps)
     call, tp = begin(kv_indptr, "kv_indptr")
     tl = call.tensor(kv_last_page_len, "kv_last_page_len")
@@ -430,23 +436,14 @@ def get_seq_lens(kv_indptr: Any, kv_last_page_len: Any, page_size: int) -> Any:
     batch = tp.shape[0] - 1
     out = call.empty((batch,), _INT32)
     if batch:
+        tp, tl = as_int32(call, tp), as_int32(call, tl)
         _positions_launch("seq_lens", tp, tl, out, out, batch, batch, ps, call)
     return call.give(out)
 
 
-def positions_launch(kind: str, indptr: Tensor, lens: Tensor, out0: Tensor, out1: Tensor, n: int, batch: int,
-                     page_size: int, sms: int) -> Launch:  # fmt: skip
-    params = S.PositionsParams.pack(
-        indptr=indptr.ptr, lens=lens.ptr, out0=out0.ptr, out1=out1.ptr, n=n, batch_size=batch, page_size=page_size
-    )
-    grid = blocks(-(-n // (4 * S.POSITIONS_THREADS)), sms, 8)
-    return Launch(S.positions_spec(), S.positions_instance(kind), (grid,), (S.POSITIONS_THREADS,), params)
-
-
 def _positions_launch(kind, indptr, lens, out0, out1, n, batch, page_size, call: Call) -> None:
-    positions_launch(kind, indptr, lens, out0, out1, n, batch, page_size, sm_count(call.device_id)).run(
-        call.device_id, call.stream
-    )
+    launch = index_launch(kind, indptr, lens, out0, out1, n, batch, page_size, sm_count(call.device_id))
+    launch.run(call.device_id, call.stream)
 
 
 __all__ = ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"]

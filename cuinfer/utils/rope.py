@@ -24,7 +24,7 @@ from cuinfer.interop.dtypes import DType
 from cuinfer.reference import utilities as ref_utils
 from cuinfer.runtime.calls import Call, begin
 from cuinfer.utils import specs as S
-from cuinfer.utils.launch import HALF_DTYPES, Launch, alignment, blocks, check_index, sm_count
+from cuinfer.utils.launch import HALF_DTYPES, Launch, alignment, as_int32, blocks, check_index, sm_count
 
 _POS_DTYPES = (DType.INT32, DType.INT64)
 
@@ -262,6 +262,7 @@ def _host(q: np.ndarray, k: np.ndarray, a: RopeArgs, inplace: bool):
         q64, k64 = reference.apply_rope_pos_ids(q, k, a.angles.pos.numpy(), **opts)
     else:
         validate.check_indptr("indptr", a.angles.indptr.numpy(), last=a.nnz, hint="every row of q is a request's")
+        validate.check_index_array("offsets", a.angles.offsets.numpy(), nonnegative=False)
         q64, k64 = reference.apply_rope(q, k, a.angles.indptr.numpy(), a.angles.offsets.numpy(), **opts)
     return _finish_host(q, k, q64, k64, inplace)
 
@@ -273,6 +274,9 @@ def _rope(q, k, angles: dict, *, rotary_dim, interleave, rope_scale, rope_theta,
         return _host(q, k, check_rope(q, k, angles, tensor=as_tensor, **opts), inplace)
     call, _ = begin(q, "q")
     a = check_rope(q, k, angles, tensor=call.tensor, **opts)
+    if a.angles.kind == "ragged":
+        g = a.angles
+        a = replace(a, angles=replace(g, indptr=as_int32(call, g.indptr), offsets=as_int32(call, g.offsets)))
     return _run_gpu(call, a, a.q, a.k, inplace, None)
 
 
@@ -320,7 +324,7 @@ def apply_rope_inplace(q: Any, k: Any, indptr: Any, offsets: Any, *, rotary_dim:
 
 def apply_rope_pos_ids(q: Any, k: Any, pos_ids: Any, *, rotary_dim: int | None = None, interleave: bool = False,
                        rope_scale: float = 1.0, rope_theta: float = 1e4) -> tuple[Any, Any]:  # fmt: skip
-    """RoPE on q ``[nnz, Hq, D]`` and k ``[nnz, Hk, D]`` at positions ``pos_ids [nnz]`` (int32 or int64). Returns new
+    """RoPE on q ``[nnz, Hq, D]`` and k ``[nnz, Hk, D]`` at positions ``pos_ids [nnz]``. Returns new
     ``(q_rope, k_rope)``."""
     opts = dict(rotary_dim=rotary_dim, interleave=interleave, rope_scale=rope_scale, rope_theta=rope_theta)
     return _rope(q, k, {"pos_ids": pos_ids}, inplace=False, **opts)

@@ -135,7 +135,7 @@ PositionsParams = ParamStruct(
     + (("page_size", "i32"),),
 )  # fmt: skip
 
-POSITIONS_KERNELS = ("batch_indices_positions", "seq_lens")
+POSITIONS_KERNELS = ("batch_indices_positions", "seq_lens", "narrow_indices")
 
 
 def positions_instance(kind: str) -> str:

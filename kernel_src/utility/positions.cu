@@ -4,6 +4,8 @@
 //     after the append); rows past append_indptr[B] (padding up to nnz) get batch index -1 and position -1.
 //   get_seq_lens: seq_lens[b] = (pages - 1) * page_size + kv_last_page_len[b] for a request with pages
 //     (pages = kv_indptr[b+1] - kv_indptr[b]), 0 for one without.
+//   narrow_indices: an int64 index array as int32 (the caller's int64 indices for the kernels that read int32; the
+//     values must fit, which the host does not read to check).
 // A thread writes 4 consecutive entries of each output: one 16-byte store when all 4 are in range.
 // The parameter struct PositionsParams comes from the generated preamble.
 #include "common/vec.cuh"
@@ -63,6 +65,17 @@ __global__ void __launch_bounds__(kThreads) seq_lens(const __grid_constant__ Pos
       len[k] = pages > 0 ? (pages - 1) * p.page_size + __ldg(last + b) : 0;
     }
     store4(static_cast<int*>(p.out0), i, p.n, len);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) narrow_indices(const __grid_constant__ PositionsParams p) {
+  const long long* in = static_cast<const long long*>(p.indptr);
+  for (i64 i = 4 * (static_cast<i64>(blockIdx.x) * kThreads + threadIdx.x); i < p.n;
+       i += 4 * static_cast<i64>(gridDim.x) * kThreads) {
+    Vec<int, 4> v;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = static_cast<int>(__ldg(in + (i + k < p.n ? i + k : p.n - 1)));
+    store4(static_cast<int*>(p.out0), i, p.n, v);
   }
 }
 

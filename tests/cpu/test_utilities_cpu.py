@@ -47,8 +47,10 @@ def test_seq_lens_by_hand():
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        pytest.param(lambda: cuinfer.get_batch_indices_positions(np.array([0, 2], np.int64), np.array([2], I32), 2),
-                     "append_indptr must have dtype int32 but has dtype int64", id="indptr-dtype"),
+        pytest.param(lambda: cuinfer.get_batch_indices_positions(np.array([0, 2.0]), np.array([2], I32), 2),
+                     "append_indptr must have dtype int32 or int64 but has dtype float64", id="indptr-dtype"),
+        pytest.param(lambda: cuinfer.get_batch_indices_positions(np.array([0, 2]), np.array([2**31]), 2),
+                     "seq_lens must fit in int32", id="seq-lens-int32"),
         pytest.param(lambda: cuinfer.get_batch_indices_positions(np.zeros((2, 2), I32), np.array([2], I32), 2),
                      "append_indptr must have 1 dimensions", id="indptr-2d"),
         pytest.param(lambda: cuinfer.get_batch_indices_positions(np.zeros(0, I32), np.zeros(0, I32), 2),
@@ -205,7 +207,9 @@ APPEND_ERRORS = [
      "append_key must have a contiguous last dimension"),
     (_edit(paged_kv_cache=lambda c: np.zeros((5, 2, 4, 2, 4), c.dtype), append_key=lambda k: k[..., :4],
            append_value=lambda v: v[..., :4]), ValueError, "head_dim must be a multiple of 8"),
-    (_edit(batch_indices=lambda b: b.astype(np.int64)), ValueError, "batch_indices must have dtype int32"),
+    (_edit(batch_indices=lambda b: b.astype(np.int8)), ValueError,
+     "batch_indices must have dtype int32 or int64 but has dtype int8"),
+    (_edit(kv_indices=lambda i: i.astype(np.int64) + 2**32), ValueError, "kv_indices must fit in int32"),
     (_edit(positions=lambda p: p[:5]), ValueError, r"positions must have shape \(6,\) but has shape \(5,\)"),
     (_edit(positions=lambda p: np.repeat(p, 2)[::2]), ValueError, "positions must be contiguous but has stride 2"),
     (_edit(kv_indptr=lambda p: p[:0]), ValueError, "kv_indptr must have batch_size \\+ 1 >= 1 entries but is empty"),
@@ -470,8 +474,9 @@ ROPE_ERRORS = [
     (lambda q, k: cuinfer.apply_rope(q, k, np.array([0, 6], I32), np.array([0, 0], I32)),
      r"offsets must have shape \(1,\) but has shape \(2,\)"),
     (lambda q, k: cuinfer.apply_rope(q, k, np.array([0, 5], I32), np.array([0], I32)), "indptr must end at 6"),
-    (lambda q, k: cuinfer.apply_rope(q, k, np.array([0, 6], np.int64), np.array([0], I32)),
-     "indptr must have dtype int32 but has dtype int64"),
+    (lambda q, k: cuinfer.apply_rope(q, k, np.array([0, 6], np.float32), np.array([0], I32)),
+     "indptr must have dtype int32 or int64 but has dtype float32"),
+    (lambda q, k: cuinfer.apply_rope(q, k, np.array([0, 6]), np.array([2**40])), "offsets must fit in int32"),
     (lambda q, k: cuinfer.apply_rope_pos_ids_inplace(np.lib.stride_tricks.as_strided(q, writeable=False), k,
                                                      np.arange(6, dtype=I32)), "q must be writable"),
     (lambda q, k: cuinfer.apply_rope_with_cos_sin_cache(np.arange(6), q.reshape(6, -1), k.reshape(6, -1), 64,
@@ -545,7 +550,8 @@ PACK_ERRORS = [
     (lambda: cuinfer.segment_packbits(np.ones(8, bool), np.array([2, 5], I32)), "indptr must start at 0"),
     (lambda: cuinfer.segment_packbits(np.ones(8, bool), np.zeros(0, I32)),
      "indptr must have num_segments \\+ 1 >= 1 entries but is empty"),
-    (lambda: cuinfer.segment_packbits(np.ones(8, bool), np.array([0, 8], np.int64)), "indptr must have dtype int32"),
+    (lambda: cuinfer.segment_packbits(np.ones(8, bool), np.array([0, 8], np.uint8)),
+     "indptr must have dtype int32 or int64 but has dtype uint8"),
 ]  # fmt: skip
 
 
@@ -553,3 +559,29 @@ PACK_ERRORS = [
 def test_pack_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_int64_index_arrays_give_the_same_results(rng):
+    """NumPy's default integer arrays (int64) are accepted wherever int32 is (the GPU narrows them on the device)."""
+    append_indptr, seq = np.array([0, 2, 2, 5]), np.array([4, 1, 9])
+    for got, want in zip(cuinfer.get_batch_indices_positions(append_indptr, seq, 7),
+                         cuinfer.get_batch_indices_positions(append_indptr.astype(I32), seq.astype(I32), 7),
+                         strict=True):  # fmt: skip
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(cuinfer.get_seq_lens(np.array([0, 2, 2]), np.array([3, 0]), 4), [7, 0])
+    x = rng.random(29) < 0.5
+    packed, new_indptr = cuinfer.segment_packbits(x, np.array([0, 9, 9, 29]), bitorder="big")
+    assert new_indptr.dtype == np.int32
+    np.testing.assert_array_equal(packed, np.concatenate([np.packbits(x[:9]), np.packbits(x[9:])]))
+    q = rng.standard_normal((7, 4, 64)).astype(np.float16)
+    a = cuinfer.apply_rope(q, q[:, :2], np.array([0, 3, 7]), np.array([5, 0]), rotary_dim=32, interleave=True)
+    b = cuinfer.apply_rope(q, q[:, :2], np.array([0, 3, 7], I32), np.array([5, 0], I32), rotary_dim=32, interleave=True)
+    np.testing.assert_array_equal(a[0].view(np.uint16), b[0].view(np.uint16))
+    args = _append_inputs(rng)
+    args64 = {**args, "paged_kv_cache": args["paged_kv_cache"].copy()}
+    for name in ("batch_indices", "positions", "kv_indices", "kv_indptr", "kv_last_page_len"):
+        args64[name] = args[name].astype(np.int64)
+    cuinfer.append_paged_kv_cache(**args)
+    cuinfer.append_paged_kv_cache(**args64)
+    np.testing.assert_array_equal(args["paged_kv_cache"].view(np.uint16), args64["paged_kv_cache"].view(np.uint16))

@@ -397,10 +397,23 @@ def emulate_positions(launch: L.Launch, mem: Memory, out0: np.ndarray, out1: np.
             out0[b] = (pages - 1) * int(p["page_size"]) + mem.i32(int(p["lens"]), b) if pages > 0 else 0
 
 
+def test_narrow_indices_emulated():
+    src = np.array([0, 5, -1, 2**31 - 1, 7, 9, 11], np.int64)
+    out = np.full(7, 99, I32)
+    launch = L.index_launch("narrow_indices", cuda(src, "x"), cuda(src, "x"), cuda(out, "o"), cuda(out, "o"), 7, 0,
+                            0, sms=2)  # fmt: skip
+    p = launch.params
+    mem = Memory(src, out)
+    vals = [int(mem.read(int(p["indptr"]) + 8 * i, 8).view(np.int64)[0]) for i in range(int(p["n"]))]
+    out[:] = np.array(vals, np.int64).astype(I32)  # the kernel's static_cast<int>, 4 entries a thread
+    assert launch.name_expr == S.positions_instance("narrow_indices") and launch.grid == (1,)
+    np.testing.assert_array_equal(out, src.astype(I32))
+
+
 def test_positions_launches_emulated():
     indptr, seq = np.array([0, 2, 2, 5], I32), np.array([4, 1, 9], I32)
     b, p = np.zeros(7, I32), np.zeros(7, I32)
-    launch = P.positions_launch("batch_indices_positions", cuda(indptr, "i"), cuda(seq, "s"), cuda(b, "b"),
+    launch = L.index_launch("batch_indices_positions", cuda(indptr, "i"), cuda(seq, "s"), cuda(b, "b"),
                                 cuda(p, "p"), 7, 3, 0, sms=4)  # fmt: skip
     emulate_positions(launch, Memory(indptr, seq), b, p)
     want = cuinfer.get_batch_indices_positions(indptr, seq, 7)
@@ -408,7 +421,7 @@ def test_positions_launches_emulated():
     np.testing.assert_array_equal(p, want[1])
     kv_indptr, last = np.array([0, 2, 2, 5, 6], I32), np.array([3, 0, 1, 16], I32)
     lens = np.zeros(4, I32)
-    launch = P.positions_launch("seq_lens", cuda(kv_indptr, "i"), cuda(last, "l"), cuda(lens, "o"), cuda(lens, "o"),
+    launch = L.index_launch("seq_lens", cuda(kv_indptr, "i"), cuda(last, "l"), cuda(lens, "o"), cuda(lens, "o"),
                                 4, 4, 16, sms=4)  # fmt: skip
     emulate_positions(launch, Memory(kv_indptr, last), lens, lens)
     np.testing.assert_array_equal(lens, cuinfer.get_seq_lens(kv_indptr, last, 16))
