@@ -15,7 +15,7 @@ from cuinfer.jit.spec import KernelSpec
 _GROUPS: dict[str, Callable[[], list[KernelSpec]]] = {}
 
 # Modules that register kernel groups when imported.
-_PROVIDERS = ("cuinfer.merge", "cuinfer.decode", "cuinfer.prefill")
+_PROVIDERS = ("cuinfer.merge", "cuinfer.decode", "cuinfer.prefill", "cuinfer.utils")
 
 
 def register(group: str, fn: Callable[[], list[KernelSpec]]) -> None:

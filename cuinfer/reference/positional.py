@@ -32,24 +32,62 @@ def rope(
     interleave: bool = False,
     rope_scale: float = 1.0,
     rope_theta: float = 1e4,
+    llama31: tuple[float, float, float] | None = None,
 ) -> np.ndarray:
     """Rotary embedding of x[L, H, D] at positions pos[L]; returns float64 [L, H, D].
 
-    Dimension pair i in [0, rotary_dim/2) turns by `pos / rope_scale * rope_theta^(-2i/rotary_dim)`. The pair is
-    (i, i + rotary_dim/2) (rotate-half, default) or (2i, 2i+1) (interleave=True); dims >= rotary_dim are unchanged.
+    Dimension pair i in [0, rotary_dim/2) turns by `pos * freq_i`, `freq_i = rope_theta^(-2i/rotary_dim) /
+    rope_scale` (or Llama 3.1's scaled frequencies, `rope_freqs`). The pair is (i, i + rotary_dim/2) (rotate-half,
+    default) or (2i, 2i+1) (interleave=True); dims >= rotary_dim are unchanged.
     """
     x = as_f64(x, "x", ndim=3)
     p = np.asarray(pos, dtype=np.float64)
     if p.shape != (x.shape[0],):
         raise ValueError(f"pos must have shape ({x.shape[0]},) (one position per row of x) but has shape {p.shape}")
     r = check_rope_dims(x.shape[2], rotary_dim)
+    if not rope_scale > 0:
+        raise ValueError(f"rope_scale and rope_theta must be > 0 but are {rope_scale}, {rope_theta}")
+    if llama31 is None:  # (pos / rope_scale) * theta^(-2i/r), as before the Llama 3.1 option
+        angle = (p / float(rope_scale))[:, None] * rope_freqs(r, rope_theta=rope_theta)[None, :]
+    else:
+        angle = p[:, None] * rope_freqs(r, rope_scale=rope_scale, rope_theta=rope_theta, llama31=llama31)[None, :]
+    return rotate_pairs(x, np.cos(angle)[:, None, :], np.sin(angle)[:, None, :], r, interleave)
+
+
+def rope_freqs(
+    rotary_dim: int,
+    *,
+    rope_scale: float = 1.0,
+    rope_theta: float = 1e4,
+    llama31: tuple[float, float, float] | None = None,
+) -> np.ndarray:
+    """The frequency of each dimension pair, float64 [rotary_dim / 2]: `rope_theta^(-2i/rotary_dim) / rope_scale`.
+
+    `llama31=(low_freq_factor, high_freq_factor, old_context_len)` scales them as Llama 3.1 does (and FlashInfer's
+    apply_llama31_rope): with `f = rope_theta^(-2i/rotary_dim)` and wavelength `2π/f`, pairs whose wavelength is
+    below `old_context_len / high_freq_factor` keep `f`, those above `old_context_len / low_freq_factor` get
+    `f / rope_scale`, and the band between interpolates, `(1 - s)·f/rope_scale + s·f` with
+    `s = (old_context_len / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)`.
+    """
     if not rope_scale > 0 or not rope_theta > 0:
         raise ValueError(f"rope_scale and rope_theta must be > 0 but are {rope_scale}, {rope_theta}")
-    half = r // 2
-    inv_freq = float(rope_theta) ** (-2.0 * np.arange(half) / r)
-    angle = (p / float(rope_scale))[:, None] * inv_freq[None, :]  # [L, r/2]
-    cos = np.cos(angle)[:, None, :]
-    sin = np.sin(angle)[:, None, :]
+    f = float(rope_theta) ** (-2.0 * np.arange(rotary_dim // 2) / rotary_dim)
+    if llama31 is None:
+        return f / float(rope_scale)
+    low, high, old = (float(v) for v in llama31)
+    if not (0 < low < high) or not old > 0:
+        raise ValueError(
+            f"llama31 = (low_freq_factor, high_freq_factor, old_context_len) must have 0 < low_freq_factor < "
+            f"high_freq_factor and old_context_len > 0 but is {llama31}"
+        )
+    s = np.clip((old * f / (2 * np.pi) - low) / (high - low), 0.0, 1.0)  # old / wavelength = old * f / 2π
+    return (1 - s) * f / float(rope_scale) + s * f
+
+
+def rotate_pairs(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rotary_dim: int, interleave: bool) -> np.ndarray:
+    """x[..., D] with dimension pair i turned by the angle whose cos / sin are cos[..., i] / sin[..., i] (broadcast
+    against the pairs): pairs (i, i + rotary_dim/2), or (2i, 2i+1) with interleave; dims >= rotary_dim copied."""
+    r, half = rotary_dim, rotary_dim // 2
     out = x.copy()
     if interleave:
         x1, x2 = x[..., 0:r:2], x[..., 1:r:2]
@@ -71,8 +109,10 @@ def apply_rope_pos_ids(
     interleave: bool = False,
     rope_scale: float = 1.0,
     rope_theta: float = 1e4,
+    llama31: tuple[float, float, float] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """RoPE on q[nnz, Hq, D] and k[nnz, Hk, D] at explicit positions pos_ids[nnz]; returns float64 (q, k)."""
+    """RoPE on q[nnz, Hq, D] and k[nnz, Hk, D] at explicit positions pos_ids[nnz]; returns float64 (q, k).
+    `llama31=(low_freq_factor, high_freq_factor, old_context_len)` scales the frequencies (`rope_freqs`)."""
     pos = as_index(pos_ids, "pos_ids")
     q, k = np.asarray(q), np.asarray(k)
     if q.ndim != 3 or k.ndim != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
@@ -80,7 +120,9 @@ def apply_rope_pos_ids(
             f"q and k must be [nnz, heads, head_dim] with the same nnz and head_dim but have shapes "
             f"{q.shape}, {k.shape}"
         )
-    opts = dict(rotary_dim=rotary_dim, interleave=interleave, rope_scale=rope_scale, rope_theta=rope_theta)
+    opts = dict(
+        rotary_dim=rotary_dim, interleave=interleave, rope_scale=rope_scale, rope_theta=rope_theta, llama31=llama31
+    )
     return rope(q, pos, **opts), rope(k, pos, **opts)
 
 
@@ -94,6 +136,7 @@ def apply_rope(
     interleave: bool = False,
     rope_scale: float = 1.0,
     rope_theta: float = 1e4,
+    llama31: tuple[float, float, float] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """RoPE on ragged q/k: token t of request b (rows indptr[b]:indptr[b+1]) sits at offsets[b] + t - indptr[b]."""
     nnz = np.asarray(q).shape[0] if np.ndim(q) else 0
@@ -110,6 +153,5 @@ def apply_rope(
     lens = np.diff(ind)
     req = np.repeat(np.arange(lens.shape[0]), lens)
     pos = off[req] + np.arange(nnz) - ind[req]
-    return apply_rope_pos_ids(
-        q, k, pos, rotary_dim=rotary_dim, interleave=interleave, rope_scale=rope_scale, rope_theta=rope_theta
-    )
+    opts = dict(interleave=interleave, rope_scale=rope_scale, rope_theta=rope_theta, llama31=llama31)
+    return apply_rope_pos_ids(q, k, pos, rotary_dim=rotary_dim, **opts)

@@ -205,10 +205,10 @@ def test_check_sass_patterns():
 # ---- registry ----------------------------------------------------------------------------------------------------
 
 
-def test_registry_groups_are_the_three_providers():
+def test_registry_groups_are_the_four_providers():
     from cuinfer.jit import registry
 
-    assert registry.groups() == ["decode", "merge", "prefill"]
+    assert registry.groups() == ["decode", "merge", "prefill", "utility"]
     for group in registry.groups():
         assert registry.specs(group), f"group {group} registers no kernel"
         assert all(isinstance(s, KernelSpec) for s in registry.specs(group))
