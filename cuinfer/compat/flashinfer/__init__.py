@@ -9,9 +9,9 @@ lse base 2, ``(o, lse)`` with ``return_lse=True``), as thin adapters over cuinfe
 - ``single_decode_with_kv_cache`` / ``single_prefill_with_kv_cache(_return_lse)`` -> ``cuinfer.single_decode`` /
   ``single_prefill``
 - ``merge_state``, ``merge_state_in_place``, ``merge_states`` -> cuinfer's merges
-- ``append_paged_kv_cache``, ``get_batch_indices_positions``, ``get_seq_lens``, ``apply_rope``,
-  ``apply_rope_pos_ids``, ``packbits``, ``segment_packbits``: cuinfer's functions where it has them, the CPU
-  reference for NumPy inputs otherwise
+- ``append_paged_kv_cache``, ``get_batch_indices_positions``, the ``apply_rope`` family (in place, Llama 3.1, the
+  cos/sin cache), ``packbits``, ``segment_packbits`` -> cuinfer's serving utilities (``cuinfer.utils``);
+  ``get_seq_lens`` is FlashInfer's formula
 
 NumPy inputs run cuinfer's float64 CPU reference. Every argument either works as in FlashInfer, leaves the result
 unchanged (launch hints, inputs of FlashInfer's other backends), or raises ``NotImplementedError`` naming it and
@@ -50,8 +50,18 @@ from cuinfer.compat.flashinfer.prefill import (
 )
 from cuinfer.compat.flashinfer.quantization import packbits as packbits
 from cuinfer.compat.flashinfer.quantization import segment_packbits as segment_packbits
+from cuinfer.compat.flashinfer.rope import apply_llama31_rope as apply_llama31_rope
+from cuinfer.compat.flashinfer.rope import apply_llama31_rope_inplace as apply_llama31_rope_inplace
+from cuinfer.compat.flashinfer.rope import apply_llama31_rope_pos_ids as apply_llama31_rope_pos_ids
+from cuinfer.compat.flashinfer.rope import apply_llama31_rope_pos_ids_inplace as apply_llama31_rope_pos_ids_inplace
 from cuinfer.compat.flashinfer.rope import apply_rope as apply_rope
+from cuinfer.compat.flashinfer.rope import apply_rope_inplace as apply_rope_inplace
 from cuinfer.compat.flashinfer.rope import apply_rope_pos_ids as apply_rope_pos_ids
+from cuinfer.compat.flashinfer.rope import apply_rope_pos_ids_inplace as apply_rope_pos_ids_inplace
+from cuinfer.compat.flashinfer.rope import apply_rope_with_cos_sin_cache as apply_rope_with_cos_sin_cache
+from cuinfer.compat.flashinfer.rope import (
+    apply_rope_with_cos_sin_cache_inplace as apply_rope_with_cos_sin_cache_inplace,
+)
 from cuinfer.compat.flashinfer.uncovered import STUBS
 from cuinfer.version import __version__ as _cuinfer_version
 
@@ -75,7 +85,15 @@ COVERED = [
     "get_batch_indices_positions",
     "get_seq_lens",
     "apply_rope",
+    "apply_rope_inplace",
     "apply_rope_pos_ids",
+    "apply_rope_pos_ids_inplace",
+    "apply_llama31_rope",
+    "apply_llama31_rope_inplace",
+    "apply_llama31_rope_pos_ids",
+    "apply_llama31_rope_pos_ids_inplace",
+    "apply_rope_with_cos_sin_cache",
+    "apply_rope_with_cos_sin_cache_inplace",
     "packbits",
     "segment_packbits",
 ]

@@ -289,33 +289,3 @@ def merge_legacy_positional(api: str, args: tuple, names: tuple[str, ...], kwarg
         stacklevel=3,
     )
     return merged
-
-
-# ---- utilities -------------------------------------------------------------------------------------------------------
-
-
-def utility(name: str, anchor: Any) -> Any:
-    """The cuinfer function behind a FlashInfer utility: ``cuinfer.<name>`` once the package has it (GPU kernels
-    with the CPU reference for NumPy, docs/api.md's signature), until then ``cuinfer.reference.<name>`` for NumPy
-    inputs; GPU arrays without a cuinfer kernel raise ``NotImplementedError`` naming the way around."""
-    import cuinfer
-    from cuinfer import reference
-    from cuinfer.runtime.calls import is_host
-
-    fn = getattr(cuinfer, name, None)
-    if fn is not None:
-        return fn
-    if is_host(anchor):
-        return getattr(reference, name)
-    raise NotImplementedError(
-        f"flashinfer.{name} on GPU arrays is not covered yet: cuinfer has no GPU kernel for {name} in this version "
-        f"(the KV-cache, RoPE and mask utilities are their own issue). Pass NumPy arrays to run "
-        f"cuinfer.reference.{name} on the CPU, or keep FlashInfer's {name} for now (docs/compat.md)"
-    )
-
-
-def like_input(result: Any, like: Any) -> Any:
-    """A NumPy result in the dtype of the NumPy input it replaces (the CPU reference computes in float64)."""
-    if isinstance(result, np.ndarray) and isinstance(like, np.ndarray) and result.dtype != like.dtype:
-        return result.astype(like.dtype)
-    return result

@@ -1,14 +1,16 @@
 """FlashInfer's paged-KV utilities: ``append_paged_kv_cache``, ``get_batch_indices_positions``, ``get_seq_lens``.
 
-``get_seq_lens`` is plain arithmetic on the caller's arrays. The other two call cuinfer's functions of the same
-name once cuinfer has them (their GPU kernels are their own issue); until then NumPy inputs run
-``cuinfer.reference`` and GPU arrays raise ``NotImplementedError`` (``common.utility``).
+``append_paged_kv_cache`` and ``get_batch_indices_positions`` call cuinfer's functions of the same name
+(``cuinfer/utils/paged.py``: GPU kernels on the caller's stream, the float64 reference for NumPy arrays) with
+FlashInfer's arguments in FlashInfer's order. ``get_seq_lens`` is FlashInfer's formula on the caller's arrays (it
+differs from cuinfer's for a request without pages, docs/utilities.md).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import cuinfer
 from cuinfer.compat.flashinfer import common
 
 __all__ = ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"]
@@ -24,9 +26,10 @@ def get_seq_lens(kv_indptr: Any, kv_last_page_len: Any, page_size: int) -> Any:
 def get_batch_indices_positions(
     append_indptr: Any, seq_lens: Any, nnz: int, batch_indices: Any = None, positions: Any = None
 ) -> tuple[Any, Any]:
-    """Request index and position of each of ``nnz`` appended tokens; written into ``batch_indices`` /
-    ``positions`` when given (FlashInfer's preallocated outputs)."""
-    b, p = common.utility("get_batch_indices_positions", append_indptr)(append_indptr, seq_lens, int(nnz))
+    """Request index and position of each of ``nnz`` appended tokens (-1 and -1 for rows past
+    ``append_indptr[-1]``); written into ``batch_indices`` / ``positions`` when given (FlashInfer's preallocated
+    outputs)."""
+    b, p = cuinfer.get_batch_indices_positions(append_indptr, seq_lens, int(nnz))
     if batch_indices is not None:
         batch_indices[...] = b
         b = batch_indices
@@ -46,11 +49,13 @@ def append_paged_kv_cache(
     kv_indptr: Any,
     kv_last_page_len: Any,
     kv_layout: str = "NHD",
-) -> None:
+) -> Any:
     """Write ``append_key`` / ``append_value`` ``[nnz, num_kv_heads, head_dim]`` into the paged cache in place, row
     ``t`` at position ``positions[t]`` of request ``batch_indices[t]`` (the page table describes the cache after
-    the append)."""
+    the append). ``paged_kv_cache``: the 5-D cache, a ``(k_cache, v_cache)`` tuple, or FlashInfer's page-size-1
+    shorthands. Returns None, as FlashInfer; for JAX caches (immutable) cuinfer's updated copy."""
     layout = common.kv_layout(kv_layout)
-    fn = common.utility("append_paged_kv_cache", append_key)
-    fn(append_key, append_value, batch_indices, positions, common.expand_paged(paged_kv_cache, layout), kv_indices,
-       kv_indptr, kv_last_page_len, kv_layout=layout)  # fmt: skip
+    return cuinfer.append_paged_kv_cache(
+        append_key, append_value, batch_indices, positions, common.expand_paged(paged_kv_cache, layout), kv_indices,
+        kv_indptr, kv_last_page_len, kv_layout=layout,
+    )  # fmt: skip

@@ -24,10 +24,6 @@ _POD = (
 _BACKEND_ENTRY = (
     "backend-specific entry points (TensorRT-LLM, cuDNN, XQA kernels) are not covered; use the plan/run wrappers"
 )
-_ROPE = (
-    "this RoPE form is not covered yet (cuinfer's RoPE kernels are their own issue); apply_rope / apply_rope_pos_ids "
-    "return rotated copies, and plan(pos_encoding_mode='ROPE_LLAMA') applies RoPE inside attention"
-)
 
 # name -> (what it is, what to use instead)
 CLASSES = {
@@ -56,14 +52,6 @@ FUNCTIONS = {
         "call BatchDecodeWithPagedKVCacheWrapper.plan(); cuinfer's plan() is host-only and cheap",
     ),
     "append_paged_mla_kv_cache": ("the MLA paged-cache append", _MLA),
-    "apply_rope_inplace": ("in-place RoPE", _ROPE),
-    "apply_rope_pos_ids_inplace": ("in-place RoPE", _ROPE),
-    "apply_llama31_rope": ("Llama-3.1 RoPE", _ROPE),
-    "apply_llama31_rope_inplace": ("Llama-3.1 RoPE", _ROPE),
-    "apply_llama31_rope_pos_ids": ("Llama-3.1 RoPE", _ROPE),
-    "apply_llama31_rope_pos_ids_inplace": ("Llama-3.1 RoPE", _ROPE),
-    "apply_rope_with_cos_sin_cache": ("RoPE from a cos/sin cache", _ROPE),
-    "apply_rope_with_cos_sin_cache_inplace": ("RoPE from a cos/sin cache", _ROPE),
 }
 
 
