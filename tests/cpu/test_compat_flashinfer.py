@@ -1,6 +1,7 @@
 """``cuinfer.compat.flashinfer`` without a GPU: FlashInfer 0.7.2's signatures, the translation of its arguments into
 cuinfer's (run through the float64 CPU reference on NumPy arrays and compared with the reference called directly
-with the translated options), and the errors for what the drop-in does not cover.
+with the translated options), the RoPE and append utilities against formulas written here in float64, and the
+errors for what the drop-in does not cover.
 
 FlashInfer itself is never imported here: its signatures are recorded below from the 0.7.2 sources. The GPU side
 (the same calls through real FlashInfer and the drop-in on torch tensors) is tests/gpu/test_compat_parity.py.
@@ -52,7 +53,15 @@ FLASHINFER_0_7_2 = {
     "get_seq_lens": "(kv_indptr, kv_last_page_len, page_size)",
     "append_paged_kv_cache": "(append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices, kv_indptr, kv_last_page_len, kv_layout='NHD')",  # noqa: E501
     "apply_rope": "(q, k, indptr, offsets, rotary_dim=None, interleave=False, rope_scale=1, rope_theta=10000.0)",
+    "apply_rope_inplace": "(q, k, indptr, offsets, rotary_dim=None, interleave=False, rope_scale=1, rope_theta=10000.0)",  # noqa: E501
     "apply_rope_pos_ids": "(q, k, pos_ids, rotary_dim=None, interleave=False, rope_scale=1, rope_theta=10000.0)",
+    "apply_rope_pos_ids_inplace": "(q, k, pos_ids, rotary_dim=None, interleave=False, rope_scale=1, rope_theta=10000.0)",  # noqa: E501
+    "apply_llama31_rope": "(q, k, indptr, offsets, rotary_dim=None, interleave=False, rope_scale=8, rope_theta=500000.0, low_freq_factor=1, high_freq_factor=4, old_context_len=8192)",  # noqa: E501
+    "apply_llama31_rope_inplace": "(q, k, indptr, offsets, rotary_dim=None, interleave=False, rope_scale=8, rope_theta=500000.0, low_freq_factor=1, high_freq_factor=4, old_context_len=8192)",  # noqa: E501
+    "apply_llama31_rope_pos_ids": "(q, k, pos_ids, rotary_dim=None, interleave=False, rope_scale=8, rope_theta=500000.0, low_freq_factor=1, high_freq_factor=4, old_context_len=8192)",  # noqa: E501
+    "apply_llama31_rope_pos_ids_inplace": "(q, k, pos_ids, rotary_dim=None, interleave=False, rope_scale=8, rope_theta=500000.0, low_freq_factor=1, high_freq_factor=4, old_context_len=8192)",  # noqa: E501
+    "apply_rope_with_cos_sin_cache": "(positions, query, key, head_size, cos_sin_cache, is_neox=True)",
+    "apply_rope_with_cos_sin_cache_inplace": "(positions, query, key, head_size, cos_sin_cache, is_neox=True)",
     "packbits": "(x, bitorder='big')",
     "segment_packbits": "(x, indptr, bitorder='big')",
 }
@@ -557,15 +566,271 @@ def test_utilities_on_numpy(rng):
     np.testing.assert_array_equal(cache[page, 0, :3], k[2:5])  # request 1's positions 0..2
 
 
-def test_utilities_call_cuinfers_functions(monkeypatch):
-    class DeviceArray:  # stands for a CUDA tensor (not a host array)
-        shape = (8,)
+# RoPE, written here from FlashInfer's definition (include/flashinfer/pos_enc.cuh), in float64: pair j of the first
+# rotary_dim dims, (j, j + rotary_dim / 2) or (2j, 2j + 1) with interleave, turns by pos * freq_j; the other dims pass.
 
-    seen = {}
-    monkeypatch.setattr(cuinfer, "packbits", lambda x, bitorder: seen.setdefault("call", (x, bitorder)))
-    arr = DeviceArray()
-    fi.packbits(arr)
-    assert seen["call"] == (arr, "big")  # cuinfer's own function, with FlashInfer's default bit order
+LLAMA31_DEFAULTS = (8.0, 5e5, (1.0, 4.0, 8192.0))  # FlashInfer's rope_scale, rope_theta, (low, high, old_context_len)
+
+
+def rope_freqs64(rotary_dim, rope_scale, rope_theta, llama31=None):
+    """freq_j = theta^(-2j / rotary_dim) / rope_scale; Llama 3.1 (Meta's apply_scaling) keeps the high frequencies,
+    scales the low ones and blends the band between by wavelength."""
+    freqs = []
+    for j in range(rotary_dim // 2):
+        f = rope_theta ** (-2.0 * j / rotary_dim)
+        if llama31 is None:
+            freqs.append(f / rope_scale)
+            continue
+        low, high, old = llama31
+        wavelen = 2 * math.pi / f
+        if wavelen < old / high:
+            freqs.append(f)
+        elif wavelen > old / low:
+            freqs.append(f / rope_scale)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            freqs.append((1 - smooth) * f / rope_scale + smooth * f)
+    return np.array(freqs)
+
+
+def rotate64(x, cos, sin, rotary_dim, interleave):
+    """x [nnz, heads, dim] turned by per-row cos / sin [nnz, rotary_dim / 2], in float64."""
+    x = np.asarray(x, np.float64)
+    out = x.copy()
+    c, s = cos[:, None, :], sin[:, None, :]
+    if interleave:
+        a, b = x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2]
+        out[..., 0:rotary_dim:2], out[..., 1:rotary_dim:2] = a * c - b * s, b * c + a * s
+    else:
+        h = rotary_dim // 2
+        a, b = x[..., :h], x[..., h:rotary_dim]
+        out[..., :h], out[..., h:rotary_dim] = a * c - b * s, b * c + a * s
+    return out
+
+
+def rope64(x, pos, rotary_dim, interleave, rope_scale, rope_theta, llama31=None):
+    angle = np.asarray(pos, np.float64)[:, None] * rope_freqs64(rotary_dim, rope_scale, rope_theta, llama31)[None]
+    return rotate64(x, np.cos(angle), np.sin(angle), rotary_dim, interleave)
+
+
+def close_to(got, want64, dtype):
+    """Within one rounding to the 16-bit dtype of the float64 formula."""
+    assert got.dtype == dtype
+    tol = 1e-3 if dtype == np.float16 else 8e-3
+    np.testing.assert_allclose(np.asarray(got, np.float64), want64, rtol=tol, atol=tol)
+
+
+ROPE_FORMS = {  # name -> (positions argument, llama31)
+    "apply_rope": ("ragged", False),
+    "apply_rope_pos_ids": ("pos_ids", False),
+    "apply_llama31_rope": ("ragged", True),
+    "apply_llama31_rope_pos_ids": ("pos_ids", True),
+}
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["copy", "inplace"])
+@pytest.mark.parametrize("interleave", [False, True], ids=["rotate_half", "interleave"])
+@pytest.mark.parametrize("name", sorted(ROPE_FORMS))
+def test_rope_forms_match_the_formula(rng, name, interleave, inplace):
+    """Every FlashInfer RoPE form on NumPy arrays, rotary_dim 32 of head_dim 64, against rope64: the dims past
+    rotary_dim unchanged bit for bit; the in-place forms write into q and k and return None."""
+    kind, llama31 = ROPE_FORMS[name]
+    dtype = np.float16 if interleave else ml_dtypes.bfloat16
+    lens, offsets = [5, 0, 9], np.array([3, 70, 9000])  # positions past old_context_len / low_freq_factor too
+    nnz = sum(lens)
+    q = rng.standard_normal((nnz, 4, 64)).astype(dtype)
+    k = rng.standard_normal((nnz, 2, 64)).astype(dtype)
+    q0, k0 = q.copy(), k.copy()
+    if kind == "ragged":
+        indptr = np.cumsum([0, *lens])
+        pos = np.concatenate([o + np.arange(n) for o, n in zip(offsets, lens, strict=True)])
+        where = (indptr, offsets)
+    else:
+        pos = rng.integers(0, 20000, nnz)
+        where = (pos.astype(np.int32),)
+    if llama31:
+        scale, theta, factors = LLAMA31_DEFAULTS
+        opts = {}  # FlashInfer's defaults
+    else:
+        scale, theta, factors = 2.0, 5e5, None
+        opts = dict(rope_scale=2, rope_theta=5e5)
+    fn = getattr(fi, name + ("_inplace" if inplace else ""))
+    got = fn(q, k, *where, 32, interleave, **opts)  # rotary_dim and interleave positionally, as FlashInfer allows
+    if inplace:
+        assert got is None
+        got = (q, k)
+        assert not np.array_equal(q, q0)
+    else:
+        np.testing.assert_array_equal(q, q0)  # the inputs are left alone
+    for out, x in zip(got, (q0, k0), strict=True):
+        close_to(out, rope64(x, pos, 32, interleave, scale, theta, factors), dtype)
+        np.testing.assert_array_equal(out[..., 32:], x[..., 32:])
+
+
+def test_llama31_options_in_flashinfers_order(rng):
+    """rope_scale, rope_theta, low_freq_factor, high_freq_factor, old_context_len positionally, in FlashInfer's
+    order; rotary_dim None is the whole head."""
+    q = rng.standard_normal((6, 2, 64)).astype(np.float16)
+    k = rng.standard_normal((6, 1, 64)).astype(np.float16)
+    pos = np.array([0, 1, 500, 1000, 3000, 7000])
+    qr, kr = fi.apply_llama31_rope_pos_ids(q, k, pos, None, False, 4, 1e4, 2, 8, 4096)
+    close_to(qr, rope64(q, pos, 64, False, 4.0, 1e4, (2.0, 8.0, 4096.0)), np.float16)
+    close_to(kr, rope64(k, pos, 64, False, 4.0, 1e4, (2.0, 8.0, 4096.0)), np.float16)
+    with pytest.raises(ValueError, match="high_freq_factor must be greater than low_freq_factor"):
+        fi.apply_llama31_rope_pos_ids(q, k, pos, high_freq_factor=1)
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["copy", "inplace"])
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "interleave"])
+@pytest.mark.parametrize("ndim", [2, 3])
+def test_rope_with_cos_sin_cache_matches_the_formula(rng, is_neox, inplace, ndim):
+    """vLLM / SGLang's form: query / key [nnz, heads * head_size] (or 3-D), a float32 table of any angles, rows
+    [cos_0 .. cos_{r/2-1}, sin_0 .. sin_{r/2-1}]; rotary_dim 32 (the table's width) of head_size 64."""
+    nnz, hs, r = 9, 64, 32
+    angles = rng.uniform(-10, 10, (50, r // 2))
+    table = np.concatenate([np.cos(angles), np.sin(angles)], axis=1).astype(np.float32)
+    pos = rng.integers(0, 50, nnz)
+    query = rng.standard_normal((nnz, 4, hs)).astype(np.float16)
+    key = rng.standard_normal((nnz, 2, hs)).astype(np.float16)
+    q0, k0 = query.copy(), key.copy()
+    args = (query.reshape(nnz, -1), key.reshape(nnz, -1)) if ndim == 2 else (query, key)  # (views)
+    if inplace:
+        assert fi.apply_rope_with_cos_sin_cache_inplace(pos, *args, hs, table, is_neox) is None
+        got = (query, key)
+        assert not np.array_equal(query, q0)
+    else:
+        got = fi.apply_rope_with_cos_sin_cache(pos, *args, hs, table, is_neox)
+        assert got[0].shape == args[0].shape and got[1].shape == args[1].shape
+        got = tuple(g.reshape(x.shape) for g, x in zip(got, (q0, k0), strict=True))
+    cos, sin = table[pos, : r // 2].astype(np.float64), table[pos, r // 2 :].astype(np.float64)
+    for out, x in zip(got, (q0, k0), strict=True):
+        close_to(out, rotate64(x, cos, sin, r, not is_neox), np.float16)
+        np.testing.assert_array_equal(out[..., r:], x[..., r:])
+
+
+def test_rope_with_cos_sin_cache_errors(rng):
+    pos = np.arange(4)
+    table = np.ones((8, 16), np.float32)
+    query, key = np.zeros((4, 2, 2, 32), np.float16), np.zeros((4, 64), np.float16)
+    with pytest.raises(NotImplementedError, match=r"query of shape \(4, 2, 2, 32\).*not covered.*docs/compat\.md"):
+        fi.apply_rope_with_cos_sin_cache(pos, query, key, 32, table)  # FlashInfer would view it as [4, 4, 32]
+    with pytest.raises(NotImplementedError, match=r"key of shape \(4, 1, 64\)"):
+        fi.apply_rope_with_cos_sin_cache_inplace(pos, key, key.reshape(4, 1, 64), 32, table)
+    with pytest.raises(ValueError, match="cos_sin_cache must have dtype float32"):  # FlashInfer: a ValueError too
+        fi.apply_rope_with_cos_sin_cache(pos, key, key, 32, table.astype(np.float64))
+
+
+def test_rope_inplace_refuses_a_read_only_array(rng):
+    q = rng.standard_normal((3, 2, 64)).astype(np.float16)
+    q.flags.writeable = False
+    with pytest.raises(ValueError, match="q must be writable"):
+        fi.apply_rope_pos_ids_inplace(q, q.copy(), np.arange(3))
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("form", ["5d", "tuple", "page_size_1"])
+def test_append_paged_kv_cache_in_flashinfers_order(rng, layout, form):
+    """FlashInfer's argument names and order, every cache form; each row lands where the page table says, written
+    here as a loop: page kv_indices[kv_indptr[b] + pos // page_size], slot pos % page_size; nothing else moves."""
+    page_size = 1 if form == "page_size_1" else 4
+    kv_lens, append = [10, 3, 7], [4, 3, 0]
+    cache, kv_indptr, kv_indices, kv_last = paged(rng, kv_lens, page_size, 2, 64, np.float16, layout)
+    before = cache.copy()
+    append_indptr = np.cumsum([0, *append])
+    b, p = fi.get_batch_indices_positions(append_indptr, np.array(kv_lens), sum(append) + 2)  # 2 padding rows
+    key = rng.standard_normal((len(b), 2, 64)).astype(np.float16)
+    value = rng.standard_normal((len(b), 2, 64)).astype(np.float16)
+    if form == "5d":
+        arg = cache
+    elif form == "tuple":
+        arg = (cache[:, 0], cache[:, 1])
+    else:  # [pages, 2, heads, dim]: FlashInfer's page-size-1 shorthand
+        arg = cache[:, :, 0] if layout == "NHD" else cache[..., 0, :]
+    got = fi.append_paged_kv_cache(
+        append_key=key, append_value=value, batch_indices=b, positions=p, paged_kv_cache=arg, kv_indices=kv_indices,
+        kv_indptr=kv_indptr, kv_last_page_len=kv_last, kv_layout=layout,
+    )  # fmt: skip
+    assert got is None
+    want = before.copy()
+    for t in range(len(b)):
+        if b[t] < 0:
+            continue
+        page = kv_indices[kv_indptr[b[t]] + p[t] // page_size]
+        slot = p[t] % page_size
+        for side, rows in ((0, key), (1, value)):
+            if layout == "NHD":
+                want[page, side, slot] = rows[t]
+            else:
+                want[page, side, :, slot] = rows[t]
+    np.testing.assert_array_equal(cache, want)
+
+
+def test_append_paged_kv_cache_refusals(rng):
+    cache, kv_indptr, kv_indices, kv_last = paged(rng, [4], 4, 2, 64, np.float16)
+    key = np.zeros((1, 2, 64), ml_dtypes.float8_e4m3fn)
+    b, p = np.array([0]), np.array([3])
+    with pytest.raises(NotImplementedError, match="fp8 KV caches are not implemented in append_paged_kv_cache"):
+        fi.append_paged_kv_cache(key, key, b, p, cache.astype(ml_dtypes.float8_e4m3fn), kv_indices, kv_indptr, kv_last)
+    with pytest.raises(KeyError, match="Invalid kv_layout 'nhd'"):  # FlashInfer's KeyError
+        fi.append_paged_kv_cache(key, key, b, p, cache, kv_indices, kv_indptr, kv_last, "nhd")
+
+
+def test_packbits_reads_any_dtype_as_nonzero(rng):
+    x = rng.integers(0, 3, 21).astype(np.int32)
+    np.testing.assert_array_equal(fi.packbits(x), np.packbits(x != 0))  # FlashInfer's x.to(torch.bool)
+
+
+class DeviceArray:
+    """Stands for a CUDA tensor (not a host array): what the drop-in passes to cuinfer is recorded, not run."""
+
+    shape = (8, 2, 64)
+
+
+DEV = DeviceArray()
+L31 = dict(low_freq_factor=1.0, high_freq_factor=4.0, old_context_len=8192.0)
+# FlashInfer call (arguments after the arrays) -> cuinfer's function, its positional arrays and its keywords
+TRANSLATIONS = {
+    "packbits": ((), (DEV,), dict(bitorder="big")),
+    "segment_packbits": ((DEV,), (DEV, DEV), dict(bitorder="big")),
+    "get_batch_indices_positions": ((DEV, 8), (DEV, DEV, 8), {}),
+    "append_paged_kv_cache": ((DEV,) * 7, (DEV,) * 8, dict(kv_layout="NHD")),
+    "apply_rope": ((DEV, DEV, DEV), (DEV,) * 4,
+                   dict(rotary_dim=None, interleave=False, rope_scale=1.0, rope_theta=1e4)),
+    "apply_rope_inplace": ((DEV, DEV, DEV, 32, True, 2, 5e5), (DEV,) * 4,
+                           dict(rotary_dim=32, interleave=True, rope_scale=2.0, rope_theta=5e5)),
+    "apply_rope_pos_ids": ((DEV, DEV), (DEV,) * 3,
+                           dict(rotary_dim=None, interleave=False, rope_scale=1.0, rope_theta=1e4)),
+    "apply_rope_pos_ids_inplace": ((DEV, DEV, 16), (DEV,) * 3,
+                                   dict(rotary_dim=16, interleave=False, rope_scale=1.0, rope_theta=1e4)),
+    "apply_llama31_rope": ((DEV, DEV, DEV), (DEV,) * 4,
+                           dict(rotary_dim=None, interleave=False, rope_scale=8.0, rope_theta=5e5, **L31)),
+    "apply_llama31_rope_inplace": ((DEV, DEV, DEV, None, False, 16, 1e6, 2, 8, 4096), (DEV,) * 4,
+                                   dict(rotary_dim=None, interleave=False, rope_scale=16.0, rope_theta=1e6,
+                                        low_freq_factor=2.0, high_freq_factor=8.0, old_context_len=4096.0)),
+    "apply_llama31_rope_pos_ids": ((DEV, DEV), (DEV,) * 3,
+                                   dict(rotary_dim=None, interleave=False, rope_scale=8.0, rope_theta=5e5, **L31)),
+    "apply_llama31_rope_pos_ids_inplace": ((DEV, DEV, 64, True), (DEV,) * 3,
+                                           dict(rotary_dim=64, interleave=True, rope_scale=8.0, rope_theta=5e5,
+                                                **L31)),
+    "apply_rope_with_cos_sin_cache": ((DEV, DEV, 64, DEV), (DEV, DEV, DEV, 64, DEV), dict(is_neox=True)),
+    "apply_rope_with_cos_sin_cache_inplace": ((DEV, DEV, 64, DEV, False), (DEV, DEV, DEV, 64, DEV),
+                                              dict(is_neox=False)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(TRANSLATIONS))
+def test_utilities_call_cuinfers_functions(monkeypatch, name):
+    """Each FlashInfer utility calls cuinfer's function of the same name (the GPU kernels for device arrays) with
+    FlashInfer's positional options as cuinfer's keywords and FlashInfer's defaults (packbits: bitorder "big")."""
+    seen = []
+    monkeypatch.setattr(cuinfer, name, lambda *args, **kwargs: seen.append((args, kwargs)) or (DEV, DEV))
+    rest, want_args, want_kwargs = TRANSLATIONS[name]
+    getattr(fi, name)(DEV, *rest)
+    assert len(seen) == 1
+    args, kwargs = seen[0]
+    assert all(a is b for a, b in zip(args, want_args, strict=True)) and len(args) == len(want_args)
+    assert kwargs == want_kwargs
+    assert all(type(v) is type(want_kwargs[n]) for n, v in kwargs.items())  # floats as floats, as FlashInfer passes
 
 
 def test_invalid_option_error_is_key_and_value_error():
