@@ -547,11 +547,15 @@ def test_utilities_on_numpy(rng):
     lens = fi.get_seq_lens(indptr, last, 16)
     np.testing.assert_array_equal(lens, [19, 1, 48])  # (an empty request gives its last_page_len, as FlashInfer)
     assert lens.dtype == np.int32
-    b_out, p_out = np.zeros(6, np.int32), np.zeros(6, np.int32)
+    b_out, p_out = np.zeros(6, np.int32), np.full(6, 7, np.int32)
     b, p = fi.get_batch_indices_positions(np.array([0, 2, 5]), np.array([10, 3]), 6, b_out, p_out)
     assert b is b_out and p is p_out
     np.testing.assert_array_equal(b, [0, 0, 1, 1, 1, -1])
-    np.testing.assert_array_equal(p, [8, 9, 0, 1, 2, -1])
+    np.testing.assert_array_equal(p, [8, 9, 0, 1, 2, 7])  # FlashInfer leaves a padding row's position unwritten
+    b, p = fi.get_batch_indices_positions(np.array([0, 2, 5]), np.array([10, 3]), 7)
+    np.testing.assert_array_equal(b, [0, 0, 1, 1, 1, -1, -1])
+    np.testing.assert_array_equal(p, [8, 9, 0, 1, 2, 0, 0])  # ... in the zeros it allocates
+    assert p.dtype == np.int32
     q = rng.standard_normal((7, 4, 64)).astype(np.float16)
     k = rng.standard_normal((7, 2, 64)).astype(np.float16)
     qr, kr = fi.apply_rope(q, k, np.array([0, 3, 7]), np.array([5, 0]), rotary_dim=32, interleave=True)
@@ -823,7 +827,8 @@ def test_utilities_call_cuinfers_functions(monkeypatch, name):
     """Each FlashInfer utility calls cuinfer's function of the same name (the GPU kernels for device arrays) with
     FlashInfer's positional options as cuinfer's keywords and FlashInfer's defaults (packbits: bitorder "big")."""
     seen = []
-    monkeypatch.setattr(cuinfer, name, lambda *args, **kwargs: seen.append((args, kwargs)) or (DEV, DEV))
+    result = (np.zeros(8, np.int32), np.zeros(8, np.int32))
+    monkeypatch.setattr(cuinfer, name, lambda *args, **kwargs: seen.append((args, kwargs)) or result)
     rest, want_args, want_kwargs = TRANSLATIONS[name]
     getattr(fi, name)(DEV, *rest)
     assert len(seen) == 1

@@ -26,17 +26,19 @@ def get_seq_lens(kv_indptr: Any, kv_last_page_len: Any, page_size: int) -> Any:
 def get_batch_indices_positions(
     append_indptr: Any, seq_lens: Any, nnz: int, batch_indices: Any = None, positions: Any = None
 ) -> tuple[Any, Any]:
-    """Request index and position of each of ``nnz`` appended tokens (-1 and -1 for rows past
-    ``append_indptr[-1]``); written into ``batch_indices`` / ``positions`` when given (FlashInfer's preallocated
-    outputs)."""
+    """Request index and position of each of ``nnz`` appended tokens; written into ``batch_indices`` /
+    ``positions`` when given (FlashInfer's preallocated outputs). Rows past ``append_indptr[-1]`` (padding) get batch
+    index -1 and, as in FlashInfer, position 0, or the given ``positions`` buffer's value left as it was (cuinfer's
+    own function gives -1 there)."""
     b, p = cuinfer.get_batch_indices_positions(append_indptr, seq_lens, int(nnz))
+    live = b >= 0
     if batch_indices is not None:
         batch_indices[...] = b
         b = batch_indices
-    if positions is not None:
-        positions[...] = p
-        p = positions
-    return b, p
+    if positions is None:
+        return b, p * live
+    positions[...] = p * live + positions * ~live
+    return b, positions
 
 
 def append_paged_kv_cache(
