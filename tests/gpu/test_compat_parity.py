@@ -233,23 +233,86 @@ def errors(fi: Any, ctx: Ctx) -> dict[str, Any]:
     return found
 
 
-def utilities(fi: Any, ctx: Ctx) -> dict[str, Any]:
-    """get_seq_lens always; append_paged_kv_cache and apply_rope once cuinfer has GPU kernels for them."""
-    import cuinfer
+def utilities_positions(fi: Any, ctx: Ctx) -> dict[str, Any]:
+    """get_seq_lens, and get_batch_indices_positions with two padding rows (FlashInfer: batch index -1, position 0)
+    into fresh and into given buffers."""
+    torch = ctx.torch
+    out = {"get_seq_lens": fi.get_seq_lens(ctx.ints([0, 3, 3, 7]), ctx.ints([5, 1, 16]), PAGE)}
+    append_indptr, seq_lens = ctx.ints([0, 9, 26, 26]), ctx.ints([30, 17, 5])
+    out["batch_indices"], out["positions"] = fi.get_batch_indices_positions(append_indptr, seq_lens, 28)
+    given = [torch.full((28,), 7, dtype=torch.int32, device="cuda") for _ in range(2)]
+    fi.get_batch_indices_positions(append_indptr, seq_lens, 28, *given)
+    out["batch_indices (given)"], out["positions (given)"] = given
+    return out
 
-    indptr, last = ctx.ints([0, 3, 3, 7]), ctx.ints([5, 1, 16])
-    out = {"get_seq_lens": fi.get_seq_lens(indptr, last, PAGE)}
-    if hasattr(cuinfer, "apply_rope"):
-        q, k = ctx.randn(50, HQ, D), ctx.randn(50, HKV, D)
-        qr, kr = fi.apply_rope(q, k, ctx.ints([0, 20, 50]), ctx.ints([7, 100]), rope_theta=5e5)
-        out["apply_rope q"], out["apply_rope k"] = qr, kr
-    if hasattr(cuinfer, "append_paged_kv_cache"):
-        cache, kv_indptr, kv_indices, kv_last = ctx.paged([30, 17])
-        append = [9, 17]
-        b, p = fi.get_batch_indices_positions(ctx.ints(_indptr(append)), ctx.ints([30, 17]), sum(append))
-        k, v = ctx.randn(sum(append), HKV, D), ctx.randn(sum(append), HKV, D)
-        fi.append_paged_kv_cache(k, v, b, p, cache, kv_indices, kv_indptr, kv_last)
-        out["append_paged_kv_cache cache"] = cache
+
+def utilities_append(fi: Any, ctx: Ctx) -> dict[str, Any]:
+    """append_paged_kv_cache in FlashInfer's argument order: the 5-D cache and the (k_cache, v_cache) tuple, NHD and
+    HND. The rows' places are computed on the host (FlashInfer's get_batch_indices_positions needs Triton); no
+    padding row (batch index -1: cuinfer skips it, FlashInfer's kernel reads kv_indptr[-1])."""
+    kv_lens, append = [30, 17, 5], [9, 17, 0]
+    bidx = np.concatenate([np.full(n, i) for i, n in enumerate(append)])
+    pos = np.concatenate([np.arange(kv - n, kv) for kv, n in zip(kv_lens, append, strict=True)])
+    b, p = ctx.ints(bidx), ctx.ints(pos)
+    out = {}
+    for layout in ("NHD", "HND"):
+        cache, kv_indptr, kv_indices, kv_last = ctx.paged(kv_lens, layout)
+        k, v = ctx.randn(len(bidx), HKV, D), ctx.randn(len(bidx), HKV, D)
+        fi.append_paged_kv_cache(k, v, b, p, cache, kv_indices, kv_indptr, kv_last, layout)
+        out[f"cache 5-D {layout}"] = cache
+        cache2 = ctx.paged(kv_lens, layout)[0]
+        fi.append_paged_kv_cache(k, v, b, p, (cache2[:, 0], cache2[:, 1]), kv_indices, kv_indptr, kv_last,
+                                 kv_layout=layout)  # fmt: skip
+        out[f"cache (k, v) {layout}"] = cache2
+    return out
+
+
+def utilities_rope(fi: Any, ctx: Ctx) -> dict[str, Any]:
+    """The apply_rope family: ragged and pos_ids, plain and Llama 3.1 (FlashInfer's defaults, and other factors),
+    copies and in place, rotate-half and interleaved, rotary_dim 64 of 128. Positions stay below 2000: FlashInfer
+    turns by __sincosf of a float32 angle, whose error grows with the angle."""
+    q, k = ctx.randn(50, HQ, D), ctx.randn(50, HKV, D)
+    indptr, offsets = ctx.ints([0, 20, 20, 50]), ctx.ints([7, 3, 1900])
+    pos_ids = ctx.ints(ctx.rng.integers(0, 2000, 50))
+    out = {}
+    qr, kr = fi.apply_rope(q, k, indptr, offsets, rope_theta=5e5)
+    out["apply_rope q"], out["apply_rope k"] = qr, kr
+    qr, kr = fi.apply_rope_pos_ids(q, k, pos_ids, 64, True, 2.0)
+    out["apply_rope_pos_ids q"], out["apply_rope_pos_ids k"] = qr, kr
+    qr, kr = fi.apply_llama31_rope(q, k, indptr, offsets)
+    out["llama31 q"], out["llama31 k"] = qr, kr
+    qr, kr = fi.apply_llama31_rope_pos_ids(q, k, pos_ids, 64, False, 16, 1e6, 2, 8, 4096)
+    out["llama31_pos_ids q"], out["llama31_pos_ids k"] = qr, kr
+    for name, args in {
+        "apply_rope_inplace": (indptr, offsets, None, True),
+        "apply_rope_pos_ids_inplace": (pos_ids, 64),
+        "apply_llama31_rope_inplace": (indptr, offsets, 64, True),
+        "apply_llama31_rope_pos_ids_inplace": (pos_ids,),
+    }.items():
+        qi, ki = q.clone(), k.clone()
+        assert getattr(fi, name)(qi, ki, *args) is None
+        out[f"{name} q"], out[f"{name} k"] = qi, ki
+    return out
+
+
+def utilities_rope_cos_sin(fi: Any, ctx: Ctx) -> dict[str, Any]:
+    """apply_rope_with_cos_sin_cache (+ _inplace) as vLLM calls it: query / key [nnz, heads * head_size], int64
+    positions, a float32 table of rotary_dim 128 and 64 (partial), is_neox True and False."""
+    torch = ctx.torch
+    nnz, max_pos = 40, 4096
+    query, key = ctx.randn(nnz, HQ * D), ctx.randn(nnz, HKV * D)
+    positions = torch.tensor(ctx.rng.integers(0, max_pos, nnz), dtype=torch.int64, device="cuda")
+    out = {}
+    for rot in (D, D // 2):
+        inv = 1.0 / (1e4 ** (np.arange(0, rot, 2) / rot))
+        ang = np.arange(max_pos)[:, None] * inv[None, :]
+        table = torch.from_numpy(np.concatenate([np.cos(ang), np.sin(ang)], 1).astype(np.float32)).cuda()
+        for neox in (True, False):
+            qo, ko = fi.apply_rope_with_cos_sin_cache(positions, query, key, D, table, neox)
+            out[f"r{rot} neox={neox} q"], out[f"r{rot} neox={neox} k"] = qo, ko
+            qi, ki = query.clone(), key.clone()
+            fi.apply_rope_with_cos_sin_cache_inplace(positions, qi, ki, D, table, is_neox=neox)
+            out[f"r{rot} neox={neox} q (in place)"], out[f"r{rot} neox={neox} k (in place)"] = qi, ki
     return out
 
 
@@ -286,7 +349,8 @@ def _cases() -> list[Case]:
     out.append(Case("single", single))
     out.append(Case("merge", merges))
     out.append(Case("errors", errors))
-    out.append(Case("utilities", utilities, dtypes=("float16",)))
+    for fn in (utilities_positions, utilities_append, utilities_rope, utilities_rope_cos_sin):
+        out.append(Case(fn.__name__, fn))
     # attention options: one FlashInfer module per option and kernel, so float16 only by default
     options = {
         "window_left": dict(window_left=100),
