@@ -5,12 +5,14 @@
   its headings, slugged as GitHub does. http(s) and mailto links are not checked.
 - No file of the repository except CHANGELOG.md names the two external notes files (the performance notes and the
   API contract, which now live in docs/benchmarks.md, docs/performance.md and docs/api.md).
+- docs/api.md's listing of ``cuinfer.__all__`` is the package's (read from cuinfer/__init__.py with ``ast``).
 
 Pure standard library: no cuinfer import, so it runs before the package is installed.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -198,3 +200,15 @@ def test_no_file_names_the_external_notes():
         if any(counts.values()):
             offenders.append(f"{rel}: " + ", ".join(f"{k} x{v}" for k, v in counts.items() if v))
     assert not offenders, f"{len(offenders)} files still name the external notes:\n" + "\n".join(offenders)
+
+
+def test_api_md_lists_cuinfer_all():
+    tree = ast.parse((REPO / "cuinfer" / "__init__.py").read_text())
+    assigned = [
+        n for n in tree.body if isinstance(n, ast.Assign) and [getattr(t, "id", None) for t in n.targets] == ["__all__"]
+    ]
+    package = ast.literal_eval(assigned[0].value)
+    m = re.search(r"^cuinfer\.__all__\n((?:#.*\n)+)", (REPO / "docs" / "api.md").read_text(), re.MULTILINE)
+    assert m, "docs/api.md has no '# [...]' listing after a cuinfer.__all__ line"
+    listed = ast.literal_eval("".join(line[1:] for line in m.group(1).splitlines(keepends=True)))
+    assert listed == package, f"docs/api.md lists {listed}; cuinfer/__init__.py has {package}"

@@ -214,6 +214,21 @@ def test_registry_groups_are_the_four_providers():
         assert all(isinstance(s, KernelSpec) for s in registry.specs(group))
 
 
+def test_help_texts_list_the_registered_groups():
+    """The --group help of the cuinfer CLI (and of the lab's SASS snapshot tool) names every registered group."""
+    import re
+    from pathlib import Path
+
+    from cuinfer.jit import registry
+
+    root = Path(__file__).resolve().parents[2]
+    for path in (root / "cuinfer" / "cli.py", root / "bench" / "lab" / "sass_snapshot.py"):
+        listed = re.findall(r"one kernel group \(([^)]*)\)", path.read_text())
+        assert listed, path
+        for text in listed:
+            assert sorted(text.split(", ")) == registry.groups(), f"{path.name}: ({text})"
+
+
 def test_registry_raises_when_a_provider_fails_to_import(monkeypatch):
     from cuinfer.jit import registry
 
