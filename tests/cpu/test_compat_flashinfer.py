@@ -18,6 +18,7 @@ import warnings
 import ml_dtypes
 import numpy as np
 import pytest
+from test_utilities_cpu import assert_rounded_once, exact_rope, expected_append, llama31_freqs, plain_freqs
 
 import cuinfer
 import cuinfer.compat.flashinfer as fi
@@ -570,58 +571,33 @@ def test_utilities_on_numpy(rng):
     np.testing.assert_array_equal(cache[page, 0, :3], k[2:5])  # request 1's positions 0..2
 
 
-# RoPE, written here from FlashInfer's definition (include/flashinfer/pos_enc.cuh), in float64: pair j of the first
-# rotary_dim dims, (j, j + rotary_dim / 2) or (2j, 2j + 1) with interleave, turns by pos * freq_j; the other dims pass.
-
-LLAMA31_DEFAULTS = (8.0, 5e5, (1.0, 4.0, 8192.0))  # FlashInfer's rope_scale, rope_theta, (low, high, old_context_len)
-
-
-def rope_freqs64(rotary_dim, rope_scale, rope_theta, llama31=None):
-    """freq_j = theta^(-2j / rotary_dim) / rope_scale; Llama 3.1 (Meta's apply_scaling) keeps the high frequencies,
-    scales the low ones and blends the band between by wavelength."""
-    freqs = []
-    for j in range(rotary_dim // 2):
-        f = rope_theta ** (-2.0 * j / rotary_dim)
-        if llama31 is None:
-            freqs.append(f / rope_scale)
-            continue
-        low, high, old = llama31
-        wavelen = 2 * math.pi / f
-        if wavelen < old / high:
-            freqs.append(f)
-        elif wavelen > old / low:
-            freqs.append(f / rope_scale)
-        else:
-            smooth = (old / wavelen - low) / (high - low)
-            freqs.append((1 - smooth) * f / rope_scale + smooth * f)
-    return np.array(freqs)
-
-
-def rotate64(x, cos, sin, rotary_dim, interleave):
-    """x [nnz, heads, dim] turned by per-row cos / sin [nnz, rotary_dim / 2], in float64."""
-    x = np.asarray(x, np.float64)
-    out = x.copy()
-    c, s = cos[:, None, :], sin[:, None, :]
-    if interleave:
-        a, b = x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2]
-        out[..., 0:rotary_dim:2], out[..., 1:rotary_dim:2] = a * c - b * s, b * c + a * s
-    else:
-        h = rotary_dim // 2
-        a, b = x[..., :h], x[..., h:rotary_dim]
-        out[..., :h], out[..., h:rotary_dim] = a * c - b * s, b * c + a * s
-    return out
+# RoPE and the append against the float64 formulas of test_utilities_cpu.py (written from FlashInfer's definition and
+# Meta's apply_scaling, independent of cuinfer's code): pair j of the first rotary_dim dims, (j, j + rotary_dim / 2)
+# or (2j, 2j + 1) with interleave, turns by pos * freq_j; the other dims pass unchanged.
 
 
 def rope64(x, pos, rotary_dim, interleave, rope_scale, rope_theta, llama31=None):
-    angle = np.asarray(pos, np.float64)[:, None] * rope_freqs64(rotary_dim, rope_scale, rope_theta, llama31)[None]
-    return rotate64(x, np.cos(angle), np.sin(angle), rotary_dim, interleave)
+    if llama31 is None:
+        freqs = plain_freqs(rotary_dim, rope_scale, rope_theta)
+    else:
+        freqs = llama31_freqs(rotary_dim, rope_scale, rope_theta, *llama31)
+    return exact_rope(x, pos, rotary_dim, interleave, freqs)
 
 
-def close_to(got, want64, dtype):
-    """Within one rounding to the 16-bit dtype of the float64 formula."""
-    assert got.dtype == dtype
-    tol = 1e-3 if dtype == np.float16 else 8e-3
-    np.testing.assert_allclose(np.asarray(got, np.float64), want64, rtol=tol, atol=tol)
+def rotate64(x, cos, sin, rotary_dim, interleave):
+    """x [nnz, heads, dim] turned by the given cos / sin [nnz, rotary_dim / 2] (a cos/sin cache's rows), each pair
+    multiplied as a complex number by cos + i sin."""
+    out = np.asarray(x, np.float64).copy()
+    h = rotary_dim // 2
+    first, second = (
+        (slice(0, rotary_dim, 2), slice(1, rotary_dim, 2)) if interleave else (slice(0, h), slice(h, rotary_dim))
+    )
+    turned = (out[..., first] + 1j * out[..., second]) * (cos + 1j * sin)[:, None, :]
+    out[..., first], out[..., second] = turned.real, turned.imag
+    return out
+
+
+LLAMA31_DEFAULTS = (8.0, 5e5, (1.0, 4.0, 8192.0))  # FlashInfer's rope_scale, rope_theta, (low, high, old_context_len)
 
 
 ROPE_FORMS = {  # name -> (positions argument, llama31)
@@ -667,7 +643,8 @@ def test_rope_forms_match_the_formula(rng, name, interleave, inplace):
     else:
         np.testing.assert_array_equal(q, q0)  # the inputs are left alone
     for out, x in zip(got, (q0, k0), strict=True):
-        close_to(out, rope64(x, pos, 32, interleave, scale, theta, factors), dtype)
+        assert out.dtype == dtype
+        assert_rounded_once(out, rope64(x, pos, 32, interleave, scale, theta, factors))
         np.testing.assert_array_equal(out[..., 32:], x[..., 32:])
 
 
@@ -678,8 +655,8 @@ def test_llama31_options_in_flashinfers_order(rng):
     k = rng.standard_normal((6, 1, 64)).astype(np.float16)
     pos = np.array([0, 1, 500, 1000, 3000, 7000])
     qr, kr = fi.apply_llama31_rope_pos_ids(q, k, pos, None, False, 4, 1e4, 2, 8, 4096)
-    close_to(qr, rope64(q, pos, 64, False, 4.0, 1e4, (2.0, 8.0, 4096.0)), np.float16)
-    close_to(kr, rope64(k, pos, 64, False, 4.0, 1e4, (2.0, 8.0, 4096.0)), np.float16)
+    assert_rounded_once(qr, rope64(q, pos, 64, False, 4.0, 1e4, (2.0, 8.0, 4096.0)))
+    assert_rounded_once(kr, rope64(k, pos, 64, False, 4.0, 1e4, (2.0, 8.0, 4096.0)))
     with pytest.raises(ValueError, match="high_freq_factor must be greater than low_freq_factor"):
         fi.apply_llama31_rope_pos_ids(q, k, pos, high_freq_factor=1)
 
@@ -708,7 +685,7 @@ def test_rope_with_cos_sin_cache_matches_the_formula(rng, is_neox, inplace, ndim
         got = tuple(g.reshape(x.shape) for g, x in zip(got, (q0, k0), strict=True))
     cos, sin = table[pos, : r // 2].astype(np.float64), table[pos, r // 2 :].astype(np.float64)
     for out, x in zip(got, (q0, k0), strict=True):
-        close_to(out, rotate64(x, cos, sin, r, not is_neox), np.float16)
+        assert_rounded_once(out, rotate64(x, cos, sin, r, not is_neox))
         np.testing.assert_array_equal(out[..., r:], x[..., r:])
 
 
@@ -734,8 +711,9 @@ def test_rope_inplace_refuses_a_read_only_array(rng):
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("form", ["5d", "tuple", "page_size_1"])
 def test_append_paged_kv_cache_in_flashinfers_order(rng, layout, form):
-    """FlashInfer's argument names and order, every cache form; each row lands where the page table says, written
-    here as a loop: page kv_indices[kv_indptr[b] + pos // page_size], slot pos % page_size; nothing else moves."""
+    """FlashInfer's argument names and order, every cache form; each row lands where the page table says (page
+    kv_indices[kv_indptr[b] + pos // page_size], slot pos % page_size: expected_append's loop); nothing else moves,
+    padding rows included."""
     page_size = 1 if form == "page_size_1" else 4
     kv_lens, append = [10, 3, 7], [4, 3, 0]
     cache, kv_indptr, kv_indices, kv_last = paged(rng, kv_lens, page_size, 2, 64, np.float16, layout)
@@ -756,16 +734,7 @@ def test_append_paged_kv_cache_in_flashinfers_order(rng, layout, form):
     )  # fmt: skip
     assert got is None
     want = before.copy()
-    for t in range(len(b)):
-        if b[t] < 0:
-            continue
-        page = kv_indices[kv_indptr[b[t]] + p[t] // page_size]
-        slot = p[t] % page_size
-        for side, rows in ((0, key), (1, value)):
-            if layout == "NHD":
-                want[page, side, slot] = rows[t]
-            else:
-                want[page, side, :, slot] = rows[t]
+    expected_append(want[:, 0], want[:, 1], key, value, b, p, kv_indices, kv_indptr, page_size, layout)
     np.testing.assert_array_equal(cache, want)
 
 
