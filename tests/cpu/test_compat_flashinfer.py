@@ -1,7 +1,7 @@
 """``cuinfer.compat.flashinfer`` without a GPU: FlashInfer 0.7.2's signatures, the translation of its arguments into
 cuinfer's (run through the float64 CPU reference on NumPy arrays and compared with the reference called directly
-with the translated options), the RoPE and append utilities against formulas written here in float64, and the
-errors for what the drop-in does not cover.
+with the translated options), the RoPE and append utilities against float64 formulas written in the tests (those of
+test_utilities_cpu.py), and the errors for what the drop-in does not cover.
 
 FlashInfer itself is never imported here: its signatures are recorded below from the 0.7.2 sources. The GPU side
 (the same calls through real FlashInfer and the drop-in on torch tensors) is tests/gpu/test_compat_parity.py.
