@@ -12,10 +12,14 @@ from cuinfer.formats.kv import KV, check_aligned
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.interop.dtypes import DType
+from cuinfer.reference import variants as ref_variants
 from cuinfer.runtime.calls import begin, is_host
 from cuinfer.runtime.options import kv_layout_name
 from cuinfer.runtime.outputs import host_outputs
-from cuinfer.variants.select import chain_for, refuse_user_variants_on_host, user_variants
+from cuinfer.runtime.wrapper import array_counts
+from cuinfer.variants import host as variant_host
+from cuinfer.variants.arrays import device_arrays, host_arrays
+from cuinfer.variants.select import chain_for, check_user_values, user_variants
 
 _single_wrappers: dict = {}  # (device, layout) -> BatchDecode reused across calls
 
@@ -23,13 +27,14 @@ _single_wrappers: dict = {}  # (device, layout) -> BatchDecode reused across cal
 def single_decode(
     q: Any, k: Any, v: Any, *, kv_layout: str = "NHD", sm_scale: float | None = None, logits_soft_cap: float = 0.0,
     window_left: int = -1, pos_encoding: str = "none", rope_scale: float = 1.0, rope_theta: float = 1e4,
-    variant: Any = None, variant_params: dict | None = None, return_lse: bool = False,
+    variant: Any = None, variant_params: dict | None = None, variant_arrays: dict | None = None,
+    return_lse: bool = False,
 ) -> Any:  # fmt: skip
     """Decode one query token ``q [num_qo_heads, head_dim]`` against ``k``, ``v`` (``[kv_len, num_kv_heads,
     head_dim]`` NHD or ``[num_kv_heads, kv_len, head_dim]`` HND) -> ``o [num_qo_heads, head_dim]`` (, ``lse``).
 
     The same kernels as ``BatchDecode``: the request is one page of ``kv_len`` tokens, split over the GPU by the
-    planner when it is long.
+    planner when it is long. ``variant_arrays``: the array parameters of the variants (``BatchDecode.run``).
     """
     layout = kv_layout_name(kv_layout)
     opts_kw = dict(
@@ -43,8 +48,16 @@ def single_decode(
         if layout == "HND":
             kn, vn = kn.transpose(1, 0, 2), vn.transpose(1, 0, 2)
         opts = check_decode_options(head_dim=tq.shape[1], **opts_kw)
-        refuse_user_variants_on_host(chain_for(opts, decode=True, user=user_variants(variant)))
-        o, lse = reference.attention(tq.numpy()[None], kn, vn, **opts.reference_kwargs())
+        chain = chain_for(opts, decode=True, user=user_variants(variant))
+        values = check_user_values(chain, variant_params)
+        hkv = kn.shape[1]
+        counts = {"qo_head": tq.shape[0], "kv_head": hkv, "request": 1}
+        arrays = host_arrays(chain, variant_arrays, counts)
+        if variant_host.needs_steps(chain):
+            steps = variant_host.steps(chain, opts, num_qo_heads=tq.shape[0], user_values=values, arrays=arrays)
+            o, lse = ref_variants.attend(tq.numpy()[None], kn, vn, steps, sm_scale=opts.sm_scale)
+        else:
+            o, lse = reference.attention(tq.numpy()[None], kn, vn, **opts.reference_kwargs())
         return host_outputs(o[0], lse[0], tq.dtype, None, None, return_lse)
     call, tq = begin(q, "q")
     tk, tv = call.tensor(k, "k"), call.tensor(v, "v")
@@ -68,6 +81,8 @@ def single_decode(
         page_size=max(kv_len, 1), q_dtype=tq.dtype, kv_dtype=tk.dtype, variant_params=variant_params, **opts_kw,
     )  # fmt: skip
     plan = w._plan
+    if variant_arrays is not None or plan.variant.array_params:
+        call.variant_arrays = device_arrays(plan.variant, variant_arrays, array_counts(plan), call)
     # The kernels see the request as a batch of one: 3-D views with a batch stride of 0 (nothing is copied).
     q3 = replace(tq, shape=(1, hq, d), strides=(0,) + tq.strides)
     to = call.empty((hq, d), plan.o_dtype)

@@ -24,6 +24,8 @@ class Call:
     framework: str
     device_id: int
     stream: int
+    # run()'s variant arrays, checked: {(variant, param): Tensor} (cuinfer/variants/arrays.py); None without any
+    variant_arrays: dict | None = None
 
     def tensor(self, x: Any, name: str) -> Tensor:
         """Import another input of this call (ordered on this call's stream, no copy)."""

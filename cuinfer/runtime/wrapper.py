@@ -23,7 +23,8 @@ running
   ``_check_q(plan, tq)``                         q against the plan
   ``_kv_view(call, plan, kv)``                   run()'s KV argument(s) (opaque to the base) as a checked ``KV``
   ``_launch(call, plan, tq, kv, to, tl, k_scale, v_scale)``  enqueue the kernel(s) on ``call.stream``
-  ``_run_reference(plan, q, kv, out, lse, want_lse, k_scale, v_scale)``  the float64 CPU path of NumPy inputs
+  ``_run_reference(plan, q, kv, out, lse, want_lse, k_scale, v_scale, variant_arrays)``  the float64 CPU path of
+                                                 NumPy inputs
 class constants
   ``_NAME`` (messages), ``_PLAN_CALL`` (the plan() call run() asks for without a plan), ``_RUN_ARRAY_NAMES`` (q, K,
   V and out in device-mismatch messages), ``_DEFAULT_WORKSPACE_BYTES`` (private like the hooks: the wrappers' public
@@ -47,6 +48,7 @@ from cuinfer.runtime.cache_views import CacheViews
 from cuinfer.runtime.calls import Call, begin, is_host
 from cuinfer.runtime.options import kv_layout_name
 from cuinfer.runtime.outputs import prepare_outputs
+from cuinfer.variants.arrays import device_arrays
 
 
 def check_q_dtype(plan: Any, tq: Tensor) -> None:
@@ -58,6 +60,11 @@ def check_q_dtype(plan: Any, tq: Tensor) -> None:
         )
     if tq.is_cuda:
         check_aligned("q", tq, (0, 1))
+
+
+def array_counts(plan: Any) -> dict[str, int]:
+    """What a variant's array parameters have one element of, in ``plan`` (cuinfer/variants/arrays.py)."""
+    return {"qo_head": plan.num_qo_heads, "kv_head": plan.num_kv_heads, "request": plan.batch}
 
 
 @dataclass(kw_only=True)
@@ -181,16 +188,23 @@ class PlanRunWrapper:
 
     # -- running ---------------------------------------------------------------------------------------------------
 
-    def _run(self, q: Any, kv: Any, out: Any, lse: Any, want_lse: bool, k_scale: Any, v_scale: Any) -> Any:
-        """run()'s skeleton: ``o``, or ``(o, lse)`` when ``want_lse``; the caller's ``out`` / ``lse`` when given."""
+    def _run(
+        self, q: Any, kv: Any, out: Any, lse: Any, want_lse: bool, k_scale: Any, v_scale: Any,
+        variant_arrays: Any = None,
+    ) -> Any:  # fmt: skip
+        """run()'s skeleton: ``o``, or ``(o, lse)`` when ``want_lse``; the caller's ``out`` / ``lse`` when given.
+        ``variant_arrays``: the array parameters of the plan's variants (checked here, handed to the launch on
+        ``call.variant_arrays``)."""
         plan = self._plan
         if plan is None:
             raise ValueError(f"run() needs a plan: call {self._PLAN_CALL} first")
         if is_host(q):
-            return self._run_reference(plan, q, kv, out, lse, want_lse, k_scale, v_scale)
+            return self._run_reference(plan, q, kv, out, lse, want_lse, k_scale, v_scale, variant_arrays)
         call, tq = begin(q, "q")
         self._check_q(plan, tq)
         kvt = self._kv_view(call, plan, kv)
+        if variant_arrays is not None or plan.variant.array_params:
+            call.variant_arrays = device_arrays(plan.variant, variant_arrays, array_counts(plan), call)
         if plan.device_id is None or plan.device_id != call.device_id:
             raise ValueError(
                 f"q is on cuda:{call.device_id} but plan() was made for "
@@ -233,6 +247,7 @@ class PlanRunWrapper:
         raise NotImplementedError
 
     def _run_reference(
-        self, plan: Any, q: Any, kv: Any, out: Any, lse: Any, want_lse: bool, k_scale: Any, v_scale: Any
-    ) -> Any:
+        self, plan: Any, q: Any, kv: Any, out: Any, lse: Any, want_lse: bool, k_scale: Any, v_scale: Any,
+        variant_arrays: Any = None,
+    ) -> Any:  # fmt: skip
         raise NotImplementedError
