@@ -166,9 +166,15 @@ def _piece(v: Variant) -> list[str]:
     return out
 
 
-@functools.cache
 def render(pieces: tuple[Variant, ...]) -> Rendered:
-    """Render a chain of variants (applied in order: logits compose, masks and bounds intersect)."""
+    """Render a chain of variants (applied in order: logits compose, masks and bounds intersect). Equal chains render
+    once; variants equal but for their NumPy functions (not part of a variant's identity, nor of the kernel's) get a
+    ``Rendered`` of their own, holding their pieces, so the CPU reference runs the functions a plan was given."""
+    return _render(tuple(pieces), tuple(0 if p.numpy is None else id(p.numpy) for p in pieces))
+
+
+@functools.cache
+def _render(pieces: tuple[Variant, ...], _numpy_ids: tuple[int, ...]) -> Rendered:
     names = [p.name for p in pieces]
     if len(set(names)) != len(names):
         raise ValueError(f"a chain holds each variant once but got {names}")

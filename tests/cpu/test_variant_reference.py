@@ -427,3 +427,21 @@ def test_a_sink_folded_into_one_piece_merges_exactly(rng):
     parts = [ref_variants.attend(q, k[a:b], v[a:b], [sig]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
     np.testing.assert_allclose(sum(p[0] for p in parts), whole_o, rtol=1e-10)
     np.testing.assert_allclose(np.log2(sum(2.0 ** p[1] for p in parts)), whole_lse, rtol=1e-10)
+
+
+def test_the_streaming_llm_example_of_the_docs_runs_on_numpy_inputs(rng):
+    """docs/variants.md's StreamingLLM variant (with its NumPy mask) beside the built-in RoPE option."""
+    import cuinfer
+
+    streaming = cuinfer.Variant(
+        name="streaming",
+        mask="kv_idx < params.sinks || kv_idx >= qpos - params.window",
+        params=(cuinfer.Param("sinks", "i32"), cuinfer.Param("window", "i32")),
+        numpy={"mask": lambda kv_idx, qpos, params: (kv_idx < params.sinks) | (kv_idx >= qpos - params.window)},
+    )
+    w, q, cache, kv = _decode(rng, pos_encoding="rope_llama", rope_theta=5e5, variant=streaming,
+                              variant_params={"streaming": {"sinks": 4, "window": 20}})  # fmt: skip
+    o, lse = w.run(q, cache, return_lse=True)
+    inv = 5e5 ** (-np.arange(D // 2) * 2.0 / D)
+    keep = lambda h, qpos, j: (j < 4) | (j >= qpos - 20)  # noqa: E731
+    _check(o, lse, *_decode_ref(q, kv, rope=inv, keep=keep))

@@ -62,7 +62,9 @@ def test_variants_are_frozen_hashable_specs():
     a = Variant(name="h1", logits="x", numpy={"logits": lambda *a: a[-1]})
     b = Variant(name="h1", logits="x")
     assert a == b and hash(a) == hash(b), "NumPy helpers are not part of a variant's identity"
-    assert render((a,)) is render((b,)), "equal chains render once"
+    assert render((b,)) is render((Variant(name="h1", logits="x"),)), "equal chains render once"
+    assert render((a,)) == render((b,)), "... and variants equal but for NumPy functions give equal chains (kernels)"
+    assert render((a,)).pieces[0].numpy is a.numpy, "each chain keeps the NumPy functions it was given"
 
 
 def test_rendering_a_chain_of_builtins():
