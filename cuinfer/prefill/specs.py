@@ -115,4 +115,8 @@ def default_specs() -> list[KernelSpec]:
     keys.append(key("float16", 128, 128, 32, True, "causal", "custom_mask"))
     keys.append(key("bfloat16", 128, 128, 128, False, "causal", "rope"))
     keys.append(key("bfloat16", 128, 128, 16, True, "rope"))
+    keys.append(key("bfloat16", 128, 128, 128, False, "causal", "sinks"))
+    keys.append(key("bfloat16", 128, 128, 16, True, "sinks"))
+    keys.append(key("bfloat16", 128, 128, 128, True, "causal", "sigmoid"))
+    keys.append(key("bfloat16", 128, 128, 128, True, "causal", "rope_llama31"))
     return [prefill_spec(k) for k in keys]
