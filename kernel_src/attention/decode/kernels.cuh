@@ -241,7 +241,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       for (int i = 0; i < 8; ++i) o[i] = 0.f;
     }
     if constexpr (V::kKeyTransform || V::kValueTransform) {
-      if constexpr (V::kKeyTransform) variant::key_transform_tile<V, D, kThreads>(v, ix, ks, start, n_valid, kst, threadIdx.x);
+      if constexpr (V::kKeyTransform) {
+        variant::key_transform_tile<V, D, kThreads>(v, ix, ks, start, n_valid, kst, threadIdx.x);
+      }
       if constexpr (V::kValueTransform) {
         const variant::Index vix{cur->req, -1, -1, -1, cur->kv_head, 1, cur->kv_len, D};  // (no query: see contract)
         variant::value_transform_tile<V, D, kThreads>(v, vix, vs, start, n_valid, threadIdx.x);
@@ -322,8 +324,9 @@ struct TensorCore {
       mma::ldmatrix_x4(qf[kk], qbase + Swizzle<kChunks>::byte_offset(lane % 16, 2 * kk + lane / 16));
   }
 
-  // S = Q K^T for this warp's 16 tokens, the online softmax on rows gid (e = 0, 1) and gid + 8 (e = 2, 3) (a row is
-  // spread over the 4 lanes of a quad), O += P V over this warp's output dims.
+  // S = Q K^T for this warp's 16 tokens, the online softmax (softmax(); without softmax the variant's weights, summed)
+  // on rows gid (e = 0, 1) and gid + 8 (e = 2, 3) (a row is spread over the 4 lanes of a quad), O += P V over this
+  // warp's output dims.
   template <class VP>
   static __device__ __forceinline__ void tile(const DecodeParams& p, const VP& v, const TileSlot<T>* cur,
                                               const KV* ks, const KV* vs, int start, int n_valid,

@@ -214,7 +214,8 @@ __device__ __forceinline__ void store_rows(const P& p, const VP& v, const OutRow
           DTypeO* dst = static_cast<DTypeO*>(p.o) + row * p.o_stride_n + head * p.o_stride_h + 8 * t;
 #pragma unroll
           for (int b = 0; b < DVO / 32; ++b) {
-            *reinterpret_cast<uint4*>(dst + b * 32) = make_uint4(pk[4 * b], pk[4 * b + 1], pk[4 * b + 2], pk[4 * b + 3]);
+            *reinterpret_cast<uint4*>(dst + b * 32) =
+                make_uint4(pk[4 * b], pk[4 * b + 1], pk[4 * b + 2], pk[4 * b + 3]);
           }
           if (t == 0 && p.lse != nullptr) static_cast<float*>(p.lse)[row * p.lse_stride_n + head * p.lse_stride_h] = lse;
         }
