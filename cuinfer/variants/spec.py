@@ -2,8 +2,9 @@
 
 A variant changes attention at fixed points of the decode and prefill kernels (kernel_src/variants/contract.cuh);
 each point is an optional snippet of CUDA C++ that cuinfer renders into a device functor and compiles with NVRTC.
-Built-in variants (causal, sliding window, soft cap, ALiBi, custom mask, RoPE; ``cuinfer/variants/builtins/``) are
-written exactly like this, so a user's variant gets the same kernels and the same speed.
+Built-in variants (causal, sliding window, soft cap, ALiBi, custom mask, RoPE, Llama-3.1 RoPE, attention sinks,
+sigmoid attention; ``cuinfer/variants/builtins/``) are written exactly like this, so a user's variant gets the same
+kernels and the same speed.
 
 Names a snippet may use (every snippet):
   ``params``            the variant's parameters (``params.<name>`` for each ``Param``)
