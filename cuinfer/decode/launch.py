@@ -38,10 +38,15 @@ class DecodeLaunch:
         self.sm_scale = opts.sm_scale
         # the variant's parameters (fixed by the plan): the kernel's second argument
         masked = plan.mask_bytes is not None
-        self.vparams = chain_values(
+        self.chain = plan.variant
+        self.vvalues = chain_values(
             plan.variant, opts, num_qo_heads=plan.num_qo_heads, user_values=plan.variant_values,
-            mask_ptrs=(buf.ptr(off["mask"]), buf.ptr(off["mask_indptr"])) if masked else None,
+            mask_ptrs=(buf.ptr(off["mask"]), buf.ptr(off["mask_indptr"])) if masked else None, raw=True,
         )  # fmt: skip
+        self.vparams = self.chain.pack(self.vvalues)
+        # array parameters given at run() (variant_arrays): their slots, and the addresses vparams holds
+        self.array_slots = tuple((v, q.name) for v, q in self.chain.array_params)
+        self.array_ptrs: tuple | None = None
         kv_bytes = int(plan.kv_lens.sum(dtype=np.int64)) * plan.num_kv_heads * d * 2 * plan.config.kv_itemsize
         self.static = dict(
             partial_o=partial_o, partial_lse=partial_lse,
@@ -56,6 +61,14 @@ class DecodeLaunch:
             kv_evict_first=int(kv_evict_first(kv_bytes, device_info(device_id).l2_bytes)),
         )  # fmt: skip
         # (split requests merge inside the kernel, decode.cuh merge_split: one launch per step)
+
+    def set_arrays(self, arrays: dict) -> None:
+        """Point ``vparams`` at run()'s variant arrays (``{(variant, param): Tensor}``, checked), repacked only when
+        an address changes."""
+        ptrs = tuple(arrays[s].ptr for s in self.array_slots)
+        if ptrs != self.array_ptrs:
+            self.vparams = self.chain.pack(self.vvalues, dict(zip(self.array_slots, ptrs, strict=True)))
+            self.array_ptrs = ptrs
 
     def repack(self, tq: Tensor, kv: KV, to: Tensor, tl: Tensor | None, k_scale: Any, v_scale: Any) -> None:
         """The parameter struct for these arrays (q may be a view of one request with a batch stride of 0)."""

@@ -11,10 +11,13 @@ from cuinfer.formats.kv import KV, check_aligned
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor
 from cuinfer.interop.dtypes import DType
+from cuinfer.reference import variants as ref_variants
 from cuinfer.runtime.calls import start
 from cuinfer.runtime.options import INT32_MAX, kv_layout_name
 from cuinfer.runtime.outputs import PLANNABLE, host_outputs
-from cuinfer.variants.select import refuse_user_variants_on_host
+from cuinfer.runtime.wrapper import array_counts
+from cuinfer.variants import host as variant_host
+from cuinfer.variants.arrays import device_arrays, host_arrays
 
 _single_wrappers: dict = {}  # (device or None for the CPU reference, layout) -> BatchDecode reused across calls
 
@@ -22,14 +25,16 @@ _single_wrappers: dict = {}  # (device or None for the CPU reference, layout) ->
 def single_decode(
     q: Any, k: Any, v: Any, *, kv_layout: str = "NHD", sm_scale: float | None = None, logits_soft_cap: float = 0.0,
     window_left: int = -1, pos_encoding: str = "none", rope_scale: float = 1.0, rope_theta: float = 1e4,
-    variant: Any = None, variant_params: dict | None = None, return_lse: bool = False,
+    variant: Any = None, variant_params: dict | None = None, variant_arrays: dict | None = None,
+    return_lse: bool = False,
 ) -> Any:  # fmt: skip
     """Decode one query token ``q [num_qo_heads, head_dim]`` against ``k``, ``v`` (``[kv_len, num_kv_heads,
     head_dim]`` NHD or ``[num_kv_heads, kv_len, head_dim]`` HND) -> ``o [num_qo_heads, head_dim]`` (, ``lse``).
 
     The same kernels as ``BatchDecode``: the request is one page of ``kv_len`` tokens, split over the GPU by the
     planner when it is long. NumPy inputs take the same checks and the same plan() (so they raise exactly when GPU
-    arrays would), then the float64 CPU reference.
+    arrays would), then the float64 CPU reference. ``variant_arrays``: the array parameters of the variants
+    (``BatchDecode.run``).
     """
     layout = kv_layout_name(kv_layout)
     call, tq = start(q, "q")
@@ -53,14 +58,24 @@ def single_decode(
         rope_theta=rope_theta, variant=variant, variant_params=variant_params,
     )  # fmt: skip
     plan = w._plan
+    if call.is_host:
+        arrays = host_arrays(plan.variant, variant_arrays, array_counts(plan))
+    elif variant_arrays is not None or plan.variant.array_params:
+        call.variant_arrays = device_arrays(plan.variant, variant_arrays, array_counts(plan), call)
     to = call.empty((hq, d), plan.o_dtype)
     tl = call.empty((hq,), DType.FLOAT32) if return_lse else None
     if call.is_host:
-        refuse_user_variants_on_host(plan.variant)
+        variant_host.check_numpy(plan.variant)
         kn, vn = tk.numpy(), tv.numpy()
         if layout == "HND":
             kn, vn = kn.transpose(1, 0, 2), vn.transpose(1, 0, 2)
-        o, lse = reference.attention(tq.numpy()[None], kn, vn, **plan.options.reference_kwargs())
+        if variant_host.needs_steps(plan.variant):
+            steps = variant_host.steps(
+                plan.variant, plan.options, num_qo_heads=hq, user_values=plan.variant_values, arrays=arrays
+            )
+            o, lse = ref_variants.attend(tq.numpy()[None], kn, vn, steps, sm_scale=plan.options.sm_scale)
+        else:
+            o, lse = reference.attention(tq.numpy()[None], kn, vn, **plan.options.reference_kwargs())
         return host_outputs(o[0], lse[0], to, tl)
     slot, head = (0, 1) if layout == "NHD" else (1, 0)
     kv = KV(

@@ -105,7 +105,7 @@ def shipped_keys() -> list[DecodeKernelKey]:
                 keys.append(DecodeKernelKey(decode_config(g, d, use_tensor_cores=tc), dt, dt, dt, lse=True))
     for tc in (False, True):
         cfg = decode_config(4, 128, use_tensor_cores=tc)
-        for name in ("rope", "alibi", "custom_mask"):
+        for name in ("rope", "alibi", "custom_mask", "sinks", "sigmoid", "rope_llama31"):
             keys.append(DecodeKernelKey(cfg, "bfloat16", "bfloat16", "bfloat16", render((lookup(name),))))
         chain = render((lookup("window"), lookup("soft_cap")))
         keys.append(DecodeKernelKey(cfg, "bfloat16", "bfloat16", "bfloat16", chain, lse=True))

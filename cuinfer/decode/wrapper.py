@@ -30,11 +30,13 @@ from cuinfer.interop.arrays import Tensor
 from cuinfer.planner import layout as plan_layout
 from cuinfer.planner.decode_plan import decode_planner
 from cuinfer.planner.work import WorkPlan, plan_work
+from cuinfer.reference import variants as ref_variants
 from cuinfer.runtime.buffers import FixedLayout
 from cuinfer.runtime.calls import Call
 from cuinfer.runtime.options import check_int, check_scales
 from cuinfer.runtime.outputs import replan_hint
 from cuinfer.runtime.wrapper import PlanRunWrapper, check_q_dtype
+from cuinfer.variants import host as variant_host
 from cuinfer.variants.select import check_user_values
 
 DEFAULT_WORKSPACE_BYTES = 128 << 20
@@ -290,12 +292,14 @@ class BatchDecode(PlanRunWrapper):
 
     def run(
         self, q: Any, kv_cache: Any, *, out: Any = None, lse: Any = None, return_lse: bool = False,
-        k_scale: float | None = None, v_scale: float | None = None,
+        k_scale: float | None = None, v_scale: float | None = None, variant_arrays: dict | None = None,
     ) -> Any:  # fmt: skip
-        """Decode ``q [batch, num_qo_heads, head_dim]`` against ``kv_cache`` -> ``o`` (or ``(o, lse)``; lse base 2)."""
+        """Decode ``q [batch, num_qo_heads, head_dim]`` against ``kv_cache`` -> ``o`` (or ``(o, lse)``; lse base 2).
+        ``variant_arrays``: the array parameters of the plan's variants, ``{param: array}`` (e.g. ``{"sinks": s}``
+        for the ``sinks`` variant: float32 ``[num_qo_heads]``), arrays of any framework on q's device."""
         if k_scale is not None or v_scale is not None:
             check_scales(k_scale, v_scale)
-        return self._run(q, kv_cache, out, lse, return_lse or lse is not None, k_scale, v_scale)
+        return self._run(q, kv_cache, out, lse, return_lse or lse is not None, k_scale, v_scale, variant_arrays)
 
     def _kv_view(self, call: Call, plan: DecodePlan, kv_cache: Any) -> KV:
         return self._kv_views.view(kv_cache, call, plan, self._paged_kv)
@@ -343,11 +347,15 @@ class BatchDecode(PlanRunWrapper):
         if dyn != st.dyn:
             st.repack(tq, kv, to, tl, k_scale, v_scale)
             st.dyn = dyn
+        if st.array_slots:
+            st.set_arrays(call.variant_arrays)
         st.kernel.launch(st.num_ctas, st.threads, (st.params, st.vparams), smem_bytes=st.smem_bytes, stream=call.stream)
 
     def _reference(
-        self, plan: DecodePlan, tq: Tensor, kv_cache: Any, kvt: KV, k_scale: Any, v_scale: Any
+        self, plan: DecodePlan, tq: Tensor, kv_cache: Any, kvt: KV, k_scale: Any, v_scale: Any, arrays: dict
     ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        if variant_host.needs_steps(plan.variant):
+            return self._reference_steps(plan, tq.numpy(), kv_cache, arrays, k_scale, v_scale)
         if plan.mask_bytes is None:
             return reference.batch_decode_paged(
                 tq.numpy(), kv_cache, plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len, kv_layout=self.kv_layout,
@@ -361,3 +369,28 @@ class BatchDecode(PlanRunWrapper):
             tq.numpy(), kv_cache, qo, plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len, kv_layout=self.kv_layout,
             custom_mask=mask, **plan.options.reference_kwargs(), k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
+
+    def _reference_steps(
+        self, plan: DecodePlan, q: np.ndarray, kv_cache: Any, arrays: dict, k_scale: Any, v_scale: Any
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The float64 reference of a plan whose chain holds variants given as ``variant=``: one query row per
+        request through the chain's reference steps (cuinfer/variants/host.py)."""
+        masks = None
+        if plan.mask_bytes is not None:
+            qo = np.arange(plan.batch + 1, dtype=np.int32)
+            flat = reference.unpack_custom_mask(plan.mask_bytes, qo, np.concatenate([[0], np.cumsum(plan.kv_lens)]))
+            ends = np.cumsum(plan.kv_lens)
+            masks = [flat[e - n : e].reshape(1, n) for e, n in zip(ends, plan.kv_lens, strict=True)]
+        steps = variant_host.steps(
+            plan.variant, plan.options, num_qo_heads=plan.num_qo_heads, user_values=plan.variant_values,
+            arrays=arrays, masks=masks,
+        )  # fmt: skip
+        table = reference.page_table(kv_cache, plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len, self.kv_layout)
+        o = np.zeros((plan.batch, plan.num_qo_heads, plan.head_dim))
+        lse = np.full((plan.batch, plan.num_qo_heads), -np.inf)
+        for b in range(plan.batch):
+            k, v = table.request_kv(b)
+            o[b : b + 1], lse[b : b + 1] = ref_variants.attend(
+                q[b : b + 1], k, v, steps, batch=b, sm_scale=plan.options.sm_scale, k_scale=k_scale, v_scale=v_scale
+            )  # fmt: skip
+        return o, lse

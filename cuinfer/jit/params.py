@@ -21,6 +21,12 @@ _KINDS: dict[str, tuple[str, str]] = {
     "i64": ("long long", "<i8"),
     "f32": ("float", "<f4"),
     "f64": ("double", "<f8"),
+    # typed device pointers (a variant's array parameters: params.sinks[qo_head] reads a float)
+    "i32*": ("const int*", "<u8"),
+    "u32*": ("const unsigned int*", "<u8"),
+    "i64*": ("const long long*", "<u8"),
+    "f32*": ("const float*", "<u8"),
+    "f64*": ("const double*", "<u8"),
 }
 
 

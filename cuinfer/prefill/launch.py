@@ -54,15 +54,21 @@ class PrefillLaunch:
         self.static = dict(
             partial_o=partial_o, partial_lse=partial_lse, pool_count=buf.merge_count_ptr(),
             **{name: buf.ptr(off[name]) for name in _PLAN_ARRAYS},
+            item_merge=buf.ptr(off["item_merge"]),
             group_size=g, page_size=plan.page_size, natural_groups=plan.compact_groups,
             group_mul=g_mul, group_shift=g_shift, page_mul=p_mul, page_shift=p_shift,
             sm_scale=opts.sm_scale, sm_scale_log2=opts.sm_scale * _LOG2E,
         )  # fmt: skip
         # the variant's parameters (fixed by the plan; a custom mask's bits are in the plan buffer): the second argument
-        self.vparams = chain_values(
+        self.chain = key.variant
+        self.vvalues = chain_values(
             key.variant, opts, num_qo_heads=plan.num_qo_heads, user_values=plan.variant_values,
-            mask_ptrs=(buf.ptr(off["mask"]), buf.ptr(off["mask_indptr"])),
+            mask_ptrs=(buf.ptr(off["mask"]), buf.ptr(off["mask_indptr"])), raw=True,
         )  # fmt: skip
+        self.vparams = self.chain.pack(self.vvalues)
+        # array parameters given at run() (variant_arrays): their slots, and the addresses vparams holds
+        self.array_slots = tuple((v, q.name) for v, q in self.chain.array_params)
+        self.array_ptrs: tuple | None = None
         # Split plans merge their partial states in a second launch (sized for max_merge).
         self.merge = None
         if max_merge:
@@ -80,7 +86,15 @@ class PrefillLaunch:
         the partial-state and plan-buffer pointers)."""
         return self.plan is plan and self.device_id == device_id and self.buffers is buf and self.stamp == _stamp(buf)
 
-    def launch(self, stream: Any, tq: Tensor, kv: KV, to: Tensor, tl: Tensor | None) -> None:
+    def launch(
+        self, stream: Any, tq: Tensor, kv: KV, to: Tensor, tl: Tensor | None, arrays: dict | None = None
+    ) -> None:
+        """Enqueue the kernel (and the merge of split plans); ``arrays``: run()'s checked variant arrays."""
+        if self.array_slots:
+            ptrs = tuple(arrays[s].ptr for s in self.array_slots)
+            if ptrs != self.array_ptrs:
+                self.vparams = self.chain.pack(self.vvalues, dict(zip(self.array_slots, ptrs, strict=True)))
+                self.array_ptrs = ptrs
         dyn = (tq.ptr, tq.strides, kv.k_ptr, kv.v_ptr, kv.k_strides, kv.v_strides, to.ptr, to.strides,
                None if tl is None else (tl.ptr, tl.strides))  # fmt: skip
         if dyn != self.dyn:

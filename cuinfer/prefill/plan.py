@@ -297,7 +297,7 @@ def tiles_for(facts: PrefillStatic, avg: float, memo: bool) -> TileConfig:
     if config is None:
         config = choose_tiles(
             avg, facts.head_dim, facts.head_dim_vo, paged=facts.paged, limits=facts.limits, tile_q=tiles.tile_q,
-            tile_kv=tiles.tile_kv, stages=tiles.stages, groups=tiles.groups, variant=facts.chain.has_logits,
+            tile_kv=tiles.tile_kv, stages=tiles.stages, groups=tiles.groups, variant=facts.chain.register_heavy,
         )  # fmt: skip
         if memo:
             configs[key] = config

@@ -18,7 +18,7 @@ def single_prefill(
     q: Any, k: Any, v: Any, *, causal: bool = False, custom_mask: Any = None, kv_layout: str = "NHD",
     sm_scale: float | None = None, logits_soft_cap: float = 0.0, window_left: int = -1, pos_encoding: str = "none",
     rope_scale: float = 1.0, rope_theta: float = 1e4, variant: Any = None, variant_params: dict | None = None,
-    return_lse: bool = False,
+    variant_arrays: dict | None = None, return_lse: bool = False,
 ) -> Any:  # fmt: skip
     """Prefill one request: ``q [qo_len, num_qo_heads, head_dim]`` against ``k``, ``v`` (``[kv_len, num_kv_heads,
     head_dim]`` NHD or ``[num_kv_heads, kv_len, head_dim]`` HND) -> ``o [qo_len, num_qo_heads, head_dim_vo]``
@@ -27,7 +27,7 @@ def single_prefill(
 
     The same kernel as ``BatchPrefill(paged=False)``, a batch of one request (split over the GPU by the planner).
     NumPy inputs take the same checks, plan() and run() (so they raise exactly when GPU arrays would), then the
-    float64 CPU reference.
+    float64 CPU reference. ``variant_arrays``: the array parameters of the variants (``BatchPrefill.run``).
     """
     layout = kv_layout_name(kv_layout)
     call, tq = start(q, "q")
@@ -59,4 +59,4 @@ def single_prefill(
         window_left=window_left, pos_encoding=pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta,
         variant=variant, variant_params=variant_params,
     )  # fmt: skip
-    return w.run(q, k, v, return_lse=return_lse)
+    return w.run(q, k, v, return_lse=return_lse, variant_arrays=variant_arrays)

@@ -36,6 +36,8 @@ PrefillParams = ParamStruct(
     + (("group_size", "i32"), ("page_size", "i32"), ("natural_groups", "i32"))
     + (("group_mul", "u32"), ("group_shift", "u32"), ("page_mul", "u32"), ("page_shift", "u32"))
     + (("sm_scale", "f32"), ("sm_scale_log2", "f32"))
+    # split items' merge units (planner/units.py): a chain with a sink folds it into the first piece of each split
+    + (("item_merge", "ptr"),)
 )  # fmt: skip
 
 
@@ -98,7 +100,7 @@ def default_specs() -> list[KernelSpec]:
 
     def key(dtype, dqk, dvo, tq, paged, *names):
         chain = render(tuple(lookup(n) for n in names))
-        cfg = tile_config(tq, default_kv_tile(tq, dqk, dvo, chain.has_logits), dvo)
+        cfg = tile_config(tq, default_kv_tile(tq, dqk, dvo, chain.register_heavy), dvo)
         cfg = dataclasses.replace(cfg, groups=block_groups(cfg, dqk, dvo, paged))
         return PrefillKernelKey(dtype, dtype, dqk, dvo, cfg, paged, chain)
 
@@ -113,4 +115,8 @@ def default_specs() -> list[KernelSpec]:
     keys.append(key("float16", 128, 128, 32, True, "causal", "custom_mask"))
     keys.append(key("bfloat16", 128, 128, 128, False, "causal", "rope"))
     keys.append(key("bfloat16", 128, 128, 16, True, "rope"))
+    keys.append(key("bfloat16", 128, 128, 128, False, "causal", "sinks"))
+    keys.append(key("bfloat16", 128, 128, 16, True, "sinks"))
+    keys.append(key("bfloat16", 128, 128, 128, True, "causal", "sigmoid"))
+    keys.append(key("bfloat16", 128, 128, 128, True, "causal", "rope_llama31"))
     return [prefill_spec(k) for k in keys]

@@ -38,10 +38,12 @@ from cuinfer.prefill.plan import PrefillPlan, host_plan, plan_of, positive
 from cuinfer.prefill.policy import DeviceLimits, ctas_per_sm
 from cuinfer.prefill.specs import prefill_spec
 from cuinfer.prefill.tiles import block_smem_bytes
+from cuinfer.reference import variants as ref_variants
 from cuinfer.runtime.buffers import FixedLayout
 from cuinfer.runtime.calls import Call
 from cuinfer.runtime.outputs import replan_hint
 from cuinfer.runtime.wrapper import PlanRunWrapper, check_q_dtype
+from cuinfer.variants import host as variant_host
 from cuinfer.variants.select import check_user_values
 
 DEFAULT_WORKSPACE_BYTES = 128 << 20
@@ -150,21 +152,35 @@ class BatchPrefill(PlanRunWrapper):
         granule = math.gcd(fixed_split_size, tile) if fixed_split_size is not None else tile
         opts = plan.options
         qo_lens = plan.qo_lens
+        chain = plan.variant
+        no_split = not chain.prefill_splits  # (softmax=False, output transforms: cuinfer/variants/render.py)
+        if no_split and fixed_split_size is not None:
+            raise ValueError(
+                f"fixed_split_size={fixed_split_size}: the variants of this plan ({chain.name}) are never split in "
+                "prefill (without softmax, or with an output transform, split pieces do not merge by the softmax "
+                "merge); leave fixed_split_size out"
+            )
         if qo_lens is None:
-            return plan_work(
+            work = plan_work(
                 np.diff(plan.qo_indptr), plan.kv_lens, num_kv_heads=plan.num_kv_heads,
                 group_size=plan.num_qo_heads // plan.num_kv_heads, tile_rows=cfg.tile_q, num_ctas=num_ctas,
                 kv_granule=granule, causal=opts.causal, window_left=opts.window_left,
-                fixed_split_size=fixed_split_size, pool_share=plan_assign.POOL_SHARE,
+                fixed_split_size=fixed_split_size, disable_split=no_split, pool_share=plan_assign.POOL_SHARE,
             )  # fmt: skip
-        # host_plan checked the lengths (1-D, non-negative) and gave their ranges; the rest are positive ints and
-        # fixed_split_size is a multiple of the granule (their gcd): plan_work's checks would only repeat that.
-        (qo_lo, qo_hi), (kv_lo, kv_hi) = plan.qo_range, plan.kv_range
-        return plan_checked(
-            qo_lens, plan.kv_lens, plan.num_kv_heads, plan.num_qo_heads // plan.num_kv_heads, cfg.tile_q, num_ctas,
-            granule, opts.causal, opts.window_left, fixed_split_size, False, DEFAULT_COST, DEFAULT_MIN_CHUNK, kv_lo,
-            kv_hi, qo_lo, qo_hi, plan_assign.POOL_SHARE,
-        )  # fmt: skip
+        else:
+            # host_plan checked the lengths (1-D, non-negative) and gave their ranges; the rest are positive ints and
+            # fixed_split_size is a multiple of the granule (their gcd): plan_work's checks would only repeat that.
+            (qo_lo, qo_hi), (kv_lo, kv_hi) = plan.qo_range, plan.kv_range
+            work = plan_checked(
+                qo_lens, plan.kv_lens, plan.num_kv_heads, plan.num_qo_heads // plan.num_kv_heads, cfg.tile_q,
+                num_ctas, granule, opts.causal, opts.window_left, fixed_split_size, no_split, DEFAULT_COST,
+                DEFAULT_MIN_CHUNK, kv_lo, kv_hi, qo_lo, qo_hi, plan_assign.POOL_SHARE,
+            )  # fmt: skip
+        if chain.has_sink and work.n_merge:
+            # The sink is folded once per row: by the row's first piece of a split tile, which the kernel finds by
+            # its merge unit (item_merge, planner/units.py), into that piece's partial state.
+            work.merge_in_kernel = True
+        return work
 
     def _limits(self, device_id: int | None) -> DeviceLimits:
         memo = self._limits_memo
@@ -341,10 +357,11 @@ class BatchPrefill(PlanRunWrapper):
 
     def run(
         self, q: Any, *kv: Any, out: Any = None, lse: Any = None, return_lse: bool = False,
-        k_scale: float | None = None, v_scale: float | None = None,
+        k_scale: float | None = None, v_scale: float | None = None, variant_arrays: dict | None = None,
     ) -> Any:  # fmt: skip
         """``run(q, kv_cache)`` (paged) or ``run(q, k, v)`` (ragged) -> ``o [nnz_qo, num_qo_heads, head_dim_vo]``
-        (or ``(o, lse)``, lse base 2 ``[nnz_qo, num_qo_heads]`` float32)."""
+        (or ``(o, lse)``, lse base 2 ``[nnz_qo, num_qo_heads]`` float32). ``variant_arrays``: the array parameters
+        of the plan's variants, ``{param: array}`` (e.g. ``{"sinks": s}``, float32 ``[num_qo_heads]``)."""
         if self._plan is not None:  # (without a plan, _run says so first)
             want = 1 if self.paged else 2
             if len(kv) != want:
@@ -355,7 +372,7 @@ class BatchPrefill(PlanRunWrapper):
                     raise NotImplementedError(
                         f"{name}={s}: K/V scales (fp8 caches) are not implemented for prefill yet"
                     )
-        return self._run(q, kv, out, lse, return_lse or lse is not None, k_scale, v_scale)
+        return self._run(q, kv, out, lse, return_lse or lse is not None, k_scale, v_scale, variant_arrays)
 
     def _check_q(self, plan: PrefillPlan, tq: Tensor) -> None:
         validate.check_ndim("q", tq, 3, hint="q is [nnz_qo, num_qo_heads, head_dim] (ragged: rows of qo_indptr)")
@@ -418,11 +435,13 @@ class BatchPrefill(PlanRunWrapper):
             # (a graph-mode merge launch is sized for the fixed layout's capacity: it covers every later plan)
             max_merge = self._fixed.layout.capacity.max_merge if self.use_cuda_graph else plan.work.n_merge
             st = self._launch_state = PrefillLaunch(buf, plan, call.device_id, self.paged, max_merge)
-        st.launch(call.stream, tq, kv, to, tl)
+        st.launch(call.stream, tq, kv, to, tl, call.variant_arrays if st.array_slots else None)
 
     def _reference(
-        self, plan: PrefillPlan, tq: Tensor, kv: tuple, kvt: KV, k_scale: Any, v_scale: Any
+        self, plan: PrefillPlan, tq: Tensor, kv: tuple, kvt: KV, k_scale: Any, v_scale: Any, arrays: dict
     ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        if variant_host.needs_steps(plan.variant):
+            return self._reference_steps(plan, tq.numpy(), kv, kvt, arrays)
         opts = plan.options
         kw = dict(causal=opts.causal, **opts.reference_kwargs())
         mask = None
@@ -434,8 +453,47 @@ class BatchPrefill(PlanRunWrapper):
                 tq.numpy(), kv[0], plan.qo_indptr, plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len,
                 kv_layout=self.kv_layout, custom_mask=mask, **kw,
             )  # fmt: skip
+        k, v = self._ragged_kv(kvt)
+        qo, kvi = plan.qo_indptr, plan.kv_indptr
+        return reference.batch_attention_ragged(tq.numpy(), k, v, qo, kvi, custom_mask=mask, **kw)
+
+    def _ragged_kv(self, kvt: KV) -> tuple[np.ndarray, np.ndarray]:
+        """The ragged K and V as NumPy arrays in NHD order (shapes were checked by the shared validation)."""
         k, v = kvt.k.numpy(), kvt.v.numpy()
         if self.kv_layout == "HND":
             k, v = k.transpose(1, 0, 2), v.transpose(1, 0, 2)
-        qo, kvi = plan.qo_indptr, plan.kv_indptr
-        return reference.batch_attention_ragged(tq.numpy(), k, v, qo, kvi, custom_mask=mask, **kw)
+        return k, v
+
+    def _reference_steps(self, plan: PrefillPlan, q: np.ndarray, kv: tuple, kvt: KV, arrays: dict) -> tuple:
+        """The float64 reference of a plan whose chain holds variants given as ``variant=``: each request through the
+        chain's reference steps (cuinfer/variants/host.py)."""
+        qo = plan.qo_indptr
+        masks = None
+        if plan.mask_bytes is not None:
+            kv_tok = np.concatenate([[0], np.cumsum(plan.kv_lens)])
+            flat = reference.unpack_custom_mask(plan.mask_bytes, qo, kv_tok)
+            sizes = np.diff(qo) * plan.kv_lens
+            ends = np.cumsum(sizes)
+            masks = [flat[e - n : e].reshape(-1, kl) if kl else np.zeros((ql, 0), bool)
+                     for e, n, ql, kl in zip(ends, sizes, np.diff(qo), plan.kv_lens, strict=True)]  # fmt: skip
+        steps = variant_host.steps(
+            plan.variant, plan.options, num_qo_heads=plan.num_qo_heads, user_values=plan.variant_values,
+            arrays=arrays, masks=masks,
+        )  # fmt: skip
+        if self.paged:
+            table = reference.page_table(kv[0], plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len, self.kv_layout)
+            kv_of = table.request_kv
+        else:
+            k, v = self._ragged_kv(kvt)
+            ind = plan.kv_indptr
+
+            def kv_of(b: int) -> tuple:
+                return k[ind[b] : ind[b + 1]], v[ind[b] : ind[b + 1]]
+
+        o = np.zeros((q.shape[0], plan.num_qo_heads, plan.head_dim_vo))
+        lse = np.full((q.shape[0], plan.num_qo_heads), -np.inf)
+        for b in range(plan.batch):
+            kb, vb = kv_of(b)
+            rows = slice(qo[b], qo[b + 1])
+            o[rows], lse[rows] = ref_variants.attend(q[rows], kb, vb, steps, batch=b, sm_scale=plan.options.sm_scale)
+        return o, lse

@@ -27,6 +27,8 @@ class Call:
     device_id: int
     stream: int
     is_host = False  # (class constant: HostCall's is True)
+    # run()'s variant arrays, checked: {(variant, param): Tensor} (cuinfer/variants/arrays.py); None without any
+    variant_arrays: dict | None = None
 
     def tensor(self, x: Any, name: str) -> Tensor:
         """Import another input of this call (ordered on this call's stream, no copy)."""

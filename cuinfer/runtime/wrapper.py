@@ -23,8 +23,9 @@ running
   ``_check_q(plan, tq)``                         q against the plan
   ``_kv_view(call, plan, kv)``                   run()'s KV argument(s) (opaque to the base) as a checked ``KV``
   ``_launch(call, plan, tq, kv, to, tl, k_scale, v_scale)``  enqueue the kernel(s) on ``call.stream``
-  ``_reference(plan, tq, kv, kvt, k_scale, v_scale)``  -> float64 ``(o, lse)`` of NumPy inputs (the CPU reference),
-                                                 after the checks run() makes on both routes (``_run_host``)
+  ``_reference(plan, tq, kv, kvt, k_scale, v_scale, arrays)``  -> float64 ``(o, lse)`` of NumPy inputs (the CPU
+                                                 reference), after the checks run() makes on both routes
+                                                 (``_run_host``); ``arrays``: run()'s variant arrays, checked
 class constants
   ``_NAME`` (messages), ``_PLAN_CALL`` (the plan() call run() asks for without a plan), ``_RUN_ARRAY_NAMES`` (q, K,
   V and out in device-mismatch messages), ``_DEFAULT_WORKSPACE_BYTES`` (private like the hooks: the wrappers' public
@@ -48,7 +49,8 @@ from cuinfer.runtime.cache_views import CacheViews
 from cuinfer.runtime.calls import HOST, Call, begin, is_host
 from cuinfer.runtime.options import kv_layout_name
 from cuinfer.runtime.outputs import host_outputs, prepare_outputs, replan_hint
-from cuinfer.variants.select import refuse_user_variants_on_host
+from cuinfer.variants import host as variant_host
+from cuinfer.variants.arrays import device_arrays, host_arrays
 
 
 def check_q_dtype(plan: Any, tq: Tensor) -> None:
@@ -60,6 +62,11 @@ def check_q_dtype(plan: Any, tq: Tensor) -> None:
             f"{validate.cast_fix('q', tq.framework, plan.q_dtype)}{replan_hint('q_dtype', tq.dtype)}"
         )
     check_aligned("q", tq, (0, 1))
+
+
+def array_counts(plan: Any) -> dict[str, int]:
+    """What a variant's array parameters have one element of, in ``plan`` (cuinfer/variants/arrays.py)."""
+    return {"qo_head": plan.num_qo_heads, "kv_head": plan.num_kv_heads, "request": plan.batch}
 
 
 @dataclass(kw_only=True)
@@ -188,16 +195,23 @@ class PlanRunWrapper:
 
     # -- running ---------------------------------------------------------------------------------------------------
 
-    def _run(self, q: Any, kv: Any, out: Any, lse: Any, want_lse: bool, k_scale: Any, v_scale: Any) -> Any:
-        """run()'s skeleton: ``o``, or ``(o, lse)`` when ``want_lse``; the caller's ``out`` / ``lse`` when given."""
+    def _run(
+        self, q: Any, kv: Any, out: Any, lse: Any, want_lse: bool, k_scale: Any, v_scale: Any,
+        variant_arrays: Any = None,
+    ) -> Any:  # fmt: skip
+        """run()'s skeleton: ``o``, or ``(o, lse)`` when ``want_lse``; the caller's ``out`` / ``lse`` when given.
+        ``variant_arrays``: the array parameters of the plan's variants (checked here, handed to the launch on
+        ``call.variant_arrays``)."""
         plan = self._plan
         if plan is None:
             raise ValueError(f"run() needs a plan: call {self._PLAN_CALL} first")
         if is_host(q):
-            return self._run_host(plan, q, kv, out, lse, want_lse, k_scale, v_scale)
+            return self._run_host(plan, q, kv, out, lse, want_lse, k_scale, v_scale, variant_arrays)
         call, tq = begin(q, "q")
         self._check_q(plan, tq)
         kvt = self._kv_view(call, plan, kv)
+        if variant_arrays is not None or plan.variant.array_params:
+            call.variant_arrays = device_arrays(plan.variant, variant_arrays, array_counts(plan), call)
         if plan.device_id is None or plan.device_id != call.device_id:
             raise ValueError(
                 f"q is on cuda:{call.device_id} but plan() was made for "
@@ -217,18 +231,22 @@ class PlanRunWrapper:
             return o_user
         return o_user, (lse if lse is not None else call.give(tl))
 
-    def _run_host(self, plan: Any, q: Any, kv: Any, out: Any, lse: Any, want_lse: bool, k_scale: Any,
-                  v_scale: Any) -> Any:  # fmt: skip
-        """run() on the CPU reference backend: the GPU route's checks (q, the KV arrays, out / lse, one device), by the
-        same hooks in the same order, then the float64 reference, returned in the GPU's dtypes (o in o_dtype, lse
-        float32) and written into out / lse when given."""
+    def _run_host(
+        self, plan: Any, q: Any, kv: Any, out: Any, lse: Any, want_lse: bool, k_scale: Any, v_scale: Any,
+        variant_arrays: Any = None,
+    ) -> Any:  # fmt: skip
+        """run() on the CPU reference backend: the GPU route's checks (q, the KV arrays, the variant arrays, out /
+        lse, one device), by the same hooks in the same order, then the float64 reference, returned in the GPU's dtypes
+        (o in o_dtype, lse float32) and written into out / lse when given. A user variant without the NumPy functions
+        its snippets need raises ``NotImplementedError`` naming them."""
         tq = as_tensor(q, "q")
         self._check_q(plan, tq)
         kvt = self._kv_view(HOST, plan, kv)
+        arrays = host_arrays(plan.variant, variant_arrays, array_counts(plan))
         to, tl = prepare_outputs(HOST, plan.out_shape, plan.o_dtype, out, lse, want_lse)
         validate.check_same_device(self._RUN_ARRAY_NAMES, (tq, kvt.k, kvt.v, to))
-        refuse_user_variants_on_host(plan.variant)
-        o64, lse64 = self._reference(plan, tq, kv, kvt, k_scale, v_scale)
+        variant_host.check_numpy(plan.variant)
+        o64, lse64 = self._reference(plan, tq, kv, kvt, k_scale, v_scale, arrays)
         return host_outputs(o64, lse64, to, tl)
 
     def _enqueue(
@@ -253,5 +271,7 @@ class PlanRunWrapper:
     ) -> None:
         raise NotImplementedError
 
-    def _reference(self, plan: Any, tq: Tensor, kv: Any, kvt: KV, k_scale: Any, v_scale: Any) -> tuple:
+    def _reference(
+        self, plan: Any, tq: Tensor, kv: Any, kvt: KV, k_scale: Any, v_scale: Any, arrays: dict
+    ) -> tuple:  # fmt: skip
         raise NotImplementedError

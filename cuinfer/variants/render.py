@@ -12,7 +12,7 @@ import functools
 from dataclasses import dataclass
 
 from cuinfer.jit.params import ParamStruct
-from cuinfer.variants.spec import Variant
+from cuinfer.variants.spec import Param, Variant
 
 _INDEX_NAMES = ("batch", "qo_idx", "qpos", "qo_head", "kv_head", "qo_len", "kv_len", "head_dim")
 
@@ -38,22 +38,54 @@ class Rendered:
     def has_logits(self) -> bool:
         return any(p.logits for p in self.pieces)
 
-    def pack(self, values: dict[str, dict[str, int | float]]) -> object:
-        """The by-value ``VariantParams`` from ``{variant name: {param: value}}`` (every parameter given)."""
+    @property
+    def register_heavy(self) -> bool:
+        """Per-element work that takes registers the plain kernels give to wider tiles (a logits transform, a value
+        transform): the prefill tile policy picks narrower KV tiles for it (no spills at 255 registers)."""
+        return any(p.logits or p.value_transform for p in self.pieces)
+
+    @property
+    def softmax(self) -> bool:
+        """False when a piece sets softmax=False: weights summed without normalisation."""
+        return all(p.softmax for p in self.pieces)
+
+    @property
+    def has_sink(self) -> bool:
+        return any(p.sink for p in self.pieces)
+
+    @property
+    def prefill_splits(self) -> bool:
+        """Whether prefill may split a row's KV: its merge kernel is the softmax merge of normalised states, which
+        neither a chain without softmax nor an output transform (applied once, to the final row) survives."""
+        return self.softmax and not any(p.output_transform for p in self.pieces)
+
+    @property
+    def array_params(self) -> tuple[tuple[str, Param], ...]:
+        """``(variant name, Param)`` of every array parameter (given at run()), in chain order."""
+        return tuple((v.name, q) for v in self.pieces for q in v.params if q.is_array)
+
+    def pack(self, values: dict[str, dict[str, int | float]], arrays: dict | None = None) -> object:
+        """The by-value ``VariantParams`` from ``{variant name: {param: value}}`` (every scalar parameter given) and
+        ``arrays``, ``{(variant name, param): device address}`` of the array parameters (0 where missing)."""
         fields = {}
         for piece in self.pieces:
             if piece.params:
+                scalars = [q.name for q in piece.params if not q.is_array]
                 got = values.get(piece.name)
-                if got is None:
+                if got is None and scalars:
                     raise ValueError(f"no values for the parameters of variant {piece.name!r}")
-                fields[piece.name] = got
+                vals = dict(got or {})
+                for q in piece.params:
+                    if q.is_array:
+                        vals[q.name] = int((arrays or {}).get((piece.name, q.name), 0))
+                fields[piece.name] = vals
         if not fields:
             fields["unused_"] = 0
         return self.params.pack(**fields)
 
 
 def _piece_struct(v: Variant) -> ParamStruct:
-    return ParamStruct(f"{v.name}_params", tuple((p.name, p.kind) for p in v.params))
+    return ParamStruct(f"{v.name}_params", tuple((p.name, f"{p.kind}*" if p.is_array else p.kind) for p in v.params))
 
 
 def _body(snippet: str, where: str, *, statements: bool = False) -> list[str]:
@@ -86,9 +118,14 @@ def _piece(v: Variant) -> list[str]:
         "kLowerBound": bool(v.key_lo),
         "kQueryTransform": bool(v.query_transform),
         "kKeyTransform": bool(v.key_transform),
+        "kSink": bool(v.sink),
+        "kValueTransform": bool(v.value_transform),
+        "kOutputTransform": bool(v.output_transform),
     }
     out = [f"struct piece_{v.name} : Identity {{"]
     out += [f"  static constexpr bool {k} = true;" for k, on in flags.items() if on]
+    if not v.softmax:
+        out.append("  static constexpr bool kSoftmax = false;")
     if v.logits:
         out += _functor(
             v, "logits", "float logits(const VP& v_, const Index& ix_, int kv_idx, float x)", v.logits, "ix_"
@@ -103,6 +140,14 @@ def _piece(v: Variant) -> list[str]:
             body.append(f"lo = max(lo, static_cast<int>({v.key_lo.strip()}));")
         out += _functor(v, "key_range", "void key_range(const VP& v_, const Index& ix_, int& lo, int& hi)",
                         "\n".join(body), "ix_", statements=True)  # fmt: skip
+    if v.sink:
+        out += _functor(v, "sink", "float sink(const VP& v_, const Index& ix_)", v.sink, "ix_")
+    if v.value_transform:
+        sig = "float value_transform(const VP& v_, const Index& ix_, int kv_idx, int dim, float x)"
+        out += _functor(v, "value_transform", sig, v.value_transform, "ix_")
+    if v.output_transform:
+        sig = "float output_transform(const VP& v_, const Index& ix_, int dim, float x, float lse)"
+        out += _functor(v, "output_transform", sig, v.output_transform, "ix_")
     if v.transforms:
         out.append(f"  struct DimState {{ {v.state_fields} }};")
         out += _functor(v, "dim_state", "DimState dim_state(const VP& v_, int dim, int head_dim)", v.dim_state or "",
@@ -121,14 +166,29 @@ def _piece(v: Variant) -> list[str]:
     return out
 
 
-@functools.cache
 def render(pieces: tuple[Variant, ...]) -> Rendered:
-    """Render a chain of variants (applied in order: logits compose, masks and bounds intersect)."""
+    """Render a chain of variants (applied in order: logits compose, masks and bounds intersect). Equal chains render
+    once; variants equal but for their NumPy functions (not part of a variant's identity, nor of the kernel's) get a
+    ``Rendered`` of their own, holding their pieces, so the CPU reference runs the functions a plan was given."""
+    return _render(tuple(pieces), tuple(0 if p.numpy is None else id(p.numpy) for p in pieces))
+
+
+@functools.cache
+def _render(pieces: tuple[Variant, ...], _numpy_ids: tuple[int, ...]) -> Rendered:
     names = [p.name for p in pieces]
     if len(set(names)) != len(names):
         raise ValueError(f"a chain holds each variant once but got {names}")
     if sum(p.transforms for p in pieces) > 1:
         raise ValueError(f"at most one variant of a chain may transform q / k (rotations do not compose): {names}")
+    sinks = [p.name for p in pieces if p.sink]
+    if len(sinks) > 1:
+        raise ValueError(f"at most one variant of a chain may have a sink (a row has one sink logit): {sinks}")
+    no_softmax = [p.name for p in pieces if not p.softmax]
+    if sinks and no_softmax:
+        raise ValueError(
+            f"variant {sinks[0]!r} has a sink, which joins a softmax denominator, but {no_softmax[0]!r} turns the "
+            "softmax off (softmax=False); use them in different plans"
+        )
     fields = tuple((p.name, _piece_struct(p)) for p in pieces if p.params)
     params = ParamStruct("VariantParams", fields or (("unused_", "i32"),))
     lines = ['#line 1 "variants"', '#include "common/math.cuh"', '#include "variants/contract.cuh"']

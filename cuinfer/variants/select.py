@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from cuinfer.variants.builtins import alibi, causal, custom_mask, rope, soft_cap, window
+from cuinfer.variants.builtins import alibi, causal, custom_mask, rope, rope_llama31, soft_cap, window
 from cuinfer.variants.registry import lookup
 from cuinfer.variants.render import Rendered, render
 from cuinfer.variants.spec import Variant
@@ -61,30 +61,22 @@ def chain_for(
     return render(tuple(pieces))
 
 
+# The built-ins plan() options select (their parameters come from the options); the variants given as variant=
+# (registered built-ins such as sinks or sigmoid included) take theirs from variant_params / variant_arrays.
 BUILTINS = (causal.CAUSAL, window.WINDOW, custom_mask.CUSTOM_MASK, alibi.ALIBI, soft_cap.SOFT_CAP, rope.ROPE)
+# Checks of a named built-in's values beyond their kinds (at plan()).
+_VALUE_CHECKS = {rope_llama31.ROPE_LLAMA31: rope_llama31.check}
 
 
 def user_pieces(chain: Rendered) -> tuple[Variant, ...]:
-    """The variants of ``chain`` that are not built-ins (plan options)."""
+    """The variants of ``chain`` that are not built-ins of the plan options (the ones given as ``variant=``)."""
     return tuple(p for p in chain.pieces if not any(p is b for b in BUILTINS))
 
 
-def refuse_user_variants_on_host(chain: Rendered) -> None:
-    """NumPy inputs run the CPU reference, which implements the built-in options itself; a user's variant runs there
-    only through its NumPy functions (not wired yet): raise, naming it."""
-    users = user_pieces(chain)
-    if users:
-        names = ", ".join(repr(p.name) for p in users)
-        raise NotImplementedError(
-            f"variant {names}: the CPU reference backend (NumPy inputs) does not run user-defined variants yet; pass "
-            "GPU arrays (torch, JAX, CuPy)"
-        )
-
-
 def check_user_values(chain: Rendered, user_values: Any) -> dict[str, dict[str, Any]] | None:
-    """``variant_params=`` of plan(), checked against the user variants of ``chain``: exactly their parameters, as
-    numbers (raises ValueError / TypeError before any launch)."""
-    users = [p for p in user_pieces(chain) if p.params]
+    """``variant_params=`` of plan(), checked against the user variants of ``chain``: exactly their scalar parameters,
+    as numbers (raises ValueError / TypeError before any launch; array parameters come at run())."""
+    users = [p for p in user_pieces(chain) if any(not q.is_array for q in p.params)]
     if user_values is None and not users:
         return None
     if user_values is not None and not isinstance(user_values, dict):
@@ -99,7 +91,7 @@ def check_user_values(chain: Rendered, user_values: Any) -> dict[str, dict[str, 
     out = {}
     for p in users:
         got = user_values.get(p.name)
-        want = {q.name: q.kind for q in p.params}
+        want = {q.name: q.kind for q in p.params if not q.is_array}
         if not isinstance(got, dict) or set(got) != set(want):
             raise ValueError(
                 f"variant {p.name!r} takes parameters {sorted(want)}; pass variant_params={{{p.name!r}: {{...}}}} with "
@@ -112,14 +104,19 @@ def check_user_values(chain: Rendered, user_values: Any) -> dict[str, dict[str, 
                                                                           int(v) != v):  # fmt: skip
                 raise TypeError(f"variant_params[{p.name!r}][{name!r}] must be a number ({kind}) but is {v!r}")
             vals[name] = v
+        check = next((c for b, c in _VALUE_CHECKS.items() if b is p), None)
+        if check is not None:
+            check(vals)
         out[p.name] = vals
     return out
 
 
 def chain_values(chain: Rendered, options: Any, *, num_qo_heads: int, mask_ptrs: tuple[int, int] | None = None,
-                 user_values: dict[str, dict[str, Any]] | None = None) -> object:  # fmt: skip
+                 user_values: dict[str, dict[str, Any]] | None = None, raw: bool = False) -> object:  # fmt: skip
     """The packed ``VariantParams`` of ``chain`` for a plan: built-in values from the options (and the custom mask's
-    device pointers), user variants' from ``user_values`` ({variant name: {param: value}})."""
+    device pointers), user variants' from ``user_values`` ({variant name: {param: value}}); array parameters are
+    null until run() gives them (``Rendered.pack``'s ``arrays``). ``raw``: the values dict instead, for a caller that
+    packs again with each run()'s arrays."""
     values: dict[str, dict[str, Any]] = {}
     for p in chain.pieces:
         if p is window.WINDOW:
@@ -134,13 +131,13 @@ def chain_values(chain: Rendered, options: Any, *, num_qo_heads: int, mask_ptrs:
             if mask_ptrs is None:
                 raise ValueError("the custom_mask variant needs the mask's device pointers")
             values[p.name] = custom_mask.values(*mask_ptrs)
-        elif p.params:
+        elif any(not q.is_array for q in p.params):
             got = (user_values or {}).get(p.name)
-            want = {q.name for q in p.params}
+            want = {q.name for q in p.params if not q.is_array}
             if got is None or set(got) != want:
                 raise ValueError(
                     f"variant {p.name!r} takes parameters {sorted(want)}; pass variant_params={{{p.name!r}: "
                     f"{{...}}}} with exactly those (got {sorted(got) if got else None})"
                 )
             values[p.name] = got
-    return chain.pack(values)
+    return values if raw else chain.pack(values)

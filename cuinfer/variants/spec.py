@@ -2,8 +2,9 @@
 
 A variant changes attention at fixed points of the decode and prefill kernels (kernel_src/variants/contract.cuh);
 each point is an optional snippet of CUDA C++ that cuinfer renders into a device functor and compiles with NVRTC.
-Built-in variants (causal, sliding window, soft cap, ALiBi, custom mask, RoPE; ``cuinfer/variants/builtins/``) are
-written exactly like this, so a user's variant gets the same kernels and the same speed.
+Built-in variants (causal, sliding window, soft cap, ALiBi, custom mask, RoPE, Llama-3.1 RoPE, attention sinks,
+sigmoid attention; ``cuinfer/variants/builtins/``) are written exactly like this, so a user's variant gets the same
+kernels and the same speed.
 
 Names a snippet may use (every snippet):
   ``params``            the variant's parameters (``params.<name>`` for each ``Param``)
@@ -16,19 +17,42 @@ Names a snippet may use (every snippet):
   ``head_dim``          the head dimension (int)
   and the helpers of kernel_src/common/math.cuh (``fmath::tanh``, ``fmath::ex2``, ``fmath::alibi_slope``, ...).
 Per snippet:
-  ``logits``            ``x`` (float: the natural logit q·k·sm_scale), ``kv_idx`` (int) -> the new natural logit
+  ``logits``            ``x`` (float: the natural logit q·k·sm_scale), ``kv_idx`` (int) -> the new natural logit (with
+                        ``softmax=False``: the key's weight)
   ``mask``              ``kv_idx`` -> bool (False drops the key); applied on every tile
   ``key_hi``            -> an exclusive upper bound on the keys of the row (e.g. causal: ``qpos + 1``); tiles past
                         every row's bound are skipped, boundary tiles masked
   ``key_lo``            -> an inclusive lower bound (e.g. a sliding window: ``qpos - params.window_left``)
+  ``sink``              -> the row's sink logit (natural, like ``x``): a key of value 0 that joins the softmax
+                        denominator once per row (gpt-oss attention sinks); ``neg_inf()`` for none
   ``dim_state``         ``dim`` (in [0, head_dim / 2)) -> fills ``state`` (fields declared by ``state_fields``), once
                         per kernel thread: per-dimension constants of the transforms
   ``query_transform``   ``state``, ``dim``, ``x`` = q[dim], ``partner`` = q[dim ± head_dim/2], ``pos`` (= qpos)
                         -> q'[dim] (rotate-half RoPE is one)
   ``key_transform``     as query_transform for k of key ``pos`` (= kv_idx)
+  ``value_transform``   ``kv_idx``, ``dim`` (< head_dim_vo), ``x`` = v[dim] -> v'[dim]; ``qo_idx``, ``qpos`` and
+                        ``qo_head`` are -1 (a value serves every query row and head of its KV head)
+  ``output_transform``  ``dim``, ``x`` = o[dim] (final: normalised, v_scale applied), ``lse`` (the row's base-2 lse)
+                        -> o'[dim], once per output element
 A snippet is either an expression (``"params.cap * fmath::tanh(x * params.inv_cap)"``) or statements with a
 ``return`` (``dim_state``: statements that fill ``state``). ``mask`` applies on every tile and ``key_hi`` /
 ``key_lo`` only on the tiles their bounds cross: which one a variant uses is its explicit choice, never inferred.
+
+``softmax=False`` (sigmoid attention): the output is ``Σ_j w_j v_j`` with ``w_j`` the chain's logits output for key j
+(masked keys 0), no max, no normalisation; lse is ``log2(Σ_j w_j)`` (-inf for a row without keys). Prefill never
+splits the KV of such a plan, nor of one with an output transform (the merge kernel of split pieces knows neither);
+decode merges split pieces inside its kernel (by adding, without softmax).
+
+Parameters (``Param``) are scalars given at plan() (``variant_params={variant: {param: value}}``) or, with ``per=``,
+arrays given at run() (``variant_arrays={param: array}``): one element per query head (``"qo_head"``), KV head
+(``"kv_head"``) or request (``"request"``), any framework's array on the call's device (NumPy on the CPU path),
+read in a snippet as ``params.<name>[qo_head]``.
+
+``numpy``: NumPy functions of the same names (all but ``dim_state``) let the CPU reference backend run the variant on
+NumPy inputs; each is called with the keywords its signature names (see ``NUMPY_NAMES``), on whole blocks:
+``x`` of logits is ``[qo_len, num_qo_heads, kv_len]``, index names broadcast against it (``qo_idx``, ``qpos``:
+``[qo_len, 1, 1]``; ``qo_head``, ``kv_head``: ``[1, num_qo_heads, 1]``; ``kv_idx``: ``[1, 1, kv_len]``), ``params`` a
+namespace of the values (arrays whole, so ``params.sinks[qo_head]`` works as in CUDA). See docs/variants.md.
 """
 
 from __future__ import annotations
@@ -39,23 +63,60 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PARAM_KINDS = ("i32", "u32", "i64", "f32", "f64", "ptr")
-SNIPPETS = ("logits", "mask", "key_hi", "key_lo", "dim_state", "query_transform", "key_transform")
+ARRAY_KINDS = ("i32", "i64", "f32", "f64")  # element kinds of an array parameter (per=...)
+PER = ("qo_head", "kv_head", "request")  # what an array parameter has one element of
+SNIPPETS = (
+    "logits", "mask", "key_hi", "key_lo", "sink", "dim_state", "query_transform", "key_transform", "value_transform",
+    "output_transform",
+)  # fmt: skip
+# The NumPy functions of a variant (``Variant.numpy``): one per snippet but dim_state (NumPy transforms take whole
+# vectors), with the keyword names each may declare (docs/variants.md, "NumPy functions").
+_INDEX = ("batch", "qo_idx", "qpos", "qo_head", "kv_head", "qo_len", "kv_len", "head_dim", "params")
+NUMPY_NAMES: dict[str, tuple[str, ...]] = {
+    "logits": ("x", "kv_idx", *_INDEX),
+    "mask": ("kv_idx", *_INDEX),
+    "key_hi": _INDEX,
+    "key_lo": _INDEX,
+    "sink": _INDEX,
+    "query_transform": ("x", "pos", "dim", *_INDEX),
+    "key_transform": ("x", "pos", "kv_idx", "dim", *_INDEX),
+    "value_transform": ("x", "kv_idx", "dim", *_INDEX),
+    "output_transform": ("x", "lse", "dim", *_INDEX),
+}
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
 class Param:
     """A typed parameter of a variant: ``kind`` is one of i32, u32, i64, f32, f64 (scalars) or ptr (a device
-    address)."""
+    address), given at plan(). With ``per`` ("qo_head", "kv_head" or "request") it is an array of ``kind`` elements
+    (not ptr), one per query head / KV head / request, given at run() (``variant_arrays=``); a snippet reads it as
+    ``params.<name>[qo_head]`` (a ``const float*`` for f32)."""
 
     name: str
     kind: str = "f32"
+    per: str | None = None
 
     def __post_init__(self) -> None:
         if not _IDENT.match(self.name):
             raise ValueError(f"parameter name {self.name!r} is not a C identifier")
         if self.kind not in PARAM_KINDS:
             raise ValueError(f"parameter {self.name!r} has kind {self.kind!r}; kinds are {', '.join(PARAM_KINDS)}")
+        if self.per is not None:
+            if self.per not in PER:
+                raise ValueError(
+                    f"parameter {self.name!r} has per={self.per!r}; an array parameter has one element per "
+                    f"{' / '.join(PER)} (or per=None for a scalar)"
+                )
+            if self.kind not in ARRAY_KINDS:
+                raise ValueError(
+                    f"array parameter {self.name!r} has kind {self.kind!r}; its elements are one of "
+                    f"{', '.join(ARRAY_KINDS)}"
+                )
+
+    @property
+    def is_array(self) -> bool:
+        return self.per is not None
 
 
 @dataclass(frozen=True)
@@ -75,6 +136,10 @@ class Variant:
     state_fields: str = ""
     query_transform: str | None = None
     key_transform: str | None = None
+    sink: str | None = None
+    value_transform: str | None = None
+    output_transform: str | None = None
+    softmax: bool = True  # False: weights from `logits`, summed without normalisation (sigmoid attention)
     params: tuple[Param, ...] = ()
     # NumPy functions for the CPU reference backend (name -> callable; see cuinfer.reference); not part of identity
     numpy: dict[str, Callable[..., Any]] | None = field(default=None, compare=False, hash=False)
@@ -93,6 +158,25 @@ class Variant:
             raise ValueError(f"variant {self.name!r}: dim_state is only used by query_transform / key_transform")
         if self.state_fields and not self.dim_state:
             raise ValueError(f"variant {self.name!r}: state_fields without a dim_state snippet that fills them")
+        if not self.softmax and not self.logits:
+            raise ValueError(
+                f"variant {self.name!r} has softmax=False but no logits snippet: without softmax a key's weight is "
+                "what logits returns (e.g. sigmoid attention: logits='fmath::sigmoid(x + params.bias)')"
+            )
+        if not self.softmax and self.sink:
+            raise ValueError(f"variant {self.name!r}: a sink joins a softmax denominator; softmax=False has none")
+        if self.numpy is not None:
+            if not isinstance(self.numpy, dict):
+                raise TypeError(f"variant {self.name!r}: numpy must be a dict {{snippet name: function}}")
+            unknown = sorted(set(self.numpy) - set(NUMPY_NAMES))
+            if unknown:
+                raise ValueError(
+                    f"variant {self.name!r}: numpy names {unknown}, which are not NumPy functions of a variant "
+                    f"({', '.join(NUMPY_NAMES)})"
+                )
+            for key, fn in self.numpy.items():
+                if not callable(fn):
+                    raise TypeError(f"variant {self.name!r}: numpy[{key!r}] must be a function but is {fn!r}")
 
     @property
     def transforms(self) -> bool:
@@ -100,3 +184,8 @@ class Variant:
 
     def snippet_items(self) -> list[tuple[str, str]]:
         return [(s, getattr(self, s)) for s in SNIPPETS if getattr(self, s)]
+
+    def missing_numpy(self) -> list[str]:
+        """The NumPy functions the CPU reference needs to run this variant and ``numpy`` lacks."""
+        have = self.numpy or {}
+        return [s for s, _ in self.snippet_items() if s in NUMPY_NAMES and s not in have]

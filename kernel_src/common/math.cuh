@@ -30,6 +30,10 @@ __device__ __forceinline__ float rcp(float x) {
 // saturates cleanly (2^(+big) = inf -> 1, 2^(-big) = 0 -> -1).
 __device__ __forceinline__ float tanh(float x) { return 1.f - 2.f * rcp(1.f + ex2(2.f * kLog2e * x)); }
 
+// The logistic function 1 / (1 + e^-x) from MUFU ex2 and rcp (relative error ~2^-21), for sigmoid attention;
+// saturates cleanly (e^+big = inf -> 0, e^-big = 0 -> 1).
+__device__ __forceinline__ float sigmoid(float x) { return rcp(1.f + ex2(-kLog2e * x)); }
+
 // tanh in one MUFU.TANH (relative error ~2^-11).
 __device__ __forceinline__ float tanh_approx(float x) {
   float y;

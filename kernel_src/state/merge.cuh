@@ -23,6 +23,18 @@ __device__ __forceinline__ float inv_of(float d) { return d > 0.f ? fmath::rcp(d
 // The merged lse of weights summing to d against the max m; -inf for an empty merge.
 __device__ __forceinline__ float lse_of(float m, float d) { return d > 0.f ? m + fmath::lg2(d) : neg_inf(); }
 
+// An attention sink joins a row's unnormalised state (reference max m, weight sum d, both base 2): a key of logit
+// `sink` (base 2) and value 0, i.e. the merge with the state (o = 0, lse = sink). Returns the factor that normalises
+// the row's o~ (0 for an empty merge) and sets lse. With m = -inf (no key) o = 0 and lse = sink; with sink = -inf
+// this is 1 / d and lse_of(m, d).
+__device__ __forceinline__ float fold_sink(float m, float d, float sink, float& lse) {
+  const float ref = ref_of(fmaxf(m, sink));
+  const float s = fmath::ex2(m - ref);  // 0 for m = -inf
+  const float d2 = d * s + fmath::ex2(sink - ref);
+  lse = lse_of(ref, d2);
+  return d2 > 0.f ? s * fmath::rcp(d2) : 0.f;
+}
+
 // Accumulates N components of several states: acc = Σ w_s o_s, d = Σ w_s d_s, with w_s = 2^(m_s - ref_of(m)).
 // Two-pass form: init with the max of every state to come, then add each (all weights known before any o is read,
 // so the loads of all states can be in flight at once). Online form: init(-inf), rescale to each new max, add.
@@ -53,6 +65,14 @@ template <int N> struct Merger {
     for (int i = 0; i < N; ++i) acc[i] *= s;
     m = m_new;
   }
+  // Fold in a state of lse `s` and o = 0 (an attention sink, fold_sink): the weight sum grows, acc does not.
+  __device__ __forceinline__ void add_sink(float s) {
+    if (s > m) rescale(s);
+    d += weight(s);  // 0 for s = -inf
+  }
+  // No softmax (kSoftmax = false): states are sums, merged with weight 1 (init(0.f), add(1.f, 2^lse_s, o_s));
+  // acc stays the sum and the lse is log2 of the weight sum.
+  __device__ __forceinline__ float finish_sum() const { return lse_of(0.f, d); }
   // Normalise in place (o = 0 for an empty merge) and return the merged lse.
   __device__ __forceinline__ float finish() {
     const float inv = inv_of(d);

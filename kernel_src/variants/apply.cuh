@@ -44,6 +44,24 @@ __device__ __forceinline__ void key_transform_tile(const VP& v, const Index& ix,
   }
 }
 
+// value_transform on rows [0, rows) of the V tile `tile` (DV 16-bit elements per row, swizzled like K; row r is key
+// key0 + r), kThreads threads from thread `tid`, one 16-byte chunk at a time; the caller synchronises before and after.
+template <class V, int DV, int kThreads, class T, class VP>
+__device__ __forceinline__ void value_transform_tile(const VP& v, const Index& ix, T* tile, int key0, int rows,
+                                                     int tid) {
+  constexpr int kChunks = DV / 8;
+#pragma unroll 1
+  for (int u = tid; u < rows * kChunks; u += kThreads) {
+    const int r = u / kChunks, c = u % kChunks;
+    T* p = tile + Swizzle<kChunks>::slot(r, c) * 8;
+    Vec<T, 8> x;
+    x.load(p);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = from_float<T>(V::value_transform(v, ix, key0 + r, 8 * c + i, to_float(x[i])));
+    x.store(p);
+  }
+}
+
 // query_transform on 8 dims [8c, 8c + 8) of one query row held in registers, given the partner dims (8c ± D/2).
 template <class V, int D, class VP>
 __device__ __forceinline__ void query_transform_chunk(const VP& v, const Index& ix, int c, float (&x)[8],

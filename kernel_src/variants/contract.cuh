@@ -3,8 +3,8 @@
 // A variant is a type with static member functions (all __device__ __forceinline__, every one optional through the
 // defaults of `Identity`). The attention kernels take it as a template parameter and call it at fixed points, so a new
 // variant is a new type, never an edit of a kernel body. Python renders these types from a `cuinfer.Variant`'s CUDA
-// snippets (cuinfer/variants/render.py): the built-ins (causal, sliding window, soft cap, ALiBi, custom mask, RoPE)
-// are written exactly as a user's variant is (cuinfer/variants/builtins/).
+// snippets (cuinfer/variants/render.py): the built-ins (causal, sliding window, soft cap, ALiBi, custom mask, RoPE,
+// Llama-3.1 RoPE, sinks, sigmoid) are written exactly as a user's variant is (cuinfer/variants/builtins/).
 //
 //   logits(v, ix, kv, x)            the logit of query row ix and key kv: x is the natural logit q·k·sm_scale (only
 //                                   called when kLogits; otherwise the kernels fold sm_scale into a base-2 softmax)
@@ -16,6 +16,20 @@
 //                                   frequency in double precision)
 //   query_transform(v, s, ix, dim, x, partner)        q[dim] before q·k (kQueryTransform); partner is q[dim ± D/2]
 //   key_transform(v, s, ix, kv, dim, x, partner)      k[dim] of key kv before q·k (kKeyTransform)
+//   value_transform(v, ix, kv, dim, x)                v[dim] of key kv before P·V (kValueTransform; ix has no query:
+//                                                     qo_idx, qpos, qo_head are -1)
+//   sink(v, ix)                     the row's sink logit (natural): a key of value 0 in the softmax denominator
+//                                   (kSink), folded once per row where the row is finalised (see below)
+//   output_transform(v, ix, dim, x, lse)              o[dim] of the finished row (normalised, v_scale applied), lse
+//                                   its base-2 lse (kOutputTransform); applied only where a row is final
+//   kSoftmax = false                no softmax: logits() returns each key's weight w, o = Σ w v (not normalised), lse
+//                                   = log2 Σ w; partial states merge by adding (decode's in-kernel merge; prefill
+//                                   plans of such chains are never split)
+//
+// Sinks are exact under KV splitting because they are folded where a row's state is final, never per tile: the
+// unsplit epilogues (decode finish_item, prefill store_rows / store_staged / epilogue_merge_warps), decode's in-kernel
+// merge of split pieces (merge_split), and for prefill's split rows (merged by the generic merge kernel) the partial
+// state of the row's first piece (item_partial == item_merge). A row without keys then ends as o = 0, lse = sink.
 //
 // `v` is the kernel's VariantParams (each piece reads its own member), `ix` the row's `Index`, `s` the DimState of
 // `dim`. Logits are natural (base e): the kernels run the softmax in base 2 and multiply by log2(e) after logits(). A
@@ -48,6 +62,10 @@ struct Identity {
   static constexpr bool kMask = false;            // mask() may drop keys anywhere (applied on every tile)
   static constexpr bool kQueryTransform = false;  // query_transform() is not the identity
   static constexpr bool kKeyTransform = false;    // key_transform() is not the identity
+  static constexpr bool kSoftmax = true;          // false: logits() gives weights, summed without normalisation
+  static constexpr bool kSink = false;            // sink() gives the row's sink logit
+  static constexpr bool kValueTransform = false;  // value_transform() is not the identity
+  static constexpr bool kOutputTransform = false;  // output_transform() is not the identity
   struct DimState {};
   template <class VP> __device__ __forceinline__ static DimState dim_state(const VP&, int, int) { return DimState{}; }
   template <class VP>
@@ -64,6 +82,15 @@ struct Identity {
   template <class VP>
   __device__ __forceinline__ static float key_transform(const VP&, const DimState&, const Index&, int, int, float x,
                                                         float) {
+    return x;
+  }
+  template <class VP> __device__ __forceinline__ static float sink(const VP&, const Index&) { return neg_inf(); }
+  template <class VP>
+  __device__ __forceinline__ static float value_transform(const VP&, const Index&, int, int, float x) {
+    return x;
+  }
+  template <class VP>
+  __device__ __forceinline__ static float output_transform(const VP&, const Index&, int, float x, float) {
     return x;
   }
 };
@@ -88,6 +115,10 @@ template <class A, class... Rest> struct Chain<A, Rest...> {
   static constexpr bool kMask = A::kMask || Tail::kMask;
   static constexpr bool kQueryTransform = A::kQueryTransform || Tail::kQueryTransform;
   static constexpr bool kKeyTransform = A::kKeyTransform || Tail::kKeyTransform;
+  static constexpr bool kSoftmax = A::kSoftmax && Tail::kSoftmax;
+  static constexpr bool kSink = A::kSink || Tail::kSink;  // (at most one piece has a sink: the renderer checks)
+  static constexpr bool kValueTransform = A::kValueTransform || Tail::kValueTransform;
+  static constexpr bool kOutputTransform = A::kOutputTransform || Tail::kOutputTransform;
   // At most one piece of a chain transforms (the renderer refuses two: rotations do not compose element by element),
   // so the chain's DimState is that piece's.
   static constexpr bool kHeadTransforms = A::kQueryTransform || A::kKeyTransform;
@@ -133,7 +164,36 @@ template <class A, class... Rest> struct Chain<A, Rest...> {
       return Tail::key_transform(v, s, ix, kv, dim, x, partner);
     }
   }
+  template <class VP> __device__ __forceinline__ static float sink(const VP& v, const Index& ix) {
+    if constexpr (A::kSink) {
+      return A::sink(v, ix);
+    } else {
+      return Tail::sink(v, ix);
+    }
+  }
+  // Value and output transforms compose in chain order.
+  template <class VP>
+  __device__ __forceinline__ static float value_transform(const VP& v, const Index& ix, int kv, int dim, float x) {
+    if constexpr (A::kValueTransform) x = A::value_transform(v, ix, kv, dim, x);
+    if constexpr (Tail::kValueTransform) x = Tail::value_transform(v, ix, kv, dim, x);
+    return x;
+  }
+  template <class VP>
+  __device__ __forceinline__ static float output_transform(const VP& v, const Index& ix, int dim, float x, float lse) {
+    if constexpr (A::kOutputTransform) x = A::output_transform(v, ix, dim, x, lse);
+    if constexpr (Tail::kOutputTransform) x = Tail::output_transform(v, ix, dim, x, lse);
+    return x;
+  }
 };
+
+// The row's sink logit in base 2 (the kernels' softmax units), -inf without a sink.
+template <class V, class VP> __device__ __forceinline__ float sink_log2(const VP& v, const Index& ix) {
+  if constexpr (V::kSink) {
+    return V::sink(v, ix) * kLog2e;
+  } else {
+    return neg_inf();
+  }
+}
 
 }  // namespace variant
 }  // namespace cuinfer

@@ -105,7 +105,8 @@ class FakeKernel:
 
     def launch(self, grid, block, args, *, smem_bytes=0, stream=0) -> None:
         p = args[0]
-        self.log.append(("launch", self.name.split("<")[0], stream, {n: p[n].item() for n in p.dtype.names}))
+        self.log.append(("launch", self.name.split("<")[0], stream, {n: p[n].item() for n in p.dtype.names},
+                         args[1] if len(args) > 1 else None))  # fmt: skip
 
     def max_active_blocks(self, block_threads: int, smem_bytes: int = 0) -> int:
         return 1

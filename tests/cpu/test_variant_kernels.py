@@ -36,7 +36,7 @@ def _decode_key(chain, tensor_cores: bool) -> DecodeKernelKey:
 
 
 def _prefill_key(chain, paged: bool) -> PrefillKernelKey:
-    cfg = tile_config(128, default_kv_tile(128, 128, 128, chain.has_logits), 128)
+    cfg = tile_config(128, default_kv_tile(128, 128, 128, chain.register_heavy), 128)  # (the plan policy's tile)
     cfg = dataclasses.replace(cfg, groups=block_groups(cfg, 128, 128, paged))
     return PrefillKernelKey("bfloat16", "bfloat16", 128, 128, cfg, paged, chain)
 
@@ -96,3 +96,49 @@ def test_key_bounds_and_masks_reach_the_kernels_as_written():
     src = render((lookup("causal"), v)).source
     assert "return (kv_idx < params.sinks || kv_idx >= qpos - params.window);" in src
     assert "static constexpr bool kMask = true;" in src and "static constexpr bool kUpperBound = true;" in src
+
+
+# ---- the built-ins added with sinks, sigmoid attention and value / output transforms ---------------------------
+
+# A user variant with value and output transforms (an array parameter per KV head), written in this file.
+VALUE_OUTPUT = Variant(
+    name="test_value_output",
+    value_transform="x * params.v_scale[kv_head]",
+    output_transform="x * params.o_gain + 0.f * lse",
+    params=(Param("v_scale", "f32", per="kv_head"), Param("o_gain", "f32")),
+)
+NEW_CHAINS = {
+    "sinks": ("sinks",),
+    "sigmoid": ("sigmoid",),
+    "rope_llama31": ("rope_llama31",),
+    "value_output": (VALUE_OUTPUT,),
+}
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("kind", ["decode-tc", "decode-cc", "prefill-ragged", "prefill-paged"])
+@pytest.mark.parametrize("name", list(NEW_CHAINS))
+def test_new_builtins_compile_into_every_kernel(name, kind):
+    """sm_90a, cold: no spills, the SASS has what the kernel is made of; prefill with causal (its boundary masks)."""
+    pieces = tuple(lookup(p) if isinstance(p, str) else p for p in NEW_CHAINS[name])
+    chain = render((lookup("causal"), *pieces)) if kind.startswith("prefill") else render(pieces)
+    spec = _specs(chain)[kind]
+    t0 = time.perf_counter()
+    mod = compile_spec(spec, "sm_90a")
+    print(f"{kind} sm_90a {spec.name}: {time.perf_counter() - t0:.2f} s")
+    for sym, r in mod.resources.items():
+        assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack_frame == 0, f"{sym}: {r}"
+    if find_cuobjdump() is not None:
+        funcs = disassemble(mod.cubin)
+        for sym in mod.lowered.values():
+            assert not check_sass(funcs[sym], "sm_90a", spec.sass_expect, spec.sass_forbid)
+
+
+@pytest.mark.compile
+def test_a_typo_in_an_output_transform_names_the_functor_and_the_line():
+    typo = Variant(name="typo_out", output_transform="const float y = x + lse;\nreturn y * params.gian;",
+                   params=(Param("gain"),))  # fmt: skip
+    spec = _specs(render((typo,)))["decode-cc"]
+    with pytest.raises(CompileError) as err:
+        compile_spec(spec, "sm_90a")
+    assert re.search(r'variant typo_out\.output_transform\(2\): error: .*"gian"', str(err.value)), str(err.value)[:2000]

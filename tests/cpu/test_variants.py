@@ -10,7 +10,7 @@ import pytest
 
 from cuinfer.variants import Param, Variant, lookup, register, registered, render
 
-BUILTINS = ("alibi", "causal", "custom_mask", "rope", "soft_cap", "window")
+BUILTINS = ("alibi", "causal", "custom_mask", "rope", "rope_llama31", "sigmoid", "sinks", "soft_cap", "window")
 
 
 def test_every_builtin_is_registered_and_written_as_a_variant():
@@ -62,7 +62,9 @@ def test_variants_are_frozen_hashable_specs():
     a = Variant(name="h1", logits="x", numpy={"logits": lambda *a: a[-1]})
     b = Variant(name="h1", logits="x")
     assert a == b and hash(a) == hash(b), "NumPy helpers are not part of a variant's identity"
-    assert render((a,)) is render((b,)), "equal chains render once"
+    assert render((b,)) is render((Variant(name="h1", logits="x"),)), "equal chains render once"
+    assert render((a,)) == render((b,)), "... and variants equal but for NumPy functions give equal chains (kernels)"
+    assert render((a,)).pieces[0].numpy is a.numpy, "each chain keeps the NumPy functions it was given"
 
 
 def test_rendering_a_chain_of_builtins():
@@ -103,3 +105,89 @@ def test_a_chain_holds_one_transform_and_each_variant_once():
         render((rope, rope))
     r = render((lookup("causal"), rope))
     assert r.transforms and "struct DimState { float hi, lo; };" in r.source
+
+
+# ---- sinks, softmax=False, value / output transforms, array parameters, NumPy functions ------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        pytest.param(dict(name="nosm", mask="true", softmax=False), ValueError, "softmax=False but no logits",
+                     id="no-logits"),
+        pytest.param(dict(name="nosm_sink", logits="x", sink="0.f", softmax=False), ValueError, "a sink joins",
+                     id="sink-no-softmax"),
+        pytest.param(dict(name="np1", logits="x", numpy={"logit": abs}), ValueError, r"numpy names \['logit'\]",
+                     id="np-name"),
+        pytest.param(dict(name="np2", logits="x", numpy={"logits": 3}), TypeError, "must be a function",
+                     id="np-callable"),
+        pytest.param(dict(name="np3", logits="x", numpy=[abs]), TypeError, "numpy must be a dict", id="np-dict"),
+    ],
+)  # fmt: skip
+def test_new_variant_fields_are_validated(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        Variant(**kwargs)
+
+
+def test_array_params_are_validated():
+    assert Param("s", "f32", per="qo_head").is_array and not Param("s").is_array
+    with pytest.raises(ValueError, match="one element per qo_head / kv_head / request"):
+        Param("s", "f32", per="head")
+    with pytest.raises(ValueError, match="its elements are one of i32, i64, f32, f64"):
+        Param("s", "ptr", per="request")
+
+
+def test_sinks_sigmoid_and_llama31_are_builtins_written_as_variants():
+    sinks, sigmoid, llama = lookup("sinks"), lookup("sigmoid"), lookup("rope_llama31")
+    assert sinks.sink == "params.sinks[qo_head]" and sinks.params[0].per == "qo_head"
+    assert not sigmoid.softmax and "fmath::sigmoid" in sigmoid.logits
+    assert llama.transforms and [p.name for p in llama.params] == [
+        "rope_theta", "rope_scale", "low_freq_factor", "high_freq_factor", "original_max_position",
+    ]  # fmt: skip
+
+
+def test_rendering_sinks_typed_arrays_and_no_softmax():
+    r = render((lookup("causal"), lookup("sinks")))
+    src = r.preamble()
+    assert "const float* sinks;" in src, "an f32 array parameter is a typed pointer"
+    assert "static constexpr bool kSink = true;" in src and '#line 1 "variant sinks.sink"' in src
+    assert "return (params.sinks[qo_head]);" in src
+    assert r.has_sink and r.softmax and r.prefill_splits and not r.register_heavy
+    assert r.array_params == (("sinks", Param("sinks", "f32", per="qo_head")),)
+    assert r.pack({}, {("sinks", "sinks"): 0x1234})["sinks"]["sinks"] == 0x1234
+    assert r.pack({})["sinks"]["sinks"] == 0, "arrays are null until run() gives them"
+    s = render((lookup("sigmoid"),))
+    assert "static constexpr bool kSoftmax = false;" in s.source
+    assert not s.softmax and not s.prefill_splits and s.register_heavy
+
+
+def test_rendering_value_and_output_transforms():
+    v = Variant(
+        name="vo_test", value_transform="x * params.vs[kv_head]", output_transform="x + 0.f * lse",
+        params=(Param("vs", "f32", per="kv_head"), Param("k", "i32")),
+    )  # fmt: skip
+    r = render((lookup("causal"), v))
+    src = r.source
+    assert "static float value_transform(const VP& v_, const Index& ix_, int kv_idx, int dim, float x)" in src
+    assert "static float output_transform(const VP& v_, const Index& ix_, int dim, float x, float lse)" in src
+    assert '#line 1 "variant vo_test.value_transform"' in src and '#line 1 "variant vo_test.output_transform"' in src
+    assert "static constexpr bool kValueTransform = true;" in src
+    assert "static constexpr bool kOutputTransform = true;" in src
+    assert r.register_heavy and not r.prefill_splits, "an output transform keeps prefill from splitting"
+    packed = r.pack({"vo_test": {"k": 3}}, {("vo_test", "vs"): 77})
+    assert packed["vo_test"]["k"] == 3 and packed["vo_test"]["vs"] == 77
+
+
+def test_a_chain_holds_one_sink_and_no_sink_without_softmax():
+    other = Variant(name="other_sink", sink="-1.f")
+    with pytest.raises(ValueError, match="at most one variant of a chain may have a sink"):
+        render((lookup("sinks"), other))
+    with pytest.raises(ValueError, match="turns the softmax off"):
+        render((lookup("sinks"), lookup("sigmoid")))
+
+
+def test_missing_numpy_functions_are_listed():
+    v = Variant(name="np_half", logits="x", mask="true", numpy={"logits": lambda x: x})
+    assert v.missing_numpy() == ["mask"]
+    t = Variant(name="np_dim", dim_state="state.a = 0.f;", state_fields="float a;", query_transform="x")
+    assert t.missing_numpy() == ["query_transform"], "dim_state needs no NumPy function"

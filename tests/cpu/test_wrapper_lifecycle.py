@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cuinfer.interop.arrays import Tensor
 from cuinfer.interop.dtypes import DType
 
 from cuinfer.decode import BatchDecode, single_decode
@@ -116,3 +117,50 @@ def test_prefill_split_plans_add_the_merge_launch(gpu, rng, paged):
     assert log[2][3]["o"] == o.ptr and log[2][3]["lse"] == lse.ptr and log[4][3]["lse"] == 0
     with pytest.raises(TypeError, match="runs as"):
         w.run(q, *kv, kv[0])
+
+
+@pytest.mark.parametrize("kind", ["decode", "paged", "ragged"])
+def test_variant_arrays_reach_the_kernel_and_are_checked_first(gpu, rng, kind):
+    """run()'s variant arrays: checked before any launch (on the GPU: a CUDA array of q's device), their addresses
+    in the kernel's VariantParams, repacked only when an address changes."""
+    log, _ = gpu
+    sinks = _cuda((32,), DType.FLOAT32)
+    if kind == "decode":
+        w = BatchDecode()
+        w.plan(*_page_table(rng, [40, 700]), **HEADS, page_size=16, q_dtype="bfloat16", variant="sinks")
+        q, kv = _cuda((2, 32, 128)), (_cuda((100, 2, 16, 8, 128)),)
+    else:
+        qo = np.array([0, 3, 40], np.int32)
+        w = BatchPrefill(paged=kind == "paged")
+        if kind == "paged":
+            w.plan(qo, *_page_table(rng, [40, 700]), **HEADS, page_size=16, q_dtype="bfloat16", variant="sinks")
+            kv = (_cuda((100, 2, 16, 8, 128)),)
+        else:
+            w.plan(qo, np.array([0, 40, 740], np.int32), **HEADS, q_dtype="bfloat16", variant="sinks")
+            kv = (_cuda((740, 8, 128)), _cuda((740, 8, 128)))
+        q = _cuda((40, 32, 128))
+    with pytest.raises(
+        ValueError, match=r"read arrays given at run\(\): pass variant_arrays=\{'sinks': float32 \[32\]"
+    ):
+        w.run(q, *kv)
+    with pytest.raises(ValueError, match=r"variant_arrays\['sinks'\] must be a CUDA array but is a host array"):
+        w.run(q, *kv, variant_arrays={"sinks": np.zeros(32, np.float32)})
+    elsewhere = Tensor(sinks.ptr, (32,), (1,), DType.FLOAT32, "cuda", 1, "cupy", None)
+    with pytest.raises(ValueError, match=r"must be on the device of q \(cuda:0\) but is on cuda:1"):
+        w.run(q, *kv, variant_arrays={"sinks": elsewhere})
+    with pytest.raises(ValueError, match=r"must have dtype float32 but has dtype bfloat16"):
+        w.run(q, *kv, variant_arrays={"sinks": _cuda((32,))})
+    assert log == []
+    w.run(q, *kv, variant_arrays={"sinks": sinks})
+    w.run(q, *kv, variant_arrays={"sinks": sinks})
+    other = _cuda((32,), DType.FLOAT32)
+    w.run(q, *kv, variant_arrays={"sinks.sinks": other})
+    vparams = [e[4] for e in log if e[0] == "launch" and "merge" not in e[1]]
+    assert [int(v["sinks"]["sinks"]) for v in vparams] == [sinks.ptr, sinks.ptr, other.ptr]
+
+
+def test_single_decode_passes_variant_arrays(gpu):
+    log, _ = gpu
+    q, k, sinks = _cuda((32, 128)), _cuda((700, 8, 128)), _cuda((32,), DType.FLOAT32)
+    single_decode(q, k, _cuda((700, 8, 128)), variant="sinks", variant_arrays={"sinks": sinks})
+    assert [e[0] for e in log] == ["upload", "launch"] and int(log[1][4]["sinks"]["sinks"]) == sinks.ptr

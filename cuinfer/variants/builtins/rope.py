@@ -8,7 +8,8 @@ import math
 from cuinfer.variants.registry import register
 from cuinfer.variants.spec import Param, Variant
 
-_ROTATE = """
+# The rotation both RoPE built-ins apply to q and k (the frequency pair comes from the variant's per-dimension state)
+ROTATE_HALF = """
 float sn, cs;
 fmath::rope_sincos(pos, fmath::RopeFreq{state.hi, state.lo}, sn, cs);
 return dim < head_dim / 2 ? x * cs - partner * sn : x * cs + partner * sn;
@@ -23,8 +24,8 @@ state.hi = float(f);
 state.lo = float(f - double(state.hi));
 """,
         state_fields="float hi, lo;",
-        query_transform=_ROTATE,
-        key_transform=_ROTATE,
+        query_transform=ROTATE_HALF,
+        key_transform=ROTATE_HALF,
         params=(Param("log2_theta", "f64"), Param("rcp_scale", "f64")),
         doc=__doc__,
     )

@@ -35,7 +35,9 @@
 //
 // The attention variant V (variants/contract.cuh; its parameters arrive as the kernel's second argument,
 // VariantParams) shapes the logits (soft cap, ALiBi, ...), masks keys, clips each item's KV range by its key range
-// (a sliding window: at load_items), and transforms q (when an item starts) and each K tile in shared memory (RoPE).
+// (a sliding window: at load_items), and transforms q (when an item starts) and each K / V tile in shared memory
+// (RoPE); a sink is folded into each final row (finish_item, merge_split), an output transform applied to it; without
+// softmax (V::kSoftmax false) the keys' weights are summed (tile) and the pieces of a split row add up (merge_split).
 // kLse: the kernel writes lse.
 #pragma once
 #include "attention/decode/math.cuh"
@@ -104,6 +106,19 @@ struct CudaCore {
         for (int i = 0; i < 8; ++i) acc = fmaf(q[i], to_float(kv[i]), acc);
         s[j] = acc;
       }
+      if constexpr (!V::kSoftmax) {
+#pragma unroll
+        for (int j = 0; j < kSub; ++j) {
+          const int r = tz * TZ + j0 + j;
+          const float w = weight<V>(p, v, ix, fmath::group_sum<BDX>(s[j]), start + r, r < n_valid);
+          d += w;
+          Vec<KV, 8> vv;
+          vv.load(vs + Swizzle<BDX>::slot(r, tx) * 8);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) o[i] = fmaf(w, to_float(vv[i]), o[i]);
+        }
+        continue;
+      }
       float m_sub = neg_inf();
 #pragma unroll
       for (int j = 0; j < kSub; ++j) {
@@ -133,10 +148,14 @@ struct CudaCore {
 
   // The item's last tile: merge the BDZ slices' states through this tile's stage (free once every slice is done
   // reading it), write o / lse or the partial row, and run the split merge when this is the unit's last piece.
-  static __device__ __forceinline__ void finish_item(const DecodeParams& p, const TileSlot<T>* cur, KV* ks, float* md,
-                                                     int tx, int ty, int tz, const float (&o)[8], float m, float d) {
+  // Without softmax every slice's state is a sum: reference 0, merged with weight 1.
+  template <class VP>
+  static __device__ __forceinline__ void finish_item(const DecodeParams& p, const VP& v, const TileSlot<T>* cur,
+                                                     KV* ks, float* md, int tx, int ty, int tz, const float (&o)[8],
+                                                     float m, float d) {
     const int head = cur->kv_head * G + ty;
     const int prow = cur->partial < 0 ? -1 : cur->partial + ty;
+    if constexpr (!V::kSoftmax) m = 0.f;
     state::Merger<8> mg;
     if constexpr (BDZ == 1) {
       mg.init(m);
@@ -168,12 +187,14 @@ struct CudaCore {
       }
     }
     if (tz == 0) {
-      const float lse = mg.finish();
-      store_row<O, D, kLse>(p, cur->req, head, prow, tx * 8, mg.acc, lse, tx == 0);
+      const variant::Index ix{cur->req, 0, cur->kv_len - 1, head, cur->kv_head, 1, cur->kv_len, D};
+      const float lse = finish_state<V>(v, ix, mg, prow < 0);
+      store_row<V, O, D, kLse>(p, v, ix, cur->req, head, prow, tx * 8, mg.acc, lse, tx == 0);
     }
     if (cur->merge >= 0) {
-      merge_split<O, D, kLse, kThreads>(p, cur->merge, cur->pieces, G, cur->req, cur->kv_head * G,
-                                        reinterpret_cast<int*>(md));  // (md is free again: see merge_split)
+      merge_split<V, O, D, kLse, kThreads>(p, v, cur->merge, cur->pieces, G, cur->req, cur->kv_head * G,
+                                           cur->kv_head, cur->kv_len,
+                                           reinterpret_cast<int*>(md));  // (md is free again: see merge_split)
     }
   }
 };
@@ -219,13 +240,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
       for (int i = 0; i < 8; ++i) o[i] = 0.f;
     }
-    if constexpr (V::kKeyTransform) {
-      variant::key_transform_tile<V, D, kThreads>(v, ix, ks, start, n_valid, kst, threadIdx.x);
+    if constexpr (V::kKeyTransform || V::kValueTransform) {
+      if constexpr (V::kKeyTransform) {
+        variant::key_transform_tile<V, D, kThreads>(v, ix, ks, start, n_valid, kst, threadIdx.x);
+      }
+      if constexpr (V::kValueTransform) {
+        const variant::Index vix{cur->req, -1, -1, -1, cur->kv_head, 1, cur->kv_len, D};  // (no query: see contract)
+        variant::value_transform_tile<V, D, kThreads>(v, vix, vs, start, n_valid, threadIdx.x);
+      }
       __syncthreads();
     }
     K::tile(p, v, ix, ks, vs, start, n_valid, tx, tz, q, o, m, d);
     pipe.finish(p, n);
-    if (flags & kLast) K::finish_item(p, cur, ks, md, tx, ty, tz, o, m, d);
+    if (flags & kLast) K::finish_item(p, v, cur, ks, md, tx, ty, tz, o, m, d);
   }
 }
 
@@ -297,8 +324,9 @@ struct TensorCore {
       mma::ldmatrix_x4(qf[kk], qbase + Swizzle<kChunks>::byte_offset(lane % 16, 2 * kk + lane / 16));
   }
 
-  // S = Q K^T for this warp's 16 tokens, the online softmax on rows gid (e = 0, 1) and gid + 8 (e = 2, 3) (a row is
-  // spread over the 4 lanes of a quad), O += P V over this warp's output dims.
+  // S = Q K^T for this warp's 16 tokens, the online softmax (softmax(); without softmax the variant's weights, summed)
+  // on rows gid (e = 0, 1) and gid + 8 (e = 2, 3) (a row is spread over the 4 lanes of a quad), O += P V over this
+  // warp's output dims.
   template <class VP>
   static __device__ __forceinline__ void tile(const DecodeParams& p, const VP& v, const TileSlot<T>* cur,
                                               const KV* ks, const KV* vs, int start, int n_valid,
@@ -318,9 +346,43 @@ struct TensorCore {
       mma::ldmatrix_x4(b, kbase + Swizzle<kChunks>::byte_offset(krow, 2 * kk + (lane / 8) % 2));
       mma::mma_m16n16k16<Q>(s[0], s[1], qf[kk], b);
     }
-    float mx[2] = {neg_inf(), neg_inf()};
     const int h0 = cur->kv_head * G + cur->qo_tile * 16 + gid;  // query heads of this thread's rows: h0, h0 + 8
     const variant::Index ix[2] = {row(cur, h0), row(cur, h0 + 8)};
+    if constexpr (V::kSoftmax) {
+      softmax(p, v, ix, s, start, n_valid, oacc, m, dsum);
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = wkv * 16 + nt * 8 + 2 * tig + (e & 1);
+          s[nt][e] = weight<V>(p, v, ix[e / 2], s[nt][e], start + r, r < n_valid);
+          dsum[e / 2] += s[nt][e];
+        }
+      }
+    }
+    u32 pa[4];
+    mma::frag_c_to_a<Q>(pa, s[0], s[1]);
+    const u32 vbase = mma::smem_addr(vs);
+    const int vrow = wkv * 16 + lane % 16;
+#pragma unroll
+    for (int nd = 0; nd < DW / 16; ++nd) {
+      u32 b[4];
+      mma::ldmatrix_x4_trans(b, vbase + Swizzle<kChunks>::byte_offset(vrow, (wd * DW) / 8 + 2 * nd + lane / 16));
+      mma::mma_m16n16k16<Q>(oacc[2 * nd], oacc[2 * nd + 1], pa, b);
+    }
+  }
+
+  // The online softmax of this warp's S (rows gid and gid + 8 of the tile, keys start + wkv * 16 ...): logits through
+  // the variant, max, rescale of o and the row sums, S -> P in place.
+  template <class VP>
+  static __device__ __forceinline__ void softmax(const DecodeParams& p, const VP& v, const variant::Index (&ix)[2],
+                                                 float (&s)[2][4], int start, int n_valid, float (&oacc)[DW / 8][4],
+                                                 float (&m)[2], float (&dsum)[2]) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wkv = warp % kWarpsKV;
+    const int tig = lane % 4;
+    float mx[2] = {neg_inf(), neg_inf()};
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
@@ -354,23 +416,14 @@ struct TensorCore {
       oacc[j][2] *= scale[1];
       oacc[j][3] *= scale[1];
     }
-    u32 pa[4];
-    mma::frag_c_to_a<Q>(pa, s[0], s[1]);
-    const u32 vbase = mma::smem_addr(vs);
-    const int vrow = wkv * 16 + lane % 16;
-#pragma unroll
-    for (int nd = 0; nd < DW / 16; ++nd) {
-      u32 b[4];
-      mma::ldmatrix_x4_trans(b, vbase + Swizzle<kChunks>::byte_offset(vrow, (wd * DW) / 8 + 2 * nd + lane / 16));
-      mma::mma_m16n16k16<Q>(oacc[2 * nd], oacc[2 * nd + 1], pa, b);
-    }
   }
 
   // The item's last tile: merge the warps' states through this tile's stage (free once every warp is done reading
   // it), write o / lse or the partial rows, and run the split merge when this is the unit's last piece.
-  static __device__ __forceinline__ void finish_item(const DecodeParams& p, const TileSlot<T>* cur, KV* ks, float* md,
-                                                     const float (&oacc)[DW / 8][4], const float (&m)[2],
-                                                     const float (&dsum)[2]) {
+  template <class VP>
+  static __device__ __forceinline__ void finish_item(const DecodeParams& p, const VP& v, const TileSlot<T>* cur,
+                                                     KV* ks, float* md, const float (&oacc)[DW / 8][4],
+                                                     const float (&m)[2], const float (&dsum)[2]) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wkv = warp % kWarpsKV, wd = warp / kWarpsKV;
     const int gid = lane / 4, tig = lane % 4;
@@ -389,9 +442,10 @@ struct TensorCore {
       }
     }
     if (wd == 0 && tig == 0) {
-      md[(wkv * 16 + gid) * 2] = m[0];
+      // (without softmax every warp's state is a sum: reference 0, merged with weight 1)
+      md[(wkv * 16 + gid) * 2] = V::kSoftmax ? m[0] : 0.f;
       md[(wkv * 16 + gid) * 2 + 1] = d0;
-      md[(wkv * 16 + gid + 8) * 2] = m[1];
+      md[(wkv * 16 + gid + 8) * 2] = V::kSoftmax ? m[1] : 0.f;
       md[(wkv * 16 + gid + 8) * 2 + 1] = d1;
     }
     __syncthreads();
@@ -410,14 +464,16 @@ struct TensorCore {
           load8(os + (w * 16 + r) * D + c * 8, x);
           mg.add(mg.weight(md[(w * 16 + r) * 2]), md[(w * 16 + r) * 2 + 1], x);  // an empty warp (-inf) weighs 0
         }
-        const float lse = mg.finish();
+        const variant::Index ix = row(cur, cur->kv_head * G + row0 + r);  // (sink, output transform)
+        const float lse = finish_state<V>(v, ix, mg, cur->partial < 0);
         const int prow = cur->partial < 0 ? -1 : cur->partial + r;
-        store_row<O, D, kLse>(p, cur->req, cur->kv_head * G + row0 + r, prow, c * 8, mg.acc, lse, c == 0);
+        store_row<V, O, D, kLse>(p, v, ix, cur->req, cur->kv_head * G + row0 + r, prow, c * 8, mg.acc, lse, c == 0);
       }
     }
     if (cur->merge >= 0) {
-      merge_split<O, D, kLse, kThreads>(p, cur->merge, cur->pieces, min(16, G - row0), cur->req,
-                                        cur->kv_head * G + row0, reinterpret_cast<int*>(md));
+      merge_split<V, O, D, kLse, kThreads>(p, v, cur->merge, cur->pieces, min(16, G - row0), cur->req,
+                                           cur->kv_head * G + row0, cur->kv_head, cur->kv_len,
+                                           reinterpret_cast<int*>(md));
     }
   }
 };
@@ -472,16 +528,22 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
 #pragma unroll
       for (int j = 0; j < K::DW / 8; ++j) oacc[j][0] = oacc[j][1] = oacc[j][2] = oacc[j][3] = 0.f;
     }
-    if constexpr (V::kKeyTransform) {
-      variant::key_transform_tile<V, D, K::kThreads>(v, K::row(cur, cur->kv_head * G), ks, start, n_valid, kst,
-                                                     threadIdx.x);
+    if constexpr (V::kKeyTransform || V::kValueTransform) {
+      if constexpr (V::kKeyTransform) {
+        variant::key_transform_tile<V, D, K::kThreads>(v, K::row(cur, cur->kv_head * G), ks, start, n_valid, kst,
+                                                       threadIdx.x);
+      }
+      if constexpr (V::kValueTransform) {
+        const variant::Index vix{cur->req, -1, -1, -1, cur->kv_head, 1, cur->kv_len, D};  // (no query: see contract)
+        variant::value_transform_tile<V, D, K::kThreads>(v, vix, vs, start, n_valid, threadIdx.x);
+      }
       __syncthreads();
     }
     K::tile(p, v, cur, ks, vs, start, n_valid, qf, oacc, m, dsum);
     pipe.finish(p, n);
     if (flags & kLast) {
       CUINFER_DECODE_STAMP(4);
-      K::finish_item(p, cur, ks, md, oacc, m, dsum);
+      K::finish_item(p, v, cur, ks, md, oacc, m, dsum);
     }
   }
 }

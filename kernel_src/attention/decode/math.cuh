@@ -35,17 +35,45 @@ __device__ __forceinline__ float logit(const DecodeParams& p, const VP& v, const
   return keep ? t : neg_inf();
 }
 
-// Write 8 dims [dim0, dim0+8) of one output row: straight to o (and lse) for an unsplit item, or as an fp32 partial
-// row of the workspace for a split one. `x` is already normalised (v_scale is applied here); `lead` is the one thread
-// that writes the lse.
-template <typename O, int D, bool kLse>
-__device__ __forceinline__ void store_row(const DecodeParams& p, int req, int qo_head, int prow, int dim0,
-                                          const float (&x)[8], float lse, bool lead) {
+// No softmax (V::kSoftmax false): the weight of key j is the variant's logits output; masked keys and padding weigh 0.
+template <class V, class VP>
+__device__ __forceinline__ float weight(const DecodeParams& p, const VP& v, const variant::Index& ix, float raw, int j,
+                                        bool keep) {
+  const float w = V::logits(v, ix, j, raw * p.sm_scale);
+  if constexpr (V::kMask) keep = keep && V::mask(v, ix, j);
+  return keep ? w : 0.f;
+}
+
+// The lse of a row's merged state and its o normalised in place: the softmax's (with the row's sink folded in when
+// the row is final, i.e. not a partial state of a split), or the plain sum without softmax.
+template <class V, class VP>
+__device__ __forceinline__ float finish_state(const VP& v, const variant::Index& ix, state::Merger<8>& mg,
+                                              bool final) {
+  if constexpr (!V::kSoftmax) {
+    return mg.finish_sum();
+  } else {
+    if constexpr (V::kSink) {
+      if (final) mg.add_sink(variant::sink_log2<V>(v, ix));
+    }
+    return mg.finish();
+  }
+}
+
+// Write 8 dims [dim0, dim0+8) of one output row: straight to o (and lse) for an unsplit item, through the variant's
+// output transform, or as an fp32 partial row of the workspace for a split one. `x` is already normalised (v_scale is
+// applied here); `lead` is the one thread that writes the lse; `ix` is the row's index (for the output transform).
+template <class V, typename O, int D, bool kLse, class VP>
+__device__ __forceinline__ void store_row(const DecodeParams& p, const VP& v, const variant::Index& ix, int req,
+                                          int qo_head, int prow, int dim0, const float (&x)[8], float lse, bool lead) {
   if (prow < 0) {
-    Vec<O, 8> v;
+    Vec<O, 8> ov;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = from_float<O>(x[i] * p.v_scale);
-    v.store_global(reinterpret_cast<O*>(p.o) + i64(req) * p.o_stride_b + i64(qo_head) * p.o_stride_h + dim0);
+    for (int i = 0; i < 8; ++i) {
+      float y = x[i] * p.v_scale;
+      if constexpr (V::kOutputTransform) y = V::output_transform(v, ix, dim0 + i, y, lse);
+      ov[i] = from_float<O>(y);
+    }
+    ov.store_global(reinterpret_cast<O*>(p.o) + i64(req) * p.o_stride_b + i64(qo_head) * p.o_stride_h + dim0);
     if constexpr (kLse) {
       if (lead) reinterpret_cast<float*>(p.lse)[i64(req) * p.lse_stride_b + i64(qo_head) * p.lse_stride_h] = lse;
     }
@@ -59,6 +87,12 @@ __device__ __forceinline__ void store_row(const DecodeParams& p, int req, int qo
   }
 }
 
+// The variant's index of a decode row: query head `head` of request `req` (at kv position kv_len - 1).
+template <int D>
+__device__ __forceinline__ variant::Index row_index(int req, int head, int kv_head, int kv_len) {
+  return variant::Index{req, 0, kv_len - 1, head, kv_head, 1, kv_len, D};
+}
+
 // The in-kernel merge of a split (request, KV head): each piece stores its rows as fp32 partial states (store_row),
 // then counts itself in the unit's counter; the CTA that brings the count to the unit's piece count merges all
 // pieces into o / lse and resets the counter to 0 for the next launch (so a CUDA graph replays it as is). No second
@@ -66,10 +100,12 @@ __device__ __forceinline__ void store_row(const DecodeParams& p, int req, int qo
 //   Partial rows: piece j of the unit starting at row U holds its `rows` rows at U + j * rows (planner/merge.py).
 //   Memory order: every thread fences its own partial stores before the barrier that precedes the count (release);
 //   the merging CTA reads the other pieces' rows with ld.global.cg (L2, never a stale L1 line) after the count.
+// The merged rows are final: a sink is folded in here (once per row), the output transform applied. Without softmax
+// the pieces' sums add (weights 1, lse log2 of the summed weights).
 // All threads call it (block-uniform arguments); `flag` is one int of shared memory.
-template <typename O, int D, bool kLse, int kThreads>
-__device__ __forceinline__ void merge_split(const DecodeParams& p, int unit, int pieces, int rows, int req, int head0,
-                                            int* flag) {
+template <class V, typename O, int D, bool kLse, int kThreads, class VP>
+__device__ __forceinline__ void merge_split(const DecodeParams& p, const VP& v, int unit, int pieces, int rows,
+                                            int req, int head0, int kv_head, int kv_len, int* flag) {
   // One acq_rel atomic of thread 0 after the barrier, instead of a fence in every thread: the release is cumulative
   // (it orders the block's partial stores that the barrier ordered before it) and the acquire, followed by the next
   // barrier, orders the block's reads of the other pieces after their stores (the semaphore pattern of CUTLASS's
@@ -90,25 +126,46 @@ __device__ __forceinline__ void merge_split(const DecodeParams& p, int unit, int
   constexpr int kChunks = D / 8;
   for (int u = threadIdx.x; u < rows * kChunks; u += kThreads) {
     const int x = u / kChunks, c = u % kChunks;
-    float mx = neg_inf();
-    for (int j = 0; j < pieces; ++j) mx = fmaxf(mx, __ldcg(plse + j * rows + x));
     state::Merger<8> mg;
-    mg.init(mx);
-    if (mx != neg_inf()) {
-      for (int j = 0; j < pieces; ++j) {
-        const float w = mg.weight(__ldcg(plse + j * rows + x));  // an empty piece (-inf) weighs 0
-        const float4* src = reinterpret_cast<const float4*>(po + i64(j * rows + x) * D + c * 8);
-        const float4 lo = __ldcg(src), hi = __ldcg(src + 1);
-        const float xs[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-        mg.add(w, 1.f, xs);
+    float lse;
+    if constexpr (V::kSoftmax) {
+      float mx = neg_inf();
+      for (int j = 0; j < pieces; ++j) mx = fmaxf(mx, __ldcg(plse + j * rows + x));
+      mg.init(mx);
+      if (mx != neg_inf()) {
+        for (int j = 0; j < pieces; ++j) {
+          const float w = mg.weight(__ldcg(plse + j * rows + x));  // an empty piece (-inf) weighs 0
+          const float4* src = reinterpret_cast<const float4*>(po + i64(j * rows + x) * D + c * 8);
+          const float4 lo = __ldcg(src), hi = __ldcg(src + 1);
+          const float xs[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+          mg.add(w, 1.f, xs);
+        }
       }
+      if constexpr (V::kSink) mg.add_sink(variant::sink_log2<V>(v, row_index<D>(req, head0 + x, kv_head, kv_len)));
+      lse = mg.finish();
+    } else {
+      mg.init(0.f);
+      for (int j = 0; j < pieces; ++j) {
+        const float l = __ldcg(plse + j * rows + x);
+        if (l != neg_inf()) {  // (a piece without keys holds o = 0)
+          const float4* src = reinterpret_cast<const float4*>(po + i64(j * rows + x) * D + c * 8);
+          const float4 lo = __ldcg(src), hi = __ldcg(src + 1);
+          const float xs[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+          mg.add(1.f, fmath::ex2(l), xs);
+        }
+      }
+      lse = mg.finish_sum();
     }
-    const float lse = mg.finish();
-    Vec<O, 8> v;  // (the partials already carry v_scale)
+    if constexpr (V::kOutputTransform) {
+      const variant::Index ix = row_index<D>(req, head0 + x, kv_head, kv_len);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = from_float<O>(mg.acc[i]);
+      for (int i = 0; i < 8; ++i) mg.acc[i] = V::output_transform(v, ix, c * 8 + i, mg.acc[i], lse);
+    }
+    Vec<O, 8> ov;  // (the partials already carry v_scale)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) ov[i] = from_float<O>(mg.acc[i]);
     const int head = head0 + x;
-    v.store_global(reinterpret_cast<O*>(p.o) + i64(req) * p.o_stride_b + i64(head) * p.o_stride_h + c * 8);
+    ov.store_global(reinterpret_cast<O*>(p.o) + i64(req) * p.o_stride_b + i64(head) * p.o_stride_h + c * 8);
     if constexpr (kLse) {
       if (c == 0) reinterpret_cast<float*>(p.lse)[i64(req) * p.lse_stride_b + i64(head) * p.lse_stride_h] = lse;
     }

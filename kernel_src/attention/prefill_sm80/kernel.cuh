@@ -208,6 +208,10 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
       qk_tile<C, false>(s, c.q_lane, k_stage, live);
     }
     if (V::kLogits || need_mask) logits_and_mask<C>(p, v, c, s, wkey0, kv_end, need_mask);
+    if constexpr (!V::kSoftmax) {
+      weights_sum<C>(s, row_sum);
+      break;
+    }
     if (kMaxFree && fast) {
       if (softmax_max_free<C>(s, row_max, row_sum, x_scale)) break;
       fast = false;  // recompute this tile on the exact path
@@ -265,6 +269,10 @@ __device__ __forceinline__ void kv_loop(const P& p, const VP& v, const Cta<C>& c
       c.sync();
       if (ahead < kv_end) ld.load_v(ahead, st, v_base, v_head, kv_end, v_offs);
       cp_async_commit();
+      if constexpr (V::kValueTransform) {
+        transform_values<C>(v, c, stage, key0, kv_end);  // (this tile's V landed: the barrier above)
+        c.sync();
+      }
       if constexpr (C::kPaged) {
         if (ahead + TILE_KV < kv_end) {
           ld.read_pages(ahead + TILE_KV, v_base, kv_end, pages);
@@ -349,9 +357,9 @@ __device__ __forceinline__ void run_item(const P& p, const VP& v, const Cta<C>& 
   CUINFER_PREFILL_TRACE_STAMP(3);
   if constexpr (XI) {
     const int e_slot = (item - lds_volatile(c.sched())) % C::kTableItems;
-    epilogue_cross_item<C>(p, c, ld, item, e_slot, stage, pages, o, row_max, row_sum, x_scale);
+    epilogue_cross_item<C>(p, v, c, ld, item, e_slot, stage, pages, o, row_max, row_sum, x_scale);
   } else {
-    epilogue_merge_warps<C>(p, c, item, o, row_max, row_sum, x_scale);
+    epilogue_merge_warps<C>(p, v, c, item, o, row_max, row_sum, x_scale);
   }
   CUINFER_PREFILL_TRACE_END(C, c.tid, c.wg, c.cta, item, p);
 }

@@ -100,7 +100,7 @@ __device__ __forceinline__ float exp2_row(float (&s)[2 * MMA_KV][4], int h, floa
 // The variant's logits transform and the tile's masks on this warp's S: the element of row (mq, h) and n8 tile j,
 // component e, is the logit of packed row row0 + warp_row0 + lane/4 + 16 mq + 8 h and key wkey0 + 8 j + 2 (lane % 4)
 // + e % 2. Keys outside the row's key range [lo, hi) (the variant's key_range clipped to the item's kv_end) and keys
-// the variant's mask drops become -inf.
+// the variant's mask drops become -inf (without softmax: weight 0).
 template <class C, class P, class VP>
 __device__ __forceinline__ void logits_and_mask(const P& p, const VP& v, const Cta<C>& c,
                                                 float (&s)[C::kMmaQ][2 * C::kMmaKV][4], int wkey0, int kv_end,
@@ -139,11 +139,26 @@ __device__ __forceinline__ void logits_and_mask(const P& p, const VP& v, const C
             if constexpr (V::kMask) {
               if (keep) keep = V::mask(v, ix, key);
             }
-            x = keep ? x : neg_inf();
+            x = keep ? x : (V::kSoftmax ? neg_inf() : 0.f);
           }
           s[mq][j][e] = x;
         }
       }
+    }
+  }
+}
+
+// No softmax (the variant's kSoftmax is false): S holds the keys' weights (logits_and_mask); add them to the row sums
+// and keep S as P (no max, no rescale: o accumulates the plain weighted sum).
+template <class C>
+__device__ __forceinline__ void weights_sum(const float (&s)[C::kMmaQ][2 * C::kMmaKV][4],
+                                            float (&row_sum)[C::kMmaQ][2]) {
+#pragma unroll
+  for (int mq = 0; mq < C::kMmaQ; ++mq) {
+#pragma unroll
+    for (int j = 0; j < 2 * C::kMmaKV; ++j) {
+      row_sum[mq][0] += s[mq][j][0] + s[mq][j][1];
+      row_sum[mq][1] += s[mq][j][2] + s[mq][j][3];
     }
   }
 }

@@ -71,5 +71,17 @@ __device__ __forceinline__ void transform_tile(const P& p, const VP& v, const Ct
   }
 }
 
+// After the barrier that lands the V tile at key0 in buffer `stage`: the variant's value transform on its valid rows.
+// The caller synchronises afterwards.
+template <class C, class VP>
+__device__ __forceinline__ void transform_values(const VP& v, const Cta<C>& c, int stage, int key0, int kv_end) {
+  using T = typename C::DTypeKV;
+  const int kv_len = c.info[kIKvLen], q_shift = c.info[kIQShift];
+  const variant::Index ix{c.info[kIReq], -1, -1, -1, c.info[kIKvHead], kv_len - q_shift, kv_len, C::kHeadDimQK};
+  T* v_tile = reinterpret_cast<T*>(c.smem + C::kVOff + stage * C::kVBytes);
+  variant::value_transform_tile<typename C::Variant, C::kHeadDimVO, C::kThreads>(
+      v, ix, v_tile, key0, min(C::kTileKV, kv_end - key0), c.tid);
+}
+
 }  // namespace prefill
 }  // namespace cuinfer
