@@ -2,7 +2,7 @@
 
     python -m bench.lab.variant_bench [--peers fa2,fa3] [--iters 30]      (GPU machine)
 
-Prefill, P1 shape (ragged 1 x 8192, causal, 32 / 8 heads, d128, bf16): causal, soft cap 30, ALiBi, sliding window
+Prefill, P1-P3 shapes (ragged, causal, 32 / 8 heads, d128, bf16; --cases): causal, soft cap 30, ALiBi, sliding window
 1024, in-kernel RoPE; TFLOP/s count attended (query, key) pairs only (window: ~1025 keys per row). Decode, D6 shape
 (128 x 2048, page 16): plain, in-kernel RoPE (`rope_llama`), and a separate rotation of the whole K cache (torch
 elementwise ops) followed by plain decode. Times: CUDA events, L2 flushed before every run, medians
@@ -17,65 +17,85 @@ import sys
 import numpy as np
 
 
-def _pairs_causal(n: int, window: int = -1) -> int:
-    rows = np.arange(n)
-    lo = np.zeros(n, dtype=np.int64) if window < 0 else np.maximum(rows - window, 0)
-    return int((rows - lo + 1).sum())
+def _pairs_causal(lens: np.ndarray, window: int = -1) -> int:
+    """Attended (query, key) pairs of causal self-attention over requests of these lengths (window: keys within
+    ``window`` before the query, the query's own key included)."""
+    total = 0
+    for n in lens:
+        rows = np.arange(int(n))
+        lo = np.zeros(int(n), dtype=np.int64) if window < 0 else np.maximum(rows - window, 0)
+        total += int((rows - lo + 1).sum())
+    return total
 
 
-def prefill_rows(timer, torch, iters: int, peers: list[str]) -> list[tuple]:
+VARIANTS = {
+    "causal": {},
+    "soft cap 30": {"logits_soft_cap": 30.0},
+    "alibi": {"pos_encoding": "alibi"},
+    "window 1024": {"window_left": 1024},
+    "rope (in kernel)": {"pos_encoding": "rope_llama"},
+}
+
+
+def _fi_kwargs(opts: dict) -> dict:
+    kw = {}
+    if "logits_soft_cap" in opts:
+        kw["logits_soft_cap"] = opts["logits_soft_cap"]
+    if "window_left" in opts:
+        kw["window_left"] = opts["window_left"]
+    if opts.get("pos_encoding") == "alibi":
+        kw["pos_encoding_mode"] = "ALIBI"
+    return kw
+
+
+def prefill_rows(timer, torch, iters: int, peers: list[str], case_ids: list[str]) -> list[tuple]:
+    """Ragged causal prefill on the P1-P3 shapes of bench/cases.py (lengths drawn with the case's seed), every
+    variant of VARIANTS on cuinfer and, for those FlashInfer has, on each peer backend."""
     import cuinfer
+    from bench.cases import PREFILL_CASES
 
-    n, hq, hkv, d = 8192, 32, 8, 128
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(n, hq, d, dtype=torch.bfloat16, device="cuda", generator=g)
-    k = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda", generator=g)
-    v = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda", generator=g)
-    qo = kv = np.array([0, n], dtype=np.int32)
-    variants = {
-        "causal": {},
-        "soft cap 30": {"logits_soft_cap": 30.0},
-        "alibi": {"pos_encoding": "alibi"},
-        "window 1024": {"window_left": 1024},
-        "rope (in kernel)": {"pos_encoding": "rope_llama"},
-    }
+    hq, hkv, d = 32, 8, 128
     rows = []
-    for name, opts in variants.items():
-        w = cuinfer.BatchPrefill(paged=False)
-        w.plan(qo, kv, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, causal=True, q_dtype="bfloat16", **opts)
-        t = timer.time(lambda w=w: w.run(q, k, v), iters=iters, warmup=5)
-        pairs = _pairs_causal(n, opts.get("window_left", -1))
-        tflops = 4 * hq * d * pairs / t.median_s / 1e12
-        rows.append(("prefill P1", name, "cuinfer", t.us, tflops, f"q{w._plan.config.tile_q}k{w._plan.config.tile_kv}"))
-        print(rows[-1], flush=True)
-    for backend in peers:
-        try:
-            import flashinfer
-        except ImportError:
-            break
-        for name, opts in variants.items():
-            if name.startswith("rope"):
-                continue
-            ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-            fi = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=backend)
-            kw = dict(causal=True, q_data_type=torch.bfloat16)
-            if "logits_soft_cap" in opts:
-                kw["logits_soft_cap"] = opts["logits_soft_cap"]
-            if "window_left" in opts:
-                kw["window_left"] = opts["window_left"]
-            if opts.get("pos_encoding") == "alibi":
-                kw["pos_encoding_mode"] = "ALIBI"
-            try:
-                qi = torch.tensor(qo, device="cuda")
-                fi.plan(qi, qi, hq, hkv, d, **kw)
-                t = timer.time(lambda fi=fi: fi.run(q, k, v), iters=iters, warmup=5)
-            except Exception as ex:  # noqa: BLE001 - a peer that cannot run a variant is a row, not a crash
-                rows.append(("prefill P1", name, f"flashinfer-{backend}", float("nan"), float("nan"), str(ex)[:60]))
-                print(rows[-1], flush=True)
-                continue
-            pairs = _pairs_causal(n, opts.get("window_left", -1))
-            rows.append(("prefill P1", name, f"flashinfer-{backend}", t.us, 4 * hq * d * pairs / t.median_s / 1e12, ""))
+    for case in [c for c in PREFILL_CASES if c.id in case_ids]:
+        lens = case.lengths.draw(case.seed)
+        n = int(lens.sum())
+        indptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        g = torch.Generator(device="cuda").manual_seed(case.seed)
+        q = torch.randn(n, hq, d, dtype=torch.bfloat16, device="cuda", generator=g)
+        k = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda", generator=g)
+        v = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda", generator=g)
+        label = f"prefill {case.id}"
+        for name, opts in VARIANTS.items():
+            w = cuinfer.BatchPrefill(paged=False)
+            w.plan(indptr, indptr, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, causal=True, q_dtype="bfloat16",
+                   **opts)  # fmt: skip
+            t = timer.time(lambda w=w, q=q, k=k, v=v: w.run(q, k, v), iters=iters, warmup=5)
+            pairs = _pairs_causal(lens, opts.get("window_left", -1))
+            tiles = f"q{w._plan.config.tile_q}k{w._plan.config.tile_kv}"
+            rows.append((label, name, "cuinfer", t.us, 4 * hq * d * pairs / t.median_s / 1e12, tiles))
             print(rows[-1], flush=True)
+        for backend in peers:
+            try:
+                import flashinfer
+            except ImportError:
+                break
+            for name, opts in VARIANTS.items():
+                if name.startswith("rope"):
+                    continue
+                ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+                fi = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=backend)
+                try:
+                    qi = torch.tensor(indptr, device="cuda")
+                    fi.plan(qi, qi, hq, hkv, d, causal=True, q_data_type=torch.bfloat16, **_fi_kwargs(opts))
+                    t = timer.time(lambda fi=fi, q=q, k=k, v=v: fi.run(q, k, v), iters=iters, warmup=5)
+                except Exception as ex:  # noqa: BLE001 - a peer that cannot run a variant is a row, not a crash
+                    rows.append((label, name, f"flashinfer-{backend}", float("nan"), float("nan"), str(ex)[:60]))
+                    print(rows[-1], flush=True)
+                    continue
+                pairs = _pairs_causal(lens, opts.get("window_left", -1))
+                tflops = 4 * hq * d * pairs / t.median_s / 1e12
+                rows.append((label, name, f"flashinfer-{backend}", t.us, tflops, ""))
+                print(rows[-1], flush=True)
     return rows
 
 
@@ -117,8 +137,24 @@ def decode_rows(timer, torch, iters: int) -> list[tuple]:
         kr[:, 1] = cache[:, 1]
         return plain.run(q, kr)
 
-    for name, fn in (("plain", lambda: plain.run(q, cache)), ("rope (in kernel)", lambda: rope.run(q, cache)),
-                     ("rope (torch pass + plain)", separate)):  # fmt: skip
+    # the same with cuinfer's RoPE kernel over a K cache held apart from V ([pages * page, heads, dim] rows at their
+    # positions); apply_rope_pos_ids rotates a q too: one head per row (1/8 of K's bytes more read and written)
+    k_sep, v_sep = cache[:, 0].contiguous(), cache[:, 1].contiguous()
+    k_rows = k_sep.view(num_pages * ps, hkv, d)
+    q_rows = torch.zeros(num_pages * ps, 1, d, dtype=torch.bfloat16, device="cuda")
+    pos_ids = pos.reshape(-1).to(torch.int32)
+
+    def separate_cuinfer():
+        _, k_rot = cuinfer.apply_rope_pos_ids(q_rows, k_rows, pos_ids)
+        return plain.run(q, (k_rot.view(num_pages, ps, hkv, d), v_sep))
+
+    cases = (
+        ("plain", lambda: plain.run(q, cache)),
+        ("rope (in kernel)", lambda: rope.run(q, cache)),
+        ("rope (torch pass + plain)", separate),
+        ("rope (cuinfer apply_rope pass + plain)", separate_cuinfer),
+    )
+    for name, fn in cases:  # fmt: skip
         t = timer.time(fn, iters=iters, warmup=5)
         rows.append(("decode D6", name, "cuinfer", t.us, kv_bytes / t.median_s / 1e9, "GB/s of KV"))
         print(rows[-1], flush=True)
@@ -129,12 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.lab.variant_bench", description=__doc__.splitlines()[0])
     p.add_argument("--peers", default="", help="FlashInfer prefill backends to run too, e.g. fa2,fa3")
     p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--cases", default="P1,P2,P3", help="prefill cases of bench/cases.py (ragged, causal)")
     args = p.parse_args(argv)
     from bench.timing import CudaTimer, cuda_torch
 
     torch = cuda_torch()
     timer = CudaTimer()
-    rows = prefill_rows(timer, torch, args.iters, [b for b in args.peers.split(",") if b])
+    rows = prefill_rows(timer, torch, args.iters, [b for b in args.peers.split(",") if b], args.cases.split(","))
     rows += decode_rows(timer, torch, args.iters)
     print(f"\n{'case':12s} {'variant':28s} {'impl':18s} {'us':>10s} {'rate':>9s}  note")
     for case, name, impl, us, rate, note in rows:
