@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kThreads, 4) segment_packbits(const __grid_con
     __syncwarp();
     // lane g: mask bits sh + 128 g .. + 127, i.e. u16 masks 8 g .. 8 g + 8
     const uint4 m = reinterpret_cast<const uint4*>(masks[warp])[lane];
-    const u32 m4 = lane < 31 ? masks[warp][8 * lane + 8] : 0;
+    const u32 m4 = masks[warp][8 * lane + 8];  // lane 31: word 256, the 257th of an item that starts mid-word
     const u32 mw[5] = {m.x, m.y, m.z, m.w, m4};
     u32 ob[4];
 #pragma unroll
