@@ -217,8 +217,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   Pipe pipe;
   pipe.start(p, v, smem);
 
-  typename V::DimState kst[8];  // the key transform's states of this thread's dimension pairs (RoPE frequencies)
-  if constexpr (V::kKeyTransform) variant::pair_states<V, D>(v, threadIdx.x % (D / 16), kst);
+  variant::KeyStates<V, D, kThreads, T> kst;  // the key transform's states of this thread's dims (RoPE frequencies)
+  if constexpr (V::kKeyTransform) kst.init(v, threadIdx.x);
 
   float q[8], o[8];
   float m = neg_inf(), d = 0.f;
@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
     if constexpr (V::kKeyTransform || V::kValueTransform) {
       if constexpr (V::kKeyTransform) {
-        variant::key_transform_tile<V, D, kThreads>(v, ix, ks, start, n_valid, kst, threadIdx.x);
+        kst.transform_tile(v, ix, ks, start, n_valid, threadIdx.x);
       }
       if constexpr (V::kValueTransform) {
         const variant::Index vix{cur->req, -1, -1, -1, cur->kv_head, 1, cur->kv_len, D};  // (no query: see contract)
@@ -499,8 +499,8 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
   pipe.start(p, v, smem);
   CUINFER_DECODE_STAMP(2);
 
-  typename V::DimState kst[8];  // the key transform's states of this thread's dimension pairs (RoPE frequencies)
-  if constexpr (V::kKeyTransform) variant::pair_states<V, D>(v, threadIdx.x % (D / 16), kst);
+  variant::KeyStates<V, D, K::kThreads, T> kst;  // the key transform's states of this thread's dims (RoPE frequencies)
+  if constexpr (V::kKeyTransform) kst.init(v, threadIdx.x);
 
   u32 qf[D / 16][4];
   float oacc[K::DW / 8][4];
@@ -530,8 +530,7 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
     }
     if constexpr (V::kKeyTransform || V::kValueTransform) {
       if constexpr (V::kKeyTransform) {
-        variant::key_transform_tile<V, D, K::kThreads>(v, K::row(cur, cur->kv_head * G), ks, start, n_valid, kst,
-                                                       threadIdx.x);
+        kst.transform_tile(v, K::row(cur, cur->kv_head * G), ks, start, n_valid, threadIdx.x);
       }
       if constexpr (V::kValueTransform) {
         const variant::Index vix{cur->req, -1, -1, -1, cur->kv_head, 1, cur->kv_len, D};  // (no query: see contract)
