@@ -63,7 +63,7 @@ __device__ __forceinline__ void key_transform_tile(const VP& v, const Index& ix,
   }
 }
 
-// A decode thread's key-transform states for K tiles of kTile keys: the DimStates of its dimension pairs 8c .. 8c+7
+// A decode thread's transform states for K tiles of kTile keys: the DimStates of its dimension pairs 8c .. 8c+7
 // (c = tid % (D/16)) and, with pos_advance, the PosStates of the distance between the rows of a tile it transforms
 // (kThreads / (D/16) keys).
 template <class V, int D, int kThreads, int kTile> struct KeyStates {
@@ -74,6 +74,7 @@ template <class V, int D, int kThreads, int kTile> struct KeyStates {
   typename V::DimState s[8];
   typename V::PosState step[8];
 
+  // (also the q transform's: a thread's q chunks are its K chunk pair)
   template <class VP> __device__ __forceinline__ void init(const VP& v, int tid) {
     const int c = tid % kHalf;
     pair_states<V, D>(v, c, s);
@@ -135,6 +136,14 @@ __device__ __forceinline__ void query_transform_chunk(const VP& v, const Index& 
   for (int i = 0; i < 8; ++i) {
     x[i] = V::query_transform(v, V::dim_state(v, pair0 + i, D), ix, 8 * c + i, x[i], partner[i]);
   }
+}
+
+// ... given the DimStates of the chunk's pairs (c % (D/16): the decode kernels' KeyStates::s, made for the same pairs).
+template <class V, int D, class VP>
+__device__ __forceinline__ void query_transform_chunk(const VP& v, const Index& ix, int c, float (&x)[8],
+                                                      const float (&partner)[8], const typename V::DimState (&s)[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = V::query_transform(v, s[i], ix, 8 * c + i, x[i], partner[i]);
 }
 
 }  // namespace variant
