@@ -500,7 +500,10 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
   pipe.start(p, v, smem);
   CUINFER_DECODE_STAMP(2);
 
-  variant::KeyStates<V, D, K::kThreads, T> kst;  // the key transform's states of this thread's dims (RoPE frequencies)
+  // The key transform's states of this thread's dims (RoPE frequencies). With one warp along the dims and no value
+  // transform each warp rotates the 16 keys only it reads, and a warp barrier replaces the block's.
+  constexpr bool kWarpKeys = kWarpsD == 1 && !V::kValueTransform;
+  variant::KeyStates<V, D, kWarpKeys ? 32 : K::kThreads, kWarpKeys ? 16 : T> kst;
   if constexpr (V::kKeyTransform || V::kQueryTransform) kst.init(v, threadIdx.x);
 
   u32 qf[D / 16][4];
@@ -531,13 +534,19 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
     }
     if constexpr (V::kKeyTransform || V::kValueTransform) {
       if constexpr (V::kKeyTransform) {
-        kst.transform_tile(v, K::row(cur, cur->kv_head * G), ks, start, n_valid, threadIdx.x);
+        const int w = kWarpKeys ? threadIdx.x / 32 : 0;  // (keys 16w.. of the tile: warp w's)
+        kst.transform_tile(v, K::row(cur, cur->kv_head * G), ks + w * 16 * D, start + 16 * w, n_valid - 16 * w,
+                           kWarpKeys ? threadIdx.x % 32 : threadIdx.x);
       }
       if constexpr (V::kValueTransform) {
         const variant::Index vix{cur->req, -1, -1, -1, cur->kv_head, 1, cur->kv_len, D};  // (no query: see contract)
         variant::value_transform_tile<V, D, K::kThreads>(v, vix, vs, start, n_valid, threadIdx.x);
       }
-      __syncthreads();
+      if constexpr (kWarpKeys) {
+        __syncwarp();
+      } else {
+        __syncthreads();
+      }
     }
     K::tile(p, v, cur, ks, vs, start, n_valid, qf, oacc, m, dsum);
     pipe.finish(p, n);
