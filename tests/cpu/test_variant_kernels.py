@@ -179,4 +179,4 @@ def test_rope_keys_take_one_exact_sin_cos_per_tile_and_thread_in_decode(tensor_c
     spec = decode_spec(_decode_key(render((lookup("rope"),)), tensor_cores))
     mod = compile_spec(spec, "sm_90a")
     ops = disassemble(mod.cubin)[next(iter(mod.lowered.values()))]
-    assert sum(op.startswith("MUFU.SIN") for op in ops) == 8 + 8 + 8  # steps (once per kernel), tile seeds, q (per item)
+    assert sum(op.startswith("MUFU.SIN") for op in ops) == 8 + 8 + 8  # steps (per kernel), tile seeds, q (per item)
