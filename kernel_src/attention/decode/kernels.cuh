@@ -67,7 +67,8 @@ struct CudaCore {
   // The row of this thread's query head at the item's first tile, and its 8 dims of q (transformed at qpos).
   template <class VP>
   static __device__ __forceinline__ variant::Index load_q(const DecodeParams& p, const VP& v, const TileSlot<T>* cur,
-                                                          int tx, int ty, float (&q)[8]) {
+                                                          int tx, int ty, float (&q)[8],
+                                                          const typename V::DimState (&qst)[8]) {
     const int head = cur->kv_head * G + ty;
     const variant::Index ix{cur->req, 0, cur->kv_len - 1, head, cur->kv_head, 1, cur->kv_len, D};
     const Q* qrow = reinterpret_cast<const Q*>(p.q) + i64(cur->req) * p.q_stride_b + i64(head) * p.q_stride_h;
@@ -81,7 +82,7 @@ struct CudaCore {
       float partner[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) partner[i] = to_float(pv[i]);
-      variant::query_transform_chunk<V, D>(v, ix, tx, q, partner);
+      variant::query_transform_chunk<V, D>(v, ix, tx, q, partner, qst);
     }
     return ix;
   }
@@ -217,8 +218,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   Pipe pipe;
   pipe.start(p, v, smem);
 
-  typename V::DimState kst[8];  // the key transform's states of this thread's dimension pairs (RoPE frequencies)
-  if constexpr (V::kKeyTransform) variant::pair_states<V, D>(v, threadIdx.x % (D / 16), kst);
+  variant::KeyStates<V, D, kThreads, T> kst;  // the key transform's states of this thread's dims (RoPE frequencies)
+  if constexpr (V::kKeyTransform || V::kQueryTransform) kst.init(v, threadIdx.x);
 
   float q[8], o[8];
   float m = neg_inf(), d = 0.f;
@@ -234,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     KV* vs = pipe.v_stage(n);
 
     if (flags & kFirst) {
-      ix = K::load_q(p, v, cur, tx, ty, q);
+      ix = K::load_q(p, v, cur, tx, ty, q, kst.s);
       m = neg_inf();
       d = 0.f;
 #pragma unroll
@@ -242,7 +243,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
     if constexpr (V::kKeyTransform || V::kValueTransform) {
       if constexpr (V::kKeyTransform) {
-        variant::key_transform_tile<V, D, kThreads>(v, ix, ks, start, n_valid, kst, threadIdx.x);
+        kst.transform_tile(v, ix, ks, start, n_valid, threadIdx.x);
       }
       if constexpr (V::kValueTransform) {
         const variant::Index vix{cur->req, -1, -1, -1, cur->kv_head, 1, cur->kv_len, D};  // (no query: see contract)
@@ -279,7 +280,7 @@ struct TensorCore {
   // fragments.
   template <class VP>
   static __device__ __forceinline__ void load_q(const DecodeParams& p, const VP& v, const TileSlot<T>* cur, Q* qs,
-                                                u32 (&qf)[D / 16][4]) {
+                                                u32 (&qf)[D / 16][4], const typename V::DimState (&qst)[8]) {
     const int row0 = cur->qo_tile * 16;  // packed row of the tile's row 0 = head in group
     const Q* qb = reinterpret_cast<const Q*>(p.q) + i64(cur->req) * p.q_stride_b + i64(cur->kv_head * G) * p.q_stride_h;
     if constexpr (V::kQueryTransform) {
@@ -299,8 +300,8 @@ struct TensorCore {
 #pragma unroll
           for (int i = 0; i < 8; ++i) xr[i] = x[i], yr[i] = y[i];
           const variant::Index ix = row(cur, cur->kv_head * G + row0 + r);
-          variant::query_transform_chunk<V, D>(v, ix, c, xr, y);
-          variant::query_transform_chunk<V, D>(v, ix, c + kChunks / 2, yr, x);
+          variant::query_transform_chunk<V, D>(v, ix, c, xr, y, qst);  // (c = threadIdx.x % (D/16): qst's pairs)
+          variant::query_transform_chunk<V, D>(v, ix, c + kChunks / 2, yr, x, qst);
 #pragma unroll
           for (int i = 0; i < 8; ++i) lo[i] = from_float<Q>(xr[i]), hi[i] = from_float<Q>(yr[i]);
         }
@@ -499,8 +500,11 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
   pipe.start(p, v, smem);
   CUINFER_DECODE_STAMP(2);
 
-  typename V::DimState kst[8];  // the key transform's states of this thread's dimension pairs (RoPE frequencies)
-  if constexpr (V::kKeyTransform) variant::pair_states<V, D>(v, threadIdx.x % (D / 16), kst);
+  // The key transform's states of this thread's dims (RoPE frequencies). With one warp along the dims and no value
+  // transform each warp rotates the 16 keys only it reads, and a warp barrier replaces the block's.
+  constexpr bool kWarpKeys = kWarpsD == 1 && !V::kValueTransform;
+  variant::KeyStates<V, D, kWarpKeys ? 32 : K::kThreads, kWarpKeys ? 16 : T> kst;
+  if constexpr (V::kKeyTransform || V::kQueryTransform) kst.init(v, threadIdx.x);
 
   u32 qf[D / 16][4];
   float oacc[K::DW / 8][4];
@@ -522,7 +526,7 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
     KV* vs = pipe.v_stage(n);
 
     if (flags & kFirst) {
-      K::load_q(p, v, cur, qs, qf);
+      K::load_q(p, v, cur, qs, qf, kst.s);
       m[0] = m[1] = neg_inf();
       dsum[0] = dsum[1] = 0.f;
 #pragma unroll
@@ -530,14 +534,19 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
     }
     if constexpr (V::kKeyTransform || V::kValueTransform) {
       if constexpr (V::kKeyTransform) {
-        variant::key_transform_tile<V, D, K::kThreads>(v, K::row(cur, cur->kv_head * G), ks, start, n_valid, kst,
-                                                       threadIdx.x);
+        const int w = kWarpKeys ? threadIdx.x / 32 : 0;  // (keys 16w.. of the tile: warp w's)
+        kst.transform_tile(v, K::row(cur, cur->kv_head * G), ks + w * 16 * D, start + 16 * w, n_valid - 16 * w,
+                           kWarpKeys ? threadIdx.x % 32 : threadIdx.x);
       }
       if constexpr (V::kValueTransform) {
         const variant::Index vix{cur->req, -1, -1, -1, cur->kv_head, 1, cur->kv_len, D};  // (no query: see contract)
         variant::value_transform_tile<V, D, K::kThreads>(v, vix, vs, start, n_valid, threadIdx.x);
       }
-      __syncthreads();
+      if constexpr (kWarpKeys) {
+        __syncwarp();
+      } else {
+        __syncthreads();
+      }
     }
     K::tile(p, v, cur, ks, vs, start, n_valid, qf, oacc, m, dsum);
     pipe.finish(p, n);
