@@ -32,6 +32,7 @@ from cuinfer.planner.decode_plan import decode_planner
 from cuinfer.planner.work import WorkPlan, plan_work
 from cuinfer.runtime.buffers import FixedLayout
 from cuinfer.runtime.calls import Call
+from cuinfer.runtime.fp8 import KVScales, check_scales, host_cache, match_cache_dtype, reference_scales
 from cuinfer.runtime.outputs import check_out_dtype, host_outputs
 from cuinfer.runtime.wrapper import PlanRunWrapper, check_q_dtype
 from cuinfer.variants.select import check_user_values, refuse_user_variants_on_host
@@ -44,6 +45,11 @@ _DEFAULT_SMS = 132
 
 def _align4(x: int) -> int:
     return (x + 3) & ~3
+
+
+def _plain(x: Any) -> bool:
+    """A scale run() keys its parameter memo on by value: None or a Python number."""
+    return x is None or type(x) is float or type(x) is int
 
 
 class BatchDecode(PlanRunWrapper):
@@ -289,7 +295,11 @@ class BatchDecode(PlanRunWrapper):
         self, q: Any, kv_cache: Any, *, out: Any = None, lse: Any = None, return_lse: bool = False,
         k_scale: float | None = None, v_scale: float | None = None,
     ) -> Any:  # fmt: skip
-        """Decode ``q [batch, num_qo_heads, head_dim]`` against ``kv_cache`` -> ``o`` (or ``(o, lse)``; lse base 2)."""
+        """Decode ``q [batch, num_qo_heads, head_dim]`` against ``kv_cache`` -> ``o`` (or ``(o, lse)``; lse base 2).
+
+        fp8 caches: ``k_scale`` / ``v_scale`` dequantise them (the cache holds ``k / k_scale``, ``v / v_scale``):
+        numbers, or float32 arrays of 1 or ``num_kv_heads`` values on the GPU (cuinfer.runtime.fp8); a ``uint8`` cache
+        (CuPy's fp8) is read as the plan's ``kv_dtype``."""
         return self._run(q, kv_cache, out, lse, return_lse or lse is not None, k_scale, v_scale)
 
     def _kv_view(self, call: Call, plan: DecodePlan, kv_cache: Any) -> KV:
@@ -297,7 +307,7 @@ class BatchDecode(PlanRunWrapper):
 
     def _paged_kv(self, call: Call, plan: DecodePlan, kv_cache: Any) -> KV:
         """The cache's view, validated (``CacheViews`` reuses it while the same cache object comes back)."""
-        kv = paged_kv(call.tensor, kv_cache, self.kv_layout, gpu=True)
+        kv = match_cache_dtype(paged_kv(call.tensor, kv_cache, self.kv_layout, gpu=True), plan.kv_dtype)
         self._check_kv(plan, kv)
         return kv
 
@@ -330,21 +340,34 @@ class BatchDecode(PlanRunWrapper):
         want_lse = tl is not None
         if st is None or st.plan is not plan or st.want_lse != want_lse or st.device_id != call.device_id:
             st = self._launch_state = DecodeLaunch(self._buffers, plan, want_lse, call.device_id)
+        scales = None
+        if _plain(k_scale) and _plain(v_scale):
+            scale_key: tuple = (k_scale, v_scale)
+        else:  # arrays: resolved every run (their pointers are the parameters)
+            scales = self._scales(call, plan, k_scale, v_scale)
+            scale_key = scales.key
         dyn = (
             tq.ptr, tq.strides, kv.k_ptr, kv.v_ptr, kv.k_strides, kv.v_strides, to.ptr, to.strides,
-            None if tl is None else (tl.ptr, tl.strides), k_scale, v_scale,
+            None if tl is None else (tl.ptr, tl.strides), scale_key,
         )  # fmt: skip
         if dyn != st.dyn:
-            st.repack(tq, kv, to, tl, k_scale, v_scale)
+            st.repack(tq, kv, to, tl, scales if scales is not None else self._scales(call, plan, k_scale, v_scale))
             st.dyn = dyn
         st.kernel.launch(st.num_ctas, st.threads, (st.params, st.vparams), smem_bytes=st.smem_bytes, stream=call.stream)
+
+    @staticmethod
+    def _scales(call: Call | None, plan: DecodePlan, k_scale: Any, v_scale: Any) -> KVScales:
+        return check_scales(plan.kv_dtype, k_scale, v_scale, num_kv_heads=plan.num_kv_heads, call=call,
+                            gpu=call is not None)  # fmt: skip
 
     def _run_reference(
         self, plan: DecodePlan, q: Any, kv_cache: Any, out: Any, lse: Any, want_lse: bool, k_scale: Any, v_scale: Any
     ) -> Any:
         tq = as_tensor(q, "q")
         self._check_q(plan, tq)
-        self._check_kv(plan, paged_kv(as_tensor, kv_cache, self.kv_layout, gpu=False))
+        kv_cache = host_cache(kv_cache, plan.kv_dtype)
+        self._check_kv(plan, match_cache_dtype(paged_kv(as_tensor, kv_cache, self.kv_layout, gpu=False), plan.kv_dtype))
+        scales = reference_scales(self._scales(None, plan, k_scale, v_scale))
         refuse_user_variants_on_host(plan.variant)
         if out is not None:
             to = as_tensor(out, "out")
@@ -353,7 +376,7 @@ class BatchDecode(PlanRunWrapper):
         if plan.mask_bytes is None:
             o, lse64 = reference.batch_decode_paged(
                 tq.numpy(), kv_cache, plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len, kv_layout=self.kv_layout,
-                **plan.options.reference_kwargs(), k_scale=k_scale, v_scale=v_scale,
+                **plan.options.reference_kwargs(), **scales,
             )  # fmt: skip
         else:  # one query row per request: the prefill reference with its custom mask
             qo = np.arange(plan.batch + 1, dtype=np.int32)
@@ -361,7 +384,6 @@ class BatchDecode(PlanRunWrapper):
             mask = reference.unpack_custom_mask(plan.mask_bytes, qo, kv_tok)
             o, lse64 = reference.batch_prefill_paged(
                 tq.numpy(), kv_cache, qo, plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len,
-                kv_layout=self.kv_layout, custom_mask=mask, **plan.options.reference_kwargs(), k_scale=k_scale,
-                v_scale=v_scale,
+                kv_layout=self.kv_layout, custom_mask=mask, **plan.options.reference_kwargs(), **scales,
             )  # fmt: skip
         return host_outputs(o, lse64, plan.o_dtype, out, lse, want_lse)

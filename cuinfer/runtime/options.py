@@ -21,12 +21,13 @@ def kv_layout_name(kv_layout: Any) -> str:
 
 
 def half_dtype(name: str, x: Any, *, what: str) -> DType:
-    """A float16 / bfloat16 dtype argument; fp8 is refused as not implemented in ``what`` (e.g. "the decode
-    kernels"), anything else as invalid."""
+    """A float16 / bfloat16 dtype argument of q or o (``what`` names the kernels in messages, e.g. "the decode
+    kernels"); fp8 is a KV-cache format only (``kv_dtype``: cuinfer.runtime.fp8)."""
     dt = as_dtype(x)
     if dt.is_float8:
-        raise NotImplementedError(
-            f"{name}={dt.value}: fp8 KV caches are not implemented in {what} yet; use float16 or bfloat16"
+        raise ValueError(
+            f"{name}={dt.value}: {what} take q and o in float16 or bfloat16; fp8 is for the KV cache "
+            f"(kv_dtype='{dt.value}' with {name}='bfloat16' or 'float16')"
         )
     if dt not in (DType.FLOAT16, DType.BFLOAT16):
         raise ValueError(f"{name} must be float16 or bfloat16 but is {dt.value}")
