@@ -13,6 +13,7 @@ from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor, as_tensor
 from cuinfer.interop.dtypes import DType
 from cuinfer.runtime.calls import begin, is_host
+from cuinfer.runtime.fp8 import check_scales, kv_dtype_of, reference_scales
 from cuinfer.runtime.options import kv_layout_name
 from cuinfer.runtime.outputs import host_outputs
 from cuinfer.variants.select import chain_for, refuse_user_variants_on_host, user_variants
@@ -23,13 +24,15 @@ _single_wrappers: dict = {}  # (device, layout) -> BatchDecode reused across cal
 def single_decode(
     q: Any, k: Any, v: Any, *, kv_layout: str = "NHD", sm_scale: float | None = None, logits_soft_cap: float = 0.0,
     window_left: int = -1, pos_encoding: str = "none", rope_scale: float = 1.0, rope_theta: float = 1e4,
-    variant: Any = None, variant_params: dict | None = None, return_lse: bool = False,
+    variant: Any = None, variant_params: dict | None = None, return_lse: bool = False, kv_dtype: Any = None,
+    k_scale: Any = None, v_scale: Any = None,
 ) -> Any:  # fmt: skip
     """Decode one query token ``q [num_qo_heads, head_dim]`` against ``k``, ``v`` (``[kv_len, num_kv_heads,
     head_dim]`` NHD or ``[num_kv_heads, kv_len, head_dim]`` HND) -> ``o [num_qo_heads, head_dim]`` (, ``lse``).
 
     The same kernels as ``BatchDecode``: the request is one page of ``kv_len`` tokens, split over the GPU by the
-    planner when it is long.
+    planner when it is long. fp8 ``k`` / ``v``: ``k_scale`` / ``v_scale`` dequantise them (as ``BatchDecode.run``);
+    ``kv_dtype`` names the fp8 format of ``uint8`` arrays (CuPy's fp8).
     """
     layout = kv_layout_name(kv_layout)
     opts_kw = dict(
@@ -38,16 +41,19 @@ def single_decode(
     )  # fmt: skip
     if is_host(q):
         tq, tk, tv = as_tensor(q, "q"), as_tensor(k, "k"), as_tensor(v, "v")
+        tk, tv = _as_kv_dtype(tk, tv, kv_dtype)
         _check_single(tq, tk, tv, layout)
+        hkv = tk.shape[1] if layout == "NHD" else tk.shape[0]
+        scales = reference_scales(check_scales(tk.dtype, k_scale, v_scale, num_kv_heads=hkv, gpu=False))
         kn, vn = tk.numpy(), tv.numpy()
         if layout == "HND":
             kn, vn = kn.transpose(1, 0, 2), vn.transpose(1, 0, 2)
         opts = check_decode_options(head_dim=tq.shape[1], **opts_kw)
         refuse_user_variants_on_host(chain_for(opts, decode=True, user=user_variants(variant)))
-        o, lse = reference.attention(tq.numpy()[None], kn, vn, **opts.reference_kwargs())
+        o, lse = reference.attention(tq.numpy()[None], kn, vn, **opts.reference_kwargs(), **scales)
         return host_outputs(o[0], lse[0], tq.dtype, None, None, return_lse)
     call, tq = begin(q, "q")
-    tk, tv = call.tensor(k, "k"), call.tensor(v, "v")
+    tk, tv = _as_kv_dtype(call.tensor(k, "k"), call.tensor(v, "v"), kv_dtype)
     _check_single(tq, tk, tv, layout)
     hq, d = tq.shape
     (kv_len, hkv) = (tk.shape[0], tk.shape[1]) if layout == "NHD" else (tk.shape[1], tk.shape[0])
@@ -74,8 +80,23 @@ def single_decode(
     tl = call.empty((hq,), DType.FLOAT32) if return_lse else None
     o3 = replace(to, shape=(1, hq, d), strides=(0,) + to.strides)
     l3 = None if tl is None else replace(tl, shape=(1, hq), strides=(0,) + tl.strides)
-    w._enqueue(call, plan, q3, kv, o3, l3, None, None)  # (a fresh plan: its words are uploaded)
+    w._enqueue(call, plan, q3, kv, o3, l3, k_scale, v_scale)  # (a fresh plan: its words are uploaded)
     return (call.give(to), call.give(tl)) if return_lse else call.give(to)
+
+
+def _as_kv_dtype(tk: Tensor, tv: Tensor, kv_dtype: Any) -> tuple[Tensor, Tensor]:
+    """k and v as ``kv_dtype`` (None: their own): uint8 arrays read as the fp8 format it names."""
+    if kv_dtype is None:
+        return tk, tv
+    want = kv_dtype_of(kv_dtype)
+    out = []
+    for name, t in (("k", tk), ("v", tv)):
+        if t.dtype is DType.UINT8 and want.is_float8:
+            t = t.reinterpret(want)
+        elif t.dtype is not want:
+            raise ValueError(f"{name} has dtype {t.dtype.value} but kv_dtype={want.value} was given; cast {name}")
+        out.append(t)
+    return out[0], out[1]
 
 
 def _check_single(tq: Tensor, tk: Tensor, tv: Tensor, layout: str) -> None:

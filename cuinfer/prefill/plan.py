@@ -17,6 +17,7 @@ from cuinfer.prefill.index import read_index_arrays
 from cuinfer.prefill.policy import DeviceLimits, check_head_dims, choose_tiles, query_tile
 from cuinfer.prefill.specs import PrefillKernelKey
 from cuinfer.prefill.tiles import TileConfig
+from cuinfer.runtime.fp8 import kv_dtype_of
 from cuinfer.runtime.options import AttentionOptions, check_options, half_dtype
 from cuinfer.runtime.wrapper import PlanState
 from cuinfer.variants import Rendered
@@ -78,8 +79,16 @@ class PrefillPlan(PlanState):
         return static.chain_masked if self.mask_bytes is not None else static.chain
 
     def key(self, paged: bool) -> PrefillKernelKey:
+        kv = self.kv_dtype.value if self.kv_dtype.is_float8 else ""
         return PrefillKernelKey(
-            self.q_dtype.value, self.o_dtype.value, self.head_dim, self.head_dim_vo, self.config, paged, self.variant
+            self.q_dtype.value,
+            self.o_dtype.value,
+            self.head_dim,
+            self.head_dim_vo,
+            self.config,
+            paged,
+            self.variant,
+            kv,
         )
 
 
@@ -124,6 +133,13 @@ def check_prefill_options(
         builtin_hint="causal, custom_mask, sm_scale, logits_soft_cap, window_left, pos_encoding='alibi'",
     )  # fmt: skip
     return o
+
+
+def refuse_transforms(kv_dtype: DType, chain: Rendered) -> Rendered:
+    from cuinfer.decode.plan import refuse_fp8_key_transforms
+
+    refuse_fp8_key_transforms(kv_dtype, chain)
+    return chain
 
 
 def positive(name: str, v: Any) -> int:
@@ -236,19 +252,19 @@ def static_facts(
     hq, hkv = positive("num_qo_heads", num_qo_heads), positive("num_kv_heads", num_kv_heads)
     d = positive("head_dim", head_dim)
     dvo = d if head_dim_vo is None else positive("head_dim_vo", head_dim_vo)
-    check_head_dims(d, dvo)
+    kvd = prefill_half_dtype("q_dtype", q_dtype) if kv_dtype is None else kv_dtype_of(kv_dtype)
+    check_head_dims(d, dvo, kvd.itemsize)
     if hq % hkv:
         raise ValueError(
             f"num_qo_heads ({hq}) must be a multiple of num_kv_heads ({hkv}) for grouped-query attention; "
             "query head h reads kv head h // (num_qo_heads // num_kv_heads)"
         )
     qd = prefill_half_dtype("q_dtype", q_dtype)
-    kvd = prefill_half_dtype("kv_dtype", qd if kv_dtype is None else kv_dtype)
     od = prefill_half_dtype("o_dtype", qd if o_dtype is None else o_dtype)
-    if kvd is not qd:
+    if kvd is not qd and not kvd.is_float8:
         raise ValueError(
-            f"the prefill kernel multiplies q and K/V of one 16-bit type but q_dtype={qd.value}, kv_dtype="
-            f"{kvd.value}; cast one of them"
+            f"the prefill kernel multiplies q and K/V of one 16-bit type (or fp8 K/V converted to q's) but q_dtype="
+            f"{qd.value}, kv_dtype={kvd.value}; cast one of them"
         )
     opts = check_prefill_options(
         causal=causal, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
@@ -262,7 +278,7 @@ def static_facts(
     facts = PrefillStatic(
         paged=paged, limits=limits, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, head_dim_vo=dvo, page_size=ps,
         options=opts, tiles=tiles, max_query_tile=query_tile(math.inf, dvo), configs={},
-        chain=chain_for(opts, decode=False, user=users),
+        chain=refuse_transforms(kvd, chain_for(opts, decode=False, user=users)),
         chain_masked=chain_for(opts, decode=False, custom_mask_given=True, user=users), fields=fields,
     )  # fmt: skip
     fields.update(
@@ -285,6 +301,7 @@ def tiles_for(facts: PrefillStatic, avg: float, memo: bool) -> TileConfig:
         config = choose_tiles(
             avg, facts.head_dim, facts.head_dim_vo, paged=facts.paged, limits=facts.limits, tile_q=tiles.tile_q,
             tile_kv=tiles.tile_kv, stages=tiles.stages, groups=tiles.groups, variant=facts.chain.has_logits,
+            kv_itemsize=facts.fields["kv_dtype"].itemsize,
         )  # fmt: skip
         if memo:
             configs[key] = config

@@ -21,6 +21,7 @@ class TileConfig:
     mma_kv: int  # 16-key slices per warp per KV tile
     stages: int = 2
     groups: int = 1  # CTAs of the plan per block: 2 = paired blocks (prefill.cuh, GROUPS)
+    kv_itemsize: int = 2  # bytes of a K/V element: 2 (float16, bfloat16) or 1 (fp8)
 
     @property
     def threads(self) -> int:
@@ -37,7 +38,9 @@ class TileConfig:
         return self.tile_q // (16 * self.warps_q)
 
 
-def tile_config(tile_q: int, tile_kv: int, head_dim_vo: int, stages: int = 2, groups: int = 1) -> TileConfig:
+def tile_config(
+    tile_q: int, tile_kv: int, head_dim_vo: int, stages: int = 2, groups: int = 1, kv_itemsize: int = 2
+) -> TileConfig:
     """Warp layout for a (query tile, KV tile) pair; ``groups=2`` pairs two 4-warp CTAs in one block (one warp per
     row block only: query tiles of 64 rows and more; 128 rows only up to head dim 128).
 
@@ -69,7 +72,7 @@ def tile_config(tile_q: int, tile_kv: int, head_dim_vo: int, stages: int = 2, gr
             f"groups (CTAs per block) must be 1, or 2 for query tiles of 64 rows and more (128 at head dim 128 or "
             f"less), but is {groups} at query tile {tile_q}, head_dim_vo {head_dim_vo}; use groups=1"
         )
-    return TileConfig(tile_q, tile_kv, warps_q, warps_kv, tile_kv // (16 * warps_kv), stages, groups)
+    return TileConfig(tile_q, tile_kv, warps_q, warps_kv, tile_kv // (16 * warps_kv), stages, groups, kv_itemsize)
 
 
 TABLE_ITEMS, TABLE_FIELDS = 16, 10  # PrefillTraits::kTableItems / kTableFields (cross-item item table)
@@ -84,12 +87,14 @@ def smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool,
 
     One warp per row block (``warps_kv == 1``) runs the cross-item pipeline: no epilogue staging, an item table;
     otherwise the epilogue stages every warp's state over the tile buffers. ``transforms``: the variant transforms q
-    / k (RoPE), whose per-thread states of 8 dimension pairs live in shared memory.
+    / k (RoPE), whose per-thread states of 8 dimension pairs live in shared memory. ``elem_bytes``: q's element,
+    ``cfg.kv_itemsize`` K/V's (fp8 rows of 64 bytes are copied by 4 threads each, so a thread copies twice the rows).
     """
     cross = cfg.warps_kv == 1
     q = cfg.tile_q * head_dim_qk * elem_bytes
-    kv = cfg.stages * cfg.tile_kv * (head_dim_qk + head_dim_vo) * elem_bytes
-    rows_per_thread = cfg.tile_kv // (cfg.threads // 8)
+    kv = cfg.stages * cfg.tile_kv * (head_dim_qk + head_dim_vo) * cfg.kv_itemsize
+    threads_per_row = min(8, head_dim_qk * cfg.kv_itemsize // 16)
+    rows_per_thread = cfg.tile_kv // (cfg.threads // threads_per_row)
     page = cfg.threads * rows_per_thread * 8 if paged else 0
     main = q + kv + page
     epi = 0 if cross else cfg.warps_kv * cfg.tile_q * (head_dim_vo + 8) * 4 + cfg.warps_kv * cfg.tile_q * 8

@@ -40,6 +40,7 @@ from cuinfer.prefill.specs import prefill_spec
 from cuinfer.prefill.tiles import block_smem_bytes
 from cuinfer.runtime.buffers import FixedLayout
 from cuinfer.runtime.calls import Call
+from cuinfer.runtime.fp8 import check_cache_dtype, check_scales, host_cache, match_cache_dtype, reference_scales
 from cuinfer.runtime.outputs import host_outputs
 from cuinfer.runtime.wrapper import PlanRunWrapper, check_q_dtype
 from cuinfer.variants.select import check_user_values, refuse_user_variants_on_host
@@ -342,17 +343,15 @@ class BatchPrefill(PlanRunWrapper):
         k_scale: float | None = None, v_scale: float | None = None,
     ) -> Any:  # fmt: skip
         """``run(q, kv_cache)`` (paged) or ``run(q, k, v)`` (ragged) -> ``o [nnz_qo, num_qo_heads, head_dim_vo]``
-        (or ``(o, lse)``, lse base 2 ``[nnz_qo, num_qo_heads]`` float32)."""
+        (or ``(o, lse)``, lse base 2 ``[nnz_qo, num_qo_heads]`` float32).
+
+        fp8 caches: ``k_scale`` / ``v_scale`` dequantise them (numbers, or float32 arrays of 1 or ``num_kv_heads``
+        values on the GPU: cuinfer.runtime.fp8); ``uint8`` arrays (CuPy's fp8) are read as the plan's ``kv_dtype``."""
         if self._plan is not None:  # (without a plan, _run says so first)
             want = 1 if self.paged else 2
             if len(kv) != want:
                 usage = "run(q, kv_cache)" if self.paged else "run(q, k, v)"
                 raise TypeError(f"a BatchPrefill(paged={self.paged}) runs as {usage} but got {1 + len(kv)} arrays")
-            for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
-                if s is not None and float(s) != 1.0:
-                    raise NotImplementedError(
-                        f"{name}={s}: K/V scales (fp8 caches) are not implemented for prefill yet"
-                    )
         return self._run(q, kv, out, lse, return_lse or lse is not None, k_scale, v_scale)
 
     def _check_q(self, plan: PrefillPlan, tq: Tensor) -> None:
@@ -372,12 +371,12 @@ class BatchPrefill(PlanRunWrapper):
         if self.paged:
             return self._kv_views.view(kv[0], call, plan, self._paged_kv)
         tk, tv = call.tensor(kv[0], "k"), call.tensor(kv[1], "v")
-        c = ragged_kv(tk, tv, self.kv_layout, plan)
+        c = match_cache_dtype(ragged_kv(tk, tv, self.kv_layout, plan), plan.kv_dtype, "k/v")
         self._check_kv_dtype(plan, c)
         return c
 
     def _paged_kv(self, call: Call, plan: PrefillPlan, cache: Any) -> KV:
-        c = paged_kv(call.tensor, cache, self.kv_layout, gpu=True)
+        c = match_cache_dtype(paged_kv(call.tensor, cache, self.kv_layout, gpu=True), plan.kv_dtype)
         check_cache_matches(c, plan, self.kv_layout)
         if plan.head_dim_vo != plan.head_dim:
             raise ValueError(
@@ -414,7 +413,8 @@ class BatchPrefill(PlanRunWrapper):
             # (a graph-mode merge launch is sized for the fixed layout's capacity: it covers every later plan)
             max_merge = self._fixed.layout.capacity.max_merge if self.use_cuda_graph else plan.work.n_merge
             st = self._launch_state = PrefillLaunch(buf, plan, call.device_id, self.paged, max_merge)
-        st.launch(call.stream, tq, kv, to, tl)
+        scales = check_scales(plan.kv_dtype, k_scale, v_scale, num_kv_heads=plan.num_kv_heads, call=call, gpu=True)
+        st.launch(call.stream, tq, kv, to, tl, scales)
 
     def _run_reference(
         self, plan: PrefillPlan, q: Any, kv: tuple, out: Any, lse: Any, want_lse: bool, k_scale: Any, v_scale: Any
@@ -422,8 +422,16 @@ class BatchPrefill(PlanRunWrapper):
         tq = as_tensor(q, "q")
         self._check_q(plan, tq)
         refuse_user_variants_on_host(plan.variant)
+        if self.paged:
+            c = paged_kv(as_tensor, kv[0], self.kv_layout, gpu=False)
+            check_cache_dtype(c.k.dtype, plan.kv_dtype)
+        else:
+            for name, x in (("k", kv[0]), ("v", kv[1])):
+                check_cache_dtype(as_tensor(x, name).dtype, plan.kv_dtype, name)
+        kv = host_cache(tuple(kv), plan.kv_dtype)
+        scales = check_scales(plan.kv_dtype, k_scale, v_scale, num_kv_heads=plan.num_kv_heads, gpu=False)
         opts = plan.options
-        kw = dict(causal=opts.causal, **opts.reference_kwargs())
+        kw = dict(causal=opts.causal, **opts.reference_kwargs(), **reference_scales(scales))
         mask = None
         if plan.mask_bytes is not None:
             kv_tok = np.concatenate([[0], np.cumsum(plan.kv_lens)])

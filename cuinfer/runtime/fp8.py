@@ -47,11 +47,18 @@ def kv_dtype_of(x: Any) -> DType:
 def match_cache_dtype(kv: KV, kv_dtype: DType, name: str = "kv_cache") -> KV:
     """``kv`` as the plan's ``kv_dtype``: the same view, or a ``uint8`` cache (CuPy's fp8) read as the plan's fp8
     format; ValueError for anything else, before any launch."""
-    got = kv.k.dtype
-    if got is kv_dtype:
-        return kv
-    if got is DType.UINT8 and kv_dtype.is_float8:
+    if check_cache_dtype(kv.k.dtype, kv_dtype, name):
         return replace(kv, k=kv.k.reinterpret(kv_dtype), v=kv.v.reinterpret(kv_dtype))
+    return kv
+
+
+def check_cache_dtype(got: DType, kv_dtype: DType, name: str = "kv_cache") -> bool:
+    """Whether a cache of dtype ``got`` is read as the plan's ``kv_dtype`` by reinterpreting it (a ``uint8`` cache and
+    an fp8 plan); False when it is that dtype; ValueError otherwise."""
+    if got is kv_dtype:
+        return False
+    if got is DType.UINT8 and kv_dtype.is_float8:
+        return True
     if got is DType.UINT8:
         raise ValueError(
             f"{name} is uint8 but plan() was made for kv_dtype={kv_dtype.value}; a uint8 cache is read as fp8 codes "

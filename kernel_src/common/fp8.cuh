@@ -151,31 +151,35 @@ __device__ __forceinline__ void q_frag_fp8k(u32 (&a)[4], u32 row0, u32 row8) {
 }
 
 // The accumulators of the even / odd n8 tiles of one chunk (acc_e = tile 2c, acc_o = tile 2c+1, the 4 floats of each
-// as mma leaves them) to the usual C layout of tiles 2c, 2c+1. Thread t of a quad holds dims 4t + b (b = 0..3) of
-// each of its two rows (e = 0, 1 and 2, 3); it needs dims 2t + x and 8 + 2t + x (x = 0, 1). Dims 4s + b live in
-// thread s: the exchange is a regular bipartite multigraph of degree 4 over the quad, decomposed into two matchings
-// used twice (x = 0, 1): round 0 reads from s = 2 (t & 1) + (t >> 1), round 1 from s = 2 (~t & 1) + (t >> 1). Every
-// lane of the warp must call it.
+// as mma leaves them) to the usual C layout of tiles 2c, 2c+1. Per row (e = 0, 1 and 2, 3), dim d = 8 d3 + 4 d2 +
+// 2 d1 + d0 of the chunk sits in thread (d3 d2), slot (d1 d0) (v[] below) and must go
+// to thread (d2 d1), slot (d3 d0). In bits of (thread; slot) that moves d3 from thread bit 1 to slot bit 1, d2 from
+// thread bit 0 to thread bit 1 and d1 from slot bit 1 to thread bit 0: two in-place exchanges, thread bit 0 with slot
+// bit 1 (lanes t, t ^ 1), then thread bit 1 with slot bit 1 (lanes t, t ^ 2), each swapping the two values whose slot
+// bit differs from the thread bit: 4 shuffles per 4 values. Every lane of the warp must call it.
 __device__ __forceinline__ void pv_acc_to_natural(float (&acc_e)[4], float (&acc_o)[4], int t) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // row g (e = 0, 1) and row g + 8 (e = 2, 3)
-    // held[b] = dim 4t + b of this row
-    const float held[4] = {acc_e[2 * h], acc_o[2 * h], acc_e[2 * h + 1], acc_o[2 * h + 1]};
-    float want[4];  // dims 2t, 2t+1, 8+2t, 9+2t
+    // v[s] = slot s = (s1 s0): dim 4t + s of this row
+    float v[4] = {acc_e[2 * h], acc_o[2 * h], acc_e[2 * h + 1], acc_o[2 * h + 1]};
 #pragma unroll
-    for (int x = 0; x < 2; ++x) {
-      // round 0: this lane (as a source) is read by the lane whose wanted dim is 4 * self + 2 (self >> 1) + x
-      const float s0 = (t >> 1) ? held[2 + x] : held[x];
-      const float s1 = (t >> 1) ? held[x] : held[2 + x];
-      const int base = static_cast<int>(threadIdx.x % 32u) & ~3;  // the quad's first lane
-      const float r0 = __shfl_sync(0xffffffffu, s0, base + (((t & 1) << 1) | (t >> 1)));
-      const float r1 = __shfl_sync(0xffffffffu, s1, base + ((((t & 1) ^ 1) << 1) | (t >> 1)));
-      // round 0 brought slot x (t even) or 2 + x (t odd); round 1 the other
-      want[x] = (t & 1) ? r1 : r0;
-      want[2 + x] = (t & 1) ? r0 : r1;
+    for (int r = 0; r < 2; ++r) {
+      const int bit = r == 0 ? (t & 1) : (t >> 1) & 1;  // the thread bit exchanged with slot bit 1
+      const int mask = r == 0 ? 1 : 2;
+      // send the slots whose bit 1 differs from `bit`, receive the partner's (whose bit is the other value)
+      const float x0 = bit ? v[0] : v[2], x1 = bit ? v[1] : v[3];
+      float y0, y1;  // (volatile: kept in program order, so few exchanges are in flight beside the accumulators)
+      asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;\n" : "=f"(y0) : "f"(x0), "r"(mask));
+      asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;\n" : "=f"(y1) : "f"(x1), "r"(mask));
+      if (bit) {
+        v[0] = y0, v[1] = y1;
+      } else {
+        v[2] = y0, v[3] = y1;
+      }
     }
-    acc_e[2 * h] = want[0], acc_e[2 * h + 1] = want[1];
-    acc_o[2 * h] = want[2], acc_o[2 * h + 1] = want[3];
+    // now slot (d3 d0): dims 2t + {0, 1} in slots 0, 1 and 8 + 2t + {0, 1} in slots 2, 3
+    acc_e[2 * h] = v[0], acc_e[2 * h + 1] = v[1];
+    acc_o[2 * h] = v[2], acc_o[2 * h + 1] = v[3];
   }
 }
 

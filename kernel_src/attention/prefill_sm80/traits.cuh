@@ -1,6 +1,7 @@
 // Compile-time configuration of one FA2-class prefill specialisation (cuinfer/prefill/policy.py picks it) and the
 // shared-memory map of one CTA of the plan.
 #pragma once
+#include "common/fp8.cuh"
 #include "common/types.cuh"
 #include "kv/paged.cuh"
 #include "kv/ragged.cuh"
@@ -16,10 +17,12 @@ template <class T, class F> struct Select<false, T, F> {
 };
 
 // Variant_: the attention variant (variants/contract.cuh), rendered by cuinfer/variants/render.py.
+// DTypeQ_: q's type, K/V's by default (fp16 or bf16); fp8 K/V (DTypeKV_ = __nv_fp8_e4m3 / e5m2) take a 16-bit q and
+// are converted to q's type in registers (mainloop.cuh qk_tile_fp8 / pv_tile_fp8, common/fp8.cuh).
 template <typename DTypeKV_, typename DTypeO_, int HEAD_DIM_QK_, int HEAD_DIM_VO_, int TILE_Q_, int WARPS_Q_,
-          int WARPS_KV_, int MMA_KV_, int STAGES_, bool PAGED_, class Variant_, int GROUPS_>
+          int WARPS_KV_, int MMA_KV_, int STAGES_, bool PAGED_, class Variant_, int GROUPS_, typename DTypeQ_ = DTypeKV_>
 struct PrefillTraits {
-  using DTypeQ = DTypeKV_;  // q, k and v share one 16-bit type (fp16 or bf16)
+  using DTypeQ = DTypeQ_;  // the mma operand type: q's, and k / v's once converted
   using DTypeKV = DTypeKV_;
   using DTypeO = DTypeO_;
   using Variant = Variant_;
@@ -38,10 +41,15 @@ struct PrefillTraits {
   static constexpr int kTileKV = 16 * kMmaKV * kWarpsKV;
   static constexpr int kQBytesPerElem = sizeof(DTypeQ);
   static constexpr int kKVBytesPerElem = sizeof(DTypeKV);
-  static constexpr int kChunksQK = kHeadDimQK * kKVBytesPerElem / 16;  // 16-byte chunks per row of Q / K
-  static constexpr int kChunksVO = kHeadDimVO * kKVBytesPerElem / 16;
-  static constexpr int kRowsPerPass = kThreads / 8;  // global -> smem copies: 8 threads per row, a 128-byte line
-  static constexpr int kKVRowsPerThread = kTileKV / kRowsPerPass;
+  static constexpr bool kKV8 = kKVBytesPerElem == 1;  // fp8 K/V
+  static constexpr int kChunksQK = kHeadDimQK * kQBytesPerElem / 16;  // 16-byte chunks per row of Q (and 16-bit K)
+  static constexpr int kChunksK = kHeadDimQK * kKVBytesPerElem / 16;  // ... of K
+  static constexpr int kChunksVO = kHeadDimVO * kKVBytesPerElem / 16;  // ... of V
+  static constexpr int kRowsPerPass = kThreads / 8;  // global -> smem copies of Q: 8 threads per row, a 128-byte line
+  // K / V copies: 8 threads per row as well, or 4 for 64-byte rows (fp8 head dim 64: two rows per 128-byte line)
+  static constexpr int kKVThreadsPerRow = kChunksK < 8 ? kChunksK : 8;
+  static constexpr int kKVRowsPerPass = kThreads / kKVThreadsPerRow;
+  static constexpr int kKVRowsPerThread = kTileKV / kKVRowsPerPass;
   static constexpr int kQRowsPerThread = (kTileQ + kRowsPerPass - 1) / kRowsPerPass;
 
   static constexpr int kQBytes = kTileQ * kHeadDimQK * kQBytesPerElem;
@@ -90,11 +98,15 @@ struct PrefillTraits {
   static constexpr int kBlockThreads = kGroups * kThreads;
   static constexpr int kGroupBytes = (kSmemBytes + 127) / 128 * 128;
 
-  static_assert(is_same<DTypeKV, half>::value || is_same<DTypeKV, __nv_bfloat16>::value, "q/k/v are fp16 or bf16");
+  static_assert(is_same<DTypeQ, half>::value || is_same<DTypeQ, __nv_bfloat16>::value, "q is fp16 or bf16");
+  static_assert(is_same<DTypeKV, DTypeQ>::value || fp8::IsFp8<DTypeKV>::value, "k/v are q's type or fp8");
+  static_assert(!kKV8 || (kHeadDimQK == kHeadDimVO && kChunksVO == kKVThreadsPerRow * (kChunksVO / kKVThreadsPerRow)),
+                "fp8 K/V: one head dim for K and V (64, 128 or 256)");
+  static_assert(!(kKV8 && Variant::kKeyTransform), "key transforms (RoPE) of fp8 K tiles are not supported");
   static_assert(sizeof(DTypeO) == 2, "o is fp16 or bf16 (16-bit output stores)");
   static_assert(kTileQ % (16 * kWarpsQ) == 0 && kMmaQ >= 1, "TILE_Q must be a multiple of 16 * WARPS_Q");
   static_assert(kHeadDimQK % 64 == 0 && kHeadDimVO % 64 == 0, "head dims are multiples of 64 (swizzle)");
-  static_assert(kTileKV % kRowsPerPass == 0, "TILE_KV must be a multiple of threads / 8");
+  static_assert(kTileKV % kKVRowsPerPass == 0, "TILE_KV must be a multiple of the K/V rows copied per pass");
   static_assert(kStages >= 2, "the pipeline refills the buffer of the previous tile: at least 2 stages");
   static_assert(kHeadDimVO % 8 == 0, "epilogue writes 8 elements per thread");
   static_assert(kTableItems <= kThreads, "the item table is filled one item per thread");
