@@ -29,6 +29,7 @@ and the CTAs per SM above stay as they are and every number of tokens doubles (`
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
@@ -117,23 +118,20 @@ def decode_config(
     (128, 32, 3, 32768)
     """
     check_head_dim(head_dim)
+    if kv_itemsize == 1:
+        return _fp8_config(group, head_dim, use_tensor_cores)
     if group < 1:
         raise ValueError(f"the GQA group (num_qo_heads // num_kv_heads) must be >= 1 but is {group}")
     if kv_itemsize not in (1, 2):
         raise ValueError(f"decode kernels take 16-bit or fp8 K/V (itemsize 2 or 1), not an itemsize of {kv_itemsize}")
-    fp8 = kv_itemsize == 1
     tensor_cores = group >= TENSOR_CORE_MIN_GROUP if use_tensor_cores is None else bool(use_tensor_cores)
     if tensor_cores:
         # 16 tokens per warp; 64-token tiles (2 warps x 2 along the dims at 256, which keeps the fp32 output
         # accumulators at 64 registers per thread). Stages keep ~64-96 KB of KV per CTA -> 2-3 CTAs per SM.
-        # fp8: FP8_WARP_TOKENS per warp, the same stage bytes.
         warps_kv, warps_d = (2, 2) if head_dim == 256 else (4, 1)
-        warp_tokens = FP8_WARP_TOKENS if fp8 else 16
-        tile = warp_tokens * warps_kv
+        tile = 16 * warps_kv
         stages = 4 if head_dim == 64 else 3
-        return DecodeConfig(
-            True, head_dim, group, 32 * warps_kv * warps_d, tile, stages, warps_kv, warps_d, kv_itemsize, warp_tokens
-        )
+        return DecodeConfig(True, head_dim, group, 32 * warps_kv * warps_d, tile, stages, warps_kv, warps_d)
     bdx = head_dim // 8  # lanes per head, 8 dims (one 16-byte vector) each
     per_slice = bdx * group
     if per_slice > MAX_THREADS:
@@ -144,8 +142,30 @@ def decode_config(
     bdz = 1
     while per_slice * bdz * 2 <= 128:  # at least ~128 threads: token slices of a power of two
         bdz *= 2
-    tile = 4096 // head_dim * (FP8_TILE_FACTOR if fp8 else 1)  # 16 KB of K+V per stage
-    return DecodeConfig(False, head_dim, group, per_slice * bdz, tile, 4, 0, 0, kv_itemsize)
+    tile = 4096 // head_dim  # 16 KB of K+V per stage
+    return DecodeConfig(False, head_dim, group, per_slice * bdz, tile, 4, 0, 0)
+
+
+def _fp8_config(group: int, head_dim: int, use_tensor_cores: bool | None) -> DecodeConfig:
+    """fp8 K/V: the 16-bit configuration with FP8_TILE_FACTOR times the tokens per tile in the same stage bytes, and
+    as many of its stages as keep its CTAs per SM (the tile descriptors grow with the tokens: 16 B each, which at head
+    dim 64 is 1/8 of a token's K+V bytes, so 4 stages of 128 tokens leave 2 CTAs per SM where 16-bit had 3).
+
+    >>> c = decode_config(1, 64, kv_itemsize=1)  # MHA, head dim 64: 128-token tiles, 3 stages, 3 CTAs per SM
+    >>> c.tile_kv, c.stages, c.min_blocks, decode_config(1, 64).min_blocks
+    (128, 3, 3, 3)
+    """
+    base = decode_config(group, head_dim, use_tensor_cores=use_tensor_cores)
+    if base.tensor_cores:
+        cfg = dataclasses.replace(
+            base, tile_kv=FP8_WARP_TOKENS * base.warps_kv, kv_itemsize=1, warp_tokens=FP8_WARP_TOKENS
+        )
+    else:
+        cfg = dataclasses.replace(base, tile_kv=FP8_TILE_FACTOR * base.tile_kv, kv_itemsize=1)
+    want = ctas_per_sm(base, smem_per_sm=REFERENCE_SMEM_PER_SM)
+    while cfg.stages > 2 and ctas_per_sm(cfg, smem_per_sm=REFERENCE_SMEM_PER_SM) < want:
+        cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
+    return cfg
 
 
 def kv_evict_first(kv_bytes: int, l2_bytes: int) -> bool:

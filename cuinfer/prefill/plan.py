@@ -98,7 +98,7 @@ class TileRequest:
 
     tile_q: int | None = None
     tile_kv: int | None = None
-    stages: int = 2
+    stages: int | None = None  # None: the policy's (2; fp8 K/V: 2 or 3)
     groups: int | None = None  # CTAs per block, 2 = paired blocks
 
 
@@ -157,7 +157,7 @@ def parse_tile_sizes(tile_sizes: Any) -> TileRequest:
     if not 1 <= len(t) <= 4:
         raise ValueError(f"tile_sizes must be (query_tile, kv_tile[, stages[, groups]]) but is {tile_sizes!r}")
     t = t + (None,) * (4 - len(t))
-    return TileRequest(t[0], t[1], 2 if t[2] is None else int(t[2]), None if t[3] is None else int(t[3]))
+    return TileRequest(t[0], t[1], None if t[2] is None else int(t[2]), None if t[3] is None else int(t[3]))
 
 
 def host_plan(

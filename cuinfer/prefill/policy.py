@@ -204,13 +204,14 @@ def choose_tiles(
     limits: DeviceLimits = DeviceLimits(),
     tile_q: int | None = None,
     tile_kv: int | None = None,
-    stages: int = DEFAULT_STAGES,
+    stages: int | None = None,
     variant: bool = False,
     groups: int | None = None,
     kv_itemsize: int = 2,
 ) -> TileConfig:
-    """The full tile configuration of a batch; ``tile_q`` / ``tile_kv`` / ``groups`` force either choice (tests,
-    tuning); ``variant``: the logits carry ALiBi or a soft cap (fewer registers to spare).
+    """The full tile configuration of a batch; ``tile_q`` / ``tile_kv`` / ``stages`` / ``groups`` force either choice
+    (tests, tuning; stages None: DEFAULT_STAGES, or for fp8 K/V chosen with the KV tile); ``variant``: the logits carry
+    ALiBi or a soft cap (fewer registers to spare); ``kv_itemsize``: 1 for fp8 K/V.
 
     >>> c = choose_tiles(32768, 128, 128, paged=False)
     >>> (c.tile_q, c.tile_kv, c.warps_q, c.warps_kv, c.mma_kv)
@@ -237,10 +238,12 @@ def choose_tiles(
 def _tiles(
     avg_packed_qo_len, head_dim_qk, head_dim_vo, paged, limits, tile_q, tile_kv, stages, variant, kv_itemsize=2
 ) -> TileConfig:
-    """``choose_tiles`` before the block pairing. ``stages`` is taken as given when a tile is forced or it is not the
-    default; otherwise fp8 K/V choose it with the KV tile (``_kv_tile_and_stages``)."""
+    """``choose_tiles`` before the block pairing. ``stages`` is taken as given; None: fp8 K/V choose it with the KV tile
+    (``_kv_tile_and_stages``; the given KV tile's own best otherwise), 16-bit K/V take DEFAULT_STAGES."""
     check_head_dims(head_dim_qk, head_dim_vo, kv_itemsize)
-    auto_stages = kv_itemsize == 1 and stages == DEFAULT_STAGES
+    auto_stages = kv_itemsize == 1 and stages is None
+    given_stages = stages is not None
+    stages = DEFAULT_STAGES if stages is None else stages
     if stages < 2:
         raise ValueError(
             f"the prefill pipeline needs stages >= 2 (it refills the previous tile's buffer) but got {stages}"
@@ -271,7 +274,7 @@ def _tiles(
     else:
         tkv = int(tile_kv)
     cfg = tile_config(tq, tkv, head_dim_vo, stages, kv_itemsize=kv_itemsize)
-    if tile_q is not None or tile_kv is not None or stages != DEFAULT_STAGES:
+    if tile_q is not None or tile_kv is not None or given_stages:
         limit = MAX_ACCUMULATORS_VARIANT if variant else MAX_ACCUMULATORS
         if accumulators(cfg, head_dim_vo) > limit:
             raise ValueError(

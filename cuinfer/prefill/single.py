@@ -20,13 +20,15 @@ def single_prefill(
     q: Any, k: Any, v: Any, *, causal: bool = False, custom_mask: Any = None, kv_layout: str = "NHD",
     sm_scale: float | None = None, logits_soft_cap: float = 0.0, window_left: int = -1, pos_encoding: str = "none",
     rope_scale: float = 1.0, rope_theta: float = 1e4, variant: Any = None, variant_params: dict | None = None,
-    return_lse: bool = False,
+    return_lse: bool = False, kv_dtype: Any = None, k_scale: Any = None, v_scale: Any = None,
 ) -> Any:  # fmt: skip
     """Prefill one request: ``q [qo_len, num_qo_heads, head_dim]`` against ``k``, ``v`` (``[kv_len, num_kv_heads,
     head_dim]`` NHD or ``[num_kv_heads, kv_len, head_dim]`` HND) -> ``o [qo_len, num_qo_heads, head_dim_vo]``
     (, ``lse [qo_len, num_qo_heads]``). ``custom_mask``: bool ``[qo_len, kv_len]``, True = keep.
 
     The same kernel as ``BatchPrefill(paged=False)``, a batch of one request (split over the GPU by the planner).
+    fp8 ``k`` / ``v``: ``k_scale`` / ``v_scale`` dequantise them; ``kv_dtype`` names the fp8 format of ``uint8`` arrays
+    (CuPy's fp8).
     """
     layout = kv_layout_name(kv_layout)
     tq, tk, tv = (as_tensor(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v")))
@@ -49,8 +51,9 @@ def single_prefill(
     w.plan(
         [0, tq.shape[0]], [0, kv_len], num_qo_heads=tq.shape[1], num_kv_heads=hkv, head_dim=tq.shape[2],
         head_dim_vo=tv.shape[2], causal=causal, custom_mask=None if mask is None else mask.reshape(-1),
-        q_dtype=tq.dtype, kv_dtype=tk.dtype, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
+        q_dtype=tq.dtype, kv_dtype=tk.dtype if kv_dtype is None else kv_dtype, sm_scale=sm_scale,
+        logits_soft_cap=logits_soft_cap,
         window_left=window_left, pos_encoding=pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta,
         variant=variant, variant_params=variant_params,
     )  # fmt: skip
-    return w.run(q, k, v, return_lse=return_lse)
+    return w.run(q, k, v, return_lse=return_lse, k_scale=k_scale, v_scale=v_scale)
