@@ -42,7 +42,8 @@ SMEM_RESERVED_PER_CTA = 1024  # the driver reserves 1 KB of shared memory per re
 DEFAULT_STAGES = 2
 # fp8 K/V: a stage holds half the bytes, so the same shared memory holds more of them. The KV tile and the stage count
 # are chosen together among these (most resident warps; ties: the larger tile, then more stages in flight). 16-bit
-# K/V keep DEFAULT_STAGES. Re-tune on the GPU: python -m bench prefill --cases P4,P5,P6 --kv-dtype float8_e4m3fn
+# K/V keep DEFAULT_STAGES. Re-tune on the GPU: python -m bench prefill --cases P4,P4-e4m3,P5,P5-e4m3,P6,P6-e4m3
+# with plan(tile_sizes=(128, kv_tile, stages)) or bench/lab/tune_prefill.py
 FP8_STAGE_CHOICES = (2, 3)
 FP8_HEAD_DIMS = ((64, 64), (128, 128), (256, 256))  # one head dim for K and V (fp8 rows of 4 or 8k chunks)
 
