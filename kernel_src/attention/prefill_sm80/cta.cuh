@@ -43,8 +43,8 @@ template <class C> struct Cta {
   // same row % 8, so its swizzled smem offsets are one base plus immediates: cp_qk_dst + i * pass + c * 128.
   int cp_row, cp_chunk;
   u32 cp_qk_dst, cp_vo_dst;
-  // K / V copies (the same as Q's for 16-bit rows of 128 bytes and more): row kv_row + kKVRowsPerPass * i, chunks
-  // kv_chunk + 8c; cp_k_dst / cp_v_dst their swizzled offsets.
+  // fp8 K / V copies (16-bit K / V use cp_row, cp_chunk, cp_qk_dst, cp_vo_dst): row kv_row + kKVRowsPerPass * i,
+  // chunks kv_chunk + 8c; cp_k_dst / cp_v_dst their swizzled offsets (Loader::kv_row() etc. pick the set).
   int kv_row, kv_chunk;
   u32 cp_k_dst, cp_v_dst;
 
@@ -78,10 +78,12 @@ template <class C> struct Cta {
     v_lane = LdVO::make(v_smem, warp_col0 + lane % 16, lane / 16);  // (fp8 .trans x4: the same rows and halves)
     cp_row = tid / 8, cp_chunk = tid % 8;
     cp_qk_dst = cp_row * (C::kChunksQK * 16) + ((cp_chunk ^ (cp_row % 8)) * 16);
-    kv_row = tid / C::kKVThreadsPerRow, kv_chunk = tid % C::kKVThreadsPerRow;
-    cp_k_dst = Swizzle<C::kChunksK>::byte_offset(kv_row, kv_chunk);
-    cp_v_dst = Swizzle<C::kChunksVO>::byte_offset(kv_row, kv_chunk);
-    cp_vo_dst = cp_v_dst;
+    cp_vo_dst = cp_row * (C::kChunksVO * 16) + ((cp_chunk ^ (cp_row % 8)) * 16);
+    if constexpr (C::kKV8) {
+      kv_row = tid / C::kKVThreadsPerRow, kv_chunk = tid % C::kKVThreadsPerRow;
+      cp_k_dst = Swizzle<C::kChunksK>::byte_offset(kv_row, kv_chunk);
+      cp_v_dst = Swizzle<C::kChunksVO>::byte_offset(kv_row, kv_chunk);
+    }
   }
 
   // The group's barrier: named barrier 1 + wg of its kThreads threads in a paired block, else the block's.
