@@ -100,6 +100,7 @@ class TileRequest:
     tile_kv: int | None = None
     stages: int | None = None  # None: the policy's (2; fp8 K/V: 2 or 3)
     groups: int | None = None  # CTAs per block, 2 = paired blocks
+    convert: bool | None = None  # fp8 K/V: the CTA converts whole tiles (TileConfig.kv_convert); None: the policy's
 
 
 @dataclass(frozen=True, eq=False)
@@ -149,15 +150,19 @@ def positive(name: str, v: Any) -> int:
 
 
 def parse_tile_sizes(tile_sizes: Any) -> TileRequest:
-    """``None`` (policy) or ``(query_tile[, kv_tile[, stages[, groups]]])``; a None entry leaves that choice to the
-    policy (``groups``: CTAs per block, 2 = paired blocks)."""
+    """``None`` (policy) or ``(query_tile[, kv_tile[, stages[, groups[, convert]]]])``; a None entry leaves that choice
+    to the policy (``groups``: CTAs per block, 2 = paired blocks; ``convert``: fp8 K/V converted by the CTA a tile at a
+    time, True, or by each warp a fragment at a time, False)."""
     if tile_sizes is None:
         return TileRequest()
     t = tuple(tile_sizes)
-    if not 1 <= len(t) <= 4:
-        raise ValueError(f"tile_sizes must be (query_tile, kv_tile[, stages[, groups]]) but is {tile_sizes!r}")
-    t = t + (None,) * (4 - len(t))
-    return TileRequest(t[0], t[1], None if t[2] is None else int(t[2]), None if t[3] is None else int(t[3]))
+    if not 1 <= len(t) <= 5:
+        raise ValueError(
+            f"tile_sizes must be (query_tile, kv_tile[, stages[, groups[, convert]]]) but is {tile_sizes!r}"
+        )
+    t = t + (None,) * (5 - len(t))
+    return TileRequest(t[0], t[1], None if t[2] is None else int(t[2]), None if t[3] is None else int(t[3]),
+                       None if t[4] is None else bool(t[4]))  # fmt: skip
 
 
 def host_plan(
@@ -301,7 +306,7 @@ def tiles_for(facts: PrefillStatic, avg: float, memo: bool) -> TileConfig:
         config = choose_tiles(
             avg, facts.head_dim, facts.head_dim_vo, paged=facts.paged, limits=facts.limits, tile_q=tiles.tile_q,
             tile_kv=tiles.tile_kv, stages=tiles.stages, groups=tiles.groups, variant=facts.chain.has_logits,
-            kv_itemsize=facts.fields["kv_dtype"].itemsize,
+            kv_itemsize=facts.fields["kv_dtype"].itemsize, kv_convert=tiles.convert,
         )  # fmt: skip
         if memo:
             configs[key] = config

@@ -209,10 +209,12 @@ def choose_tiles(
     variant: bool = False,
     groups: int | None = None,
     kv_itemsize: int = 2,
+    kv_convert: bool | None = None,
 ) -> TileConfig:
     """The full tile configuration of a batch; ``tile_q`` / ``tile_kv`` / ``stages`` / ``groups`` force either choice
     (tests, tuning; stages None: DEFAULT_STAGES, or for fp8 K/V chosen with the KV tile); ``variant``: the logits carry
-    ALiBi or a soft cap (fewer registers to spare); ``kv_itemsize``: 1 for fp8 K/V.
+    ALiBi or a soft cap (fewer registers to spare); ``kv_itemsize``: 1 for fp8 K/V; ``kv_convert`` forces fp8's
+    conversion mode (``TileConfig.kv_convert``; None: tiles.FP8_CONVERT_CROSS_ITEM's rule).
 
     >>> c = choose_tiles(32768, 128, 128, paged=False)
     >>> (c.tile_q, c.tile_kv, c.warps_q, c.warps_kv, c.mma_kv)
@@ -224,9 +226,17 @@ def choose_tiles(
     cfg = _tiles(
         avg_packed_qo_len, head_dim_qk, head_dim_vo, paged, limits, tile_q, tile_kv, stages, variant, kv_itemsize
     )
+    if kv_convert is not None and kv_convert != cfg.kv_convert:
+        cfg = tile_config(cfg.tile_q, cfg.tile_kv, head_dim_vo, cfg.stages, cfg.groups, kv_itemsize, kv_convert)
+        need = smem_bytes(cfg, head_dim_qk, head_dim_vo, paged)
+        if need > limits.smem_per_block_optin:
+            raise ValueError(
+                f"tiles ({cfg.tile_q}, {cfg.tile_kv}) with {cfg.stages} stages and kv_convert={kv_convert} need {need} "
+                f"bytes of shared memory but a block may use {limits.smem_per_block_optin}; use fewer stages"
+            )
     if groups is None:
         return dataclasses.replace(cfg, groups=block_groups(cfg, head_dim_qk, head_dim_vo, paged, limits))
-    cfg = tile_config(cfg.tile_q, cfg.tile_kv, head_dim_vo, cfg.stages, int(groups), kv_itemsize)
+    cfg = tile_config(cfg.tile_q, cfg.tile_kv, head_dim_vo, cfg.stages, int(groups), kv_itemsize, cfg.kv_convert)
     need = block_smem_bytes(cfg, head_dim_qk, head_dim_vo, paged)
     if need > limits.smem_per_block_optin:
         raise ValueError(

@@ -72,7 +72,7 @@ class PrefillKernelKey:
     def name_expr(self) -> str:
         c = self.cfg
         kv = self.kv_dtype or self.dtype
-        q = f", {CTYPES[self.dtype]}" if kv != self.dtype else ""
+        q = f", {CTYPES[self.dtype]}, {str(c.kv_convert).lower()}" if kv != self.dtype else ""
         return (
             f"cuinfer::batch_prefill<cuinfer::PrefillTraits<{CTYPES[kv]}, {CTYPES[self.out_dtype]}, "
             f"{self.head_dim_qk}, {self.head_dim_vo}, {c.tile_q}, {c.warps_q}, {c.warps_kv}, {c.mma_kv}, {c.stages}, "
@@ -84,7 +84,8 @@ class PrefillKernelKey:
         dt = self.dtype if self.kv_dtype in ("", self.dtype) else f"{self.dtype}-{self.kv_dtype}"
         return (
             f"prefill/{'paged' if self.paged else 'ragged'}/{dt}/d{self.head_dim_qk}x{self.head_dim_vo}/"
-            f"q{c.tile_q}k{c.tile_kv}s{c.stages}{'g2' if c.groups == 2 else ''}/{self.variant.name}"
+            f"q{c.tile_q}k{c.tile_kv}s{c.stages}{'g2' if c.groups == 2 else ''}{'cv' if c.kv_convert else ''}/"
+            f"{self.variant.name}"
         )
 
 
@@ -105,10 +106,11 @@ def default_specs() -> list[KernelSpec]:
     ragged and paged KV (causal) and the decode-like tiles (paged); then the built-in variants."""
     from cuinfer.prefill.policy import block_groups, choose_tiles, default_kv_tile, query_tile
 
-    def key(dtype, dqk, dvo, tq, paged, *names, kv=""):
+    def key(dtype, dqk, dvo, tq, paged, *names, kv="", convert=None):
         chain = render(tuple(lookup(n) for n in names))
-        if kv:  # fp8 K/V: the policy's tile and stages (ragged limits, as default_kv_tile)
-            cfg = choose_tiles(1.0, dqk, dvo, paged=False, tile_q=tq, variant=chain.has_logits, kv_itemsize=1)
+        if kv:  # fp8 K/V: the policy's tile, stages and conversion mode for the layout (or the given mode)
+            cfg = choose_tiles(1.0, dqk, dvo, paged=paged, tile_q=tq, variant=chain.has_logits, kv_itemsize=1,
+                               kv_convert=convert)  # fmt: skip
             cfg = dataclasses.replace(cfg, groups=block_groups(cfg, dqk, dvo, paged))
             return PrefillKernelKey(dtype, dtype, dqk, dvo, cfg, paged, chain, kv)
         cfg = tile_config(tq, default_kv_tile(tq, dqk, dvo, chain.has_logits), dvo)
@@ -135,4 +137,7 @@ def default_specs() -> list[KernelSpec]:
         keys.append(key("float16", d, d, 16, True, kv="float8_e5m2"))
     keys.append(key("bfloat16", 128, 128, 32, True, "causal", "custom_mask", kv="float8_e5m2"))
     keys.append(key("bfloat16", 128, 128, 128, False, "causal", "window", "alibi", "soft_cap", kv="float8_e4m3fn"))
+    # the conversion mode the policy does not pick for these tiles (tile_sizes=(..., convert) selects it)
+    keys.append(key("bfloat16", 128, 128, 128, True, "causal", kv="float8_e4m3fn", convert=False))
+    keys.append(key("float16", 64, 64, 16, True, kv="float8_e5m2", convert=True))
     return [prefill_spec(k) for k in keys]

@@ -319,3 +319,29 @@ def test_swizzle_of_64_byte_rows_is_conflict_free():
         tids = np.arange(tid0, tid0 + 8)
         dst = byte_offset(tids // 4, tids % 4, 4)
         assert len(set((dst // 128).tolist())) == 1 and len(set(((dst // 16) % 8).tolist())) == 8
+
+
+@pytest.mark.parametrize(("d", "tile_kv", "threads"), [(64, 32, 128), (128, 64, 128), (256, 64, 256)])
+def test_cta_conversion_writes_the_16_bit_tile(rng, d, tile_kv, threads):
+    """kernel.cuh convert_tile (kConvert): each thread takes 8-element pieces (half an fp8 chunk, read at its swizzled
+    place) and writes them as one 16-bit chunk at its swizzled place; the result is the 16-bit tile the 16-bit math
+    reads (the layout store_tile_16 writes), every piece written once."""
+    x = rng.integers(-8, 9, (tile_kv, d)).astype(np.float64)
+    c8, c16 = d // 16, d // 8
+    src = np.full(tile_kv * d, np.nan)
+    copy_fp8_tile(src, 0, x, threads=min(threads, tile_kv * min(8, c8)))
+    dst = np.full(2 * tile_kv * d, np.nan)
+    seen = set()
+    for tid in range(threads):
+        for it in range(tid, tile_kv * c16, threads):
+            r, h = it // c16, it % c16
+            a = byte_offset(r, h // 2, c8) + (h % 2) * 8
+            piece = src[a : a + 8]  # uint2: 8 fp8 codes, pairs (0, 1), (2, 3) of each word, in order
+            b = byte_offset(r, h, c16)
+            assert b not in seen
+            seen.add(b)
+            dst[b : b + 16 : 2] = piece
+            dst[b + 1 : b + 16 : 2] = np.nan
+    want = np.full(2 * tile_kv * d, np.nan)
+    store_tile_16(want, 0, x)
+    np.testing.assert_array_equal(dst, want)

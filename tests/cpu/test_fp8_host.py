@@ -228,23 +228,33 @@ def test_decode_fp8_tiles_hold_twice_the_tokens_in_the_same_bytes(group, d):
 
 
 def test_prefill_fp8_tiles():
-    """Long prefill (P1-P6 shapes): the fp8 kernel takes the same 128 x 64 tile and, with the K/V bytes halved, three
-    stages in the shared memory of two (two CTAs per SM either way: registers bound them)."""
+    """Long prefill (P1-P6 shapes): the fp8 kernel takes the same 128 x 64 tile, the CTA converting each K / V tile
+    once into 16-bit tiles (one warp per row block: every warp reads every key); paged: two stages (with the 16-bit
+    tiles, a third would cost the second CTA of the SM), ragged (paired blocks): three. The small query tiles split
+    the keys over the warps, which convert their own fragments, with the K/V bytes halved: three stages."""
     c = choose_tiles(32768, 128, 128, paged=True, kv_itemsize=1)
-    assert (c.tile_q, c.tile_kv, c.stages, c.kv_itemsize) == (128, 64, 3, 1)
+    assert (c.tile_q, c.tile_kv, c.stages, c.kv_itemsize, c.kv_convert) == (128, 64, 2, 1, True)
     b = choose_tiles(32768, 128, 128, paged=True)
-    assert smem_bytes(c, 128, 128, True) <= smem_bytes(b, 128, 128, True)
-    assert choose_tiles(32768, 128, 128, paged=True, kv_itemsize=1, stages=2).stages == 2  # (stages given: kept)
+    assert smem_bytes(c, 128, 128, True) <= smem_bytes(b, 128, 128, True) + 2048
+    r = choose_tiles(32768, 128, 128, paged=False, kv_itemsize=1)
+    assert (r.stages, r.groups, r.kv_convert) == (3, 2, True)
+    small = choose_tiles(4, 128, 128, paged=True, kv_itemsize=1)
+    assert (small.tile_q, small.warps_kv, small.stages, small.kv_convert) == (16, 4, 3, False)
+    assert choose_tiles(32768, 128, 128, paged=False, kv_itemsize=1, stages=2).stages == 2  # (stages given: kept)
+    with pytest.raises(ValueError, match="fp8 K/V only"):
+        tile_config(128, 64, 128, kv_convert=True)
 
 
-@pytest.mark.parametrize(("tile_q", "tile_kv", "d", "paged", "want"), [
-    # Q 128 x 128 bf16 + 3 x (K + V) 64 x 128 fp8 + paged offsets (128 threads x 4 rows x 8 B) + info + item table
-    pytest.param(128, 64, 128, True, 32768 + 3 * 2 * 8192 + 4096 + (12 + 32) * 4 + 640, id="p4-fp8"),
-    # head dim 64: rows of 64 bytes are copied by 4 threads, so a thread copies 2 of the 64 rows (offsets: 2 x 8 B)
-    pytest.param(16, 64, 64, True, 2048 + 3 * 2 * 4096 + 128 * 2 * 8 + (12 + 32) * 4, id="d64-decode-tiles"),
+@pytest.mark.parametrize(("tile_q", "tile_kv", "d", "stages", "paged", "want"), [
+    # Q 128 x 128 bf16 + 2 x (K + V) 64 x 128 fp8 + the 16-bit K and V tiles (kConvert) + paged offsets (128 threads x
+    # 4 rows x 8 B) + info + item table
+    pytest.param(128, 64, 128, 2, True, 32768 + 2 * 2 * 8192 + 2 * 16384 + 4096 + (12 + 32) * 4 + 640, id="p4-fp8"),
+    # head dim 64, 16 rows (warps split the keys: no 16-bit tiles): rows of 64 bytes are copied by 4 threads, so a
+    # thread copies 2 of the 64 rows (offsets: 2 x 8 B)
+    pytest.param(16, 64, 64, 3, True, 2048 + 3 * 2 * 4096 + 128 * 2 * 8 + (12 + 32) * 4, id="d64-decode-tiles"),
 ])  # fmt: skip
-def test_prefill_fp8_smem_worked_examples(tile_q, tile_kv, d, paged, want):
-    assert smem_bytes(tile_config(tile_q, tile_kv, d, 3, kv_itemsize=1), d, d, paged) == want
+def test_prefill_fp8_smem_worked_examples(tile_q, tile_kv, d, stages, paged, want):
+    assert smem_bytes(tile_config(tile_q, tile_kv, d, stages, kv_itemsize=1), d, d, paged) == want
 
 
 # ---- the GPU path's parameters (stand-in GPU) ---------------------------------------------------------------------

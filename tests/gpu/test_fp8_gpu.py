@@ -290,6 +290,12 @@ PCASES = [
     ),
     pytest.param(PCase((1, 1, 1), (513, 17, 2049), 16, (32, 8), 128, tiles=(16,)), id="paged-decode-like-q16"),
     pytest.param(PCase((130, 70), (130, 600), None, (28, 4), 128, tiles=(32,), framework="jax"), id="ragged-q32-g7"),
+    # both conversion modes on the tiles whose policy picks the other: per warp on 128-row tiles, by the CTA on 16 rows
+    pytest.param(PCase((577, 17), (900, 54), 16, (32, 8), 128, tiles=(128, 64, 3, 1, False)), id="paged-q128-per-warp"),
+    pytest.param(
+        PCase((1, 3, 1), (513, 70, 2049), 1, (32, 8), 64, "e5m2", "fp16", tiles=(16, 64, 2, 1, True)),
+        id="paged-q16-cta-converts",
+    ),  # fmt: skip
 ]
 
 

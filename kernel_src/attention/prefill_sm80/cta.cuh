@@ -67,15 +67,17 @@ template <class C> struct Cta {
     warp_row0 = wq * MMA_Q * 16;
     warp_col0 = wkv * MMA_KV * 16;
     using LdQK = LdmatrixAddr<C::kChunksQK>;
-    using LdVO = LdmatrixAddr<C::kChunksVO>;
+    using LdVO = LdmatrixAddr<C::kChunksVMma>;
     q_lane = LdQK::make(q_smem, warp_row0 + lane % 16, lane / 16);
-    if constexpr (C::kKV8) {
+    if constexpr (C::kKV8 && !C::kConvert) {
       q8_lane = LdQK::make(q_smem, warp_row0 + lane / 4, (lane % 4) / 2) + (lane % 2) * 8;
       k_lane = k_smem + Swizzle<C::kChunksK>::byte_offset(warp_col0 + lane, 0);
-    } else {
-      k_lane = LdQK::make(k_smem, warp_col0 + lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
+    } else {  // (kConvert: the 16-bit K and V tiles, one each)
+      const u32 k16 = C::kConvert ? smem_base + C::kK16Off : k_smem;
+      k_lane = LdQK::make(k16, warp_col0 + lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
     }
-    v_lane = LdVO::make(v_smem, warp_col0 + lane % 16, lane / 16);  // (fp8 .trans x4: the same rows and halves)
+    // (fp8 .trans x4: the same rows and halves)
+    v_lane = LdVO::make(C::kConvert ? smem_base + C::kV16Off : v_smem, warp_col0 + lane % 16, lane / 16);
     cp_row = tid / 8, cp_chunk = tid % 8;
     cp_qk_dst = cp_row * (C::kChunksQK * 16) + ((cp_chunk ^ (cp_row % 8)) * 16);
     cp_vo_dst = cp_row * (C::kChunksVO * 16) + ((cp_chunk ^ (cp_row % 8)) * 16);

@@ -181,6 +181,27 @@ __device__ __forceinline__ void write_warp_bounds(const P& p, const VP& v, const
   __syncwarp();
 }
 
+// fp8 K/V, kConvert: the CTA converts the K (kIsK) or V tile in buffer `stage` into the 16-bit tile the 16-bit math
+// reads (traits.cuh), each 16-byte chunk of 16 fp8 elements into two chunks of 8, both layouts swizzled
+// (common/swizzle.cuh); rows past the item's end were zero-filled by the copy and stay zero. Between two barriers.
+template <class C, bool kIsK> __device__ __forceinline__ void convert_tile(const Cta<C>& c, int stage) {
+  using T = typename C::DTypeQ;
+  using F8 = typename C::DTypeKV;
+  constexpr int D = kIsK ? C::kHeadDimQK : C::kHeadDimVO, C8 = D / 16, C16 = D / 8;
+  constexpr int kItems = C::kTileKV * C16;  // 8-element pieces: half an fp8 chunk in, one 16-bit chunk out
+  const unsigned char* src = c.smem + (kIsK ? C::kKOff + stage * C::kKBytes : C::kVOff + stage * C::kVBytes);
+  unsigned char* dst = c.smem + (kIsK ? C::kK16Off : C::kV16Off);
+  // (one piece at a time, the loop rolled: the accumulators and, for V, the P fragments hold the registers here)
+#pragma unroll 1
+  for (int it = c.tid; it < kItems; it += C::kThreads) {
+    const int r = it / C16, h = it % C16;  // 16-bit chunk h of row r = half h % 2 of fp8 chunk h / 2
+    const uint2 x = *reinterpret_cast<const uint2*>(src + Swizzle<C8>::byte_offset(r, h / 2) + (h % 2) * 8);
+    *reinterpret_cast<uint4*>(dst + Swizzle<C16>::byte_offset(r, h)) =
+        make_uint4(fp8::pair<T, F8, 0, 1>(x.x), fp8::pair<T, F8, 2, 3>(x.x), fp8::pair<T, F8, 0, 1>(x.y),
+                   fp8::pair<T, F8, 2, 3>(x.y));
+  }
+}
+
 // fp8 K/V: the per-KV-head k scale of a scale array (1 without one: the common case costs one compare per tile).
 template <class C> __device__ __forceinline__ void scale_scores(float (&s)[C::kMmaQ][2 * C::kMmaKV][4], float k) {
   if (k == 1.f) return;
@@ -194,17 +215,26 @@ template <class C> __device__ __forceinline__ void scale_scores(float (&s)[C::kM
   }
 }
 
-// fp8 K/V, after the item's last tile: the output accumulators back in the usual C layout and scaled by v_scale (the
-// number times the per-KV-head value of a scale array). Cross-item kernels with the staged epilogue (sm_90) move them
-// through the warp's own Q rows (free once its last S is computed: in that mode only the warp itself copies into
-// them, after its epilogue), one 16-row block and kPiece chunks at a time, with no registers beyond the accumulators;
-// the others exchange them in registers (fp8::pv_acc_to_natural: 4 shuffles per 4 values), which at 255 registers
-// would spill.
+// fp8 K/V, after the item's last tile: the output accumulators scaled by v_scale (the number times the per-KV-head
+// value of a scale array) and, when each warp converted its own V fragments (not kConvert), moved back to the usual C
+// layout. Cross-item kernels with the staged epilogue (sm_90) move them through the warp's own Q rows (free once its
+// last S is computed: in that mode only the warp itself copies into them, after its epilogue), one 16-row block and
+// kPiece chunks at a time, with no registers beyond the accumulators; the others exchange them in registers
+// (fp8::pv_acc_to_natural: 4 shuffles per 4 values), which at 255 registers would spill.
 template <class C> __device__ __forceinline__ void finish_fp8_o(const Cta<C>& c, float (&o)[C::kMmaQ][C::kHeadDimVO / 8][4]) {
   constexpr int MMA_Q = C::kMmaQ, DVO = C::kHeadDimVO;
   const float vs = __int_as_float(c.warp_ints()[kWVScale]);
   const int g = c.lane / 4, t = c.lane % 4;
-  if constexpr (C::kStagedEpi) {
+  if constexpr (C::kConvert) {
+#pragma unroll
+    for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+      for (int j = 0; j < DVO / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[mq][j][e] *= vs;
+      }
+    }
+  } else if constexpr (C::kStagedEpi) {
     constexpr int kPitchQ = C::kChunksQK * 16;                     // bytes of a Q row
     constexpr int kRegion = MMA_Q * 16 * kPitchQ;                  // the warp's Q rows
     constexpr int kPiece = kRegion / 1024 < DVO / 16 ? kRegion / 1024 : DVO / 16;  // chunks per pass (16 x 16 x 4 B)
@@ -289,19 +319,19 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
         for (int e = 0; e < 4; ++e) s[mq][j][e] = 0.f;
       }
     }
-    const u32 k_stage = c.k_lane + stage * C::kKBytes;
-    if constexpr (C::kKV8) {
+    const u32 k_stage = c.k_lane + (C::kConvert ? 0 : stage * C::kKBytes);  // (kConvert: the one 16-bit K tile)
+    if constexpr (C::kKV8 && !C::kConvert) {
       if (live < MMA_KV) {
         qk_tile_fp8<C, true>(s, c.q8_lane, k_stage, live);
       } else {
         qk_tile_fp8<C, false>(s, c.q8_lane, k_stage, live);
       }
-      scale_scores<C>(s, __int_as_float(c.warp_ints()[kWKScale]));
     } else if (live < MMA_KV) {
       qk_tile<C, true>(s, c.q_lane, k_stage, live);
     } else {
       qk_tile<C, false>(s, c.q_lane, k_stage, live);
     }
+    if constexpr (C::kKV8) scale_scores<C>(s, __int_as_float(c.warp_ints()[kWKScale]));
     if (V::kLogits || need_mask) logits_and_mask<C>(p, v, c, s, wkey0, kv_end, need_mask);
     if (kMaxFree && !C::kKV8 && fast) {
       if (softmax_max_free<C>(s, row_max, row_sum, x_scale)) break;
@@ -347,6 +377,10 @@ __device__ __forceinline__ void kv_loop(const P& p, const VP& v, const Cta<C>& c
     const int st = stage == 0 ? STAGES - 1 : stage - 1;  // buffer of the previous tile == of the tile ahead
     if (ahead < kv_end) ld.load_k(ahead, st, cp_base, cp_head, kv_end, pages);
     cp_async_commit();
+    if constexpr (C::kConvert) {  // (after the copy ahead is issued: it lands meanwhile)
+      convert_tile<C, true>(c, stage);
+      c.sync();
+    }
     // Fully masked for this warp (all keys past every row's limit, or before every row's lower bound): skip the math.
     const bool skip = wkey0 >= wb1 || (V::kLowerBound && wkey0 + MMA_KV * 16 <= wb3);
     u32 pa[C::kMmaQ][MMA_KV][4];
@@ -360,6 +394,10 @@ __device__ __forceinline__ void kv_loop(const P& p, const VP& v, const Cta<C>& c
       c.sync();
       if (ahead < kv_end) ld.load_v(ahead, st, v_base, v_head, kv_end, v_offs);
       cp_async_commit();
+      if constexpr (C::kConvert) {
+        convert_tile<C, false>(c, stage);
+        c.sync();
+      }
       if constexpr (C::kPaged) {
         if (ahead + TILE_KV < kv_end) {
           ld.read_pages(ahead + TILE_KV, v_base, kv_end, pages);
@@ -371,10 +409,10 @@ __device__ __forceinline__ void kv_loop(const P& p, const VP& v, const Cta<C>& c
       }
     }
     if (!skip) {
-      const u32 v_stage = c.v_lane + stage * C::kVBytes;
+      const u32 v_stage = c.v_lane + (C::kConvert ? 0 : stage * C::kVBytes);  // (kConvert: the one 16-bit V tile)
       // (recomputed rather than kept across the barrier; only this warp writes its bounds)
       const int live = min(MMA_KV, (c.warp_ints()[kWSkip] - wkey0 + 15) >> 4);
-      if constexpr (C::kKV8) {
+      if constexpr (C::kKV8 && !C::kConvert) {
         if (live < MMA_KV) {
           pv_tile_fp8<C, true>(o, pa, v_stage, live);
         } else {

@@ -43,7 +43,7 @@ constexpr float kMaxFreeSum = 4096.f;
 // mask turns them into -inf.
 template <class C, bool GUARD>
 __device__ __forceinline__ void qk_tile(float (&s)[C::kMmaQ][2 * C::kMmaKV][4], u32 q_lane, u32 k_stage, int live) {
-  using T = typename C::DTypeKV;
+  using T = typename C::DTypeQ;
   using LdQK = LdmatrixAddr<C::kChunksQK>;
 #pragma unroll
   for (int kk = 0; kk < C::kHeadDimQK / 16; ++kk) {
@@ -66,8 +66,8 @@ __device__ __forceinline__ void qk_tile(float (&s)[C::kMmaQ][2 * C::kMmaKV][4], 
 template <class C, bool GUARD>
 __device__ __forceinline__ void pv_tile(float (&o)[C::kMmaQ][C::kHeadDimVO / 8][4],
                                         const u32 (&pa)[C::kMmaQ][C::kMmaKV][4], u32 v_stage, int live) {
-  using T = typename C::DTypeKV;
-  using LdVO = LdmatrixAddr<C::kChunksVO>;
+  using T = typename C::DTypeQ;
+  using LdVO = LdmatrixAddr<C::kChunksVMma>;
 #pragma unroll
   for (int kk = 0; kk < C::kMmaKV; ++kk) {
     if (!GUARD || kk < live) {

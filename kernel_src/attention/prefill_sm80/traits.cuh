@@ -18,9 +18,13 @@ template <class T, class F> struct Select<false, T, F> {
 
 // Variant_: the attention variant (variants/contract.cuh), rendered by cuinfer/variants/render.py.
 // DTypeQ_: q's type, K/V's by default (fp16 or bf16); fp8 K/V (DTypeKV_ = __nv_fp8_e4m3 / e5m2) take a 16-bit q and
-// are converted to q's type in registers (mainloop.cuh qk_tile_fp8 / pv_tile_fp8, common/fp8.cuh).
+// are converted to q's type (common/fp8.cuh): CONVERT_ false, each warp converts the fragments it reads, in registers
+// (mainloop.cuh qk_tile_fp8 / pv_tile_fp8); CONVERT_ true, the CTA converts each landed K / V tile once into a 16-bit
+// tile (kernel.cuh convert_tile), which the 16-bit math reads: one conversion per element instead of one per warp
+// reading it, for two more barriers per tile and the 16-bit tiles' shared memory (cuinfer/prefill/policy.py chooses).
 template <typename DTypeKV_, typename DTypeO_, int HEAD_DIM_QK_, int HEAD_DIM_VO_, int TILE_Q_, int WARPS_Q_,
-          int WARPS_KV_, int MMA_KV_, int STAGES_, bool PAGED_, class Variant_, int GROUPS_, typename DTypeQ_ = DTypeKV_>
+          int WARPS_KV_, int MMA_KV_, int STAGES_, bool PAGED_, class Variant_, int GROUPS_, typename DTypeQ_ = DTypeKV_,
+          bool CONVERT_ = false>
 struct PrefillTraits {
   using DTypeQ = DTypeQ_;  // the mma operand type: q's, and k / v's once converted
   using DTypeKV = DTypeKV_;
@@ -45,6 +49,9 @@ struct PrefillTraits {
   static constexpr int kChunksQK = kHeadDimQK * kQBytesPerElem / 16;  // 16-byte chunks per row of Q (and 16-bit K)
   static constexpr int kChunksK = kHeadDimQK * kKVBytesPerElem / 16;  // ... of K
   static constexpr int kChunksVO = kHeadDimVO * kKVBytesPerElem / 16;  // ... of V
+  static constexpr bool kConvert = kKV8 && CONVERT_;  // fp8 tiles converted to 16-bit tiles by the CTA
+  // 16-byte chunks per row of the V tile P·V reads: fp8 V (converted by each warp) or 16-bit V
+  static constexpr int kChunksVMma = kKV8 && !kConvert ? kChunksVO : kHeadDimVO * kQBytesPerElem / 16;
   static constexpr int kRowsPerPass = kThreads / 8;  // global -> smem copies of Q: 8 threads per row, a 128-byte line
   // K / V copies: 8 threads per row as well, or 4 for 64-byte rows (fp8 head dim 64: two rows per 128-byte line)
   static constexpr int kKVThreadsPerRow = kChunksK < 8 ? kChunksK : 8;
@@ -57,7 +64,12 @@ struct PrefillTraits {
   static constexpr int kVBytes = kTileKV * kHeadDimVO * kKVBytesPerElem;
   static constexpr int kKOff = kQBytes;
   static constexpr int kVOff = kKOff + kStages * kKBytes;
-  static constexpr int kPageOff = kVOff + kStages * kVBytes;
+  // kConvert: the 16-bit K and V tiles (one each: converted after a tile lands, read before the next one lands)
+  static constexpr int kK16Off = kVOff + kStages * kVBytes;
+  static constexpr int kK16Bytes = kConvert ? kTileKV * kHeadDimQK * kQBytesPerElem : 0;
+  static constexpr int kV16Off = kK16Off + kK16Bytes;
+  static constexpr int kV16Bytes = kConvert ? kTileKV * kHeadDimVO * kQBytesPerElem : 0;
+  static constexpr int kPageOff = kV16Off + kV16Bytes;
   static constexpr int kPageBytes = kPaged ? kThreads * kKVRowsPerThread * 8 : 0;
   static constexpr int kMainBytes = kPageOff + kPageBytes;
   // Cross-item pipeline (kernel.cuh): one warp per row block, so the epilogue needs no cross-warp merge.
