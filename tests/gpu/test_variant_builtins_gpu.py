@@ -129,9 +129,13 @@ def _paged(rng, kv_lens, hkv, d, ps=16):
     return (indptr, indices, last), cache, ks, vs
 
 
-def _rounded_rope(x, pos, d):
+def _rounded_rope(x, pos, d, rounded=True):
+    """x rotated in float64 at positions pos, rounded to bf16 where the kernel keeps the rotated values in shared
+    memory (keys; q on the tensor-core decode kernel and in prefill); the CUDA-core decode kernel keeps its rotated
+    q in float32 registers (``rounded=False``)."""
     inv = ref_variants.llama31_inv_freq(d, **LLAMA31)
-    return ref_variants.rotate_half(np.asarray(x, np.float64), np.asarray(pos)[:, None, None], inv).astype(BF16)
+    out = ref_variants.rotate_half(np.asarray(x, np.float64), np.asarray(pos)[:, None, None], inv)
+    return out.astype(BF16) if rounded else out
 
 
 def _steps(kind, *, causal, window, masks, sinks):
@@ -230,7 +234,7 @@ def test_variant_builtins_in_decode(rng, fw, kind, heads, d, tc, split):
             ref_o[b : b + 1], ref_lse[b : b + 1] = _user_attend(qb, kb, vs[b], host)
             continue
         if kind == "rope_llama31":
-            qb, kb = _rounded_rope(qb, [n - 1], d), _rounded_rope(kb, np.arange(n), d)
+            qb, kb = _rounded_rope(qb, [n - 1], d, rounded=tc), _rounded_rope(kb, np.arange(n), d)
         masks = None if mask is None else {b: mask[ends[b] - n : ends[b]].reshape(1, n)}
         steps = _steps(kind, causal=False, window=window, masks=masks, sinks=host)
         ref_o[b : b + 1], ref_lse[b : b + 1] = ref_variants.attend(qb, kb, vs[b], steps, batch=b)
