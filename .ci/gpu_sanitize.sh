@@ -14,6 +14,7 @@
 #   MEMCHECK_S / RACECHECK_S / SYNCCHECK_S  time limits of the three steps in seconds (defaults 300 / 120 / 60)
 #   MEMCHECK_WORKERS=N  runs the memcheck suite with pytest -n N (each xdist worker is a sanitized child process;
 #                       on 2026-12-01 with N=8 no test finished within 210 s: give it the full 10 minutes or use one worker)
+# The memcheck suite runs with -v so a run stopped at its limit still reports how many tests finished and the last one.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
@@ -90,10 +91,12 @@ K=()
 [ -n "$SELECT" ] && K=(-k "$SELECT")
 [ -n "${MEMCHECK_WORKERS:-}" ] && K+=(-n "$MEMCHECK_WORKERS")
 sanitize memcheck "${MEMCHECK_S:-300}" "$LOGS/memcheck_suite.log" \
-  python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -rfE "${K[@]}"
+  python3 -m pytest -m gpu tests/gpu -v -p no:cacheprovider -p no:benchmark -rfE "${K[@]}"
 rc=$?
 report memcheck "$LOGS/memcheck_suite.log" "$rc" "errors" 'ERROR SUMMARY: [0-9]+ error'
+# -v: a run stopped at its time limit still shows how far it got (one line per finished test)
 say "    pytest: $(grep -E '[0-9]+ (passed|failed)' "$LOGS/memcheck_suite.log" | tail -1)"
+say "    tests finished: $(grep -cE ' (PASSED|FAILED|SKIPPED|ERROR)' "$LOGS/memcheck_suite.log"), the last: $(grep -E ' (PASSED|FAILED|SKIPPED|ERROR)' "$LOGS/memcheck_suite.log" | tail -1 | cut -c1-120)"
 
 # 2. racecheck over the small cases (shared-memory hazards)
 sanitize racecheck "${RACECHECK_S:-120}" "$LOGS/racecheck_cases.log" python3 tests/gpu/sanitize_cases.py
