@@ -208,7 +208,14 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
     } else {
       qk_tile<C, false>(s, c.q_lane, k_stage, live);
     }
-    if (V::kLogits || need_mask) logits_and_mask<C>(p, v, c, s, wkey0, kv_end, need_mask, rows);
+    // Two copies of the variant's logits: interior tiles (most of them) compute no key bounds at all, and the
+    // boundary tiles' copy alone holds the registers of the masks (a 64-key tile with ALiBi spilled 80 bytes with
+    // one copy and a runtime need_mask, 16 with two).
+    if (need_mask) {
+      logits_and_mask<C>(p, v, c, s, wkey0, kv_end, true, rows);
+    } else if constexpr (V::kLogits) {
+      logits_and_mask<C>(p, v, c, s, wkey0, kv_end, false, rows);
+    }
     if constexpr (!V::kSoftmax) {
       weights_sum<C>(s, row_sum);
       break;
