@@ -75,7 +75,8 @@ SNIPPETS = (
     "value_transform", "output_transform",
 )  # fmt: skip
 # The NumPy functions of a variant (``Variant.numpy``): one per snippet but dim_state and row_state (NumPy transforms
-# take whole vectors; NumPy logits compute what they need), with the keyword names each may declare (docs/variants.md, "NumPy functions").
+# take whole vectors; NumPy logits compute what they need), with the keyword names each may declare
+# (docs/variants.md, "NumPy functions").
 _INDEX = ("batch", "qo_idx", "qpos", "qo_head", "kv_head", "qo_len", "kv_len", "head_dim", "params")
 NUMPY_NAMES: dict[str, tuple[str, ...]] = {
     "logits": ("x", "kv_idx", *_INDEX),

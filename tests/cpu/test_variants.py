@@ -45,7 +45,8 @@ def test_registering_a_name_twice_with_another_variant_raises():
         ),  # fmt: skip
         pytest.param(dict(name="fields", logits="x", state_fields="float a;"), "state_fields without", id="fields"),
         pytest.param(
-            dict(name="rows", mask="true", row_state="row.a = 0;", row_fields="float a;"), "only read by logits",
+            dict(name="rows", mask="true", row_state="row.a = 0;", row_fields="float a;"),
+            "only read by logits",
             id="row-state-without-logits",
         ),  # fmt: skip
         pytest.param(dict(name="rows", logits="x", row_state="row.a = 0;"), "without row_fields", id="row-no-fields"),
