@@ -11,7 +11,7 @@ lengths are not the anchor's exact draws; their distributions are the same.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -105,14 +105,31 @@ class Target:
 
 
 @dataclass(frozen=True)
+class AllOf:
+    """Several targets of one row, each on its own metric (``ratio``: the speed-up over the ``compare_to`` case in the
+    same run; ``vs_peer``: over the best peer); met when every one is, unknown while one is unmeasured."""
+
+    parts: tuple[Target, ...]
+
+    @property
+    def text(self) -> str:
+        return "; ".join(p.text for p in self.parts)
+
+    def check(self, values: dict) -> bool | None:
+        got = [p.check(values) for p in self.parts]
+        return False if False in got else None if None in got else True
+
+
+@dataclass(frozen=True)
 class DecodeCase:
     id: str
     lengths: Lengths
     seed: int
-    target: Target
+    target: Target | AllOf
     anchor: str  # FlashInfer's best in docs/benchmarks.md, for the record
     kv_dtype: str = "bfloat16"
     shape: Shape = LLAMA31_8B
+    compare_to: str = ""  # the 16-bit-KV case of the same shape (fp8 cases: their ratio target)
 
     def describe(self) -> str:
         kv = "" if self.kv_dtype == self.shape.dtype else f", {self.kv_dtype} KV"
@@ -130,9 +147,12 @@ class PrefillCase:
     anchor: dict = field(default_factory=dict)  # docs/benchmarks.md TFLOP/s of the peers, for the record
     causal: bool = True
     shape: Shape = LLAMA31_8B
+    kv_dtype: str = "bfloat16"
+    compare_to: str = ""  # the 16-bit-KV case of the same shape (fp8 cases: their ratio target)
 
     def describe(self) -> str:
-        return f"{self.layout} {self.lengths.describe()}"
+        kv = "" if self.kv_dtype == self.shape.dtype else f", {self.kv_dtype} KV"
+        return f"{self.layout} {self.lengths.describe()}{kv}"
 
 
 @dataclass(frozen=True)
@@ -175,6 +195,14 @@ def _tflops(v: float) -> Target:
     return Target("tflops", v, f"≥ {v:g} TFLOP/s")
 
 
+def _ratio(v: float, base: str) -> Target:
+    return Target("ratio", v, f"≥ {v:g}× {base}")
+
+
+def _vs_peer(v: float, peer: str) -> Target:
+    return Target("vs_peer", v, f"≥ {v:g}× {peer}")
+
+
 # The small decode steps' targets: a margin over the floor of reading their bytes in page order by the same method
 # (python -m bench.lab.stream_floor; docs/benchmarks.md, "The floor of a decode step", measured 2026-11-30).
 DECODE_FLOOR_US = {"D1": 23.3, "D2": 19.0, "D3": 23.2, "D4": 40.2}
@@ -199,14 +227,19 @@ DECODE_CASES: tuple[DecodeCase, ...] = (
     DecodeCase("D7", Lengths("const", 256, 1024), 7, _tbps(4.1), "266.2 µs, 4.05 TB/s (tensor cores)"),
     DecodeCase("D8", Lengths("onelong", 128, 1024), 8, _tbps(3.9), "174.6 µs, 3.83 TB/s (BatchAttention)"),
     DecodeCase("D9", Lengths("zipf", 128, 2048), 9, _tbps(3.9), "3.29 TB/s (BatchAttention)"),
+    # fp8 KV (issue 18): D10 against cuinfer's bf16 D6 and FlashInfer's fp8 decode in the same run; the D5 and D9
+    # shapes (their lengths: the same seeds) in TB/s of fp8 bytes
     DecodeCase(
         "D10",
         Lengths("const", 128, 2048),
         10,
-        _tbps(3.6, " (≤ 150 µs)"),
+        AllOf((_tbps(3.6, " (≤ 150 µs)"), _ratio(1.8, "D6 (bf16 KV)"), _vs_peer(1.5, "FlashInfer fp8"))),
         "229.7 µs, 2.35 TB/s (tensor cores)",
         kv_dtype="float8_e4m3fn",
+        compare_to="D6",
     ),
+    DecodeCase("D5-e4m3", Lengths("const", 64, 4096), 5, _tbps(3.6), "", kv_dtype="float8_e4m3fn", compare_to="D5"),
+    DecodeCase("D9-e4m3", Lengths("zipf", 128, 2048), 9, _tbps(3.6), "", kv_dtype="float8_e4m3fn", compare_to="D9"),
 )
 
 _P_UNIFORM = Lengths("uniform", 16, lo=512, hi=2048)
@@ -234,6 +267,17 @@ PREFILL_CASES: tuple[PrefillCase, ...] = (
     PrefillCase("P5", "paged", Lengths("const", 4, 4096), 105, _tflops(345), _tflops(560), {"fa2": 328, "fa3": 476}),
     PrefillCase("P6", "paged", _P_UNIFORM, 106, _tflops(300), _tflops(440), {"fa2": 286, "fa3": 364}),
 )
+
+
+def _fp8_prefill(p: PrefillCase) -> PrefillCase:
+    """fp8 KV (issue 18) on a paged shape (the same lengths: the same seed), judged against cuinfer's bf16-KV case of
+    that shape in the same run."""
+    t = _ratio(1.0, f"{p.id} (bf16 KV)")
+    return replace(p, id=f"{p.id}-e4m3", target_fa2=t, target_hopper=t, anchor={}, kv_dtype="float8_e4m3fn",
+                   compare_to=p.id)  # fmt: skip
+
+
+PREFILL_CASES += tuple(_fp8_prefill(p) for p in PREFILL_CASES if p.layout == "paged")
 
 MERGE_CASES: tuple[MergeCase, ...] = (MergeCase("M1", 16384, 8, 201, Target("pct_copy", 80.0, "≥ 80 % of copy")),)
 

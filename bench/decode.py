@@ -38,6 +38,7 @@ SPEC = SuiteSpec(
     plot_metric="gbps",
     ceiling="copy",
     target=_target,
+    compare_to=lambda case_id: next((c.compare_to for c in DECODE_CASES if c.id == case_id), ""),
 )
 
 

@@ -106,10 +106,10 @@ def prefill_inputs(case: PrefillCase) -> PrefillInputs:
     q = _randn((ntok, s.num_qo_heads, s.head_dim), s.dtype, g)
     inp = PrefillInputs(case, lens, qo, _dev_i32(qo), q)
     if case.layout == "ragged":
-        inp.k = _randn((ntok, s.num_kv_heads, s.head_dim), s.dtype, g)
-        inp.v = _randn((ntok, s.num_kv_heads, s.head_dim), s.dtype, g)
+        inp.k = _randn((ntok, s.num_kv_heads, s.head_dim), case.kv_dtype, g)
+        inp.v = _randn((ntok, s.num_kv_heads, s.head_dim), case.kv_dtype, g)
     else:
-        inp.kv = paged_kv(lens, s, s.dtype, case.seed, g)
+        inp.kv = paged_kv(lens, s, case.kv_dtype, case.seed, g)
     return inp
 
 

@@ -57,6 +57,13 @@ def summarize(spec: SuiteSpec, case_ids: list[str], descs: dict, measurements: l
                 continue
             target = spec.target(cid, variant)
             values = {k: getattr(m, k) for k in ("us", "gbps", "tflops", "pct_copy", "plan_us")} if m.ok else {}
+            if m.ok and best is not None and m.us:
+                values["vs_peer"] = best.us / m.us
+            base_id = spec.compare_to(cid) if spec.compare_to else ""
+            base = next((x for x in measurements if x.case == base_id and x.impl == "cuinfer" and x.variant == variant
+                         and x.ok), None) if base_id else None  # fmt: skip
+            if m.ok and base is not None and m.us:
+                values["ratio"] = base.us / m.us  # the speed-up over the 16-bit-KV case, same run and variant
             row = {
                 "case": cid,
                 "desc": descs.get(cid, ""),
@@ -73,6 +80,8 @@ def summarize(spec: SuiteSpec, case_ids: list[str], descs: dict, measurements: l
             }
             if m.max_abs_diff is not None:
                 row["max_abs_diff"] = m.max_abs_diff
+            if "ratio" in values:
+                row["ratio"], row["ratio_to"] = values["ratio"], base_id
             rows.append(row)
     return rows
 
@@ -95,6 +104,8 @@ def format_table(spec: SuiteSpec, rows: list[dict], measurements: list[Measureme
         cells.append(r["target"] or DASH)
         cells.append({True: "pass", False: "MISS", None: DASH}[r["pass"]])
         note = r["note"] or ""
+        if r.get("ratio") is not None:
+            note = (f"{r['ratio']:.2f}× {r['ratio_to']} " + note).strip()
         if r.get("max_abs_diff") is not None:
             note = (f"max|Δ| {r['max_abs_diff']:.2g} " + note).strip()
         cells.append(note if len(note) <= 70 else note[:67] + "...")

@@ -80,7 +80,8 @@ class SuiteSpec:
     peer_metric: str  # field shown in the peer columns ("us" or "tflops")
     plot_metric: str  # "gbps" | "tflops" | "us"
     ceiling: str | None  # "copy" | "matmul" | None: the horizontal line of the plot
-    target: Callable[[str, str], object]  # (case id, cuinfer variant) -> Target | None
+    target: Callable[[str, str], object]  # (case id, cuinfer variant) -> Target | AllOf | None
+    compare_to: Callable[[str], str] | None = None  # case id -> the case its "ratio" target divides by ("" for none)
 
 
 SUITES = ("merge", "decode", "prefill", "plan")

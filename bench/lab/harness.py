@@ -111,7 +111,7 @@ class LabDecode(BatchDecode):
                 st.kernel = get_kernel(self.lab_spec_of(key), key.name_expr(), call.device_id)
             if self.lab_evict_first is not None:
                 st.static["kv_evict_first"] = int(self.lab_evict_first)
-        st.repack(tq, kv, to, tl, k_scale, v_scale)  # (every call: a lab run does not count host time)
+        st.repack(tq, kv, to, tl, self._scales(call, plan, k_scale, v_scale))  # (every call: lab runs skip the memo)
         st.kernel.launch(st.num_ctas, st.threads, (st.params, st.vparams), smem_bytes=st.smem_bytes, stream=call.stream)
 
 

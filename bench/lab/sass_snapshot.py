@@ -30,7 +30,11 @@ def bench_case_specs() -> list:
     from cuinfer.decode.specs import DecodeKernelKey, decode_spec
 
     cfg = decode_config(4, 128)
-    return [decode_spec(DecodeKernelKey(cfg, "bfloat16", "bfloat16", "bfloat16"))]
+    fp8 = decode_config(4, 128, kv_itemsize=1)  # D10, D5-e4m3, D9-e4m3
+    return [
+        decode_spec(DecodeKernelKey(cfg, "bfloat16", "bfloat16", "bfloat16")),
+        decode_spec(DecodeKernelKey(fp8, "bfloat16", "float8_e4m3fn", "bfloat16")),
+    ]
 
 
 def _normalise(sass: str) -> list[str]:

@@ -19,6 +19,7 @@ from cuinfer.interop.arrays import Tensor
 from cuinfer.jit import get_kernel
 from cuinfer.runtime.buffers import Buffers
 from cuinfer.runtime.device import device_info
+from cuinfer.runtime.fp8 import KVScales
 from cuinfer.variants.select import chain_values
 
 _LOG2E = 1.0 / math.log(2.0)
@@ -70,9 +71,11 @@ class DecodeLaunch:
             self.vparams = self.chain.pack(self.vvalues, dict(zip(self.array_slots, ptrs, strict=True)))
             self.array_ptrs = ptrs
 
-    def repack(self, tq: Tensor, kv: KV, to: Tensor, tl: Tensor | None, k_scale: Any, v_scale: Any) -> None:
-        """The parameter struct for these arrays (q may be a view of one request with a batch stride of 0)."""
-        scale = self.sm_scale * (1.0 if k_scale is None else float(k_scale))
+    def repack(self, tq: Tensor, kv: KV, to: Tensor, tl: Tensor | None, scales: KVScales) -> None:
+        """The parameter struct for these arrays (q may be a view of one request with a batch stride of 0) and fp8
+        scales (numbers folded into sm_scale / v_scale; arrays read by the kernels per item)."""
+        self.scales = scales  # (keeps the scale arrays' Tensors alive with the parameters that point at them)
+        scale = self.sm_scale * scales.k
         self.params = DecodeParams.pack(
             **self.static,
             q=tq.ptr, k=kv.k_ptr, v=kv.v_ptr, o=to.ptr, lse=0 if tl is None else tl.ptr,
@@ -81,6 +84,7 @@ class DecodeLaunch:
             v_stride_page=kv.v_strides[0], v_stride_slot=kv.v_strides[1], v_stride_head=kv.v_strides[2],
             o_stride_b=to.strides[0], o_stride_h=to.strides[1],
             lse_stride_b=0 if tl is None else tl.strides[0], lse_stride_h=0 if tl is None else tl.strides[1],
-            sm_scale=scale, logits_scale=scale * _LOG2E,
-            v_scale=1.0 if v_scale is None else float(v_scale),
+            sm_scale=scale, logits_scale=scale * _LOG2E, v_scale=scales.v,
+            k_scales=scales.k_ptr, v_scales=scales.v_ptr, k_scales_stride=scales.k_stride,
+            v_scales_stride=scales.v_stride,
         )  # fmt: skip

@@ -15,6 +15,7 @@ from cuinfer.decode.specs import DecodeKernelKey
 from cuinfer.formats.mask import custom_mask_bytes
 from cuinfer.formats.paged import read_page_table
 from cuinfer.interop.dtypes import DType
+from cuinfer.runtime.fp8 import kv_dtype_of
 from cuinfer.runtime.options import AttentionOptions, check_int, check_options, check_window_left, half_dtype
 from cuinfer.runtime.wrapper import PlanState
 from cuinfer.variants import Rendered
@@ -95,6 +96,26 @@ def decode_half_dtype(name: str, x: Any) -> DType:
     return half_dtype(name, x, what="the decode kernels")
 
 
+def refuse_fp8_transforms(kv_dtype: DType, chain: Rendered) -> None:
+    """q / k transforms (RoPE in the kernel) rotate each K tile in shared memory, and value transforms rewrite each V
+    tile there, which for an fp8 cache would round the transformed keys / values back to fp8: refused."""
+    if not kv_dtype.is_float8:
+        return
+    if chain.transforms:
+        raise NotImplementedError(
+            f"in-kernel q / k transforms ({chain.name}: pos_encoding='rope_llama' or a variant with a key transform) "
+            f"are not supported with an fp8 cache (kv_dtype={kv_dtype.value}): rotate the keys before quantising them "
+            "(cuinfer.apply_rope / apply_rope_pos_ids) or use a 16-bit cache"
+        )
+    values = [p.name for p in chain.pieces if p.value_transform]
+    if values:
+        raise NotImplementedError(
+            f"value transforms (variant {values[0]!r}) are not supported with an fp8 cache (kv_dtype="
+            f"{kv_dtype.value}): the kernels would round the transformed values back to fp8; transform the values "
+            "before quantising them, or use a 16-bit cache"
+        )
+
+
 _PLAN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DecodePlan) if f.default is not dataclasses.MISSING}
 _PLAN_FIELDS = tuple(f.name for f in dataclasses.fields(DecodePlan))
 
@@ -114,23 +135,25 @@ def static_facts(
         )
     group = num_qo_heads // num_kv_heads
     qd = decode_half_dtype("q_dtype", q_dtype)
-    kvd = decode_half_dtype("kv_dtype", qd if kv_dtype is None else kv_dtype)
+    kvd = qd if kv_dtype is None else kv_dtype_of(kv_dtype)
     od = decode_half_dtype("o_dtype", qd if o_dtype is None else o_dtype)
     opts = check_decode_options(
         sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left, pos_encoding=pos_encoding,
         rope_scale=rope_scale, rope_theta=rope_theta, variant=variant, head_dim=head_dim,
     )  # fmt: skip
     tc = use_tensor_cores
-    if tc is None and kvd is not qd:
+    mixed = kvd is not qd and not kvd.is_float8  # (fp8 K/V are converted to q's type for the mma)
+    if tc is None and mixed:
         tc = False  # the tensor-core kernel multiplies q and KV of one type
-    if tc and kvd is not qd:
+    if tc and mixed:
         raise ValueError(
             f"use_tensor_cores=True needs q_dtype == kv_dtype (mma takes one 16-bit type) but got q_dtype="
             f"{qd.value}, kv_dtype={kvd.value}; use use_tensor_cores=False or None"
         )
-    config = decode_config(group, head_dim, use_tensor_cores=tc)
+    config = decode_config(group, head_dim, use_tensor_cores=tc, kv_itemsize=kvd.itemsize)
     users = user_variants(variant)
     chain = chain_for(opts, decode=True, user=users)
+    refuse_fp8_transforms(kvd, chain)
     # every field present (the defaults: work, words, ..., kv_range, nnz): no dict resize as a plan's go in
     fields = {name: _PLAN_DEFAULTS.get(name) for name in _PLAN_FIELDS}
     fields.update(

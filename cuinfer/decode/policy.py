@@ -17,10 +17,19 @@ Worked example, Llama-3.1-8B decode (32 query / 8 KV heads, g = 4, head dim 128,
   which leaves room for the bubbles at item boundaries. The grid is then 2 x 132 = 264 persistent CTAs.
 Same model with MHA (32:32, g = 1): CUDA cores, 16 lanes per head x 8 token slices = 128 threads, 32-token tiles
   (16 KB), 4 stages = 64 KB + ~7 KB -> 3 CTAs per SM, 3 x 3 x 16 KB = 144 KB in flight per SM.
+
+fp8 K/V (1-byte elements): the same bytes per stage hold twice the tokens, so the stage bytes, the stages in flight
+and the CTAs per SM above stay as they are and every number of tokens doubles (``FP8_TILE_FACTOR``):
+  Llama-3.1-8B with an e4m3 cache (D10): tensor cores, each of the 4 warps owns 32 tokens (``FP8_WARP_TOKENS``: one
+  ldmatrix of 32 keys per k-step) -> 128-token tiles = 128 x 128 x 1 B x 2 = 32 KB per stage, 3 stages, 2 CTAs per
+  SM; the merge of the 4 warps' 16 x 128 fp32 states (32 KB) still fits in one stage. MHA: CUDA cores, 64-token tiles.
+  Each KV byte now carries one element, so the math per byte doubles and the conversions come on top (common/fp8.cuh:
+  one cvt per 2 elements for fp16 q, ~5 integer / half ops per 2 for bf16 q); these are the knobs to retune on the GPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
@@ -32,6 +41,11 @@ ITEM_INFO_BYTES = 40  # sizeof(ItemInfo)
 REFERENCE_SMEM_PER_SM = 233472  # Hopper (H100 / H200): 228 KB of shared memory per SM
 # K/V copies are marked L2 evict-first when a step streams at most this many L2 sizes of K/V (see kv_evict_first).
 EVICT_FIRST_MAX_L2_MULTIPLE = 4
+# fp8 K/V: tokens per tile relative to 16-bit K/V (the stage bytes stay), and tokens each tensor-core warp owns per tile
+# (a multiple of 32: one ldmatrix x4 covers 32 fp8 keys of a k-step; at most threads / warps_kv so that one thread
+# resolves each token of a tile).
+FP8_TILE_FACTOR = 2
+FP8_WARP_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -48,9 +62,10 @@ class DecodeConfig:
     threads: int
     tile_kv: int  # tokens per pipeline stage
     stages: int
-    warps_kv: int = 0  # tensor cores: warps along the tile's tokens (tile_kv = 16 * warps_kv)
+    warps_kv: int = 0  # tensor cores: warps along the tile's tokens (tile_kv = warp_tokens * warps_kv)
     warps_d: int = 0  # tensor cores: warps along the output dims
-    kv_itemsize: int = 2
+    kv_itemsize: int = 2  # 2: float16 / bfloat16 K/V, 1: fp8
+    warp_tokens: int = 16  # tensor cores: tokens of a tile each warp owns (16 for 16-bit K/V, FP8_WARP_TOKENS for fp8)
 
     @property
     def rows_per_tile(self) -> int:
@@ -98,15 +113,17 @@ def decode_config(
     (True, 128, 64, 3, 4, 1)
     >>> decode_config(1, 128).threads, decode_config(1, 128).tile_kv
     (128, 32)
+    >>> c = decode_config(4, 128, kv_itemsize=1)  # fp8 K/V: twice the tokens, the same stage bytes
+    >>> c.tile_kv, c.warp_tokens, c.stages, c.stage_bytes
+    (128, 32, 3, 32768)
     """
     check_head_dim(head_dim)
+    if kv_itemsize == 1:
+        return _fp8_config(group, head_dim, use_tensor_cores)
     if group < 1:
         raise ValueError(f"the GQA group (num_qo_heads // num_kv_heads) must be >= 1 but is {group}")
-    if kv_itemsize != 2:
-        raise NotImplementedError(
-            f"decode kernels take 16-bit K/V (float16, bfloat16); an itemsize of {kv_itemsize} (fp8) is not "
-            "implemented yet"
-        )
+    if kv_itemsize not in (1, 2):
+        raise ValueError(f"decode kernels take 16-bit or fp8 K/V (itemsize 2 or 1), not an itemsize of {kv_itemsize}")
     tensor_cores = group >= TENSOR_CORE_MIN_GROUP if use_tensor_cores is None else bool(use_tensor_cores)
     if tensor_cores:
         # 16 tokens per warp; 64-token tiles (2 warps x 2 along the dims at 256, which keeps the fp32 output
@@ -127,6 +144,28 @@ def decode_config(
         bdz *= 2
     tile = 4096 // head_dim  # 16 KB of K+V per stage
     return DecodeConfig(False, head_dim, group, per_slice * bdz, tile, 4, 0, 0)
+
+
+def _fp8_config(group: int, head_dim: int, use_tensor_cores: bool | None) -> DecodeConfig:
+    """fp8 K/V: the 16-bit configuration with FP8_TILE_FACTOR times the tokens per tile in the same stage bytes, and
+    as many of its stages as keep its CTAs per SM (the tile descriptors grow with the tokens: 16 B each, which at head
+    dim 64 is 1/8 of a token's K+V bytes, so 4 stages of 128 tokens leave 2 CTAs per SM where 16-bit had 3).
+
+    >>> c = decode_config(1, 64, kv_itemsize=1)  # MHA, head dim 64: 128-token tiles, 3 stages, 3 CTAs per SM
+    >>> c.tile_kv, c.stages, c.min_blocks, decode_config(1, 64).min_blocks
+    (128, 3, 3, 3)
+    """
+    base = decode_config(group, head_dim, use_tensor_cores=use_tensor_cores)
+    if base.tensor_cores:
+        cfg = dataclasses.replace(
+            base, tile_kv=FP8_WARP_TOKENS * base.warps_kv, kv_itemsize=1, warp_tokens=FP8_WARP_TOKENS
+        )
+    else:
+        cfg = dataclasses.replace(base, tile_kv=FP8_TILE_FACTOR * base.tile_kv, kv_itemsize=1)
+    want = ctas_per_sm(base, smem_per_sm=REFERENCE_SMEM_PER_SM)
+    while cfg.stages > 2 and ctas_per_sm(cfg, smem_per_sm=REFERENCE_SMEM_PER_SM) < want:
+        cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
+    return cfg
 
 
 def kv_evict_first(kv_bytes: int, l2_bytes: int) -> bool:

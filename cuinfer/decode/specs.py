@@ -12,7 +12,9 @@ from cuinfer.decode.policy import DecodeConfig, decode_config
 from cuinfer.jit import KernelSpec, ParamStruct
 from cuinfer.variants import Rendered, lookup, render
 
-CTYPES = {"float16": "half", "bfloat16": "__nv_bfloat16"}
+CTYPES = {
+    "float16": "half", "bfloat16": "__nv_bfloat16", "float8_e4m3fn": "__nv_fp8_e4m3", "float8_e5m2": "__nv_fp8_e5m2",
+}  # fmt: skip
 
 DecodeParams = ParamStruct(
     "DecodeParams",
@@ -22,7 +24,7 @@ DecodeParams = ParamStruct(
             "q", "k", "v", "o", "lse", "partial_o", "partial_lse",
             "page_indptr", "page_indices", "kv_lens",
             "work_indptr", "item_req", "item_qo_tile", "item_kv_head", "item_kv_start", "item_kv_end", "item_partial",
-            "item_merge", "item_pieces", "merge_count", "plan_words",
+            "item_merge", "item_pieces", "merge_count", "plan_words", "k_scales", "v_scales",
         )
     )
     + tuple(
@@ -35,6 +37,8 @@ DecodeParams = ParamStruct(
         )
     )
     + (("page_size", "i32"), ("kv_evict_first", "i32"), ("plan_bytes", "i32"))
+    # fp8 scale arrays (float32, null when none): value kv_head * stride (stride 0: one for every head)
+    + (("k_scales_stride", "i32"), ("v_scales_stride", "i32"))
     # sm_scale (k_scale folded in) for the variant's natural logits; logits_scale = sm_scale·log2(e) otherwise
     + (("sm_scale", "f32"), ("logits_scale", "f32"), ("v_scale", "f32")),
 )  # fmt: skip
@@ -58,7 +62,7 @@ class DecodeKernelKey:
         if c.tensor_cores:
             return (
                 f"cuinfer::decode::batch_decode_tensor_core<{q}, {kv}, {o}, {c.head_dim}, {c.group}, {c.warps_kv}, "
-                f"{c.warps_d}, {c.stages}, {c.min_blocks}, {flags}>"
+                f"{c.warps_d}, {c.warp_tokens}, {c.stages}, {c.min_blocks}, {flags}>"
             )
         return (
             f"cuinfer::decode::batch_decode_cuda_core<{q}, {kv}, {o}, {c.head_dim}, {c.group}, {c.tile_kv}, "
@@ -79,6 +83,17 @@ def _b(x: bool) -> str:
     return "true" if x else "false"
 
 
+def fp8_sass_expect(kv_dtype: str, convert_to: str) -> list[str]:
+    """What the in-register fp8 conversion of common/fp8.cuh leaves in the SASS of a kernel converting ``kv_dtype``
+    elements to ``convert_to`` (float16: one F2FP per pair on sm_90a, the bit path's HFMA2 on sm_80; bfloat16: the
+    bit path's byte permutes and HFMA2.BF16 multiplies on both)."""
+    if not kv_dtype.startswith("float8"):
+        return []
+    if convert_to == "float16":
+        return [r"sm_90a:F2FP\.F16\.E[45]M[23]", r"sm_80:PRMT", r"sm_80:HFMA2|HMUL2" if "e4m3" in kv_dtype else r"PRMT"]
+    return [r"PRMT", r"HFMA2.*BF16|HMUL2.*BF16"]
+
+
 @functools.cache
 def decode_spec(key: DecodeKernelKey) -> KernelSpec:
     """One NVRTC module per specialisation (a decode kernel compiles in ~1-2 s)."""
@@ -86,6 +101,7 @@ def decode_spec(key: DecodeKernelKey) -> KernelSpec:
     expect = [r"LDGSTS.*128", r"LDG\.E.*128", r"STG\.E\.128", r"LDS.*128|LDSM", r"MUFU\.EX2"]
     if key.config.tensor_cores:
         expect += [r"HMMA", r"LDSM"]
+    expect += fp8_sass_expect(key.kv_dtype, key.q_dtype if key.config.tensor_cores else "float16")
     return KernelSpec(
         name=key.spec_name(),
         source="attention/decode.cu",
@@ -99,16 +115,28 @@ def shipped_keys() -> list[DecodeKernelKey]:
     """The specialisations CI compiles (sm_80 and sm_90a): both kernels for every dtype and head dim at the standard
     groups, plus each option on the Llama shape."""
     keys = []
-    for dt in CTYPES:
+    for dt in ("float16", "bfloat16"):
         for d in (64, 128, 256):
             for g, tc in ((1, False), (4, True), (8, True)):
                 keys.append(DecodeKernelKey(decode_config(g, d, use_tensor_cores=tc), dt, dt, dt, lse=True))
+    # fp8 K/V: both formats, every head dim, both kernels, with bf16 q (e4m3) and fp16 q (e5m2); the D10 kernel (bf16
+    # q, e4m3, no lse) is among the bench cases' specs
+    for q, kv in (("bfloat16", "float8_e4m3fn"), ("float16", "float8_e5m2")):
+        for d in (64, 128, 256):
+            for g, tc in ((1, False), (4, True), (8, True)):
+                cfg = decode_config(g, d, use_tensor_cores=tc, kv_itemsize=1)
+                keys.append(DecodeKernelKey(cfg, q, kv, q, lse=True))
     for tc in (False, True):
         cfg = decode_config(4, 128, use_tensor_cores=tc)
         for name in ("rope", "alibi", "custom_mask", "sinks", "sigmoid", "rope_llama31"):
             keys.append(DecodeKernelKey(cfg, "bfloat16", "bfloat16", "bfloat16", render((lookup(name),))))
         chain = render((lookup("window"), lookup("soft_cap")))
         keys.append(DecodeKernelKey(cfg, "bfloat16", "bfloat16", "bfloat16", chain, lse=True))
+        cfg8 = decode_config(4, 128, use_tensor_cores=tc, kv_itemsize=1)
+        keys.append(DecodeKernelKey(cfg8, "bfloat16", "float8_e4m3fn", "bfloat16", chain, lse=True))
+        keys.append(DecodeKernelKey(cfg8, "float16", "float8_e4m3fn", "float16", render((lookup("alibi"),))))
+        for name in ("sinks", "sigmoid"):  # (the fp8 kernels take every variant but the key / value transforms)
+            keys.append(DecodeKernelKey(cfg8, "bfloat16", "float8_e4m3fn", "bfloat16", render((lookup(name),))))
     return keys
 
 

@@ -33,7 +33,15 @@ from cuinfer.planner.work import WorkPlan, plan_work
 from cuinfer.reference import variants as ref_variants
 from cuinfer.runtime.buffers import FixedLayout
 from cuinfer.runtime.calls import Call
-from cuinfer.runtime.options import check_int, check_scales
+from cuinfer.runtime.fp8 import (
+    KVScales,
+    check_scale_args,
+    check_scales,
+    host_cache,
+    match_cache_dtype,
+    reference_scales,
+)
+from cuinfer.runtime.options import check_int
 from cuinfer.runtime.outputs import replan_hint
 from cuinfer.runtime.wrapper import PlanRunWrapper, check_q_dtype
 from cuinfer.variants import host as variant_host
@@ -47,6 +55,11 @@ _DEFAULT_SMS = 132
 
 def _align4(x: int) -> int:
     return (x + 3) & ~3
+
+
+def _plain(x: Any) -> bool:
+    """A scale run() keys its parameter memo on by value: None or a Python number."""
+    return x is None or type(x) is float or type(x) is int
 
 
 class BatchDecode(PlanRunWrapper):
@@ -296,9 +309,14 @@ class BatchDecode(PlanRunWrapper):
     ) -> Any:  # fmt: skip
         """Decode ``q [batch, num_qo_heads, head_dim]`` against ``kv_cache`` -> ``o`` (or ``(o, lse)``; lse base 2).
         ``variant_arrays``: the array parameters of the plan's variants, ``{param: array}`` (e.g. ``{"sinks": s}``
-        for the ``sinks`` variant: float32 ``[num_qo_heads]``), arrays of any framework on q's device."""
-        if k_scale is not None or v_scale is not None:
-            check_scales(k_scale, v_scale)
+        for the ``sinks`` variant: float32 ``[num_qo_heads]``), arrays of any framework on q's device.
+
+        fp8 caches: ``k_scale`` / ``v_scale`` dequantise them (the cache holds ``k / k_scale``, ``v / v_scale``):
+        numbers, or float32 arrays of 1 or ``num_kv_heads`` values on the GPU (cuinfer.runtime.fp8); a ``uint8`` cache
+        (CuPy's fp8) is read as the plan's ``kv_dtype``. A 16-bit cache takes numbers: ``k_scale`` multiplies
+        ``sm_scale``, ``v_scale`` the output."""
+        if (k_scale is not None or v_scale is not None) and self._plan is not None:
+            check_scale_args(self._plan.kv_dtype, k_scale, v_scale, numbers_16bit=True)
         return self._run(q, kv_cache, out, lse, return_lse or lse is not None, k_scale, v_scale, variant_arrays)
 
     def _kv_view(self, call: Call, plan: DecodePlan, kv_cache: Any) -> KV:
@@ -306,7 +324,7 @@ class BatchDecode(PlanRunWrapper):
 
     def _paged_kv(self, call: Call, plan: DecodePlan, kv_cache: Any) -> KV:
         """The cache's view, validated (``CacheViews`` reuses it while the same cache object comes back)."""
-        kv = paged_kv(call.tensor, kv_cache, self.kv_layout)
+        kv = match_cache_dtype(paged_kv(call.tensor, kv_cache, self.kv_layout), plan.kv_dtype)
         self._check_kv(plan, kv)
         return kv
 
@@ -340,26 +358,39 @@ class BatchDecode(PlanRunWrapper):
         want_lse = tl is not None
         if st is None or st.plan is not plan or st.want_lse != want_lse or st.device_id != call.device_id:
             st = self._launch_state = DecodeLaunch(self._buffers, plan, want_lse, call.device_id)
+        scales = None
+        if _plain(k_scale) and _plain(v_scale):
+            scale_key: tuple = (k_scale, v_scale)
+        else:  # arrays: resolved every run (their pointers are the parameters)
+            scales = self._scales(call, plan, k_scale, v_scale)
+            scale_key = scales.key
         dyn = (
             tq.ptr, tq.strides, kv.k_ptr, kv.v_ptr, kv.k_strides, kv.v_strides, to.ptr, to.strides,
-            None if tl is None else (tl.ptr, tl.strides), k_scale, v_scale,
+            None if tl is None else (tl.ptr, tl.strides), scale_key,
         )  # fmt: skip
         if dyn != st.dyn:
-            st.repack(tq, kv, to, tl, k_scale, v_scale)
+            st.repack(tq, kv, to, tl, scales if scales is not None else self._scales(call, plan, k_scale, v_scale))
             st.dyn = dyn
         if st.array_slots:
             st.set_arrays(call.variant_arrays)
         st.kernel.launch(st.num_ctas, st.threads, (st.params, st.vparams), smem_bytes=st.smem_bytes, stream=call.stream)
 
+    @staticmethod
+    def _scales(call: Call | None, plan: DecodePlan, k_scale: Any, v_scale: Any) -> KVScales:
+        return check_scales(plan.kv_dtype, k_scale, v_scale, num_kv_heads=plan.num_kv_heads, call=call,
+                            gpu=call is not None, numbers_16bit=True)  # fmt: skip
+
     def _reference(
         self, plan: DecodePlan, tq: Tensor, kv_cache: Any, kvt: KV, k_scale: Any, v_scale: Any, arrays: dict
     ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        kv_cache = host_cache(kv_cache, plan.kv_dtype)  # (a uint8 cache read as the plan's fp8 format)
+        scales = reference_scales(self._scales(None, plan, k_scale, v_scale))
         if variant_host.needs_steps(plan.variant):
-            return self._reference_steps(plan, tq.numpy(), kv_cache, arrays, k_scale, v_scale)
+            return self._reference_steps(plan, tq.numpy(), kv_cache, arrays, scales)
         if plan.mask_bytes is None:
             return reference.batch_decode_paged(
                 tq.numpy(), kv_cache, plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len, kv_layout=self.kv_layout,
-                **plan.options.reference_kwargs(), k_scale=k_scale, v_scale=v_scale,
+                **plan.options.reference_kwargs(), **scales,
             )  # fmt: skip
         # one query row per request: the prefill reference with its custom mask
         qo = np.arange(plan.batch + 1, dtype=np.int32)
@@ -367,14 +398,15 @@ class BatchDecode(PlanRunWrapper):
         mask = reference.unpack_custom_mask(plan.mask_bytes, qo, kv_tok)
         return reference.batch_prefill_paged(
             tq.numpy(), kv_cache, qo, plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len, kv_layout=self.kv_layout,
-            custom_mask=mask, **plan.options.reference_kwargs(), k_scale=k_scale, v_scale=v_scale,
+            custom_mask=mask, **plan.options.reference_kwargs(), **scales,
         )  # fmt: skip
 
     def _reference_steps(
-        self, plan: DecodePlan, q: np.ndarray, kv_cache: Any, arrays: dict, k_scale: Any, v_scale: Any
+        self, plan: DecodePlan, q: np.ndarray, kv_cache: Any, arrays: dict, scales: dict
     ) -> tuple[np.ndarray, np.ndarray]:
         """The float64 reference of a plan whose chain holds variants given as ``variant=``: one query row per
-        request through the chain's reference steps (cuinfer/variants/host.py)."""
+        request through the chain's reference steps (cuinfer/variants/host.py); ``scales``: the k_scale / v_scale
+        keywords (``reference_scales``)."""
         masks = None
         if plan.mask_bytes is not None:
             qo = np.arange(plan.batch + 1, dtype=np.int32)
@@ -391,6 +423,6 @@ class BatchDecode(PlanRunWrapper):
         for b in range(plan.batch):
             k, v = table.request_kv(b)
             o[b : b + 1], lse[b : b + 1] = ref_variants.attend(
-                q[b : b + 1], k, v, steps, batch=b, sm_scale=plan.options.sm_scale, k_scale=k_scale, v_scale=v_scale
+                q[b : b + 1], k, v, steps, batch=b, sm_scale=plan.options.sm_scale, **scales
             )  # fmt: skip
         return o, lse

@@ -17,6 +17,7 @@ from cuinfer.jit import get_kernel
 from cuinfer.prefill.specs import PrefillParams, fast_div_magic, prefill_spec
 from cuinfer.prefill.tiles import block_smem_bytes
 from cuinfer.runtime.buffers import Buffers
+from cuinfer.runtime.fp8 import NO_SCALES, KVScales
 from cuinfer.variants.select import chain_values
 
 _LOG2E = 1.0 / math.log(2.0)
@@ -57,8 +58,8 @@ class PrefillLaunch:
             item_merge=buf.ptr(off["item_merge"]),
             group_size=g, page_size=plan.page_size, natural_groups=plan.compact_groups,
             group_mul=g_mul, group_shift=g_shift, page_mul=p_mul, page_shift=p_shift,
-            sm_scale=opts.sm_scale, sm_scale_log2=opts.sm_scale * _LOG2E,
         )  # fmt: skip
+        self.sm_scale = opts.sm_scale
         # the variant's parameters (fixed by the plan; a custom mask's bits are in the plan buffer): the second argument
         self.chain = key.variant
         self.vvalues = chain_values(
@@ -87,19 +88,24 @@ class PrefillLaunch:
         return self.plan is plan and self.device_id == device_id and self.buffers is buf and self.stamp == _stamp(buf)
 
     def launch(
-        self, stream: Any, tq: Tensor, kv: KV, to: Tensor, tl: Tensor | None, arrays: dict | None = None
-    ) -> None:
-        """Enqueue the kernel (and the merge of split plans); ``arrays``: run()'s checked variant arrays."""
+        self, stream: Any, tq: Tensor, kv: KV, to: Tensor, tl: Tensor | None, scales: KVScales = NO_SCALES,
+        arrays: dict | None = None,
+    ) -> None:  # fmt: skip
+        """Enqueue the kernel (and the merge of split plans). ``scales`` (fp8 caches): numbers folded into sm_scale /
+        v_scale, arrays read by the kernel; ``arrays``: run()'s checked variant arrays."""
         if self.array_slots:
             ptrs = tuple(arrays[s].ptr for s in self.array_slots)
             if ptrs != self.array_ptrs:
                 self.vparams = self.chain.pack(self.vvalues, dict(zip(self.array_slots, ptrs, strict=True)))
                 self.array_ptrs = ptrs
         dyn = (tq.ptr, tq.strides, kv.k_ptr, kv.v_ptr, kv.k_strides, kv.v_strides, to.ptr, to.strides,
-               None if tl is None else (tl.ptr, tl.strides))  # fmt: skip
+               None if tl is None else (tl.ptr, tl.strides), scales.key)  # fmt: skip
         if dyn != self.dyn:
+            self.scales = scales  # (keeps the scale arrays' Tensors alive with the parameters that point at them)
+            sm = self.sm_scale * scales.k
             self.params = PrefillParams.pack(
-                **self.static,
+                **self.static, sm_scale=sm, sm_scale_log2=sm * _LOG2E, v_scale=scales.v, k_scales=scales.k_ptr,
+                v_scales=scales.v_ptr, k_scales_stride=scales.k_stride, v_scales_stride=scales.v_stride,
                 q=tq.ptr, k=kv.k_ptr, v=kv.v_ptr, o=to.ptr, lse=0 if tl is None else tl.ptr,
                 q_stride_n=tq.strides[0], q_stride_h=tq.strides[1],
                 k_stride_n=kv.k_strides[1], k_stride_h=kv.k_strides[2], k_stride_page=kv.k_strides[0],

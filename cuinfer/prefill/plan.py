@@ -17,6 +17,7 @@ from cuinfer.prefill.index import read_index_arrays
 from cuinfer.prefill.policy import DeviceLimits, check_head_dims, choose_tiles, query_tile
 from cuinfer.prefill.specs import PrefillKernelKey
 from cuinfer.prefill.tiles import TileConfig
+from cuinfer.runtime.fp8 import kv_dtype_of
 from cuinfer.runtime.options import AttentionOptions, check_int, check_options, check_window_left, half_dtype
 from cuinfer.runtime.wrapper import PlanState
 from cuinfer.variants import Rendered
@@ -78,8 +79,16 @@ class PrefillPlan(PlanState):
         return static.chain_masked if self.mask_bytes is not None else static.chain
 
     def key(self, paged: bool) -> PrefillKernelKey:
+        kv = self.kv_dtype.value if self.kv_dtype.is_float8 else ""
         return PrefillKernelKey(
-            self.q_dtype.value, self.o_dtype.value, self.head_dim, self.head_dim_vo, self.config, paged, self.variant
+            self.q_dtype.value,
+            self.o_dtype.value,
+            self.head_dim,
+            self.head_dim_vo,
+            self.config,
+            paged,
+            self.variant,
+            kv,
         )
 
 
@@ -89,8 +98,9 @@ class TileRequest:
 
     tile_q: int | None = None
     tile_kv: int | None = None
-    stages: int = 2
+    stages: int | None = None  # None: the policy's (2; fp8 K/V: 2 or 3)
     groups: int | None = None  # CTAs per block, 2 = paired blocks
+    convert: bool | None = None  # fp8 K/V: the CTA converts whole tiles (TileConfig.kv_convert); None: the policy's
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,6 +136,13 @@ def check_prefill_options(
     return o
 
 
+def refuse_transforms(kv_dtype: DType, chain: Rendered) -> Rendered:
+    from cuinfer.decode.plan import refuse_fp8_transforms
+
+    refuse_fp8_transforms(kv_dtype, chain)
+    return chain
+
+
 def positive(name: str, v: Any) -> int:
     return check_int(name, v)
 
@@ -140,17 +157,25 @@ def check_counts(static: tuple) -> None:
 
 
 def parse_tile_sizes(tile_sizes: Any) -> TileRequest:
-    """``None`` (policy) or ``(query_tile[, kv_tile[, stages[, groups]]])``; a None entry leaves that choice to the
-    policy (``groups``: CTAs per block, 2 = paired blocks)."""
+    """``None`` (policy) or ``(query_tile[, kv_tile[, stages[, groups[, convert]]]])``; a None entry leaves that choice
+    to the policy (``groups``: CTAs per block, 2 = paired blocks; ``convert``: fp8 K/V converted by the CTA a tile at a
+    time, True, or by each warp a fragment at a time, False)."""
     if tile_sizes is None:
         return TileRequest()
     t = tuple(tile_sizes)
-    if not 1 <= len(t) <= 4:
-        raise ValueError(f"tile_sizes must be (query_tile, kv_tile[, stages[, groups]]) but is {tile_sizes!r}")
-    t = t + (None,) * (4 - len(t))
+    if not 1 <= len(t) <= 5:
+        raise ValueError(
+            f"tile_sizes must be (query_tile, kv_tile[, stages[, groups[, convert]]]) but is {tile_sizes!r}"
+        )
+    t = t + (None,) * (5 - len(t))
     names = ("query_tile", "kv_tile", "stages", "groups")
-    t = tuple(None if x is None else check_int(f"tile_sizes ({n})", x) for n, x in zip(names, t, strict=True))
-    return TileRequest(t[0], t[1], 2 if t[2] is None else t[2], t[3])
+    n = tuple(None if x is None else check_int(f"tile_sizes ({k})", x) for k, x in zip(names, t[:4], strict=True))
+    if t[4] is not None and not isinstance(t[4], (bool, np.bool_)):
+        raise ValueError(
+            f"tile_sizes must be (query_tile, kv_tile[, stages[, groups[, convert]]]) with convert True or False "
+            f"(fp8 K/V) but is {tile_sizes!r}"
+        )
+    return TileRequest(n[0], n[1], n[2], n[3], None if t[4] is None else bool(t[4]))
 
 
 def host_plan(
@@ -249,19 +274,19 @@ def static_facts(
     hq, hkv = positive("num_qo_heads", num_qo_heads), positive("num_kv_heads", num_kv_heads)
     d = positive("head_dim", head_dim)
     dvo = d if head_dim_vo is None else positive("head_dim_vo", head_dim_vo)
-    check_head_dims(d, dvo)
+    kvd = prefill_half_dtype("q_dtype", q_dtype) if kv_dtype is None else kv_dtype_of(kv_dtype)
+    check_head_dims(d, dvo, kvd.itemsize)
     if hq % hkv:
         raise ValueError(
             f"num_qo_heads ({hq}) must be a multiple of num_kv_heads ({hkv}) for grouped-query attention; "
             "query head h reads kv head h // (num_qo_heads // num_kv_heads)"
         )
     qd = prefill_half_dtype("q_dtype", q_dtype)
-    kvd = prefill_half_dtype("kv_dtype", qd if kv_dtype is None else kv_dtype)
     od = prefill_half_dtype("o_dtype", qd if o_dtype is None else o_dtype)
-    if kvd is not qd:
+    if kvd is not qd and not kvd.is_float8:
         raise ValueError(
-            f"the prefill kernel multiplies q and K/V of one 16-bit type but q_dtype={qd.value}, kv_dtype="
-            f"{kvd.value}; cast one of them"
+            f"the prefill kernel multiplies q and K/V of one 16-bit type (or fp8 K/V converted to q's) but q_dtype="
+            f"{qd.value}, kv_dtype={kvd.value}; cast one of them"
         )
     opts = check_prefill_options(
         causal=causal, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
@@ -275,7 +300,7 @@ def static_facts(
     facts = PrefillStatic(
         paged=paged, limits=limits, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, head_dim_vo=dvo, page_size=ps,
         options=opts, tiles=tiles, max_query_tile=query_tile(math.inf, dvo), configs={},
-        chain=chain_for(opts, decode=False, user=users),
+        chain=refuse_transforms(kvd, chain_for(opts, decode=False, user=users)),
         chain_masked=chain_for(opts, decode=False, custom_mask_given=True, user=users), fields=fields,
     )  # fmt: skip
     fields.update(
@@ -298,6 +323,7 @@ def tiles_for(facts: PrefillStatic, avg: float, memo: bool) -> TileConfig:
         config = choose_tiles(
             avg, facts.head_dim, facts.head_dim_vo, paged=facts.paged, limits=facts.limits, tile_q=tiles.tile_q,
             tile_kv=tiles.tile_kv, stages=tiles.stages, groups=tiles.groups, variant=facts.chain.register_heavy,
+            kv_itemsize=facts.fields["kv_dtype"].itemsize, kv_convert=tiles.convert,
         )  # fmt: skip
         if memo:
             configs[key] = config

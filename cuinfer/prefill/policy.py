@@ -40,6 +40,12 @@ MAX_ACCUMULATORS = 192  # fp32 accumulators per thread above which ptxas spills 
 MAX_ACCUMULATORS_VARIANT = 160
 SMEM_RESERVED_PER_CTA = 1024  # the driver reserves 1 KB of shared memory per resident CTA
 DEFAULT_STAGES = 2
+# fp8 K/V: a stage holds half the bytes, so the same shared memory holds more of them. The KV tile and the stage count
+# are chosen together among these (most resident warps; ties: the larger tile, then more stages in flight). 16-bit
+# K/V keep DEFAULT_STAGES. Re-tune on the GPU: python -m bench prefill --cases P4,P4-e4m3,P5,P5-e4m3,P6,P6-e4m3
+# with plan(tile_sizes=(128, kv_tile, stages)) or bench/lab/tune_prefill.py
+FP8_STAGE_CHOICES = (2, 3)
+FP8_HEAD_DIMS = ((64, 64), (128, 128), (256, 256))  # one head dim for K and V (fp8 rows of 4 or 8k chunks)
 
 
 @dataclass(frozen=True)
@@ -53,12 +59,17 @@ class DeviceLimits:
     max_blocks_per_sm: int = 32
 
 
-def check_head_dims(head_dim_qk: int, head_dim_vo: int) -> None:
+def check_head_dims(head_dim_qk: int, head_dim_vo: int, kv_itemsize: int = 2) -> None:
     if (head_dim_qk, head_dim_vo) not in SUPPORTED_HEAD_DIMS:
         pairs = ", ".join(f"{a}" if a == b else f"({a}, {b})" for a, b in SUPPORTED_HEAD_DIMS)
         raise ValueError(
             f"head_dim={head_dim_qk}, head_dim_vo={head_dim_vo} is not supported by the prefill kernel; supported "
             f"head dims are {pairs} (qk, vo); pad the heads to a supported size"
+        )
+    if kv_itemsize == 1 and (head_dim_qk, head_dim_vo) not in FP8_HEAD_DIMS:
+        raise ValueError(
+            f"head_dim={head_dim_qk}, head_dim_vo={head_dim_vo} is not supported with an fp8 cache: fp8 K/V take one "
+            "head dim of 64, 128 or 256"
         )
 
 
@@ -112,26 +123,40 @@ def kv_tile(
     paged: bool,
     limits: DeviceLimits = DeviceLimits(),
     variant: bool = False,
+    kv_itemsize: int = 2,
 ) -> int:
     """The KV tile maximising resident warps per SM for this query tile (ties: the larger tile).
 
     >>> kv_tile(128, 128, 128, paged=False), kv_tile(16, 128, 128, paged=True)
     (64, 64)
     """
+    return _kv_tile_and_stages(tile_q, head_dim_qk, head_dim_vo, paged, limits, variant, kv_itemsize)[0]
+
+
+@functools.lru_cache(maxsize=256)
+def _kv_tile_and_stages(
+    tile_q: int, head_dim_qk: int, head_dim_vo: int, paged: bool, limits: DeviceLimits, variant: bool, kv_itemsize: int
+) -> tuple[int, int]:
+    """(KV tile, stages): the most resident warps per SM; ties go to the larger tile, then (fp8) to more stages.
+
+    >>> _kv_tile_and_stages(128, 128, 128, False, DeviceLimits(), False, 1)  # P1 shape, fp8 K/V
+    (64, 3)
+    """
     best, best_key = None, None
     for tkv in KV_TILES:
-        try:
-            cfg = tile_config(tile_q, tkv, head_dim_vo, DEFAULT_STAGES)
-        except ValueError:
-            continue  # not a multiple of the warps' 16-key slices
-        if accumulators(cfg, head_dim_vo) > (MAX_ACCUMULATORS_VARIANT if variant else MAX_ACCUMULATORS):
-            continue
-        warps = ctas_per_sm(cfg, head_dim_qk, head_dim_vo, paged, limits) * cfg.threads // 32
-        if warps == 0:
-            continue
-        key = (warps, tkv)
-        if best_key is None or key > best_key:
-            best, best_key = tkv, key
+        for stages in FP8_STAGE_CHOICES if kv_itemsize == 1 else (DEFAULT_STAGES,):
+            try:
+                cfg = tile_config(tile_q, tkv, head_dim_vo, stages, kv_itemsize=kv_itemsize)
+            except ValueError:
+                continue  # not a multiple of the warps' 16-key slices
+            if accumulators(cfg, head_dim_vo) > (MAX_ACCUMULATORS_VARIANT if variant else MAX_ACCUMULATORS):
+                continue
+            warps = ctas_per_sm(cfg, head_dim_qk, head_dim_vo, paged, limits) * cfg.threads // 32
+            if warps == 0:
+                continue
+            key = (warps, tkv, stages)
+            if best_key is None or key > best_key:
+                best, best_key = (tkv, stages), key
     if best is None:
         raise ValueError(
             f"no KV tile fits query tile {tile_q} at head dims ({head_dim_qk}, {head_dim_vo}) in "
@@ -180,12 +205,16 @@ def choose_tiles(
     limits: DeviceLimits = DeviceLimits(),
     tile_q: int | None = None,
     tile_kv: int | None = None,
-    stages: int = DEFAULT_STAGES,
+    stages: int | None = None,
     variant: bool = False,
     groups: int | None = None,
+    kv_itemsize: int = 2,
+    kv_convert: bool | None = None,
 ) -> TileConfig:
-    """The full tile configuration of a batch; ``tile_q`` / ``tile_kv`` / ``groups`` force either choice (tests,
-    tuning); ``variant``: the logits carry ALiBi or a soft cap (fewer registers to spare).
+    """The full tile configuration of a batch; ``tile_q`` / ``tile_kv`` / ``stages`` / ``groups`` force either choice
+    (tests, tuning; stages None: DEFAULT_STAGES, or for fp8 K/V chosen with the KV tile); ``variant``: the logits carry
+    ALiBi or a soft cap (fewer registers to spare); ``kv_itemsize``: 1 for fp8 K/V; ``kv_convert`` forces fp8's
+    conversion mode (``TileConfig.kv_convert``; None: tiles.FP8_CONVERT_CROSS_ITEM's rule).
 
     >>> c = choose_tiles(32768, 128, 128, paged=False)
     >>> (c.tile_q, c.tile_kv, c.warps_q, c.warps_kv, c.mma_kv)
@@ -194,10 +223,20 @@ def choose_tiles(
     >>> (c.tile_q, c.tile_kv, c.warps_q, c.warps_kv, c.mma_kv)
     (16, 64, 1, 4, 1)
     """
-    cfg = _tiles(avg_packed_qo_len, head_dim_qk, head_dim_vo, paged, limits, tile_q, tile_kv, stages, variant)
+    cfg = _tiles(
+        avg_packed_qo_len, head_dim_qk, head_dim_vo, paged, limits, tile_q, tile_kv, stages, variant, kv_itemsize
+    )
+    if kv_convert is not None and kv_convert != cfg.kv_convert:
+        cfg = tile_config(cfg.tile_q, cfg.tile_kv, head_dim_vo, cfg.stages, cfg.groups, kv_itemsize, kv_convert)
+        need = smem_bytes(cfg, head_dim_qk, head_dim_vo, paged)
+        if need > limits.smem_per_block_optin:
+            raise ValueError(
+                f"tiles ({cfg.tile_q}, {cfg.tile_kv}) with {cfg.stages} stages and kv_convert={kv_convert} need {need} "
+                f"bytes of shared memory but a block may use {limits.smem_per_block_optin}; use fewer stages"
+            )
     if groups is None:
         return dataclasses.replace(cfg, groups=block_groups(cfg, head_dim_qk, head_dim_vo, paged, limits))
-    cfg = tile_config(cfg.tile_q, cfg.tile_kv, head_dim_vo, cfg.stages, int(groups))
+    cfg = tile_config(cfg.tile_q, cfg.tile_kv, head_dim_vo, cfg.stages, int(groups), kv_itemsize, cfg.kv_convert)
     need = block_smem_bytes(cfg, head_dim_qk, head_dim_vo, paged)
     if need > limits.smem_per_block_optin:
         raise ValueError(
@@ -207,8 +246,15 @@ def choose_tiles(
     return cfg
 
 
-def _tiles(avg_packed_qo_len, head_dim_qk, head_dim_vo, paged, limits, tile_q, tile_kv, stages, variant) -> TileConfig:
-    check_head_dims(head_dim_qk, head_dim_vo)
+def _tiles(
+    avg_packed_qo_len, head_dim_qk, head_dim_vo, paged, limits, tile_q, tile_kv, stages, variant, kv_itemsize=2
+) -> TileConfig:
+    """``choose_tiles`` before the block pairing. ``stages`` is taken as given; None: fp8 K/V choose it with the KV tile
+    (``_kv_tile_and_stages``; the given KV tile's own best otherwise), 16-bit K/V take DEFAULT_STAGES."""
+    check_head_dims(head_dim_qk, head_dim_vo, kv_itemsize)
+    auto_stages = kv_itemsize == 1 and stages is None
+    given_stages = stages is not None
+    stages = DEFAULT_STAGES if stages is None else stages
     if stages < 2:
         raise ValueError(
             f"the prefill pipeline needs stages >= 2 (it refills the previous tile's buffer) but got {stages}"
@@ -222,10 +268,10 @@ def _tiles(avg_packed_qo_len, head_dim_qk, head_dim_vo, paged, limits, tile_q, t
             if tq == 128 and head_dim_vo >= 256:
                 continue
             try:
-                tkv = kv_tile(tq, head_dim_qk, head_dim_vo, paged=paged, limits=limits, variant=variant)
+                tkv, st = _kv_tile_and_stages(tq, head_dim_qk, head_dim_vo, paged, limits, variant, kv_itemsize)
             except ValueError:
                 continue
-            return tile_config(tq, tkv, head_dim_vo, stages)
+            return tile_config(tq, tkv, head_dim_vo, st if auto_stages else stages, kv_itemsize=kv_itemsize)
         raise ValueError(
             f"no prefill tiles fit head dims ({head_dim_qk}, {head_dim_vo}) in {limits.smem_per_block_optin} bytes "
             "of shared memory per block"
@@ -234,11 +280,12 @@ def _tiles(avg_packed_qo_len, head_dim_qk, head_dim_vo, paged, limits, tile_q, t
     if tq not in QUERY_TILES:
         raise ValueError(f"query tile must be one of {QUERY_TILES} but is {tile_q}")
     if tile_kv is None:
-        tkv = kv_tile(tq, head_dim_qk, head_dim_vo, paged=paged, limits=limits, variant=variant)
+        tkv, st = _kv_tile_and_stages(tq, head_dim_qk, head_dim_vo, paged, limits, variant, kv_itemsize)
+        stages = st if auto_stages else stages
     else:
         tkv = int(tile_kv)
-    cfg = tile_config(tq, tkv, head_dim_vo, stages)
-    if tile_q is not None or tile_kv is not None or stages != DEFAULT_STAGES:
+    cfg = tile_config(tq, tkv, head_dim_vo, stages, kv_itemsize=kv_itemsize)
+    if tile_q is not None or tile_kv is not None or given_stages:
         limit = MAX_ACCUMULATORS_VARIANT if variant else MAX_ACCUMULATORS
         if accumulators(cfg, head_dim_vo) > limit:
             raise ValueError(

@@ -21,6 +21,10 @@ class TileConfig:
     mma_kv: int  # 16-key slices per warp per KV tile
     stages: int = 2
     groups: int = 1  # CTAs of the plan per block: 2 = paired blocks (prefill.cuh, GROUPS)
+    kv_itemsize: int = 2  # bytes of a K/V element: 2 (float16, bfloat16) or 1 (fp8)
+    # fp8: True, the CTA converts each K / V tile once into a 16-bit tile (PrefillTraits CONVERT); False, each warp
+    # converts the fragments it reads
+    kv_convert: bool = False
 
     @property
     def threads(self) -> int:
@@ -37,7 +41,16 @@ class TileConfig:
         return self.tile_q // (16 * self.warps_q)
 
 
-def tile_config(tile_q: int, tile_kv: int, head_dim_vo: int, stages: int = 2, groups: int = 1) -> TileConfig:
+# fp8 K/V: which tiles have the CTA convert each K / V tile once (kv_convert) rather than each warp its fragments. With
+# one warp per row block (64- and 128-row tiles) every warp reads every key of a tile, so per-warp conversion converts
+# each element 4 (8) times; the small tiles split the keys over the warps, each converting only its own.
+FP8_CONVERT_CROSS_ITEM = True
+
+
+def tile_config(
+    tile_q: int, tile_kv: int, head_dim_vo: int, stages: int = 2, groups: int = 1, kv_itemsize: int = 2,
+    kv_convert: bool | None = None,
+) -> TileConfig:  # fmt: skip
     """Warp layout for a (query tile, KV tile) pair; ``groups=2`` pairs two 4-warp CTAs in one block (one warp per
     row block only: query tiles of 64 rows and more; 128 rows only up to head dim 128).
 
@@ -69,7 +82,12 @@ def tile_config(tile_q: int, tile_kv: int, head_dim_vo: int, stages: int = 2, gr
             f"groups (CTAs per block) must be 1, or 2 for query tiles of 64 rows and more (128 at head dim 128 or "
             f"less), but is {groups} at query tile {tile_q}, head_dim_vo {head_dim_vo}; use groups=1"
         )
-    return TileConfig(tile_q, tile_kv, warps_q, warps_kv, tile_kv // (16 * warps_kv), stages, groups)
+    if kv_convert is None:  # the policy's: see FP8_CONVERT_CROSS_ITEM
+        kv_convert = kv_itemsize == 1 and warps_kv == 1 and FP8_CONVERT_CROSS_ITEM
+    if kv_convert and kv_itemsize != 1:
+        raise ValueError("kv_convert (the CTA converting fp8 K/V tiles to 16-bit ones) applies to fp8 K/V only")
+    mma_kv = tile_kv // (16 * warps_kv)
+    return TileConfig(tile_q, tile_kv, warps_q, warps_kv, mma_kv, stages, groups, kv_itemsize, bool(kv_convert))
 
 
 TABLE_ITEMS, TABLE_FIELDS = 16, 10  # PrefillTraits::kTableItems / kTableFields (cross-item item table)
@@ -84,12 +102,15 @@ def smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool,
 
     One warp per row block (``warps_kv == 1``) runs the cross-item pipeline: no epilogue staging, an item table;
     otherwise the epilogue stages every warp's state over the tile buffers. ``transforms``: the variant transforms q
-    / k (RoPE), whose per-thread states of 8 dimension pairs live in shared memory.
+    / k (RoPE), whose per-thread states of 8 dimension pairs live in shared memory. ``elem_bytes``: q's element,
+    ``cfg.kv_itemsize`` K/V's (fp8 rows of 64 bytes are copied by 4 threads each, so a thread copies twice the rows).
     """
     cross = cfg.warps_kv == 1
     q = cfg.tile_q * head_dim_qk * elem_bytes
-    kv = cfg.stages * cfg.tile_kv * (head_dim_qk + head_dim_vo) * elem_bytes
-    rows_per_thread = cfg.tile_kv // (cfg.threads // 8)
+    kv = cfg.stages * cfg.tile_kv * (head_dim_qk + head_dim_vo) * cfg.kv_itemsize
+    kv += cfg.tile_kv * (head_dim_qk + head_dim_vo) * elem_bytes if cfg.kv_convert else 0  # the 16-bit K and V tiles
+    threads_per_row = min(8, head_dim_qk * cfg.kv_itemsize // 16)
+    rows_per_thread = cfg.tile_kv // (cfg.threads // threads_per_row)
     page = cfg.threads * rows_per_thread * 8 if paged else 0
     main = q + kv + page
     epi = 0 if cross else cfg.warps_kv * cfg.tile_q * (head_dim_vo + 8) * 4 + cfg.warps_kv * cfg.tile_q * 8

@@ -41,6 +41,14 @@ from cuinfer.prefill.tiles import block_smem_bytes
 from cuinfer.reference import variants as ref_variants
 from cuinfer.runtime.buffers import FixedLayout
 from cuinfer.runtime.calls import Call
+from cuinfer.runtime.fp8 import (
+    as_kv_dtype,
+    check_scale_args,
+    check_scales,
+    host_cache,
+    match_cache_dtype,
+    reference_scales,
+)
 from cuinfer.runtime.outputs import replan_hint
 from cuinfer.runtime.wrapper import PlanRunWrapper, check_q_dtype
 from cuinfer.variants import host as variant_host
@@ -361,17 +369,18 @@ class BatchPrefill(PlanRunWrapper):
     ) -> Any:  # fmt: skip
         """``run(q, kv_cache)`` (paged) or ``run(q, k, v)`` (ragged) -> ``o [nnz_qo, num_qo_heads, head_dim_vo]``
         (or ``(o, lse)``, lse base 2 ``[nnz_qo, num_qo_heads]`` float32). ``variant_arrays``: the array parameters
-        of the plan's variants, ``{param: array}`` (e.g. ``{"sinks": s}``, float32 ``[num_qo_heads]``)."""
+        of the plan's variants, ``{param: array}`` (e.g. ``{"sinks": s}``, float32 ``[num_qo_heads]``).
+
+        fp8 caches: ``k_scale`` / ``v_scale`` dequantise them (numbers, or float32 arrays of 1 or ``num_kv_heads``
+        values on the GPU: cuinfer.runtime.fp8); ``uint8`` arrays (CuPy's fp8) are read as the plan's ``kv_dtype``.
+        A 16-bit cache takes no scales (1.0 is let by): rescale its logits with plan(sm_scale=...)."""
         if self._plan is not None:  # (without a plan, _run says so first)
             want = 1 if self.paged else 2
             if len(kv) != want:
                 usage = "run(q, kv_cache)" if self.paged else "run(q, k, v)"
                 raise TypeError(f"a BatchPrefill(paged={self.paged}) runs as {usage} but got {1 + len(kv)} arrays")
-            for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
-                if s is not None and float(s) != 1.0:
-                    raise NotImplementedError(
-                        f"{name}={s}: K/V scales (fp8 caches) are not implemented for prefill yet"
-                    )
+            if k_scale is not None or v_scale is not None:
+                check_scale_args(self._plan.kv_dtype, k_scale, v_scale)
         return self._run(q, kv, out, lse, return_lse or lse is not None, k_scale, v_scale, variant_arrays)
 
     def _check_q(self, plan: PrefillPlan, tq: Tensor) -> None:
@@ -390,13 +399,14 @@ class BatchPrefill(PlanRunWrapper):
     def _kv_view(self, call: Call, plan: PrefillPlan, kv: tuple) -> KV:
         if self.paged:
             return self._kv_views.view(kv[0], call, plan, self._paged_kv)
-        tk, tv = call.tensor(kv[0], "k"), call.tensor(kv[1], "v")
+        tk = as_kv_dtype(call.tensor(kv[0], "k"), plan.kv_dtype, "k")
+        tv = as_kv_dtype(call.tensor(kv[1], "v"), plan.kv_dtype, "v")
         c = ragged_kv(tk, tv, self.kv_layout, plan)
         self._check_kv_dtype(plan, c)
         return c
 
     def _paged_kv(self, call: Call, plan: PrefillPlan, cache: Any) -> KV:
-        c = paged_kv(call.tensor, cache, self.kv_layout)
+        c = match_cache_dtype(paged_kv(call.tensor, cache, self.kv_layout), plan.kv_dtype)
         check_cache_matches(c, plan, self.kv_layout)
         if plan.head_dim_vo != plan.head_dim:
             raise ValueError(
@@ -417,10 +427,14 @@ class BatchPrefill(PlanRunWrapper):
     def _check_kv_dtype(plan: PrefillPlan, c: KV) -> None:
         if c.k.dtype is not plan.kv_dtype:
             got = c.k.dtype
+            # (plan() takes k/v of q's 16-bit type or fp8: re-plan with kv_dtype, or for other 16-bit k/v with q_dtype)
+            fp8 = got.is_float8 or plan.kv_dtype.is_float8
+            replan = f" or call plan() with kv_dtype='{got.value}'" if got.is_float8 or got is plan.q_dtype else ""
             raise ValueError(
                 f"k/v have dtype {got.value} but plan() was made for kv_dtype={plan.kv_dtype.value} (the prefill "
-                f"kernel takes q, k and v of one 16-bit type); cast them with "
-                f"{validate.cast_fix('k', c.k.framework, plan.kv_dtype)}{replan_hint('q_dtype', got)}"
+                f"kernel takes q, k and v of one 16-bit type{', or fp8 k and v' if fp8 else ''}); cast them with "
+                f"{validate.cast_fix('k', c.k.framework, plan.kv_dtype)}"
+                f"{replan if fp8 else replan_hint('q_dtype', got)}"
             )
 
     def _launch(
@@ -435,15 +449,20 @@ class BatchPrefill(PlanRunWrapper):
             # (a graph-mode merge launch is sized for the fixed layout's capacity: it covers every later plan)
             max_merge = self._fixed.layout.capacity.max_merge if self.use_cuda_graph else plan.work.n_merge
             st = self._launch_state = PrefillLaunch(buf, plan, call.device_id, self.paged, max_merge)
-        st.launch(call.stream, tq, kv, to, tl, call.variant_arrays if st.array_slots else None)
+        scales = check_scales(plan.kv_dtype, k_scale, v_scale, num_kv_heads=plan.num_kv_heads, call=call, gpu=True)
+        st.launch(call.stream, tq, kv, to, tl, scales, call.variant_arrays if st.array_slots else None)
 
     def _reference(
         self, plan: PrefillPlan, tq: Tensor, kv: tuple, kvt: KV, k_scale: Any, v_scale: Any, arrays: dict
     ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        kv = host_cache(tuple(kv), plan.kv_dtype)  # (uint8 arrays read as the plan's fp8 format)
+        scales = reference_scales(
+            check_scales(plan.kv_dtype, k_scale, v_scale, num_kv_heads=plan.num_kv_heads, gpu=False)
+        )
         if variant_host.needs_steps(plan.variant):
-            return self._reference_steps(plan, tq.numpy(), kv, kvt, arrays)
+            return self._reference_steps(plan, tq.numpy(), kv, kvt, arrays, scales)
         opts = plan.options
-        kw = dict(causal=opts.causal, **opts.reference_kwargs())
+        kw = dict(causal=opts.causal, **opts.reference_kwargs(), **scales)
         mask = None
         if plan.mask_bytes is not None:
             kv_tok = np.concatenate([[0], np.cumsum(plan.kv_lens)])
@@ -464,9 +483,12 @@ class BatchPrefill(PlanRunWrapper):
             k, v = k.transpose(1, 0, 2), v.transpose(1, 0, 2)
         return k, v
 
-    def _reference_steps(self, plan: PrefillPlan, q: np.ndarray, kv: tuple, kvt: KV, arrays: dict) -> tuple:
+    def _reference_steps(
+        self, plan: PrefillPlan, q: np.ndarray, kv: tuple, kvt: KV, arrays: dict, scales: dict
+    ) -> tuple:  # fmt: skip
         """The float64 reference of a plan whose chain holds variants given as ``variant=``: each request through the
-        chain's reference steps (cuinfer/variants/host.py)."""
+        chain's reference steps (cuinfer/variants/host.py); ``scales``: the k_scale / v_scale keywords
+        (``reference_scales``)."""
         qo = plan.qo_indptr
         masks = None
         if plan.mask_bytes is not None:
@@ -495,5 +517,7 @@ class BatchPrefill(PlanRunWrapper):
         for b in range(plan.batch):
             kb, vb = kv_of(b)
             rows = slice(qo[b], qo[b + 1])
-            o[rows], lse[rows] = ref_variants.attend(q[rows], kb, vb, steps, batch=b, sm_scale=plan.options.sm_scale)
+            o[rows], lse[rows] = ref_variants.attend(
+                q[rows], kb, vb, steps, batch=b, sm_scale=plan.options.sm_scale, **scales
+            )  # fmt: skip
         return o, lse

@@ -8,6 +8,7 @@ kv_len Lkv, query row i at position `i + Lkv - Lq` (bottom-right aligned):
   soft cap (cap > 0) maps `s -> cap·tanh(s / cap)` after ALiBi; `rope_llama` rotates q at qpos_i and k at j first.
 - kept keys: causal `j <= qpos_i`; window w >= 0: `j >= qpos_i - w`; custom mask True = keep; all ANDed.
 - `lse = log2(Σ_j exp(s_j))` (base 2); o = softmax(s)·v·v_scale; a row with no kept key has o = 0, lse = -inf.
+  `k_scale` / `v_scale` are numbers or arrays of one value per KV head (fp8 caches quantised per head).
 - GQA: query head h reads kv head `h // (Hq // Hkv)`.
 
 This module holds the attention math; the other pieces live beside it and ``cuinfer.reference`` re-exports them all:
@@ -43,8 +44,8 @@ class _Options:
     pos_encoding: str
     rope_scale: float
     rope_theta: float
-    k_scale: float
-    v_scale: float
+    k_scale: Any  # float, or float64 [num_kv_heads]
+    v_scale: Any
 
 
 def _options(
@@ -77,9 +78,30 @@ def _options(
         pos_encoding=pos,
         rope_scale=float(rope_scale),
         rope_theta=float(rope_theta),
-        k_scale=1.0 if k_scale is None else float(k_scale),
-        v_scale=1.0 if v_scale is None else float(v_scale),
+        k_scale=_scale("k_scale", k_scale),
+        v_scale=_scale("v_scale", v_scale),
     )
+
+
+def _scale(name: str, x: Any) -> Any:
+    """A scale as a float, or a 1-D float64 array of per-KV-head values (checked against the heads in _head_scale)."""
+    if x is None:
+        return 1.0
+    a = np.asarray(x, dtype=np.float64)
+    if a.ndim == 0:
+        return float(a)
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be a number or a 1-D array of one value per KV head but has shape {a.shape}")
+    return a
+
+
+def _head_scale(name: str, x: Any, hkv: int, g: int) -> Any:
+    """``x`` (float or per KV head) broadcast over the query heads: a float or float64 [Hq, 1, 1]."""
+    if isinstance(x, float):
+        return x
+    if x.shape[0] not in (1, hkv):
+        raise ValueError(f"{name} has {x.shape[0]} values but the cache has {hkv} KV heads; pass one per KV head")
+    return np.repeat(np.broadcast_to(x, (hkv,)), g)[:, None, None]
 
 
 def _check_heads(q: tuple, k: tuple, v: tuple) -> None:
@@ -148,7 +170,8 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None
     if opt.pos_encoding == "rope_llama":
         q = rope(q, np.arange(lq) + shift, rope_scale=opt.rope_scale, rope_theta=opt.rope_theta)
         k = rope(k, j, rope_scale=opt.rope_scale, rope_theta=opt.rope_theta)
-    scale = (1.0 / math.sqrt(d) if opt.sm_scale is None else opt.sm_scale) * opt.k_scale
+    scale = (1.0 / math.sqrt(d) if opt.sm_scale is None else opt.sm_scale) * _head_scale("k_scale", opt.k_scale, hkv, g)
+    v_scale = _head_scale("v_scale", opt.v_scale, hkv, g)  # [Hq, 1, 1] or a float
     slopes = alibi_slopes(hq)[:, None, None] if opt.pos_encoding == "alibi" else None
     k_t = k.transpose(1, 2, 0)  # [Hkv, D, Lkv]
     v_h = v.transpose(1, 0, 2)  # [Hkv, Lkv, Dv]
@@ -178,8 +201,8 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None
         p = np.exp(s - np.where(empty, 0.0, m)[..., None])  # masked logits give exp(-inf) = 0
         denom = p.sum(axis=-1)
         safe = np.where(empty, 1.0, denom)
-        out = np.matmul(p.reshape(hkv, g * n, lkv), v_h).reshape(hq, n, dv) / safe[..., None]
-        o[r0:r1] = out.transpose(1, 0, 2) * opt.v_scale
+        out = np.matmul(p.reshape(hkv, g * n, lkv), v_h).reshape(hq, n, dv) / safe[..., None] * v_scale
+        o[r0:r1] = out.transpose(1, 0, 2)
         lse[r0:r1] = np.where(empty, -np.inf, (np.where(empty, 0.0, m) + np.log(safe)) * LOG2E).T
     return o, lse
 

@@ -179,20 +179,34 @@ def user(variant: Any, params: dict[str, Any]) -> Step:
 # ---- one request ---------------------------------------------------------------------------------------------------
 
 
+def _head_scale(name: str, x: Any, hkv: int, g: int) -> Any:
+    """A scale (None: 1, a number, or one value per KV head: fp8 caches) as a float or float64 ``[1, Hq, 1]``."""
+    if x is None:
+        return 1.0
+    a = np.asarray(x, dtype=np.float64)
+    if a.ndim == 0:
+        return float(a)
+    if a.ndim != 1 or a.shape[0] not in (1, hkv):
+        raise ValueError(f"{name} must be a number or hold one value per KV head ({hkv}) but has shape {a.shape}")
+    return np.repeat(np.broadcast_to(a, (hkv,)), g)[None, :, None]
+
+
 def attend(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, steps: Sequence[Step], *, batch: int = 0,
-    sm_scale: float | None = None, k_scale: float | None = None, v_scale: float | None = None,
+    sm_scale: float | None = None, k_scale: Any = None, v_scale: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """One request through a chain of steps: q ``[L, Hq, D]``, k ``[K, Hkv, D]``, v ``[K, Hkv, Dv]`` (any float
-    dtype) -> float64 ``(o [L, Hq, Dv], lse [L, Hq])``, lse base 2. ``batch`` is the request's index (what a step's
-    functions see as ``batch``)."""
+    dtype, fp8 included) -> float64 ``(o [L, Hq, Dv], lse [L, Hq])``, lse base 2. ``batch`` is the request's index
+    (what a step's functions see as ``batch``). ``k_scale`` / ``v_scale``: numbers or one value per KV head (the
+    dequantisation scales of an fp8 cache): the logits q·k·sm_scale·k_scale, before the steps' logits, and o·v_scale,
+    before their output transforms."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     lq, hq, d = q.shape
     lkv, hkv, dv = v.shape
     if k.shape[:2] != (lkv, hkv) or k.shape[2] != d or hq % max(hkv, 1):
         raise ValueError(f"attend: q {q.shape}, k {k.shape}, v {v.shape} are not one request's [tokens, heads, dim]")
     g = hq // hkv
-    scale = (1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)) * (1.0 if k_scale is None else k_scale)
+    scale = (1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)) * _head_scale("k_scale", k_scale, hkv, g)
     base = dict(batch=int(batch), qo_len=lq, kv_len=lkv, head_dim=d)
     qo_head = np.arange(hq)[None, :, None]
     kv_head_q = qo_head // g
@@ -259,7 +273,7 @@ def attend(
             den = p.sum(axis=-1)
             o[r0:r1] = np.einsum("lhgk,khd->lhgd", p.reshape(r1 - r0, hkv, g, lkv), v).reshape(r1 - r0, hq, dv)
             lse[r0:r1] = np.where(den > 0, np.log2(np.where(den > 0, den, 1.0)), -np.inf)
-    o *= 1.0 if v_scale is None else float(v_scale)
+    o *= _head_scale("v_scale", v_scale, hkv, g)
     if any(st.output_transform is not None for st in steps):
         qo_idx = np.arange(lq)[:, None, None]
         ix = dict(base, qo_idx=qo_idx, qpos=qo_idx + lkv - lq, qo_head=qo_head, kv_head=kv_head_q)

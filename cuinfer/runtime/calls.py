@@ -5,7 +5,8 @@ the launch are left out."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,9 +20,37 @@ def is_host(x: Any) -> bool:
     return isinstance(x, (np.ndarray, list, tuple))
 
 
+# JAX inputs of finished calls, kept alive until the stream has run past the call's work: [(event, tensors)].
+_KEPT: deque = deque()
+
+
+def _record_event(stream: int, device_id: int) -> Any:
+    """A CUDA event recorded on ``stream`` now (``.done`` once the stream has passed it); None while the stream is
+    being captured into a CUDA graph (nothing runs now; the graph's replays are the caller's to order)."""
+    import cupy
+
+    with cupy.cuda.Device(device_id):
+        if stream not in (0, 1, 2) and cupy.cuda.runtime.streamIsCapturing(stream):
+            return None
+        event = cupy.cuda.Event(block=False, disable_timing=True)
+        event.record(streams.cupy_stream(stream, device_id))
+    return event
+
+
+def _release_finished() -> None:
+    while _KEPT and _KEPT[0][0].done:
+        _KEPT.popleft()
+
+
 @dataclass
 class Call:
-    """Where one public call runs: the anchor array's framework and device, and the stream work is enqueued on."""
+    """Where one public call runs: the anchor array's framework and device, and the stream work is enqueued on.
+
+    JAX inputs are the one kind whose memory is not ordered on this stream: JAX frees a buffer as soon as its last
+    reference (the user's array, or the DLPack capsule we hold) goes, and may hand the memory to its next
+    allocation, written on JAX's own streams, while our kernels still read it. So the call holds them
+    (``_held``), and when it ends (the object is dropped after the public function returns) it records an event on
+    its stream and keeps them until the event is done; finished entries are released at the end of later calls."""
 
     framework: str
     device_id: int
@@ -29,10 +58,26 @@ class Call:
     is_host = False  # (class constant: HostCall's is True)
     # run()'s variant arrays, checked: {(variant, param): Tensor} (cuinfer/variants/arrays.py); None without any
     variant_arrays: dict | None = None
+    _held: list = field(default_factory=list, repr=False, compare=False)
 
     def tensor(self, x: Any, name: str) -> Tensor:
         """Import another input of this call (ordered on this call's stream, no copy)."""
-        return arrays.as_tensor(x, name, stream=self.stream, same_stream_framework=self.framework)
+        t = arrays.as_tensor(x, name, stream=self.stream, same_stream_framework=self.framework)
+        if t.framework == "jax" and t.device_type == "cuda":
+            self._held.append(t)
+        return t
+
+    def __del__(self) -> None:
+        held, self._held = self._held, []
+        if not held:
+            return
+        try:
+            event = _record_event(self.stream, self.device_id)
+        except Exception:  # interpreter shutdown, or no CUDA: nothing is running that could read them
+            return
+        if event is not None:
+            _KEPT.append((event, held))
+        _release_finished()
 
     def optional(self, x: Any, name: str) -> Tensor | None:
         return None if x is None else self.tensor(x, name)

@@ -29,17 +29,6 @@ def check_int(name: str, v: Any, *, lo: int = 1, hi: int = INT32_MAX, rule: str 
     return v
 
 
-def check_scales(k_scale: Any, v_scale: Any) -> None:
-    """run()'s ``k_scale`` / ``v_scale``: None or a finite real number (not a bool: ``k_scale=True`` is a mistake)."""
-    for name, v in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if v is None:
-            continue
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
-            raise TypeError(f"{name} must be a number (or None for 1.0) but is {v!r} (a {type(v).__name__})")
-        if not math.isfinite(v):
-            raise ValueError(f"{name} must be a finite number (or None for 1.0) but is {v}")
-
-
 def check_window_left(window_left: Any) -> int:
     return check_int("window_left", window_left, lo=-1, rule="an integer >= -1 (-1 disables the window)")
 
@@ -53,12 +42,13 @@ def kv_layout_name(kv_layout: Any) -> str:
 
 
 def half_dtype(name: str, x: Any, *, what: str) -> DType:
-    """A float16 / bfloat16 dtype argument; fp8 is refused as not implemented in ``what`` (e.g. "the decode
-    kernels"), anything else as invalid."""
+    """A float16 / bfloat16 dtype argument of q or o (``what`` names the kernels in messages, e.g. "the decode
+    kernels"); fp8 is a KV-cache format only (``kv_dtype``: cuinfer.runtime.fp8)."""
     dt = as_dtype(x)
     if dt.is_float8:
-        raise NotImplementedError(
-            f"{name}={dt.value}: fp8 KV caches are not implemented in {what} yet; use float16 or bfloat16"
+        raise ValueError(
+            f"{name}={dt.value}: {what} take q and o in float16 or bfloat16; fp8 is for the KV cache "
+            f"(kv_dtype='{dt.value}' with {name}='bfloat16' or 'float16')"
         )
     if dt not in (DType.FLOAT16, DType.BFLOAT16):
         raise ValueError(f"{name} must be float16 or bfloat16 but is {dt.value}")

@@ -18,9 +18,10 @@ PLANNABLE = (DType.FLOAT16, DType.BFLOAT16)
 
 
 def replan_hint(arg: str, got: DType) -> str:
-    """`` or call plan() with <arg>='<got>'`` when plan() would take it, else nothing (a fix suggests only what
-    works)."""
-    return f" or call plan() with {arg}='{got.value}'" if got in PLANNABLE else ""
+    """`` or call plan() with <arg>='<got>'`` when plan() would take it (``kv_dtype``: fp8 too), else nothing (a fix
+    suggests only what works)."""
+    ok = got in PLANNABLE or (arg == "kv_dtype" and got.is_float8)
+    return f" or call plan() with {arg}='{got.value}'" if ok else ""
 
 
 def check_out_dtype(o_dtype: DType, to: Tensor) -> None:

@@ -7,6 +7,7 @@ GPU arrays run ``kernel_src/utility/packbits.cu``; NumPy arrays the reference (`
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -40,18 +41,33 @@ def _check_bits(t: Tensor, *, flat: bool) -> None:
 
 
 def pack_launch(kind: str, bitorder: str, x: Tensor, out: Tensor, indptr: Tensor | None, new_indptr: Tensor | None,
-                out_bytes: int, sms: int) -> Launch:  # fmt: skip
+                out_bytes: int, sms: int, chunk_ptr: Tensor | None = None, items: int = 0) -> Launch:  # fmt: skip
+    """A packbits launch, or a segment_packbits one (``chunk_ptr``: the first work item of each segment, ``items``
+    work items of up to 512 output bytes in all)."""
     segments = 0 if indptr is None else indptr.shape[0] - 1
     params = S.PackParams.pack(
         x=x.ptr, out=out.ptr, indptr=0 if indptr is None else indptr.ptr,
-        new_indptr=0 if new_indptr is None else new_indptr.ptr, n=x.size, num_segments=segments,
+        new_indptr=0 if new_indptr is None else new_indptr.ptr, chunk_ptr=0 if chunk_ptr is None else chunk_ptr.ptr,
+        n=x.size, num_segments=segments,
     )  # fmt: skip
-    if kind == "packbits" and x.ptr % 16 == 0:  # a warp per 4096 elements (the < 512 bytes left: same grid)
-        needed = -(-x.size // (S.PACK_WARP_ELEMS * S.PACK_THREADS // 32))
+    if kind == "segment_packbits":  # a warp per work item, 4 resident blocks per SM (launch bounds)
+        grid = blocks(-(-items // (S.PACK_THREADS // 32)), sms, 4)
+    elif x.ptr % 16 == 0:  # a warp per 4096 elements (the < 512 bytes left: same grid)
+        grid = blocks(-(-x.size // (S.PACK_WARP_ELEMS * S.PACK_THREADS // 32)), sms, 8)
     else:  # a thread per output byte
-        needed = -(-out_bytes // S.PACK_THREADS)
-    grid = blocks(needed, sms, 8)
+        grid = blocks(-(-out_bytes // S.PACK_THREADS), sms, 8)
     return Launch(S.pack_spec(), S.pack_instance(kind, bitorder), (grid,), (S.PACK_THREADS,), params)
+
+
+def _part(t: Tensor, start: int, n: int) -> Tensor:
+    """Entries start .. start + n of a 1-D device array: a view (its user object sliced the same way)."""
+    return replace(t, ptr=t.ptr + start * t.dtype.itemsize, shape=(n,), obj=t.obj[start : start + n])
+
+
+def segment_chunks(new_indptr: np.ndarray) -> np.ndarray:
+    """int32 ``[num_segments + 1]``: the first work item (512 output bytes of one segment) of each segment."""
+    per = (np.diff(new_indptr.astype(np.int64)) + S.PACK_ITEM_BYTES - 1) // S.PACK_ITEM_BYTES
+    return np.concatenate([[0], np.cumsum(per)]).astype(np.int32)
 
 
 def packbits(x: Any, bitorder: str = "little") -> Any:
@@ -77,7 +93,8 @@ def segment_packbits(x: Any, indptr: Any, bitorder: str = "little") -> tuple[Any
     [new_indptr[-1]], new_indptr int32 [len(indptr)])`` with ``new_indptr[i+1] - new_indptr[i] = ceil(segment_i / 8)``.
 
     The output size depends on ``indptr``'s values, so for a GPU ``indptr`` the host reads it once (a blocking
-    device-to-host copy, as FlashInfer's ``.item()``); ``new_indptr`` is computed there and copied back.
+    device-to-host copy, as FlashInfer's ``.item()``); ``new_indptr`` is computed there and copied back (with the
+    kernel's work list, in one upload: the returned ``new_indptr`` is a view of that buffer).
     """
     order = _check_bitorder(bitorder)
     host = isinstance(x, np.ndarray)
@@ -100,13 +117,21 @@ def segment_packbits(x: Any, indptr: Any, bitorder: str = "little") -> tuple[Any
     if host:
         return reference.segment_packbits(x, indptr, bitorder=order)
     new_indptr = np.concatenate([[0], np.cumsum((np.diff(values.astype(np.int64)) + 7) // 8)]).astype(np.int32)
-    new = upload(call, new_indptr, DType.INT32)
-    if ti.dtype is not DType.INT32:  # the kernel reads int32: the values are on the host already
-        ti = upload(call, values, DType.INT32)
+    chunks = segment_chunks(new_indptr)
+    # one upload (each is a synchronising copy from pageable memory): new_indptr, the work items' chunk_ptr and, for
+    # an int64 indptr, its int32 values (the kernel reads int32; the values are on the host already)
+    wide = ti.dtype is not DType.INT32
+    m = new_indptr.shape[0]
+    both = upload(call, np.concatenate([new_indptr, chunks, *([values] if wide else [])]), DType.INT32)
+    new, tc = _part(both, 0, m), _part(both, m, m)
+    if wide:
+        ti = _part(both, 2 * m, m)
     out_bytes = int(new_indptr[-1])
     out = call.empty((out_bytes,), DType.UINT8)
     if out_bytes:
-        launch = pack_launch("segment_packbits", order, tx, out, ti, new, out_bytes, sm_count(call.device_id))
+        launch = pack_launch(
+            "segment_packbits", order, tx, out, ti, new, out_bytes, sm_count(call.device_id), tc, int(chunks[-1])
+        )
         launch.run(call.device_id, call.stream)
     return call.give(out), call.give(new)
 

@@ -249,24 +249,25 @@ def _index_tensors(a: AppendArgs) -> tuple[Tensor, ...]:
 def _side_params(src: Tensor, side: CacheSide, vec: int) -> dict:
     per_row = side.head_dim // vec
     per_token = side.num_heads * per_row
-    row_mul, row_shift = fast_div_magic(per_row)
-    tok_mul, tok_shift = fast_div_magic(max(per_token, 1))
+    if side.num_heads == 1 or (src.strides[1] == side.head_dim and side.s_head == side.head_dim):
+        per_row = per_token  # heads contiguous in the source row and in the cache slot: one run of vectors (h = 0)
+    row_mul, row_shift = fast_div_magic(max(per_row, 1))
     return dict(
         src=src.ptr, dst=side.ptr, src_s0=src.strides[0], src_s1=src.strides[1],
         dst_page=side.s_page, dst_slot=side.s_slot, dst_head=side.s_head,
-        vecs_per_row=per_row, vecs_per_token=per_token,
-        row_mul=row_mul, row_shift=row_shift, tok_mul=tok_mul, tok_shift=tok_shift,
+        vecs_per_row=per_row, vecs_per_token=per_token, row_mul=row_mul, row_shift=row_shift,
     )  # fmt: skip
 
 
 def append_launches(a: AppendArgs, sms: int) -> list[Launch]:
-    """The launches of one append: one per chunk of tokens (a single one below 2^30 vectors per side)."""
+    """The launches of one append: one per chunk of tokens (a single one below 2^30 vectors)."""
     if a.nnz == 0 or a.batch_size == 0 or a.kv_indices.shape[0] == 0 or a.k.num_heads == 0:
         return []  # nothing to write (no request, no page): every row would be skipped
     dtype = a.key.dtype.value
     vec = 16 // a.key.dtype.itemsize
     k, v = _side_params(a.key, a.k, vec), _side_params(a.value, a.v, vec)
-    per_token = max(k["vecs_per_token"], v["vecs_per_token"])
+    per_token = max(k["vecs_per_token"], v["vecs_per_token"])  # a thread's vector r of K and of V
+    tok_mul, tok_shift = fast_div_magic(per_token)
     chunk = max(1, _MAX_WORK // per_token)
     page_mul, page_shift = fast_div_magic(a.k.page_size)
     spec, expr = S.append_spec(dtype), S.append_instance(dtype)
@@ -279,10 +280,10 @@ def append_launches(a: AppendArgs, sms: int) -> list[Launch]:
             kv_indptr=a.kv_indptr.ptr, kv_last_page_len=a.kv_last_page_len.ptr,
             token_begin=begin_, nnz=n, batch_size=a.batch_size, num_pages=a.k.num_pages,
             num_indices=a.kv_indices.shape[0], page_size=a.k.page_size, page_mul=page_mul, page_shift=page_shift,
+            vecs_per_token=per_token, tok_mul=tok_mul, tok_shift=tok_shift,
         )  # fmt: skip
         needed = -(-n * per_token // (S.APPEND_THREADS * S.APPEND_UNROLL))
-        # K and V blocks together fill the APPEND_BLOCKS_PER_SM resident blocks of every SM
-        grid = (blocks(needed, sms, S.APPEND_BLOCKS_PER_SM // 2), 2)
+        grid = (blocks(needed, sms, S.APPEND_BLOCKS_PER_SM),)  # every SM's resident blocks, grid-striding
         out.append(Launch(spec, expr, grid, (S.APPEND_THREADS,), params))
     return out
 

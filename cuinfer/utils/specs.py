@@ -20,9 +20,11 @@ _WIDE = (r"LDG\.E\..*128", r"STG\.E\.128")
 # ---- append_paged_kv_cache -----------------------------------------------------------------------------------------
 
 APPEND_THREADS = 256
-# 16-byte vectors per thread whose loads are in flight before the stores: 4 x 16 B x 1024 threads = 64 KB per SM
-# (launch bounds 256 x 4 blocks), above the ~40 KB an H200 SM needs in flight at its share of the DRAM bandwidth.
-APPEND_UNROLL = 4
+# 16-byte vectors per thread and side whose loads are in flight before the stores: 2 (K, V) x 2 x 16 B x 1024
+# threads = 64 KB per SM (launch bounds 256 x 4 blocks, 64 registers), above the ~40 KB an H200 SM needs in flight
+# at its share of the DRAM bandwidth; the slot lookups of a vector serve K and V. (4 vectors a side: 94 registers,
+# 2 blocks per SM, the same bytes in flight behind half as many independent lookup chains.)
+APPEND_UNROLL = 2
 APPEND_BLOCKS_PER_SM = 4
 
 AppendSide = ParamStruct(
@@ -30,7 +32,7 @@ AppendSide = ParamStruct(
     (("src", "ptr"), ("dst", "ptr"))
     + tuple((n, "i64") for n in ("src_s0", "src_s1", "dst_page", "dst_slot", "dst_head"))
     + (("vecs_per_row", "i32"), ("vecs_per_token", "i32"))
-    + tuple((n, "u32") for n in ("row_mul", "row_shift", "tok_mul", "tok_shift")),
+    + tuple((n, "u32") for n in ("row_mul", "row_shift")),
 )
 
 AppendParams = ParamStruct(
@@ -38,7 +40,8 @@ AppendParams = ParamStruct(
     (("k", AppendSide), ("v", AppendSide))
     + tuple((n, "ptr") for n in ("batch_indices", "positions", "kv_indices", "kv_indptr", "kv_last_page_len"))
     + tuple((n, "i32") for n in ("token_begin", "nnz", "batch_size", "num_pages", "num_indices", "page_size"))
-    + (("page_mul", "u32"), ("page_shift", "u32")),
+    + (("page_mul", "u32"), ("page_shift", "u32"))
+    + (("vecs_per_token", "i32"), ("tok_mul", "u32"), ("tok_shift", "u32")),
 )
 
 
@@ -101,10 +104,12 @@ def rope_spec(dtype: str, vec: int) -> KernelSpec:
 
 PACK_THREADS = 256
 PACK_WARP_ELEMS = 4096  # elements a warp packs per round on the 16-byte path
+PACK_ITEM_BYTES = 512  # output bytes of a segment_packbits work item (a warp's; 4096 elements)
 
 PackParams = ParamStruct(
     "PackParams",
-    tuple((n, "ptr") for n in ("x", "out", "indptr", "new_indptr")) + (("n", "i64"), ("num_segments", "i32")),
+    tuple((n, "ptr") for n in ("x", "out", "indptr", "new_indptr", "chunk_ptr"))
+    + (("n", "i64"), ("num_segments", "i32")),
 )
 
 
@@ -120,8 +125,8 @@ def pack_spec() -> KernelSpec:
         source="utility/packbits.cu",
         name_exprs=exprs,
         preamble=PackParams.c_decl(),
-        # packbits: 16-byte loads and stores; segment_packbits reads aligned 8-byte words
-        sass_expect=(r"LDG\.E\.(64|.*128)",),
+        # packbits: 16-byte loads and stores; segment_packbits: 16-byte loads (its stores are bytes: no alignment)
+        sass_expect=(r"LDG\.E\..*128",),
     )
 
 

@@ -122,6 +122,8 @@ def _piece(v: Variant) -> list[str]:
         "kValueTransform": bool(v.value_transform),
         "kOutputTransform": bool(v.output_transform),
         "kRowState": bool(v.row_state),
+        "kPosState": bool(v.pos_state),
+        "kPosAdvance": bool(v.pos_advance),
     }
     out = [f"struct piece_{v.name} : Identity {{"]
     out += [f"  static constexpr bool {k} = true;" for k, on in flags.items() if on]
@@ -154,8 +156,16 @@ def _piece(v: Variant) -> list[str]:
         out += _functor(v, "output_transform", sig, v.output_transform, "ix_")
     if v.transforms:
         out.append(f"  struct DimState {{ {v.state_fields} }};")
+        out.append(f"  struct PosState {{ {v.pos_fields} }};")
         out += _functor(v, "dim_state", "DimState dim_state(const VP& v_, int dim, int head_dim)", v.dim_state or "",
                         None, statements=True, prologue=("DimState state;",), epilogue=("return state;",))  # fmt: skip
+        if v.pos_state:
+            sig = "PosState pos_state(const VP& v_, const DimState& state, int dim, int pos)"
+            out += _functor(v, "pos_state", sig, v.pos_state, None, statements=True,
+                            prologue=("PosState kpos;",), epilogue=("return kpos;",))  # fmt: skip
+        if v.pos_advance:
+            sig = "void pos_advance(const VP& v_, const DimState& state, int dim, PosState& kpos, const PosState& step)"
+            out += _functor(v, "pos_advance", sig, v.pos_advance, None, statements=True)
         if v.query_transform:
             sig = ("float query_transform(const VP& v_, const DimState& state, const Index& ix_, int dim, float x, "
                    "float partner)")  # fmt: skip
@@ -163,8 +173,8 @@ def _piece(v: Variant) -> list[str]:
                 v, "query_transform", sig, v.query_transform, "ix_", prologue=("const int pos = ix_.qpos;",)
             )
         if v.key_transform:
-            sig = ("float key_transform(const VP& v_, const DimState& state, const Index& ix_, int kv_idx, int dim, "
-                   "float x, float partner)")  # fmt: skip
+            sig = ("float key_transform(const VP& v_, const DimState& state, [[maybe_unused]] const PosState& kpos, "
+                   "const Index& ix_, int kv_idx, int dim, float x, float partner)")  # fmt: skip
             out += _functor(v, "key_transform", sig, v.key_transform, "ix_", prologue=("const int pos = kv_idx;",))
     out.append("};")
     return out

@@ -33,7 +33,16 @@ Per snippet:
                         per kernel thread: per-dimension constants of the transforms
   ``query_transform``   ``state``, ``dim``, ``x`` = q[dim], ``partner`` = q[dim ± head_dim/2], ``pos`` (= qpos)
                         -> q'[dim] (rotate-half RoPE is one)
-  ``key_transform``     as query_transform for k of key ``pos`` (= kv_idx)
+  ``key_transform``     as query_transform for k of key ``pos`` (= kv_idx), and ``kpos``: the key's ``pos_state``
+                        (with one)
+  ``pos_state``         ``state``, ``dim`` (< head_dim / 2), ``pos`` (a key position) -> fills ``kpos`` (fields
+                        declared by ``pos_fields``): what key_transform needs of (pos, dim) alone, e.g. RoPE's sin and
+                        cos, computed once per key and dimension pair (not per head, nor per element of the pair)
+  ``pos_advance``       ``state``, ``dim``, ``kpos`` (the pos_state of some pos, updated in place), ``step`` (the
+                        pos_state of a distance n) -> turns ``kpos`` into the pos_state of pos + n (RoPE: the angle
+                        addition, a complex multiply). Decode computes each thread's first key of a K tile exactly and
+                        advances it to the thread's further keys of the tile (n = its row stride, at most
+                        tile / stride - 1 advances, re-seeded every tile); prefill computes every key exactly
   ``value_transform``   ``kv_idx``, ``dim`` (< head_dim_vo), ``x`` = v[dim] -> v'[dim]; ``qo_idx``, ``qpos`` and
                         ``qo_head`` are -1 (a value serves every query row and head of its KV head)
   ``output_transform``  ``dim``, ``x`` = o[dim] (final: normalised, v_scale applied), ``lse`` (the row's base-2 lse)
@@ -72,7 +81,7 @@ ARRAY_KINDS = ("i32", "i64", "f32", "f64")  # element kinds of an array paramete
 PER = ("qo_head", "kv_head", "request")  # what an array parameter has one element of
 SNIPPETS = (
     "logits", "mask", "key_hi", "key_lo", "sink", "dim_state", "row_state", "query_transform", "key_transform",
-    "value_transform", "output_transform",
+    "pos_state", "pos_advance", "value_transform", "output_transform",
 )  # fmt: skip
 # The NumPy functions of a variant (``Variant.numpy``): one per snippet but dim_state and row_state (NumPy transforms
 # take whole vectors; NumPy logits compute what they need), with the keyword names each may declare
@@ -144,6 +153,9 @@ class Variant:
     row_fields: str = ""
     query_transform: str | None = None
     key_transform: str | None = None
+    pos_state: str | None = None
+    pos_fields: str = ""
+    pos_advance: str | None = None
     sink: str | None = None
     value_transform: str | None = None
     output_transform: str | None = None
@@ -172,6 +184,12 @@ class Variant:
             raise ValueError(f"variant {self.name!r}: row_state without row_fields that declare what it fills")
         if self.row_fields and not self.row_state:
             raise ValueError(f"variant {self.name!r}: row_fields without a row_state snippet that fills them")
+        if self.pos_state and not self.key_transform:
+            raise ValueError(f"variant {self.name!r}: pos_state is only used by key_transform (as kpos)")
+        if self.pos_fields and not self.pos_state:
+            raise ValueError(f"variant {self.name!r}: pos_fields without a pos_state snippet that fills them")
+        if self.pos_advance and not self.pos_state:
+            raise ValueError(f"variant {self.name!r}: pos_advance moves a pos_state on, but there is no pos_state")
         if not self.softmax and not self.logits:
             raise ValueError(
                 f"variant {self.name!r} has softmax=False but no logits snippet: without softmax a key's weight is "

@@ -3,9 +3,13 @@
 // page_size], slot pos % page_size, of the K / V cache (any layout: the cache is base pointers and element strides of
 // a page, a slot and a head). Bit-exact copies.
 //
-// Memory bound: the work is flat over (token, head, 16-byte vector) and each thread moves kUnroll vectors whose
-// loads are all issued before the first store. blockIdx.y picks the side (0 = K, 1 = V); each side has its own
-// row length (a (k_cache, v_cache) pair may have different head dims).
+// Memory bound: the work is flat over (token, 16-byte vector of the token's row) and each thread moves kUnroll
+// vectors of K and the same kUnroll vectors of V (one slot lookup serves both), all 2 * kUnroll loads issued before
+// the first store. Consecutive threads take consecutive vectors of a token, so a warp moves contiguous 512-byte
+// pieces of a row. When a row's heads are contiguous in both the source and the cache (NHD, a plain or fused-qkv
+// slice) the host passes vecs_per_row = vecs_per_token: the row is one run of vectors and h is always 0. The two
+// sides may have different row lengths (a (k_cache, v_cache) pair with different head dims): the work covers the
+// longer, and vector r of the shorter side exists only for r < its vecs_per_token.
 //
 // Rows whose indices fall outside the page table or the cache (batch index < 0 for padding rows, or out of range;
 // a position past the request's kv_len; a page-table entry or a page beyond the arrays) are skipped: nothing is
@@ -70,40 +74,59 @@ template <int kUnroll> struct Slots {
   }
 };
 
+// Element offsets of vector r of a token row of side s: in the source row and in the cache slot.
+struct SideOffsets {
+  i64 src, dst;
+};
+__device__ __forceinline__ SideOffsets side_offsets(const AppendSide& s, u32 r, int kvec) {
+  const u32 h = fast_div(r, s.row_mul, s.row_shift);  // 0 for a contiguous row (vecs_per_row = vecs_per_token)
+  const i64 c = static_cast<i64>(r - h * static_cast<u32>(s.vecs_per_row)) * kvec;
+  return {h * s.src_s1 + c, h * s.dst_head + c};
+}
+
 // The host launches only when batch_size >= 1 and kv_indices is not empty (otherwise every row is skipped), so the
 // clamped lookups above always read inside the arrays.
 template <typename Tin, typename Tcache, int kUnroll>
 __global__ void __launch_bounds__(kThreads, 4) append_paged_kv_cache(const __grid_constant__ AppendParams p) {
   using Store = CacheStore<Tin, Tcache>;
   constexpr int kVec = Store::kVec;
-  const AppendSide s = blockIdx.y == 0 ? p.k : p.v;
-  const Tin* src = static_cast<const Tin*>(s.src);
-  Tcache* dst = static_cast<Tcache*>(s.dst);
-  const u32 total = static_cast<u32>(p.nnz) * static_cast<u32>(s.vecs_per_token);  // < 2^31 (host)
+  const Tin* ksrc = static_cast<const Tin*>(p.k.src);
+  const Tin* vsrc = static_cast<const Tin*>(p.v.src);
+  Tcache* kdst = static_cast<Tcache*>(p.k.dst);
+  Tcache* vdst = static_cast<Tcache*>(p.v.dst);
+  const u32 total = static_cast<u32>(p.nnz) * static_cast<u32>(p.vecs_per_token);  // < 2^31 (host)
   const u32 step = gridDim.x * kThreads * kUnroll;
   for (u32 base = blockIdx.x * kThreads * kUnroll + threadIdx.x; base < total; base += step) {
     Slots<kUnroll> sl;
-    u32 h[kUnroll];
-    int c[kUnroll];
+    u32 r[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const u32 w = base + u * kThreads;
-      const u32 tl = fast_div(w, s.tok_mul, s.tok_shift);  // token within this launch
-      const u32 r = w - tl * static_cast<u32>(s.vecs_per_token);
-      h[u] = fast_div(r, s.row_mul, s.row_shift);
-      c[u] = static_cast<int>(r - h[u] * static_cast<u32>(s.vecs_per_row)) * kVec;
+      const u32 tl = fast_div(w, p.tok_mul, p.tok_shift);  // token within this launch
+      r[u] = w - tl * static_cast<u32>(p.vecs_per_token);
       sl.t[u] = p.token_begin + static_cast<int>(tl);
       sl.ok[u] = w < total;
     }
     sl.find(p);
-    typename Store::In x[kUnroll];
+    typename Store::In xk[kUnroll], xv[kUnroll];
+    i64 dk[kUnroll], dv[kUnroll];
+    bool okk[kUnroll], okv[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (sl.ok[u]) x[u].load(src + sl.t[u] * s.src_s0 + h[u] * s.src_s1 + c[u]);
+    for (int u = 0; u < kUnroll; ++u) {
+      okk[u] = sl.ok[u] & (r[u] < static_cast<u32>(p.k.vecs_per_token));
+      okv[u] = sl.ok[u] & (r[u] < static_cast<u32>(p.v.vecs_per_token));
+      const SideOffsets ok_ = side_offsets(p.k, r[u], kVec), ov = side_offsets(p.v, r[u], kVec);
+      const i64 t = sl.t[u];
+      if (okk[u]) xk[u].load(ksrc + t * p.k.src_s0 + ok_.src);
+      if (okv[u]) xv[u].load(vsrc + t * p.v.src_s0 + ov.src);
+      dk[u] = sl.page[u] * p.k.dst_page + sl.slot[u] * p.k.dst_slot + ok_.dst;
+      dv[u] = sl.page[u] * p.v.dst_page + sl.slot[u] * p.v.dst_slot + ov.dst;
+    }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (sl.ok[u])
-        Store::store(dst + sl.page[u] * s.dst_page + sl.slot[u] * s.dst_slot + h[u] * s.dst_head + c[u], x[u]);
+    for (int u = 0; u < kUnroll; ++u) {
+      if (okk[u]) Store::store(kdst + dk[u], xk[u]);
+      if (okv[u]) Store::store(vdst + dv[u], xv[u]);
+    }
   }
 }
 

@@ -18,7 +18,14 @@
 //   dim_state(v, dim, head_dim)     per-thread state of one head dimension, computed once per kernel (e.g. a RoPE
 //                                   frequency in double precision)
 //   query_transform(v, s, ix, dim, x, partner)        q[dim] before q·k (kQueryTransform); partner is q[dim ± D/2]
-//   key_transform(v, s, ix, kv, dim, x, partner)      k[dim] of key kv before q·k (kKeyTransform)
+//   pos_state(v, s, dim, pos)       the PosState of key position pos and dimension dim (kPosState): what the key
+//                                   transform needs of (pos, dim) alone, e.g. RoPE's sin / cos; computed once per
+//                                   (key, dimension pair) and handed to key_transform as kp
+//   pos_advance(v, s, dim, kp, step)  kp (the PosState of pos) becomes that of pos + n, given step = pos_state(n)
+//                                   (kPosAdvance; e.g. RoPE's angle addition): decode computes the PosState of each
+//                                   thread's first key of a tile exactly and advances it to its further keys
+//   key_transform(v, s, kp, ix, kv, dim, x, partner)  k[dim] of key kv before q·k (kKeyTransform); kp the PosState
+//                                   of (kv, dim) (empty without kPosState)
 //   value_transform(v, ix, kv, dim, x)                v[dim] of key kv before P·V (kValueTransform; ix has no query:
 //                                                     qo_idx, qpos, qo_head are -1)
 //   sink(v, ix)                     the row's sink logit (natural): a key of value 0 in the softmax denominator
@@ -70,10 +77,19 @@ struct Identity {
   static constexpr bool kValueTransform = false;  // value_transform() is not the identity
   static constexpr bool kOutputTransform = false;  // output_transform() is not the identity
   static constexpr bool kRowState = false;          // row_state() fills a RowState
+  static constexpr bool kPosState = false;        // pos_state() gives key_transform() its PosState
+  static constexpr bool kPosAdvance = false;      // pos_advance() moves a PosState on by a step's
   struct DimState {};
   struct RowState {};
+  struct PosState {};
   template <class VP> __device__ __forceinline__ static DimState dim_state(const VP&, int, int) { return DimState{}; }
   template <class VP> __device__ __forceinline__ static RowState row_state(const VP&, const Index&) { return {}; }
+  template <class VP>
+  __device__ __forceinline__ static PosState pos_state(const VP&, const DimState&, int, int) {
+    return PosState{};
+  }
+  template <class VP>
+  __device__ __forceinline__ static void pos_advance(const VP&, const DimState&, int, PosState&, const PosState&) {}
   template <class VP>
   __device__ __forceinline__ static float logits(const VP&, const Index&, const RowState&, int, float x) {
     return x;
@@ -86,8 +102,8 @@ struct Identity {
     return x;
   }
   template <class VP>
-  __device__ __forceinline__ static float key_transform(const VP&, const DimState&, const Index&, int, int, float x,
-                                                        float) {
+  __device__ __forceinline__ static float key_transform(const VP&, const DimState&, const PosState&, const Index&, int,
+                                                        int, float x, float) {
     return x;
   }
   template <class VP> __device__ __forceinline__ static float sink(const VP&, const Index&) { return neg_inf(); }
@@ -127,9 +143,12 @@ template <class A, class... Rest> struct Chain<A, Rest...> {
   static constexpr bool kOutputTransform = A::kOutputTransform || Tail::kOutputTransform;
   static constexpr bool kRowState = A::kRowState || Tail::kRowState;
   // At most one piece of a chain transforms (the renderer refuses two: rotations do not compose element by element),
-  // so the chain's DimState is that piece's.
+  // so the chain's DimState and PosState are that piece's.
   static constexpr bool kHeadTransforms = A::kQueryTransform || A::kKeyTransform;
+  static constexpr bool kPosState = kHeadTransforms ? A::kPosState : Tail::kPosState;
+  static constexpr bool kPosAdvance = kHeadTransforms ? A::kPosAdvance : Tail::kPosAdvance;
   using DimState = typename PickState<kHeadTransforms, typename A::DimState, typename Tail::DimState>::type;
+  using PosState = typename PickState<kHeadTransforms, typename A::PosState, typename Tail::PosState>::type;
   template <class VP> __device__ __forceinline__ static DimState dim_state(const VP& v, int dim, int head_dim) {
     if constexpr (kHeadTransforms) {
       return A::dim_state(v, dim, head_dim);
@@ -147,6 +166,23 @@ template <class A, class... Rest> struct Chain<A, Rest...> {
     if constexpr (A::kRowState) r.a = A::row_state(v, ix);
     if constexpr (Tail::kRowState) r.tail = Tail::row_state(v, ix);
     return r;
+  }
+  template <class VP>
+  __device__ __forceinline__ static PosState pos_state(const VP& v, const DimState& s, int dim, int pos) {
+    if constexpr (kHeadTransforms) {
+      return A::pos_state(v, s, dim, pos);
+    } else {
+      return Tail::pos_state(v, s, dim, pos);
+    }
+  }
+  template <class VP>
+  __device__ __forceinline__ static void pos_advance(const VP& v, const DimState& s, int dim, PosState& kp,
+                                                     const PosState& step) {
+    if constexpr (kHeadTransforms) {
+      A::pos_advance(v, s, dim, kp, step);
+    } else {
+      Tail::pos_advance(v, s, dim, kp, step);
+    }
   }
   template <class VP>
   __device__ __forceinline__ static float logits(const VP& v, const Index& ix, const RowState& row, int kv, float x) {
@@ -174,12 +210,12 @@ template <class A, class... Rest> struct Chain<A, Rest...> {
     }
   }
   template <class VP>
-  __device__ __forceinline__ static float key_transform(const VP& v, const DimState& s, const Index& ix, int kv,
-                                                        int dim, float x, float partner) {
+  __device__ __forceinline__ static float key_transform(const VP& v, const DimState& s, const PosState& kp,
+                                                        const Index& ix, int kv, int dim, float x, float partner) {
     if constexpr (A::kKeyTransform) {
-      return A::key_transform(v, s, ix, kv, dim, x, partner);
+      return A::key_transform(v, s, kp, ix, kv, dim, x, partner);
     } else {
-      return Tail::key_transform(v, s, ix, kv, dim, x, partner);
+      return Tail::key_transform(v, s, kp, ix, kv, dim, x, partner);
     }
   }
   template <class VP> __device__ __forceinline__ static float sink(const VP& v, const Index& ix) {

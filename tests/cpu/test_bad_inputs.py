@@ -19,7 +19,7 @@ import cuinfer
 from cuinfer import BatchDecode, BatchPrefill, reference, single_decode, single_prefill
 from tests.cpu.fake_gpu import install, to_cuda
 
-F16, BF16, F32 = np.float16, ml_dtypes.bfloat16, np.float32
+F16, BF16, F32, E4M3 = np.float16, ml_dtypes.bfloat16, np.float32, ml_dtypes.float8_e4m3fn
 
 
 def randn(*shape, dtype=F16, seed=0):
@@ -285,7 +285,20 @@ CASES: dict[str, Bad] = {
     "decode-run-k-scale-str": Bad(lambda mk: decode(mk, k_scale="2"), TypeError, ("k_scale must be a number",)),
     "decode-run-v-scale-bool": Bad(lambda mk: decode(mk, v_scale=True), TypeError, ("v_scale must be a number",)),
     "decode-run-k-scale-nan": Bad(lambda mk: decode(mk, k_scale=float("nan")), ValueError,
-                                  ("k_scale must be a finite number",)),
+                                  ("k_scale must be a finite, nonzero number",)),
+    # fp8 caches (docs/fp8.md): scales and uint8 caches against the plan's kv_dtype
+    "decode-run-k-scale-array-16-bit": Bad(lambda mk: decode(mk, k_scale=np.ones(2, F32)), ValueError,
+                                           ("k_scale as an array (per KV head) dequantises fp8 caches",)),
+    "decode-run-fp8-v-scale-zero": Bad(lambda mk: decode(mk, cache=randn(6, 2, 4, 2, 64, dtype=E4M3, seed=1),
+                                                         plan=dict(kv_dtype="float8_e4m3fn"), v_scale=0.0),
+                                       ValueError, ("v_scale must be a finite, nonzero number",)),  # fmt: skip
+    "decode-run-fp8-k-scale-length": Bad(lambda mk: decode(mk, cache=randn(6, 2, 4, 2, 64, dtype=E4M3, seed=1),
+                                                           plan=dict(kv_dtype="float8_e4m3fn"),
+                                                           k_scale=np.ones(3, F32)),
+                                         ValueError, ("k_scale must be a number or a", "1 or num_kv_heads=2 values",
+                                                      "has shape (3,)"), same_rule=False),  # fmt: skip
+    "decode-run-uint8-cache-16-bit": Bad(lambda mk: decode(mk, cache=np.zeros((6, 2, 4, 2, 64), np.uint8)),
+                                         ValueError, ("kv_cache is uint8 but plan() was made for kv_dtype=float16",)),
     # -- BatchPrefill.plan
     "prefill-plan-heads-float": Bad(lambda mk: ragged(mk, plan=dict(num_qo_heads=4.0)), TypeError,
                                     ("num_qo_heads must be an integer but is 4.0",)),
@@ -326,6 +339,12 @@ CASES: dict[str, Bad] = {
         ValueError, ("k_cache and v_cache must have the same strides",)),
     "prefill-run-paged-cache-small": Bad(lambda mk: paged(mk, cache=randn(3, 2, 4, 2, 64, dtype=BF16)), ValueError,
                                          ("kv_indices holds page index 3 but kv_cache has 3 pages",)),
+    "prefill-run-k-scale-16-bit": Bad(lambda mk: ragged(mk, k_scale=0.5), ValueError,
+                                      ("k_scale dequantises fp8 caches but plan() was made for kv_dtype=bfloat16",)),
+    "prefill-run-fp8-kv-float16": Bad(lambda mk: ragged(mk, plan=dict(kv_dtype="float8_e5m2"), k=randn(10, 2, 64),
+                                                        v=randn(10, 2, 64)),
+                                      ValueError, ("k/v have dtype float16 but plan() was made for "
+                                                   "kv_dtype=float8_e5m2",)),  # fmt: skip
     "prefill-run-two-arrays": Bad(lambda mk: ragged(mk, v=()), TypeError,
                                   ("a BatchPrefill(paged=False) runs as run(q, k, v) but got 2 arrays",)),
 }  # fmt: skip

@@ -105,7 +105,7 @@ def test_decode_cases_match_perf_table():
         "D1": ("const", 16, 1024), "D2": ("uniform", 16, None), "D3": ("zipf", 16, 1024),
         "D4": ("const", 1, 32768), "D5": ("const", 64, 4096), "D6": ("const", 128, 2048),
         "D7": ("const", 256, 1024), "D8": ("onelong", 128, 1024), "D9": ("zipf", 128, 2048),
-        "D10": ("const", 128, 2048),
+        "D10": ("const", 128, 2048), "D5-e4m3": ("const", 64, 4096), "D9-e4m3": ("zipf", 128, 2048),
     }  # fmt: skip
     assert [c.id for c in DECODE_CASES] == list(want)
     for c in DECODE_CASES:
@@ -116,12 +116,23 @@ def test_decode_cases_match_perf_table():
         assert c.shape == Shape(32, 8, 128, 16, "bfloat16", "NHD")
     d2 = next(c for c in DECODE_CASES if c.id == "D2").lengths
     assert (d2.lo, d2.hi) == (512, 1024)
-    assert next(c for c in DECODE_CASES if c.id == "D10").kv_dtype == "float8_e4m3fn"
+    for cid, base in (("D10", "D6"), ("D5-e4m3", "D5"), ("D9-e4m3", "D9")):
+        c = next(c for c in DECODE_CASES if c.id == cid)
+        assert (c.kv_dtype, c.compare_to) == ("float8_e4m3fn", base)
+    d10 = next(c for c in DECODE_CASES if c.id == "D10").target
+    assert d10.text == "≥ 3.6 TB/s (≤ 150 µs); ≥ 1.8× D6 (bf16 KV); ≥ 1.5× FlashInfer fp8"
+    assert d10.check({"gbps": 3700, "ratio": 1.85, "vs_peer": 1.6}) is True
+    assert d10.check({"gbps": 3700, "ratio": 1.7, "vs_peer": 1.6}) is False
+    assert d10.check({"gbps": 3700, "ratio": 1.85}) is None  # (no peer in the run)
 
 
 def test_prefill_cases_match_perf_table():
     got = {c.id: (c.layout, c.lengths.describe(), c.causal, c.target_fa2.value, c.target_hopper.value)
-           for c in PREFILL_CASES}  # fmt: skip
+           for c in PREFILL_CASES if not c.compare_to}  # fmt: skip
+    fp8 = {
+        c.id: (c.compare_to, c.kv_dtype, c.target_fa2.metric, c.target_fa2.value) for c in PREFILL_CASES if c.compare_to
+    }
+    assert fp8 == {f"P{i}-e4m3": (f"P{i}", "float8_e4m3fn", "ratio", 1.0) for i in (4, 5, 6)}
     assert got == {
         "P1": ("ragged", "1 × 8192", True, 375, 680),
         "P2": ("ragged", "4 × 4096", True, 390, 660),
@@ -147,7 +158,8 @@ def test_ids_and_seeds_unique():
     assert len(ids) == len(set(ids))
     for suite, cases in ALL_CASES.items():
         if suite != "plan":  # plan cases reuse D6/D8/D9 seeds on purpose: the same lengths
-            assert len({c.seed for c in cases}) == len(cases)
+            own = [c for c in cases if not getattr(c, "compare_to", "")]  # (fp8 twins: their base's lengths)
+            assert len({c.seed for c in own}) == len(own)
 
 
 def test_select_is_case_insensitive_and_ordered():
@@ -254,7 +266,7 @@ def test_indptr():
 def test_decode_targets():
     """D1-D4: the page-order floor of their bytes (python -m bench.lab.stream_floor) + 3 µs, as docs/benchmarks.md
     states them; D5-D9 a bandwidth."""
-    got = {c.id: (c.target.metric, c.target.value) for c in DECODE_CASES}
+    got = {c.id: (c.target.metric, c.target.value) for c in DECODE_CASES if not c.compare_to}
     assert {k: got[k] for k in ("D1", "D2", "D3", "D4")} == {
         "D1": ("us", 26.3), "D2": ("us", 22.0), "D3": ("us", 26.2), "D4": ("us", 43.2),
     }  # fmt: skip
@@ -264,3 +276,25 @@ def test_decode_targets():
     }  # fmt: skip
     d1 = next(c for c in DECODE_CASES if c.id == "D1").target
     assert d1.text == "≤ 26.3 µs (floor 23.3 + 3)" and d1.check({"us": 26.3}) and not d1.check({"us": 26.4})
+
+
+def test_fp8_rows_are_judged_against_their_16_bit_case_and_the_peer():
+    """D10's row: its speed-up over D6 (same variant, same run) and over the best FlashInfer row, beside TB/s."""
+    from bench.decode import SPEC
+    from bench.report import format_table, summarize
+    from bench.suite import Measurement
+
+    def m(case, impl, variant, us, nbytes):
+        return Measurement("decode", case, impl, variant, us=us, bytes=nbytes, gbps=nbytes / us / 1e3)
+
+    ms = [
+        m("D6", "cuinfer", "default", 262.0, 1.07e9), m("D10", "cuinfer", "default", 140.0, 5.4e8),
+        m("D10", "flashinfer", "tensor-cores", 229.7, 5.4e8),
+    ]  # fmt: skip
+    rows = {r["case"]: r for r in summarize(SPEC, ["D6", "D10"], {}, ms)}
+    d10 = rows["D10"]
+    assert d10["ratio"] == pytest.approx(262.0 / 140.0) and d10["ratio_to"] == "D6"
+    assert d10["vs_peer"] == pytest.approx(229.7 / 140.0) and d10["pass"] is True
+    assert "1.87× D6" in format_table(SPEC, list(rows.values()))
+    slow = summarize(SPEC, ["D6", "D10"], {}, [ms[0], m("D10", "cuinfer", "default", 150.0, 5.4e8), ms[2]])
+    assert [r["pass"] for r in slow if r["case"] == "D10"] == [False]  # 1.75x D6 < 1.8x

@@ -122,9 +122,14 @@ def test_variant_params_are_checked_at_plan(case):
         _planned(case, variant=v, variant_params={"test_decode_scale": {"s": 2.0}, "other": {}})
 
 
-def test_fp8_kv_is_not_implemented_yet(case):
-    with _raises(NotImplementedError, "kv_dtype=float8_e4m3fn: fp8 KV caches are not implemented"):
-        _planned(case, kv_dtype="float8_e4m3fn")
+def test_fp8_is_a_kv_format_only(case):
+    """fp8 K/V plan (tests/cpu/test_fp8_host.py runs them); fp8 q or o is refused, naming kv_dtype."""
+    assert _planned(case, kv_dtype="float8_e4m3fn")._plan.kv_dtype.value == "float8_e4m3fn"
+    with _raises(ValueError, "q_dtype=float8_e4m3fn: the decode kernels take q and o in float16 or bfloat16; fp8 is "
+                 "for the KV cache (kv_dtype='float8_e4m3fn' with q_dtype='bfloat16' or 'float16')"):  # fmt: skip
+        _planned(case, q_dtype="float8_e4m3fn")
+    with _raises(ValueError, "o_dtype=float8_e5m2: the decode kernels take q and o in float16 or bfloat16"):
+        _planned(case, o_dtype="float8_e5m2")
 
 
 def test_q_dtype_must_be_16_bit(case):

@@ -105,8 +105,8 @@ def test_unsupported_head_dim_names_the_choices():
 def test_bad_group_and_fp8_and_oversized_cuda_core_block():
     with pytest.raises(ValueError, match=r"GQA group .* must be >= 1 but is 0"):
         decode_config(0, 128)
-    with pytest.raises(NotImplementedError, match="fp8"):
-        decode_config(4, 128, kv_itemsize=1)
+    with pytest.raises(ValueError, match="16-bit or fp8 K/V"):
+        decode_config(4, 128, kv_itemsize=4)
     with pytest.raises(ValueError, match=r"needs head_dim/8 x group = 1024 threads .* more than 512; use use_tensor"):
         decode_config(32, 256, use_tensor_cores=False)
 
@@ -133,8 +133,8 @@ def test_name_expressions_spell_the_template_arguments():
     alibi = render((lookup("alibi"),))
     tc = DecodeKernelKey(decode_config(4, 128), "bfloat16", "bfloat16", "float16", alibi, lse=True)
     assert tc.name_expr() == (
-        "cuinfer::decode::batch_decode_tensor_core<__nv_bfloat16, __nv_bfloat16, half, 128, 4, 4, 1, 3, 2, Variant, "
-        "true>"
+        "cuinfer::decode::batch_decode_tensor_core<__nv_bfloat16, __nv_bfloat16, half, 128, 4, 4, 1, 16, 3, 2, "
+        "Variant, true>"
     )
     assert tc.spec_name() == "decode/tc/bfloat16-bfloat16-float16/d128/g4/alibi/lse"
     chain = render((lookup("window"), lookup("soft_cap")))

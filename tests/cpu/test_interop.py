@@ -579,3 +579,39 @@ def test_tensor_built_by_hand_for_other_layers():
     t = Tensor(ptr=4096, shape=(2, 3), strides=(3, 1), dtype=DType.BFLOAT16, device_type="cuda", device_id=0,
                framework="torch", obj=None)  # fmt: skip
     assert t.nbytes == 12 and t.byte_strides == (6, 2) and t.is_contiguous and t.is_cuda
+
+
+def test_jax_inputs_outlive_their_call_until_its_stream_passes(monkeypatch):
+    """JAX frees an input's memory when its last reference goes and may reuse it at once on its own streams, while a
+    kernel of the call still reads it (test_segment_packbits[jax] once read a packed input overwritten that way). A
+    call holds its JAX inputs until an event recorded on its stream at its end is done; other inputs it does not."""
+    from collections import deque
+
+    import cuinfer.runtime.calls as calls
+
+    class Event:
+        done = False
+
+    events: list = []
+    monkeypatch.setattr(calls, "_KEPT", deque())
+    monkeypatch.setattr(calls, "_record_event", lambda stream, dev: events.append(Event()) or events[-1])
+
+    class Buffer:  # stands for the JAX array (and its DLPack capsule)
+        pass
+
+    def imported(framework):
+        buf = Buffer()
+        call = calls.Call(framework, 0, 7)
+        call.tensor(Tensor(1 << 20, (4,), (1,), DType.INT32, "cuda", 0, framework, buf), "x")
+        return weakref.ref(buf), call
+
+    ref, call = imported("jax")
+    del call  # the public function returned: its kernels may still be running
+    assert ref() is not None and len(events) == 1
+    ref_torch, call = imported("torch")
+    del call
+    assert ref_torch() is None and len(events) == 1  # torch's allocator is ordered on the caller's stream
+    events[0].done = True
+    ref2, call = imported("jax")
+    del call  # the end of a later call releases what finished
+    assert ref() is None and ref2() is not None

@@ -97,7 +97,14 @@ def test_gqa_heads_not_divisible():
         pytest.param(dict(logits_soft_cap=-1.0), ValueError, "logits_soft_cap must be >= 0", id="soft-cap"),
         pytest.param(dict(sm_scale=0.0), ValueError, "sm_scale must be a finite number > 0", id="sm-scale"),
         pytest.param(dict(pos_encoding="rotary"), ValueError, "pos_encoding must be one of", id="pos-encoding"),
-        pytest.param(dict(kv_dtype="float8_e4m3fn"), NotImplementedError, "fp8 KV caches", id="fp8"),
+        pytest.param(dict(q_dtype="float8_e4m3fn"), ValueError, "fp8 is for the KV cache", id="fp8-q"),
+        pytest.param(dict(kv_dtype="uint8"), ValueError, "say which fp8 format", id="uint8-kv"),
+        pytest.param(
+            dict(kv_dtype="float8_e5m2", pos_encoding="rope_llama"),
+            NotImplementedError,
+            "not supported with an fp8 cache",
+            id="fp8-rope",
+        ),  # fmt: skip
         pytest.param(dict(kv_dtype="float16"), ValueError, "one 16-bit type", id="mixed-dtypes"),
         pytest.param(dict(o_dtype="float32"), ValueError, "o_dtype must be float16 or bfloat16", id="o-dtype"),
         pytest.param(dict(variant=object()), TypeError, "variant must be a cuinfer.Variant", id="variant"),
@@ -204,9 +211,9 @@ def test_ragged_run_takes_three_arrays(rng):
         w.run(q, k)
 
 
-def test_fp8_scales_are_not_implemented(rng):
+def test_scales_dequantise_fp8_caches_only(rng):
     w, q, k, v = _planned(rng)
-    with pytest.raises(NotImplementedError, match="k_scale=0.5"):
+    with pytest.raises(ValueError, match=r"k_scale dequantises fp8 caches but plan\(\) was made for kv_dtype=bfloat16"):
         w.run(q, k, v, k_scale=0.5)
 
 

@@ -81,35 +81,36 @@ def fast_div(n, mul, shift):
 
 
 def emulate_append(launch: L.Launch, mem: Memory, itemsize: int):
-    """append.cu: the flat (token, head, vector) work of each side, the slot lookup, the 16-byte copies."""
+    """append.cu: the flat (token, vector) work, the slot lookup shared by K and V, the 16-byte copies."""
     p = launch.params
     vec = 16 // itemsize
-    assert launch.grid[1] == 2 and launch.block == (S.APPEND_THREADS,)
+    assert len(launch.grid) == 1 and launch.block == (S.APPEND_THREADS,)
+    w = np.arange(int(p["nnz"]) * int(p["vecs_per_token"]), dtype=np.int64)
+    tl = fast_div(w, p["tok_mul"], p["tok_shift"])
+    r = w - tl * int(p["vecs_per_token"])
+    t = int(p["token_begin"]) + tl
+    b = mem.i32(int(p["batch_indices"]), t)
+    pos = mem.i32(int(p["positions"]), t)
+    ok = (b >= 0) & (b < int(p["batch_size"])) & (pos >= 0)
+    bb = np.where(ok, b, 0)
+    first = mem.i32(int(p["kv_indptr"]), bb)
+    pages = mem.i32(int(p["kv_indptr"]), bb + 1) - first
+    last = mem.i32(int(p["kv_last_page_len"]), bb)
+    pi = fast_div(np.where(ok, pos, 0), p["page_mul"], p["page_shift"])
+    assert (pi[ok] == pos[ok] // int(p["page_size"])).all()
+    slot = pos - pi * int(p["page_size"])
+    ok &= (pi < pages) & ((pi < pages - 1) | (slot < last)) & (first >= 0) & (first + pi < int(p["num_indices"]))
+    page = mem.i32(int(p["kv_indices"]), np.where(ok, first + pi, 0))
+    ok &= (page >= 0) & (page < int(p["num_pages"]))
     for side in ("k", "v"):
         s = p[side]
-        w = np.arange(int(p["nnz"]) * int(s["vecs_per_token"]), dtype=np.int64)
-        tl = fast_div(w, s["tok_mul"], s["tok_shift"])
-        r = w - tl * int(s["vecs_per_token"])
         h = fast_div(r, s["row_mul"], s["row_shift"])
         c = (r - h * int(s["vecs_per_row"])) * vec
-        t = int(p["token_begin"]) + tl
-        b = mem.i32(int(p["batch_indices"]), t)
-        pos = mem.i32(int(p["positions"]), t)
-        ok = (b >= 0) & (b < int(p["batch_size"])) & (pos >= 0)
-        bb = np.where(ok, b, 0)
-        first = mem.i32(int(p["kv_indptr"]), bb)
-        pages = mem.i32(int(p["kv_indptr"]), bb + 1) - first
-        last = mem.i32(int(p["kv_last_page_len"]), bb)
-        pi = fast_div(np.where(ok, pos, 0), p["page_mul"], p["page_shift"])
-        assert (pi[ok] == pos[ok] // int(p["page_size"])).all()
-        slot = pos - pi * int(p["page_size"])
-        ok &= (pi < pages) & ((pi < pages - 1) | (slot < last)) & (first >= 0) & (first + pi < int(p["num_indices"]))
-        page = mem.i32(int(p["kv_indices"]), np.where(ok, first + pi, 0))
-        ok &= (page >= 0) & (page < int(p["num_pages"]))
         src = int(s["src"]) + (t * int(s["src_s0"]) + h * int(s["src_s1"]) + c) * itemsize
         dst_el = page * int(s["dst_page"]) + slot * int(s["dst_slot"]) + h * int(s["dst_head"]) + c
         dst = int(s["dst"]) + dst_el * itemsize
-        mem.move(dst[ok], src[ok], 16)
+        live = ok & (r < int(s["vecs_per_token"]))
+        mem.move(dst[live], src[live], 16)
 
 
 def _append_case(rng, page_size, layout, as_tuple, dtype, head_dim_v=None):
@@ -155,7 +156,7 @@ def test_append_launch_emulated(rng, monkeypatch, page_size, layout, as_tuple, d
     launches = P.append_launches(a, sms=3)
     assert len(launches) == (1 if not max_work else -(-k.shape[0] // max(1, max_work // (2 * 2))))
     assert {x.name_expr for x in launches} == {S.append_instance(k.dtype.name)}
-    assert all(x.grid[0] <= 3 * S.APPEND_BLOCKS_PER_SM // 2 for x in launches)
+    assert all(x.grid[0] <= 3 * S.APPEND_BLOCKS_PER_SM for x in launches)
     mem = Memory(qkv, bidx, pos, indices, indptr, last, *(cache if as_tuple else (cache,)))
     for launch in launches:
         emulate_append(launch, mem, 2)
@@ -491,16 +492,55 @@ def test_packbits_kernel_paths_emulated(rng, offset):
     for j in range(full * 512, len(out)):
         out[j] = _pack8(_gather8(mem, offset, n, 8 * j, min(8, n - 8 * j)), little)
     np.testing.assert_array_equal(out, np.packbits(x, bitorder="little"))
-    seg = np.array([0, 5, 9, 0, 130, 1, 2000, 64, 3])
+    seg = np.array([0, 5, 9, 0, 130, 1, 2000, 64, 3, 9000, 4096, 0, 4097])
+    n = offset + int(seg.sum()) + 3
+    mem = np.zeros(n + 64, np.uint8)
+    mem[offset:n] = (rng.random(n - offset) < 0.5) * rng.integers(1, 256, n - offset)
+    x = mem[offset:n] != 0
     indptr = np.concatenate([[0], np.cumsum(seg)])
     new_indptr = np.concatenate([[0], np.cumsum((seg + 7) // 8)])
-    packed = np.zeros(new_indptr[-1], np.uint8)
-    for j in range(new_indptr[-1]):
-        s = max(i for i in range(len(seg)) if new_indptr[i] <= j)  # the kernel's binary search
-        a = indptr[s] + 8 * (j - new_indptr[s])
-        packed[j] = _pack8(_gather8(mem, offset, n, a, min(8, indptr[s + 1] - a)), little)
-    want, _ = cuinfer.segment_packbits(x[: indptr[-1]], indptr.astype(I32))
-    np.testing.assert_array_equal(packed, want)
+    for order in ("little", "big"):
+        packed = _emulate_segment_packbits(mem, offset, n - offset, indptr, new_indptr, order)
+        want, _ = cuinfer.segment_packbits(x[: indptr[-1]], indptr.astype(I32), bitorder=order)
+        np.testing.assert_array_equal(packed, want)
+
+
+def _emulate_segment_packbits(mem, base, n, indptr, new_indptr, order):
+    """packbits.cu's segment_packbits: a warp per 512-byte work item of a segment; 16-bit masks of the aligned
+    16-byte words (the address alignment is mem's: base stands for x's address), lane g's 128 bits from a funnel
+    shift, the tail zeroed, big order by reversing each byte's bits."""
+    chunk_ptr = PB.segment_chunks(new_indptr)
+    out = np.full(new_indptr[-1], 0xAA, np.uint8)
+    for w in range(int(chunk_ptr[-1])):
+        s = max(i for i in range(len(chunk_ptr) - 1) if chunk_ptr[i] <= w)
+        c = int(w - chunk_ptr[s])
+        a = int(indptr[s]) + 4096 * c
+        count = min(4096, int(indptr[s + 1]) - a)
+        o = int(new_indptr[s]) + 512 * c
+        sh = (base + a) % 16
+        aw = base + a - sh  # address (index into mem) of the aligned word holding element a
+        words = (sh + count + 15) // 16
+        assert words <= 9 * 32
+        masks = np.zeros(9 * 32, np.int64)
+        for k in range(words):
+            for e in range(16):  # the fast path reads whole words inside x; the edge path reads bytes inside x
+                if base <= aw + 16 * k + e < base + n and mem[aw + 16 * k + e]:
+                    masks[k] |= 1 << e
+        bits = 0
+        for k in range(9 * 32):
+            bits |= int(masks[k]) << (16 * k)
+        staged = np.zeros(512, np.uint8)
+        for g in range(32):
+            v = (bits >> (sh + 128 * g)) & ((1 << 128) - 1)
+            left = count - 128 * g
+            v &= (1 << max(0, min(128, left))) - 1
+            b = np.frombuffer(v.to_bytes(16, "little"), np.uint8)
+            if order == "big":  # bit k of each byte to bit 7 - k (the kernel's __brev and byte swap)
+                b = np.unpackbits(b, bitorder="little").reshape(16, 8)[:, ::-1].dot(1 << np.arange(8))
+            staged[16 * g : 16 * g + 16] = b
+        nbytes = (count + 7) // 8
+        out[o : o + nbytes] = staged[:nbytes]
+    return out
 
 
 def test_gpu_only_errors():

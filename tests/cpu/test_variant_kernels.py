@@ -107,6 +107,18 @@ VALUE_OUTPUT = Variant(
     output_transform="x * params.o_gain + 0.f * lse",
     params=(Param("v_scale", "f32", per="kv_head"), Param("o_gain", "f32")),
 )
+# A user key transform with a per-position state and no pos_advance (an xPos-like decay of k by position, per dim):
+# every key's pos_state computed exactly, in decode too. (With causal in the paged prefill kernel it spills 24 bytes at
+# 255 registers, exactly as the same transform written without pos_state, `x * fmath::ex2(float(pos) * state.rate)`:
+# that kernel's register pressure, not the hook's.)
+KEY_DECAY = Variant(
+    name="test_key_decay",
+    dim_state="state.rate = -float(dim + 1) * 1e-4f;",
+    state_fields="float rate;",
+    pos_fields="float scale;",
+    pos_state="kpos.scale = fmath::ex2(float(pos) * state.rate);",
+    key_transform="x * kpos.scale",
+)
 NEW_CHAINS = {
     "sinks": ("sinks",),
     "sigmoid": ("sigmoid",),
@@ -164,3 +176,29 @@ def test_a_typo_in_an_output_transform_names_the_functor_and_the_line():
     with pytest.raises(CompileError) as err:
         compile_spec(spec, "sm_90a")
     assert re.search(r'variant typo_out\.output_transform\(2\): error: .*"gian"', str(err.value)), str(err.value)[:2000]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("kind", ["decode-tc", "decode-cc", "prefill-ragged", "prefill-paged"])
+def test_a_pos_state_without_advance_compiles_into_every_kernel(kind):
+    chain = render((lookup("causal"), KEY_DECAY)) if kind.startswith("prefill") else render((KEY_DECAY,))
+    spec = _specs(chain)[kind]
+    mod = compile_spec(spec, "sm_90a")
+    for sym, r in mod.resources.items():
+        assert kind == "prefill-paged" or (r.spill_stores == 0 and r.stack_frame == 0), f"{sym}: {r}"
+    assert "kpos.scale = fmath::ex2(float(pos) * state.rate);" in spec.preamble
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("tensor_cores", [True, False], ids=["tc", "cc"])
+def test_rope_keys_take_one_exact_sin_cos_per_tile_and_thread_in_decode(tensor_cores):
+    """RoPE's key rotation (pos_state + pos_advance): sin / cos once per (key, dimension pair) and exact only at a
+    thread's first key of each tile, so per tile a thread issues 8 MUFU.SIN (one per dimension pair) however many
+    rows it transforms; the rest of the statically counted sines are the q rotation's (one per pair: q reuses the
+    kernel's DimStates) and the steps' (once per kernel)."""
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump not found")
+    spec = decode_spec(_decode_key(render((lookup("rope"),)), tensor_cores))
+    mod = compile_spec(spec, "sm_90a")
+    ops = disassemble(mod.cubin)[next(iter(mod.lowered.values()))]
+    assert sum(op.startswith("MUFU.SIN") for op in ops) == 8 + 8 + 8  # steps (per kernel), tile seeds, q (per item)

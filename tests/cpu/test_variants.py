@@ -137,6 +137,31 @@ def test_new_variant_fields_are_validated(kwargs, error, message):
         Variant(**kwargs)
 
 
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        pytest.param(dict(name="p1", query_transform="x", pos_state="kpos.a = 0.f;", pos_fields="float a;"),
+                     "pos_state is only used by key_transform", id="no-key-transform"),
+        pytest.param(dict(name="p2", key_transform="x", pos_fields="float a;"), "pos_fields without", id="fields"),
+        pytest.param(dict(name="p3", key_transform="x", pos_advance="kpos.a += step.a;"), "there is no pos_state",
+                     id="advance"),
+    ],
+)  # fmt: skip
+def test_pos_state_fields_are_validated(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Variant(**kwargs)
+
+
+def test_rope_renders_its_key_rotation_as_pos_state_and_pos_advance():
+    src = render((lookup("rope"),)).source
+    assert "struct PosState { float sn, cs; };" in src
+    assert "static constexpr bool kPosState = true;" in src and "static constexpr bool kPosAdvance = true;" in src
+    assert "PosState pos_state(const VP& v_, const DimState& state, int dim, int pos)" in src
+    # a transform without pos_state gets an empty PosState and never the flags
+    src = render((Variant(name="neg_k", key_transform="-x"),)).source
+    assert "struct PosState {  };" in src and "kPosState" not in src
+
+
 def test_array_params_are_validated():
     assert Param("s", "f32", per="qo_head").is_array and not Param("s").is_array
     with pytest.raises(ValueError, match="one element per qo_head / kv_head / request"):

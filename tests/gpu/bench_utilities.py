@@ -1,11 +1,18 @@
 """Lab timing of the memory-bound serving utilities on large inputs: GB/s and % of a device-to-device copy.
 
-    python tests/gpu/bench_utilities.py [--reps 30] [--dtype bfloat16] [--only append,rope,packbits]
+    python tests/gpu/bench_utilities.py [--reps 30] [--dtype bfloat16] [--only append,rope,packbits] [--kernels]
 
 A plain script, not a test (pytest collects test_*.py only). Needs torch with CUDA. Each timed run is preceded by a
-512 MB write that flushes the L2 (50 MB on an H200), so every run reads its inputs from DRAM; the figure is the
-median of ``--reps`` runs timed with CUDA events. Bytes are what the kernel must move at least (each input element
-read once, each output element written once); the copy baseline is ``torch.Tensor.copy_`` of a buffer of the same
+512 MB write that flushes the L2 (50 MB on an H200), so every run reads its inputs from DRAM, and by a ~1 ms GPU
+sleep enqueued before the start event: the host's work in the call (argument checks, launch) then overlaps the
+sleep instead of landing between the two events, where an idle GPU would count it as kernel time (a call whose host
+work outlasted the ~0.2 ms flush showed a third of its kernels' bandwidth that way). The host's time per call is
+printed beside, so it stays visible. segment_packbits reads indptr on the host (a synchronising copy), so its host
+work after that read is GPU idle time inside its figure. The figure is the median of ``--reps`` runs timed with CUDA
+events. ``--kernels`` times the kernels alone instead (the torch profiler's durations of cuinfer's kernels, and of
+the copy's, each the median over the runs, summed over a call's kernels): the GPU's side without any host work.
+Bytes are what the kernel must move at least (each input element read once, each output element written once); the
+copy baseline is ``torch.Tensor.copy_`` of a buffer of the same
 size, timed the same way, so "% copy" compares like with like.
 """
 
@@ -14,6 +21,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -25,23 +33,54 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import cuinfer  # noqa: E402
 
 FLUSH_BYTES = 512 << 20
+SLEEP_CYCLES = 2_000_000  # ~1 ms at the H200's ~2 GHz: longer than any call's host work
+_host_us: list[float] = []  # host time of the last timed() call's runs
 
 
 def timed(torch, fn: Callable[[], object], reps: int) -> float:
-    """Median milliseconds of fn over reps runs, each after an L2 flush."""
+    """Median milliseconds of fn over reps runs, each after an L2 flush and a GPU sleep that covers the host's part
+    of the call; the host's times go to ``_host_us``."""
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     fn()  # compile / load once
     torch.cuda.synchronize()
     times = []
+    _host_us.clear()
     for _ in range(reps):
         flush.fill_(1)
+        torch.cuda._sleep(SLEEP_CYCLES)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        t0 = time.perf_counter()
         fn()
+        _host_us.append((time.perf_counter() - t0) * 1e6)
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def kernel_timed(torch, fn: Callable[[], object], reps: int) -> float:
+    """Milliseconds of fn's GPU kernels alone (cuinfer's and device-to-device copies): per kernel name the median
+    profiler duration over reps runs, each after an L2 flush; summed over the names."""
+    from torch.profiler import ProfilerActivity, profile
+
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    _host_us.clear()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            flush.fill_(1)
+            t0 = time.perf_counter()
+            fn()
+            _host_us.append((time.perf_counter() - t0) * 1e6)
+        torch.cuda.synchronize()
+    runs: dict[str, list[float]] = {}
+    for ev in prof.profiler.kineto_results.events():
+        name = ev.name()
+        if ev.device_type() == torch.autograd.DeviceType.CUDA and ("cuinfer" in name or "Memcpy DtoD" in name):
+            runs.setdefault(name, []).append(ev.duration_ns() / 1e6)
+    return sum(statistics.median(v) for v in runs.values())
 
 
 def copy_gbps(torch, nbytes: int, reps: int) -> float:
@@ -52,9 +91,12 @@ def copy_gbps(torch, nbytes: int, reps: int) -> float:
     return 2 * src.numel() / ms / 1e6
 
 
-def report(name: str, nbytes: int, ms: float, copy: float) -> None:
+def report(name: str, nbytes: int, ms: float, copy: float, host_us: float) -> None:
     gbps = nbytes / ms / 1e6
-    print(f"{name:58s} {nbytes / 2**20:9.1f} MiB {ms * 1e3:9.1f} us {gbps:8.0f} GB/s {100 * gbps / copy:6.1f} % copy")
+    print(
+        f"{name:58s} {nbytes / 2**20:9.1f} MiB {ms * 1e3:9.1f} us {gbps:8.0f} GB/s {100 * gbps / copy:6.1f} % copy"
+        f" {host_us:8.1f} us host"
+    )
 
 
 def bench_append(torch, dtype, reps: int) -> None:
@@ -83,8 +125,9 @@ def bench_append(torch, dtype, reps: int) -> None:
         nbytes = 2 * 2 * k.numel() * k.element_size()  # read k, v; write them
         fn = partial(cuinfer.append_paged_kv_cache, k, v, bidx, pos, cache, perm, indptr, last, kv_layout=layout)
         ms = timed(torch, fn, reps)
+        host = statistics.median(_host_us)
         name = f"append nnz={nnz} H={hkv} D={d} page={page} {layout}{' fused-qkv' if fused else ''}"
-        report(name, nbytes, ms, copy_gbps(torch, nbytes, reps))
+        report(name, nbytes, ms, copy_gbps(torch, nbytes, reps), host)
 
 
 def bench_rope(torch, dtype, reps: int) -> None:
@@ -114,7 +157,8 @@ def bench_rope(torch, dtype, reps: int) -> None:
         elems = (hq + hk) * nnz * (r if inplace else d)  # in place, the pass-through dims are not touched
         nbytes = 2 * elems * q.element_size()
         ms = timed(torch, fn, reps)
-        report(f"rope nnz={nnz} Hq={hq} Hk={hk} D={d} {kind}", nbytes, ms, copy_gbps(torch, nbytes, reps))
+        host = statistics.median(_host_us)
+        report(f"rope nnz={nnz} Hq={hq} Hk={hk} D={d} {kind}", nbytes, ms, copy_gbps(torch, nbytes, reps), host)
 
 
 def bench_packbits(torch, reps: int) -> None:
@@ -122,13 +166,16 @@ def bench_packbits(torch, reps: int) -> None:
         x = torch.rand(n, device="cuda") < 0.5
         nbytes = n + (n + 7) // 8
         ms = timed(torch, partial(cuinfer.packbits, x), reps)
-        report(f"packbits n={n}", nbytes, ms, copy_gbps(torch, nbytes, reps))
+        host = statistics.median(_host_us)
+        report(f"packbits n={n}", nbytes, ms, copy_gbps(torch, nbytes, reps), host)
     seg = torch.full((4096,), (1 << 28) // 4096 - 3, dtype=torch.int32)
     indptr = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(seg, 0).to(torch.int32)]).cuda()
     x = torch.rand(int(indptr[-1]), device="cuda") < 0.5
     nbytes = x.numel() + x.numel() // 8
     ms = timed(torch, partial(cuinfer.segment_packbits, x, indptr), reps)
-    report("segment_packbits 4096 segments (includes the indptr read)", nbytes, ms, copy_gbps(torch, nbytes, reps))
+    host = statistics.median(_host_us)
+    name = "segment_packbits 4096 segments (includes the indptr read)"
+    report(name, nbytes, ms, copy_gbps(torch, nbytes, reps), host)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,14 +183,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16"))
     ap.add_argument("--only", default="append,rope,packbits")
+    ap.add_argument("--kernels", action="store_true", help="time the kernels alone (torch profiler), not the calls")
     args = ap.parse_args(argv)
     import torch
+
+    if args.kernels:
+        global timed
+        timed = kernel_timed
 
     if not torch.cuda.is_available():
         print("needs torch with a CUDA GPU", file=sys.stderr)
         return 2
     dtype = getattr(torch, args.dtype)
-    print(f"{torch.cuda.get_device_name()}  dtype={args.dtype}  reps={args.reps} (medians, L2 flushed)")
+    what = "kernels alone" if args.kernels else "calls"
+    print(f"{torch.cuda.get_device_name()}  dtype={args.dtype}  reps={args.reps} (medians of {what}, L2 flushed)")
     only = set(args.only.split(","))
     if "append" in only:
         bench_append(torch, dtype, args.reps)

@@ -70,7 +70,7 @@ def test_decode_config_and_work_reach_the_launch(lab_gpu, rng):
     w.run(_cuda((12, 32, 128)), (_cuda((4000, 16, 8, 128)), _cuda((4000, 16, 8, 128))))
     assert len(_launches(log)) == 1
     # warps_kv, warps_d, stages and CTAs per SM of the lab config in the kernel launched
-    assert w._launch_state.kernel.name.endswith(", 2, 1, 3, 2, Variant, false>")
+    assert w._launch_state.kernel.name.endswith(", 2, 1, 16, 3, 2, Variant, false>")
     assert w._plan.work.assign_mode == "cta-cut-experiment" and w._plan.work.num_ctas == 2 * 132
 
 

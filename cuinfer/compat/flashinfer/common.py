@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from cuinfer.interop.dtypes import as_dtype
+
 # The FlashInfer release whose signatures and semantics this package mirrors.
 FLASHINFER_API_VERSION = "0.7.2"
 LN2 = math.log(2.0)
@@ -91,6 +93,24 @@ def data_type(x: Any) -> Any:
     """A FlashInfer dtype argument (torch dtype or a torch attribute name such as 'float16' / 'half') for cuinfer."""
     if isinstance(x, str):
         return _DTYPE_ALIASES.get(x, x)
+    return x
+
+
+def kv_data_type(x: Any) -> Any:
+    """``data_type`` of a wrapper's ``kv_data_type``; fp8 raises: the wrappers do not route FlashInfer's fp8 scales to
+    cuinfer's fp8 kernels yet (the ragged prefill wrapper would drop them)."""
+    x = data_type(x)
+    if x is not None:
+        try:
+            fp8 = as_dtype(x).is_float8
+        except (TypeError, ValueError):  # (cuinfer's plan() names what it cannot read)
+            return x
+        if fp8:
+            raise not_covered(
+                f"kv_data_type={x}: an fp8 KV cache through the drop-in's wrappers",
+                "plan the fp8 cache with cuinfer.BatchDecode / cuinfer.BatchPrefill(kv_dtype=...) and pass k_scale / "
+                "v_scale to their run() (docs/fp8.md)",
+            )
     return x
 
 

@@ -130,7 +130,7 @@ class BatchDecodeWithPagedKVCacheWrapper(CompatWrapper):
         q_dtype = common.data_type(q_data_type)
         self._core.plan(
             indptr, indices, last_page_len, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-            page_size=page_size, q_dtype=q_dtype, kv_dtype=common.data_type(kv_data_type),
+            page_size=page_size, q_dtype=q_dtype, kv_dtype=common.kv_data_type(kv_data_type),
             o_dtype=common.data_type(o_data_type),
             fixed_split_size=common.split_options(fixed_split_size, disable_split_kv, page_size), **opts,
         )  # fmt: skip

@@ -76,7 +76,7 @@ class PrefillWrapper(CompatWrapper):
             *index_arrays, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim_qk,
             page_size=page_size, causal=bool(causal) and not has_mask, custom_mask=custom_mask,
             packed_custom_mask=packed_custom_mask, head_dim_vo=head_dim_vo, q_dtype=common.data_type(q_data_type),
-            kv_dtype=common.data_type(kv_data_type), o_dtype=common.data_type(o_data_type),
+            kv_dtype=common.kv_data_type(kv_data_type), o_dtype=common.data_type(o_data_type),
             fixed_split_size=common.split_options(fixed_split_size, disable_split_kv, page_size), **options,
         )  # fmt: skip
 

@@ -13,7 +13,10 @@ from cuinfer.formats.mask import host_array
 from cuinfer.interop import as_dtype
 from cuinfer.prefill import single_prefill
 
-_FP8_SCALES = "per-head fp8 scales need fp8 attention, which cuinfer does not have yet; use float16 / bfloat16 q, k, v"
+_FP8_SCALES = (
+    "per-head fp8 scales are not routed by the drop-in yet; call cuinfer.single_prefill with an fp8 k / v and "
+    "k_scale / v_scale (docs/fp8.md), or use float16 / bfloat16 q, k, v"
+)
 
 
 def single_prefill_with_kv_cache(

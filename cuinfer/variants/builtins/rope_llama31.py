@@ -5,11 +5,11 @@
 ``(1 - t) f_i / rope_scale + t f_i`` with ``t = (L / λ - low_freq_factor) / (high_freq_factor - low_freq_factor)``.
 Llama 3.1: ``rope_theta=5e5, rope_scale=8, low_freq_factor=1, high_freq_factor=4, original_max_position=8192``
 (``variant_params={"rope_llama31": {...}}``, ``LLAMA31`` below). The frequency is computed once per thread in double
-precision and carried as two floats, like ``rope``'s."""
+precision and carried as two floats, and keys rotate as ``rope``'s do (``KEY_ROTATION``)."""
 
 import math
 
-from cuinfer.variants.builtins.rope import ROTATE_HALF
+from cuinfer.variants.builtins.rope import KEY_ROTATION, ROTATE_HALF
 from cuinfer.variants.registry import register
 from cuinfer.variants.spec import Param, Variant
 
@@ -28,7 +28,7 @@ state.lo = float(g - double(state.hi));
 """,
         state_fields="float hi, lo;",
         query_transform=ROTATE_HALF,
-        key_transform=ROTATE_HALF,
+        **KEY_ROTATION,
         params=(
             Param("rope_theta", "f64"),
             Param("rope_scale", "f64"),

@@ -39,15 +39,32 @@
 // (RoPE); a sink is folded into each final row (finish_item, merge_split), an output transform applied to it; without
 // softmax (V::kSoftmax false) the keys' weights are summed (tile) and the pieces of a split row add up (merge_split).
 // kLse: the kernel writes lse.
+//
+// fp8 K/V (KV = __nv_fp8_e4m3 / __nv_fp8_e5m2, common/fp8.cuh): the pipeline copies the fp8 bytes as they are (16
+// elements per 16-byte copy, so a stage of the same bytes holds twice the tokens) and the math converts them in
+// registers: the CUDA-core kernel 8 elements at a time to fp32 (through float16), the tensor-core kernel ldmatrix
+// fragments to Q's 16-bit type (tile_fp8: each warp owns kWarpTokens = 32 tokens of a tile, the head dims of q·k in
+// the order the fp8 fragments give them, the P·V accumulators back in the usual order at the item's end). k_scale
+// and v_scale reach the kernels folded into sm_scale and v_scale, or as per-KV-head arrays (k_scales: the logits of
+// a tile, v_scales: o at the item's end). The variants' logits, masks, sinks, softmax=False and output transforms
+// apply as with 16-bit K/V; q / k and value transforms, which rewrite K / V tiles in shared memory, are refused for fp8
+// tiles (they would round the transformed keys / values back to fp8).
 #pragma once
 #include "attention/decode/math.cuh"
 #include "attention/decode/pipeline.cuh"
+#include "common/fp8.cuh"
 #include "debug/trace.cuh"
 #include "variants/apply.cuh"
 #include "variants/contract.cuh"
 
 namespace cuinfer {
 namespace decode {
+
+// fp8 scale arrays (DecodeParams k_scales / v_scales: float32, value h * stride for KV head h, null when the scales
+// were numbers and are folded into sm_scale / v_scale): the factor of KV head h, 1 without an array.
+__device__ __forceinline__ float head_scale(const void* a, int stride, int h) {
+  return a == nullptr ? 1.f : __ldg(static_cast<const float*>(a) + h * stride);
+}
 
 // ==================================================================================================================
 // CUDA-core kernel. kThreads = (D/8) x G x BDZ; each of the BDZ token slices holds TZ = T / BDZ tokens of a tile.
@@ -60,14 +77,51 @@ struct CudaCore {
   static_assert(BDX <= 32 && 32 % BDX == 0, "the dims of one head stay inside one warp");
   static constexpr int TZ = T / BDZ;
   static_assert(TZ * BDZ == T, "token slices split the tile evenly");
-  static_assert(BDZ == 1 || G <= TZ, "the merge of BDZ slices of G rows must fit in one KV stage");
+  // (BDZ x G fp32 rows of D in the 2 x T x D elements of K and V)
+  static_assert(BDZ == 1 || 2 * G <= TZ * int(sizeof(KV)),
+                "the merge of BDZ slices of G rows must fit in one KV stage");
   static constexpr int kSub = TZ < 8 ? TZ : 8;
   static_assert(TZ % kSub == 0, "slices hold whole sub-chunks");
+
+  // This thread's 8 dims (8 tx .. 8 tx + 7) of row r of a K or V tile: 16-bit rows hold them in chunk tx, fp8 rows in
+  // half tx % 2 of chunk tx / 2 (one 8-byte load, converted through float16). dot8: q · k; axpy8: o += w · v. (The
+  // 16-bit branches are the loops the 16-bit kernel always had, so its code stays as it was.)
+  static __device__ __forceinline__ float dot8(const KV* ks, int r, int tx, const float (&q)[8]) {
+    float acc = 0.f;
+    if constexpr (sizeof(KV) == 1) {
+      float x[8];
+      fp8::to_float8<KV>(*reinterpret_cast<const uint2*>(ks + Swizzle<D / 16>::slot(r, tx >> 1) * 16 + (tx & 1) * 8),
+                         x);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc = fmaf(q[i], x[i], acc);
+    } else {
+      Vec<KV, 8> kv;
+      kv.load(ks + Swizzle<BDX>::slot(r, tx) * 8);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc = fmaf(q[i], to_float(kv[i]), acc);
+    }
+    return acc;
+  }
+  static __device__ __forceinline__ void axpy8(const KV* vs, int r, int tx, float w, float (&o)[8]) {
+    if constexpr (sizeof(KV) == 1) {
+      float x[8];
+      fp8::to_float8<KV>(*reinterpret_cast<const uint2*>(vs + Swizzle<D / 16>::slot(r, tx >> 1) * 16 + (tx & 1) * 8),
+                         x);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[i] = fmaf(w, x[i], o[i]);
+    } else {
+      Vec<KV, 8> vv;
+      vv.load(vs + Swizzle<BDX>::slot(r, tx) * 8);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[i] = fmaf(w, to_float(vv[i]), o[i]);
+    }
+  }
 
   // The row of this thread's query head at the item's first tile, and its 8 dims of q (transformed at qpos).
   template <class VP>
   static __device__ __forceinline__ variant::Index load_q(const DecodeParams& p, const VP& v, const TileSlot<T>* cur,
-                                                          int tx, int ty, float (&q)[8]) {
+                                                          int tx, int ty, float (&q)[8],
+                                                          const typename V::DimState (&qst)[8]) {
     const int head = cur->kv_head * G + ty;
     const variant::Index ix{cur->req, 0, cur->kv_len - 1, head, cur->kv_head, 1, cur->kv_len, D};
     const Q* qrow = reinterpret_cast<const Q*>(p.q) + i64(cur->req) * p.q_stride_b + i64(head) * p.q_stride_h;
@@ -81,7 +135,7 @@ struct CudaCore {
       float partner[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) partner[i] = to_float(pv[i]);
-      variant::query_transform_chunk<V, D>(v, ix, tx, q, partner);
+      variant::query_transform_chunk<V, D>(v, ix, tx, q, partner, qst);
     }
     return ix;
   }
@@ -93,29 +147,21 @@ struct CudaCore {
   static __device__ __forceinline__ void tile(const DecodeParams& p, const VP& v, const variant::Index& ix,
                                               const KV* ks, const KV* vs, int start, int n_valid, int tx, int tz,
                                               const float (&q)[8], float (&o)[8], float& m, float& d) {
+    const float kscale = sizeof(KV) == 1 ? head_scale(p.k_scales, p.k_scales_stride, ix.kv_head) : 1.f;
 #pragma unroll 1
     for (int j0 = 0; j0 < TZ; j0 += kSub) {
       float s[kSub];
 #pragma unroll
       for (int j = 0; j < kSub; ++j) {
-        const int r = tz * TZ + j0 + j;
-        Vec<KV, 8> kv;
-        kv.load(ks + Swizzle<BDX>::slot(r, tx) * 8);
-        float acc = 0.f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc = fmaf(q[i], to_float(kv[i]), acc);
-        s[j] = acc;
+        s[j] = dot8(ks, tz * TZ + j0 + j, tx, q);
       }
       if constexpr (!V::kSoftmax) {
 #pragma unroll
         for (int j = 0; j < kSub; ++j) {
           const int r = tz * TZ + j0 + j;
-          const float w = weight<V>(p, v, ix, fmath::group_sum<BDX>(s[j]), start + r, r < n_valid);
+          const float w = weight<V>(p, v, ix, fmath::group_sum<BDX>(s[j]) * kscale, start + r, r < n_valid);
           d += w;
-          Vec<KV, 8> vv;
-          vv.load(vs + Swizzle<BDX>::slot(r, tx) * 8);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) o[i] = fmaf(w, to_float(vv[i]), o[i]);
+          axpy8(vs, r, tx, w, o);
         }
         continue;
       }
@@ -123,7 +169,7 @@ struct CudaCore {
 #pragma unroll
       for (int j = 0; j < kSub; ++j) {
         const int r = tz * TZ + j0 + j;
-        s[j] = logit<V>(p, v, ix, fmath::group_sum<BDX>(s[j]), start + r, r < n_valid);
+        s[j] = logit<V>(p, v, ix, fmath::group_sum<BDX>(s[j]) * kscale, start + r, r < n_valid);
         m_sub = fmaxf(m_sub, s[j]);
       }
       const float m_new = fmaxf(m, m_sub);
@@ -138,10 +184,7 @@ struct CudaCore {
         const int r = tz * TZ + j0 + j;
         const float pj = fmath::ex2(s[j] - base);
         d += pj;
-        Vec<KV, 8> vv;
-        vv.load(vs + Swizzle<BDX>::slot(r, tx) * 8);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) o[i] = fmaf(pj, to_float(vv[i]), o[i]);
+        axpy8(vs, r, tx, pj, o);
       }
     }
   }
@@ -203,7 +246,9 @@ template <typename Q, typename KV, typename O, int D, int G, int T, int kStages,
           bool kLse>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     batch_decode_cuda_core(const __grid_constant__ DecodeParams p, const __grid_constant__ VariantParams v) {
-  static_assert(sizeof(KV) == 2 && sizeof(Q) == 2, "16-bit q and KV");
+  static_assert(sizeof(Q) == 2 && (sizeof(KV) == 2 || fp8::IsFp8<KV>::value), "16-bit q, 16-bit or fp8 KV");
+  static_assert(!((V::kKeyTransform || V::kValueTransform) && sizeof(KV) == 1),
+                "key / value transforms of fp8 K / V tiles (in shared memory) are not supported");
   using K = CudaCore<Q, KV, O, D, G, T, kThreads, V, kLse>;
   using Pipe = Pipeline<KV, D, T, kStages, kThreads, V, G, G>;
 
@@ -217,8 +262,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   Pipe pipe;
   pipe.start(p, v, smem);
 
-  typename V::DimState kst[8];  // the key transform's states of this thread's dimension pairs (RoPE frequencies)
-  if constexpr (V::kKeyTransform) variant::pair_states<V, D>(v, threadIdx.x % (D / 16), kst);
+  variant::KeyStates<V, D, kThreads, T> kst;  // the key transform's states of this thread's dims (RoPE frequencies)
+  if constexpr (V::kKeyTransform || V::kQueryTransform) kst.init(v, threadIdx.x);
 
   float q[8], o[8];
   float m = neg_inf(), d = 0.f;
@@ -234,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     KV* vs = pipe.v_stage(n);
 
     if (flags & kFirst) {
-      ix = K::load_q(p, v, cur, tx, ty, q);
+      ix = K::load_q(p, v, cur, tx, ty, q, kst.s);
       m = neg_inf();
       d = 0.f;
 #pragma unroll
@@ -242,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
     if constexpr (V::kKeyTransform || V::kValueTransform) {
       if constexpr (V::kKeyTransform) {
-        variant::key_transform_tile<V, D, kThreads>(v, ix, ks, start, n_valid, kst, threadIdx.x);
+        kst.transform_tile(v, ix, ks, start, n_valid, threadIdx.x);
       }
       if constexpr (V::kValueTransform) {
         const variant::Index vix{cur->req, -1, -1, -1, cur->kv_head, 1, cur->kv_len, D};  // (no query: see contract)
@@ -252,22 +297,35 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
     K::tile(p, v, ix, ks, vs, start, n_valid, tx, tz, q, o, m, d);
     pipe.finish(p, n);
-    if (flags & kLast) K::finish_item(p, v, cur, ks, md, tx, ty, tz, o, m, d);
+    if (flags & kLast) {
+      if constexpr (sizeof(KV) == 1) {
+        const float vsc = head_scale(p.v_scales, p.v_scales_stride, cur->kv_head);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[i] *= vsc;
+      }
+      K::finish_item(p, v, cur, ks, md, tx, ty, tz, o, m, d);
+    }
   }
 }
 
 // ==================================================================================================================
-// Tensor-core kernel. kWarpsKV warps along the tile's tokens (16 each, T = 16 kWarpsKV), kWarpsD along the output
-// dims (each warp computes the whole 16x16 S of its tokens and P·V for D / kWarpsD dims). Rows of the query tile are
-// packed rows qo_tile*16 + r = the query heads of the KV head (rows >= G are zero and never written).
+// Tensor-core kernel. kWarpsKV warps along the tile's tokens (kWarpTokens each: 16 for 16-bit KV, 32 for fp8,
+// T = kWarpTokens kWarpsKV), kWarpsD along the output dims (each warp computes the whole S of its tokens and P·V for
+// D / kWarpsD dims). Rows of the query tile are packed rows qo_tile*16 + r = the query heads of the KV head (rows >= G
+// are zero and never written).
 // ==================================================================================================================
-template <typename Q, typename KV, typename O, int D, int G, int kWarpsKV, int kWarpsD, class V, bool kLse>
+template <typename Q, typename KV, typename O, int D, int G, int kWarpsKV, int kWarpsD, int kWarpTokens, class V,
+          bool kLse>
 struct TensorCore {
+  static constexpr bool kFp8 = sizeof(KV) == 1;
   static constexpr int kThreads = 32 * kWarpsKV * kWarpsD;
-  static constexpr int T = 16 * kWarpsKV;
+  static constexpr int T = kWarpTokens * kWarpsKV;
   static constexpr int DW = D / kWarpsD;  // output dims per warp
   static_assert(DW % 16 == 0, "each warp owns whole 16-dim blocks of the output");
-  static constexpr int kChunks = D / 8;
+  static_assert(kFp8 ? kWarpTokens % 32 == 0 && DW % 32 == 0 : kWarpTokens == 16,
+                "16-bit KV: 16 tokens per warp; fp8: multiples of 32 tokens and of 32 output dims per warp");
+  static constexpr int kChunks = D / 8;       // 16-byte chunks of a 16-bit row (q)
+  static constexpr int kChunks8 = D / 16;     // ... of an fp8 row (K, V)
 
   // The row of query head qo_head of the item (a padding row, past the group, takes the group's last head).
   static __device__ __forceinline__ variant::Index row(const TileSlot<T>* cur, int qo_head) {
@@ -279,7 +337,7 @@ struct TensorCore {
   // fragments.
   template <class VP>
   static __device__ __forceinline__ void load_q(const DecodeParams& p, const VP& v, const TileSlot<T>* cur, Q* qs,
-                                                u32 (&qf)[D / 16][4]) {
+                                                u32 (&qf)[D / 16][4], const typename V::DimState (&qst)[8]) {
     const int row0 = cur->qo_tile * 16;  // packed row of the tile's row 0 = head in group
     const Q* qb = reinterpret_cast<const Q*>(p.q) + i64(cur->req) * p.q_stride_b + i64(cur->kv_head * G) * p.q_stride_h;
     if constexpr (V::kQueryTransform) {
@@ -299,8 +357,8 @@ struct TensorCore {
 #pragma unroll
           for (int i = 0; i < 8; ++i) xr[i] = x[i], yr[i] = y[i];
           const variant::Index ix = row(cur, cur->kv_head * G + row0 + r);
-          variant::query_transform_chunk<V, D>(v, ix, c, xr, y);
-          variant::query_transform_chunk<V, D>(v, ix, c + kChunks / 2, yr, x);
+          variant::query_transform_chunk<V, D>(v, ix, c, xr, y, qst);  // (c = threadIdx.x % (D/16): qst's pairs)
+          variant::query_transform_chunk<V, D>(v, ix, c + kChunks / 2, yr, x, qst);
 #pragma unroll
           for (int i = 0; i < 8; ++i) lo[i] = from_float<Q>(xr[i]), hi[i] = from_float<Q>(yr[i]);
         }
@@ -319,9 +377,19 @@ struct TensorCore {
     __syncthreads();
     const u32 qbase = mma::smem_addr(qs);
     const int lane = threadIdx.x % 32;
+    if constexpr (kFp8) {  // the head dims in the order of the fp8 K fragments (common/fp8.cuh)
+      const int g = lane / 4, t = lane % 4;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      mma::ldmatrix_x4(qf[kk], qbase + Swizzle<kChunks>::byte_offset(lane % 16, 2 * kk + lane / 16));
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const u32 off = (t & 1) * 8;
+        fp8::q_frag_fp8k(qf[kk], qbase + Swizzle<kChunks>::byte_offset(g, 2 * kk + (t >> 1)) + off,
+                         qbase + Swizzle<kChunks>::byte_offset(g + 8, 2 * kk + (t >> 1)) + off);
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        mma::ldmatrix_x4(qf[kk], qbase + Swizzle<kChunks>::byte_offset(lane % 16, 2 * kk + lane / 16));
+    }
   }
 
   // S = Q K^T for this warp's 16 tokens, the online softmax (softmax(); without softmax the variant's weights, summed)
@@ -332,9 +400,13 @@ struct TensorCore {
                                               const KV* ks, const KV* vs, int start, int n_valid,
                                               const u32 (&qf)[D / 16][4], float (&oacc)[DW / 8][4], float (&m)[2],
                                               float (&dsum)[2]) {
+    if constexpr (kFp8) {
+      tile_fp8(p, v, cur, ks, vs, start, n_valid, qf, oacc, m, dsum);
+      return;
+    }
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wkv = warp % kWarpsKV, wd = warp / kWarpsKV;
-    const int gid = lane / 4, tig = lane % 4;
+    const int gid = lane / 4;
     float s[2][4];  // two n8 tiles: tokens 0-7, 8-15 of the warp
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
@@ -351,15 +423,7 @@ struct TensorCore {
     if constexpr (V::kSoftmax) {
       softmax(p, v, ix, s, start, n_valid, oacc, m, dsum);
     } else {
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = wkv * 16 + nt * 8 + 2 * tig + (e & 1);
-          s[nt][e] = weight<V>(p, v, ix[e / 2], s[nt][e], start + r, r < n_valid);
-          dsum[e / 2] += s[nt][e];
-        }
-      }
+      weights(p, v, ix, s, start, n_valid, dsum);
     }
     u32 pa[4];
     mma::frag_c_to_a<Q>(pa, s[0], s[1]);
@@ -373,21 +437,21 @@ struct TensorCore {
     }
   }
 
-  // The online softmax of this warp's S (rows gid and gid + 8 of the tile, keys start + wkv * 16 ...): logits through
-  // the variant, max, rescale of o and the row sums, S -> P in place.
-  template <class VP>
+  // The online softmax of this warp's S (NT n8 tiles: rows gid and gid + 8 of the tile, keys start + wkv *
+  // kWarpTokens ...): logits through the variant, max, rescale of o and the row sums, S -> P in place.
+  template <int NT, class VP>
   static __device__ __forceinline__ void softmax(const DecodeParams& p, const VP& v, const variant::Index (&ix)[2],
-                                                 float (&s)[2][4], int start, int n_valid, float (&oacc)[DW / 8][4],
+                                                 float (&s)[NT][4], int start, int n_valid, float (&oacc)[DW / 8][4],
                                                  float (&m)[2], float (&dsum)[2]) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wkv = warp % kWarpsKV;
     const int tig = lane % 4;
     float mx[2] = {neg_inf(), neg_inf()};
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
+    for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int r = wkv * 16 + nt * 8 + 2 * tig + (e & 1);
+        const int r = wkv * kWarpTokens + nt * 8 + 2 * tig + (e & 1);
         s[nt][e] = logit<V>(p, v, ix[e / 2], s[nt][e], start + r, r < n_valid);
         mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
       }
@@ -402,7 +466,7 @@ struct TensorCore {
       dsum[h] *= scale[h];
     }
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
+    for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         s[nt][e] = fmath::ex2(s[nt][e] - base[e / 2]);
@@ -418,15 +482,103 @@ struct TensorCore {
     }
   }
 
+  // Without softmax: the variant's weights of this warp's S (NT n8 tiles), in place, summed into the row sums.
+  template <int NT, class VP>
+  static __device__ __forceinline__ void weights(const DecodeParams& p, const VP& v, const variant::Index (&ix)[2],
+                                                 float (&s)[NT][4], int start, int n_valid, float (&dsum)[2]) {
+    const int wkv = (threadIdx.x / 32) % kWarpsKV, tig = threadIdx.x % 4;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = wkv * kWarpTokens + nt * 8 + 2 * tig + (e & 1);
+        s[nt][e] = weight<V>(p, v, ix[e / 2], s[nt][e], start + r, r < n_valid);
+        dsum[e / 2] += s[nt][e];
+      }
+    }
+  }
+
+  // tile() for fp8 K/V: S for this warp's kWarpTokens tokens (kNT n8 tiles; K fragments from one ldmatrix per 32 keys
+  // and k-step) times the KV head's k scale, the online softmax or the weights as in tile(), then P·V a 16-token
+  // k-step at a time (V fragments from one ldmatrix.trans per 16 tokens and 32 output dims; the accumulators in the
+  // even / odd order of fp8::v_frag).
+  template <class VP>
+  static __device__ __forceinline__ void tile_fp8(const DecodeParams& p, const VP& v, const TileSlot<T>* cur,
+                                                  const KV* ks, const KV* vs, int start, int n_valid,
+                                                  const u32 (&qf)[D / 16][4], float (&oacc)[DW / 8][4], float (&m)[2],
+                                                  float (&dsum)[2]) {
+    constexpr int kNT = kWarpTokens / 8;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wkv = warp % kWarpsKV, wd = warp / kWarpsKV;
+    const int gid = lane / 4;
+    float s[kNT][4];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    const u32 kbase = mma::smem_addr(ks);
+#pragma unroll
+    for (int kg = 0; kg < kWarpTokens / 32; ++kg) {
+      // lanes 8i .. 8i+7 address keys 8i .. 8i+7 of this group of 32: register i is n8 tile 4 kg + i
+      const u32 a0 = kbase + Swizzle<kChunks8>::byte_offset(wkv * kWarpTokens + kg * 32 + lane, 0);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        u32 r[4];
+        mma::ldmatrix_x4(r, ChunkAddr<kChunks8>::at(a0, kk));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          u32 b[2];
+          fp8::k_frag<Q, KV>(r[i], b);
+          mma::mma_m16n8k16<Q>(s[4 * kg + i], qf[kk], b);
+        }
+      }
+    }
+    const int h0 = cur->kv_head * G + cur->qo_tile * 16 + gid;  // query heads of this thread's rows: h0, h0 + 8
+    const variant::Index ix[2] = {row(cur, h0), row(cur, h0 + 8)};
+    const float ksc = head_scale(p.k_scales, p.k_scales_stride, cur->kv_head);
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) s[nt][0] *= ksc, s[nt][1] *= ksc, s[nt][2] *= ksc, s[nt][3] *= ksc;
+    if constexpr (V::kSoftmax) {
+      softmax(p, v, ix, s, start, n_valid, oacc, m, dsum);
+    } else {
+      weights(p, v, ix, s, start, n_valid, dsum);
+    }
+    const u32 vbase = mma::smem_addr(vs);
+    // lanes 8i .. 8i+7: tokens 8 (i % 2) .. + 7 of a 16-token step, chunk 2 s + i / 2
+    const u32 va = LdmatrixAddr<kChunks8>::make(vbase, wkv * kWarpTokens + lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
+#pragma unroll
+    for (int st = 0; st < kWarpTokens / 16; ++st) {
+      u32 pa[4];
+      mma::frag_c_to_a<Q>(pa, s[2 * st], s[2 * st + 1]);
+#pragma unroll
+      for (int cp = 0; cp < DW / 32; ++cp) {
+        u32 r[4];
+        mma::ldmatrix_x4_trans(r, LdmatrixAddr<kChunks8>::at(va, (wd * DW) / 32 + cp, st * 16));
+        u32 e0, o0, e1, o1, e2, o2, e3, o3;
+        fp8::v_frag<Q, KV>(r[0], e0, o0);  // tokens 0-7, chunk 2 cp
+        fp8::v_frag<Q, KV>(r[1], e1, o1);  // tokens 8-15
+        fp8::v_frag<Q, KV>(r[2], e2, o2);  // tokens 0-7, chunk 2 cp + 1
+        fp8::v_frag<Q, KV>(r[3], e3, o3);
+        const u32 be[2] = {e0, e1}, bo[2] = {o0, o1}, be2[2] = {e2, e3}, bo2[2] = {o2, o3};
+        mma::mma_m16n8k16<Q>(oacc[4 * cp + 0], pa, be);
+        mma::mma_m16n8k16<Q>(oacc[4 * cp + 1], pa, bo);
+        mma::mma_m16n8k16<Q>(oacc[4 * cp + 2], pa, be2);
+        mma::mma_m16n8k16<Q>(oacc[4 * cp + 3], pa, bo2);
+      }
+    }
+  }
+
   // The item's last tile: merge the warps' states through this tile's stage (free once every warp is done reading
   // it), write o / lse or the partial rows, and run the split merge when this is the unit's last piece.
   template <class VP>
   static __device__ __forceinline__ void finish_item(const DecodeParams& p, const VP& v, const TileSlot<T>* cur,
-                                                     KV* ks, float* md, const float (&oacc)[DW / 8][4],
-                                                     const float (&m)[2], const float (&dsum)[2]) {
+                                                     KV* ks, float* md, float (&oacc)[DW / 8][4], const float (&m)[2],
+                                                     const float (&dsum)[2]) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wkv = warp % kWarpsKV, wd = warp / kWarpsKV;
     const int gid = lane / 4, tig = lane % 4;
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int c = 0; c < DW / 16; ++c) fp8::pv_acc_to_natural(oacc[2 * c], oacc[2 * c + 1], tig);
+    }
     __syncthreads();  // every warp is done reading this tile's stage: reuse it as merge scratch
     float* os = reinterpret_cast<float*>(ks);  // [kWarpsKV][16][D]
     const float d0 = mma::quad_sum(dsum[0]), d1 = mma::quad_sum(dsum[1]);
@@ -478,16 +630,18 @@ struct TensorCore {
   }
 };
 
-template <typename Q, typename KV, typename O, int D, int G, int kWarpsKV, int kWarpsD, int kStages, int kMinBlocks,
-          class V, bool kLse>
+template <typename Q, typename KV, typename O, int D, int G, int kWarpsKV, int kWarpsD, int kWarpTokens, int kStages,
+          int kMinBlocks, class V, bool kLse>
 __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
     batch_decode_tensor_core(const __grid_constant__ DecodeParams p, const __grid_constant__ VariantParams v) {
-  static_assert(is_same<Q, KV>::value, "tensor cores take q and KV of one 16-bit type");
-  static_assert(sizeof(KV) == 2, "16-bit KV");
-  using K = TensorCore<Q, KV, O, D, G, kWarpsKV, kWarpsD, V, kLse>;
+  static_assert(is_same<Q, KV>::value || fp8::IsFp8<KV>::value,
+                "tensor cores take q and KV of one 16-bit type, or fp8 KV converted to q's type");
+  static_assert(!((V::kKeyTransform || V::kValueTransform) && sizeof(KV) == 1),
+                "key / value transforms of fp8 K / V tiles (in shared memory) are not supported");
+  using K = TensorCore<Q, KV, O, D, G, kWarpsKV, kWarpsD, kWarpTokens, V, kLse>;
   constexpr int T = K::T;
   using Pipe = Pipeline<KV, D, T, kStages, K::kThreads, V, G, 16>;
-  static_assert(Pipe::kStageBytes == 16LL * kWarpsKV * D * 4, "the merge scratch is exactly one KV stage");
+  static_assert(Pipe::kStageBytes >= 16LL * kWarpsKV * D * 4, "the merge scratch fits in one KV stage");
 
   extern __shared__ __align__(128) unsigned char smem[];
   Q* qs = reinterpret_cast<Q*>(smem + Pipe::kBytes);                               // [16][D], swizzled
@@ -499,8 +653,11 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
   pipe.start(p, v, smem);
   CUINFER_DECODE_STAMP(2);
 
-  typename V::DimState kst[8];  // the key transform's states of this thread's dimension pairs (RoPE frequencies)
-  if constexpr (V::kKeyTransform) variant::pair_states<V, D>(v, threadIdx.x % (D / 16), kst);
+  // The key transform's states of this thread's dims (RoPE frequencies). With one warp along the dims and no value
+  // transform each warp rotates the 16 keys only it reads, and a warp barrier replaces the block's.
+  constexpr bool kWarpKeys = kWarpsD == 1 && !V::kValueTransform;
+  variant::KeyStates<V, D, kWarpKeys ? 32 : K::kThreads, kWarpKeys ? 16 : T> kst;
+  if constexpr (V::kKeyTransform || V::kQueryTransform) kst.init(v, threadIdx.x);
 
   u32 qf[D / 16][4];
   float oacc[K::DW / 8][4];
@@ -522,7 +679,7 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
     KV* vs = pipe.v_stage(n);
 
     if (flags & kFirst) {
-      K::load_q(p, v, cur, qs, qf);
+      K::load_q(p, v, cur, qs, qf, kst.s);
       m[0] = m[1] = neg_inf();
       dsum[0] = dsum[1] = 0.f;
 #pragma unroll
@@ -530,19 +687,29 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
     }
     if constexpr (V::kKeyTransform || V::kValueTransform) {
       if constexpr (V::kKeyTransform) {
-        variant::key_transform_tile<V, D, K::kThreads>(v, K::row(cur, cur->kv_head * G), ks, start, n_valid, kst,
-                                                       threadIdx.x);
+        const int w = kWarpKeys ? threadIdx.x / 32 : 0;  // (keys 16w.. of the tile: warp w's)
+        kst.transform_tile(v, K::row(cur, cur->kv_head * G), ks + w * 16 * D, start + 16 * w, n_valid - 16 * w,
+                           kWarpKeys ? threadIdx.x % 32 : threadIdx.x);
       }
       if constexpr (V::kValueTransform) {
         const variant::Index vix{cur->req, -1, -1, -1, cur->kv_head, 1, cur->kv_len, D};  // (no query: see contract)
         variant::value_transform_tile<V, D, K::kThreads>(v, vix, vs, start, n_valid, threadIdx.x);
       }
-      __syncthreads();
+      if constexpr (kWarpKeys) {
+        __syncwarp();
+      } else {
+        __syncthreads();
+      }
     }
     K::tile(p, v, cur, ks, vs, start, n_valid, qf, oacc, m, dsum);
     pipe.finish(p, n);
     if (flags & kLast) {
       CUINFER_DECODE_STAMP(4);
+      if constexpr (K::kFp8) {
+        const float vsc = head_scale(p.v_scales, p.v_scales_stride, cur->kv_head);
+#pragma unroll
+        for (int j = 0; j < K::DW / 8; ++j) oacc[j][0] *= vsc, oacc[j][1] *= vsc, oacc[j][2] *= vsc, oacc[j][3] *= vsc;
+      }
       K::finish_item(p, v, cur, ks, md, oacc, m, dsum);
     }
   }

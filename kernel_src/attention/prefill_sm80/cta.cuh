@@ -15,8 +15,9 @@ enum InfoField : int { kIKvBase, kIKvHead, kIQShift, kIKvLen, kIRow0, kIReq, kIN
 // A warp's own ints (kWarpInts per warp, after the info block): its masking bounds and its copy facts.
 //   kWUpper: keys >= this need the upper mask in some row; kWSkip: keys >= this are masked in every row (skip);
 //   kWLower: keys < this need the lower mask in some row; kWBelow: keys < this are masked in every row;
-//   kWKvBase, kWKvHead: kv_base and kvh for this warp's copies (readable before a barrier: its lane 0 wrote them).
-enum WarpField : int { kWUpper, kWSkip, kWLower, kWBelow, kWKvBase, kWKvHead };
+//   kWKvBase, kWKvHead: kv_base and kvh for this warp's copies (readable before a barrier: its lane 0 wrote them);
+//   kWKScale, kWVScale (fp8 K/V): the item's factors of the k / v scale arrays (float bits, 1 without arrays).
+enum WarpField : int { kWUpper, kWSkip, kWLower, kWBelow, kWKvBase, kWKvHead, kWKScale, kWVScale };
 
 template <class C> struct Cta {
   // Paired blocks: thread group wg (the kThreads threads from wg * kThreads) is CTA 2 blockIdx.x + wg of the plan's
@@ -34,12 +35,18 @@ template <class C> struct Cta {
   int tid, lane, wq, wkv;
   int warp_row0;  // first tile row of this warp
   int warp_col0;  // first key of this warp within a KV tile
-  // ldmatrix lane addresses for k-step 0 (item independent): A from Q, B from K (n-major), B from V (k-major, .trans)
-  u32 q_lane, k_lane, v_lane;
+  // ldmatrix lane addresses for k-step 0 (item independent): A from Q, B from K (n-major), B from V (k-major, .trans).
+  // fp8 K/V: q8_lane is the 8-byte Q fragment address of mainloop.cuh qk_tile_fp8 (row g, dims 4t .. 4t+3) and k_lane
+  // the address of key `lane` of the warp's slice at chunk 0.
+  u32 q_lane, k_lane, v_lane, q8_lane;
   // Copy mapping: thread -> chunks (tid % 8) + 8c of rows (tid / 8) + kRowsPerPass * i. Every row it touches has the
   // same row % 8, so its swizzled smem offsets are one base plus immediates: cp_qk_dst + i * pass + c * 128.
   int cp_row, cp_chunk;
   u32 cp_qk_dst, cp_vo_dst;
+  // fp8 K / V copies (16-bit K / V use cp_row, cp_chunk, cp_qk_dst, cp_vo_dst): row kv_row + kKVRowsPerPass * i,
+  // chunks kv_chunk + 8c; cp_k_dst / cp_v_dst their swizzled offsets (Loader::kv_row() etc. pick the set).
+  int kv_row, kv_chunk;
+  u32 cp_k_dst, cp_v_dst;
 
   __device__ __forceinline__ void init(unsigned char* smem_block) {
     constexpr int NT = C::kThreads, GROUPS = C::kGroups, MMA_Q = C::kMmaQ, MMA_KV = C::kMmaKV;
@@ -60,13 +67,25 @@ template <class C> struct Cta {
     warp_row0 = wq * MMA_Q * 16;
     warp_col0 = wkv * MMA_KV * 16;
     using LdQK = LdmatrixAddr<C::kChunksQK>;
-    using LdVO = LdmatrixAddr<C::kChunksVO>;
+    using LdVO = LdmatrixAddr<C::kChunksVMma>;
     q_lane = LdQK::make(q_smem, warp_row0 + lane % 16, lane / 16);
-    k_lane = LdQK::make(k_smem, warp_col0 + lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
-    v_lane = LdVO::make(v_smem, warp_col0 + lane % 16, lane / 16);
+    if constexpr (C::kKV8 && !C::kConvert) {
+      q8_lane = LdQK::make(q_smem, warp_row0 + lane / 4, (lane % 4) / 2) + (lane % 2) * 8;
+      k_lane = k_smem + Swizzle<C::kChunksK>::byte_offset(warp_col0 + lane, 0);
+    } else {  // (kConvert: the 16-bit K and V tiles, one each)
+      const u32 k16 = C::kConvert ? smem_base + C::kK16Off : k_smem;
+      k_lane = LdQK::make(k16, warp_col0 + lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
+    }
+    // (fp8 .trans x4: the same rows and halves)
+    v_lane = LdVO::make(C::kConvert ? smem_base + C::kV16Off : v_smem, warp_col0 + lane % 16, lane / 16);
     cp_row = tid / 8, cp_chunk = tid % 8;
     cp_qk_dst = cp_row * (C::kChunksQK * 16) + ((cp_chunk ^ (cp_row % 8)) * 16);
     cp_vo_dst = cp_row * (C::kChunksVO * 16) + ((cp_chunk ^ (cp_row % 8)) * 16);
+    if constexpr (C::kKV8) {
+      kv_row = tid / C::kKVThreadsPerRow, kv_chunk = tid % C::kKVThreadsPerRow;
+      cp_k_dst = Swizzle<C::kChunksK>::byte_offset(kv_row, kv_chunk);
+      cp_v_dst = Swizzle<C::kChunksVO>::byte_offset(kv_row, kv_chunk);
+    }
   }
 
   // The group's barrier: named barrier 1 + wg of its kThreads threads in a paired block, else the block's.

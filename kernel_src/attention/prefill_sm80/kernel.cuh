@@ -46,6 +46,12 @@
 namespace cuinfer {
 namespace prefill {
 
+// fp8 scale arrays (PrefillParams k_scales / v_scales: float32, value h * stride for KV head h; null when the scales
+// were numbers, folded into sm_scale and v_scale): the factor of KV head h, 1 without an array.
+__device__ __forceinline__ float head_scale(const void* a, int stride, int h) {
+  return a == nullptr ? 1.f : __ldg(static_cast<const float*>(a) + h * stride);
+}
+
 // The facts of the item being run.
 struct ItemFacts {
   int b, row0, kvh, kv_start, kv_end, qo_base, qo_len, kv_base, kv_len;
@@ -163,12 +169,123 @@ __device__ __forceinline__ void write_warp_bounds(const P& p, const VP& v, const
     V::key_range(v, first, lo_first, hi_first);
     V::key_range(v, last, lo_last, hi_last);
     wb[kWKvBase] = f.kv_base, wb[kWKvHead] = f.kvh;
+    if constexpr (C::kKV8) {
+      wb[kWKScale] = __float_as_int(head_scale(p.k_scales, p.k_scales_stride, f.kvh));
+      wb[kWVScale] = __float_as_int(p.v_scale * head_scale(p.v_scales, p.v_scales_stride, f.kvh));
+    }
     wb[kWUpper] = hi_first;
     wb[kWSkip] = warp_first >= packed_rows ? -2147483647 : hi_last;
     wb[kWLower] = lo_last;
     wb[kWBelow] = lo_first;
   }
   __syncwarp();
+}
+
+// fp8 K/V, kConvert: the CTA converts the K (kIsK) or V tile in buffer `stage` into the 16-bit tile the 16-bit math
+// reads (traits.cuh), each 16-byte chunk of 16 fp8 elements into two chunks of 8, both layouts swizzled
+// (common/swizzle.cuh); rows past the item's end were zero-filled by the copy and stay zero. Between two barriers.
+template <class C, bool kIsK> __device__ __forceinline__ void convert_tile(const Cta<C>& c, int stage) {
+  using T = typename C::DTypeQ;
+  using F8 = typename C::DTypeKV;
+  constexpr int D = kIsK ? C::kHeadDimQK : C::kHeadDimVO, C8 = D / 16, C16 = D / 8;
+  constexpr int kItems = C::kTileKV * C16;  // 8-element pieces: half an fp8 chunk in, one 16-bit chunk out
+  const unsigned char* src = c.smem + (kIsK ? C::kKOff + stage * C::kKBytes : C::kVOff + stage * C::kVBytes);
+  unsigned char* dst = c.smem + (kIsK ? C::kK16Off : C::kV16Off);
+  // (one piece at a time, the loop rolled: the accumulators and, for V, the P fragments hold the registers here)
+#pragma unroll 1
+  for (int it = c.tid; it < kItems; it += C::kThreads) {
+    const int r = it / C16, h = it % C16;  // 16-bit chunk h of row r = half h % 2 of fp8 chunk h / 2
+    const uint2 x = *reinterpret_cast<const uint2*>(src + Swizzle<C8>::byte_offset(r, h / 2) + (h % 2) * 8);
+    *reinterpret_cast<uint4*>(dst + Swizzle<C16>::byte_offset(r, h)) =
+        make_uint4(fp8::pair<T, F8, 0, 1>(x.x), fp8::pair<T, F8, 2, 3>(x.x), fp8::pair<T, F8, 0, 1>(x.y),
+                   fp8::pair<T, F8, 2, 3>(x.y));
+  }
+}
+
+// fp8 K/V: the per-KV-head k scale of a scale array (1 without one: the common case costs one compare per tile).
+template <class C> __device__ __forceinline__ void scale_scores(float (&s)[C::kMmaQ][2 * C::kMmaKV][4], float k) {
+  if (k == 1.f) return;
+#pragma unroll
+  for (int mq = 0; mq < C::kMmaQ; ++mq) {
+#pragma unroll
+    for (int j = 0; j < 2 * C::kMmaKV; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mq][j][e] *= k;
+    }
+  }
+}
+
+// fp8 K/V, after the item's last tile: the output accumulators scaled by v_scale (the number times the per-KV-head
+// value of a scale array) and, when each warp converted its own V fragments (not kConvert), moved back to the usual C
+// layout. Cross-item kernels with the staged epilogue (sm_90) move them through the warp's own Q rows (free once its
+// last S is computed: in that mode only the warp itself copies into them, after its epilogue), one 16-row block and
+// kPiece chunks at a time, with no registers beyond the accumulators; the others exchange them in registers
+// (fp8::pv_acc_to_natural: 4 shuffles per 4 values), which at 255 registers would spill.
+template <class C> __device__ __forceinline__ void finish_fp8_o(const Cta<C>& c, float (&o)[C::kMmaQ][C::kHeadDimVO / 8][4]) {
+  constexpr int MMA_Q = C::kMmaQ, DVO = C::kHeadDimVO;
+  const float vs = __int_as_float(c.warp_ints()[kWVScale]);
+  const int g = c.lane / 4, t = c.lane % 4;
+  if constexpr (C::kConvert) {
+#pragma unroll
+    for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+      for (int j = 0; j < DVO / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[mq][j][e] *= vs;
+      }
+    }
+  } else if constexpr (C::kStagedEpi) {
+    constexpr int kPitchQ = C::kChunksQK * 16;                     // bytes of a Q row
+    constexpr int kRegion = MMA_Q * 16 * kPitchQ;                  // the warp's Q rows
+    constexpr int kPiece = kRegion / 1024 < DVO / 16 ? kRegion / 1024 : DVO / 16;  // chunks per pass (16 x 16 x 4 B)
+    static_assert(kPiece >= 1 && (DVO / 16) % kPiece == 0, "the warp's Q rows hold whole passes");
+    constexpr int kUnits = 4 * kPiece;  // 16-byte units of a row of one pass
+    unsigned char* buf = c.smem + c.warp_row0 * kPitchQ;
+#pragma unroll
+    for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+      for (int c0 = 0; c0 < DVO / 16; c0 += kPiece) {
+        __syncwarp();
+#pragma unroll
+        for (int cc = 0; cc < kPiece; ++cc) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {  // thread t holds dims 16 c + 4t .. 4t+3 of rows g (h = 0) and g + 8
+            const int r = g + 8 * h, swz = (r & 1) << 2;  // (units XOR 4 on odd rows: 8 lanes, 8 bank groups)
+            const float* e = o[mq][2 * (c0 + cc)];
+            const float* od = o[mq][2 * (c0 + cc) + 1];
+            *reinterpret_cast<float4*>(buf + (r * kUnits + ((4 * cc + t) ^ swz)) * 16) =
+                make_float4(e[2 * h] * vs, od[2 * h] * vs, e[2 * h + 1] * vs, od[2 * h + 1] * vs);
+          }
+        }
+        __syncwarp();
+#pragma unroll
+        for (int cc = 0; cc < kPiece; ++cc) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {  // the usual layout: dims 16c + 2t + {0, 1} and 16c + 8 + 2t + {0, 1}
+            const int r = g + 8 * h, swz = (r & 1) << 2;
+            const float2 lo = *reinterpret_cast<const float2*>(buf + (r * kUnits + ((4 * cc + t / 2) ^ swz)) * 16 +
+                                                               (t & 1) * 8);
+            const float2 hi = *reinterpret_cast<const float2*>(
+                buf + (r * kUnits + ((4 * cc + 2 + t / 2) ^ swz)) * 16 + (t & 1) * 8);
+            o[mq][2 * (c0 + cc)][2 * h] = lo.x, o[mq][2 * (c0 + cc)][2 * h + 1] = lo.y;
+            o[mq][2 * (c0 + cc) + 1][2 * h] = hi.x, o[mq][2 * (c0 + cc) + 1][2 * h + 1] = hi.y;
+          }
+        }
+      }
+    }
+    __syncwarp();
+  } else {
+#pragma unroll
+    for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+      for (int j = 0; j < DVO / 16; ++j) fp8::pv_acc_to_natural(o[mq][2 * j], o[mq][2 * j + 1], t);
+#pragma unroll
+      for (int j = 0; j < DVO / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[mq][j][e] *= vs;
+      }
+    }
+  }
 }
 
 // S, the variant and the softmax of one tile for this warp -> P as 16-bit A fragments (packed before the V copy is
@@ -186,7 +303,8 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
   const int live = min(MMA_KV, (wb1 - wkey0 + 15) >> 4);
   float s[MMA_Q][2 * MMA_KV][4];
   bool fast = false;  // max-free (softmax_max_free): every row of the warp has a finite reference max
-  if constexpr (kMaxFree) {
+  // (not with fp8 K/V: beside the conversions it spills the 128-row tiles at 255 registers; they take the exact path)
+  if constexpr (kMaxFree && !C::kKV8) {
     fast = true;
 #pragma unroll
     for (int mq = 0; mq < MMA_Q; ++mq) fast = fast && row_max[mq][0] != neg_inf() && row_max[mq][1] != neg_inf();
@@ -202,12 +320,19 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
         for (int e = 0; e < 4; ++e) s[mq][j][e] = 0.f;
       }
     }
-    const u32 k_stage = c.k_lane + stage * C::kKBytes;
-    if (live < MMA_KV) {
+    const u32 k_stage = c.k_lane + (C::kConvert ? 0 : stage * C::kKBytes);  // (kConvert: the one 16-bit K tile)
+    if constexpr (C::kKV8 && !C::kConvert) {
+      if (live < MMA_KV) {
+        qk_tile_fp8<C, true>(s, c.q8_lane, k_stage, live);
+      } else {
+        qk_tile_fp8<C, false>(s, c.q8_lane, k_stage, live);
+      }
+    } else if (live < MMA_KV) {
       qk_tile<C, true>(s, c.q_lane, k_stage, live);
     } else {
       qk_tile<C, false>(s, c.q_lane, k_stage, live);
     }
+    if constexpr (C::kKV8) scale_scores<C>(s, __int_as_float(c.warp_ints()[kWKScale]));
     // Two copies of the variant's logits: interior tiles (most of them) compute no key bounds at all, and the
     // boundary tiles' copy alone holds the registers of the masks (a 64-key tile with ALiBi spilled 80 bytes with
     // one copy and a runtime need_mask, 16 with two).
@@ -220,7 +345,7 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
       weights_sum<C>(s, row_sum);
       break;
     }
-    if (kMaxFree && fast) {
+    if (kMaxFree && !C::kKV8 && fast) {
       if (softmax_max_free<C>(s, row_max, row_sum, x_scale)) break;
       fast = false;  // recompute this tile on the exact path
       continue;
@@ -232,7 +357,7 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
   for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
     for (int kk = 0; kk < MMA_KV; ++kk) {
-      mma::frag_c_to_a<typename C::DTypeKV>(pa[mq][kk], s[mq][2 * kk], s[mq][2 * kk + 1]);
+      mma::frag_c_to_a<typename C::DTypeQ>(pa[mq][kk], s[mq][2 * kk], s[mq][2 * kk + 1]);
     }
   }
 }
@@ -265,6 +390,10 @@ __device__ __forceinline__ void kv_loop(const P& p, const VP& v, const Cta<C>& c
     const int st = stage == 0 ? STAGES - 1 : stage - 1;  // buffer of the previous tile == of the tile ahead
     if (ahead < kv_end) ld.load_k(ahead, st, cp_base, cp_head, kv_end, pages);
     cp_async_commit();
+    if constexpr (C::kConvert) {  // (after the copy ahead is issued: it lands meanwhile)
+      convert_tile<C, true>(c, stage);
+      c.sync();
+    }
     // Fully masked for this warp (all keys past every row's limit, or before every row's lower bound): skip the math.
     const bool skip = wkey0 >= wb1 || (V::kLowerBound && wkey0 + MMA_KV * 16 <= wb3);
     u32 pa[C::kMmaQ][MMA_KV][4];
@@ -282,6 +411,10 @@ __device__ __forceinline__ void kv_loop(const P& p, const VP& v, const Cta<C>& c
         transform_values<C>(v, c, stage, key0, kv_end);  // (this tile's V landed: the barrier above)
         c.sync();
       }
+      if constexpr (C::kConvert) {
+        convert_tile<C, false>(c, stage);
+        c.sync();
+      }
       if constexpr (C::kPaged) {
         if (ahead + TILE_KV < kv_end) {
           ld.read_pages(ahead + TILE_KV, v_base, kv_end, pages);
@@ -293,10 +426,16 @@ __device__ __forceinline__ void kv_loop(const P& p, const VP& v, const Cta<C>& c
       }
     }
     if (!skip) {
-      const u32 v_stage = c.v_lane + stage * C::kVBytes;
+      const u32 v_stage = c.v_lane + (C::kConvert ? 0 : stage * C::kVBytes);  // (kConvert: the one 16-bit V tile)
       // (recomputed rather than kept across the barrier; only this warp writes its bounds)
       const int live = min(MMA_KV, (c.warp_ints()[kWSkip] - wkey0 + 15) >> 4);
-      if (live < MMA_KV) {
+      if constexpr (C::kKV8 && !C::kConvert) {
+        if (live < MMA_KV) {
+          pv_tile_fp8<C, true>(o, pa, v_stage, live);
+        } else {
+          pv_tile_fp8<C, false>(o, pa, v_stage, live);
+        }
+      } else if (live < MMA_KV) {
         pv_tile<C, true>(o, pa, v_stage, live);
       } else {
         pv_tile<C, false>(o, pa, v_stage, live);
@@ -366,6 +505,7 @@ __device__ __forceinline__ void run_item(const P& p, const VP& v, const Cta<C>& 
   typename C::Variant::RowState rows[MMA_Q][2];
   row_states<C>(p, v, c, f.row0, q_shift, f.kvh, f.b, f.kv_len, rows);
   kv_loop<C>(p, v, c, ld, f.kv_start, f.kv_end, stage, pages, o, row_max, row_sum, x_scale, rows);
+  if constexpr (C::kKV8) finish_fp8_o<C>(c, o);
   CUINFER_PREFILL_TRACE_STAMP(3);
   if constexpr (XI) {
     const int e_slot = (item - lds_volatile(c.sched())) % C::kTableItems;

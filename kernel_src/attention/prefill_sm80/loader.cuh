@@ -17,9 +17,32 @@ enum TableField : int { kFReq, kFRow0, kFKvHead, kFKvStart, kFKvEnd, kFPartial, 
 
 template <class C, class P> struct Loader {
   using T = typename C::DTypeKV;
+  using TQ = typename C::DTypeQ;
   using KV = typename C::KV;
   static constexpr int NT = C::kThreads, KR = C::kKVRowsPerThread, NF = C::kTableFields;
-  static constexpr u32 kPassQK = C::kRowsPerPass * C::kChunksQK * 16, kPassVO = C::kRowsPerPass * C::kChunksVO * 16;
+  static constexpr u32 kPassQK = C::kRowsPerPass * C::kChunksQK * 16;
+  // K / V: bytes between a thread's rows, chunks a thread copies per row (kKVChunkStep elements apart), elements per
+  // 16-byte chunk
+  static constexpr u32 kPassK = C::kKVRowsPerPass * C::kChunksK * 16, kPassVO = C::kKVRowsPerPass * C::kChunksVO * 16;
+  static constexpr int kEl = 16 / sizeof(T), kKVChunkStep = 8 * kEl;
+
+  // The K / V copy mapping: fp8's own, or (16-bit K / V) Q's, which it equals there.
+  __device__ __forceinline__ int kv_row() const {
+    if constexpr (C::kKV8) return c.kv_row;
+    return c.cp_row;
+  }
+  __device__ __forceinline__ int kv_chunk() const {
+    if constexpr (C::kKV8) return c.kv_chunk;
+    return c.cp_chunk;
+  }
+  __device__ __forceinline__ u32 k_dst() const {
+    if constexpr (C::kKV8) return c.cp_k_dst;
+    return c.cp_qk_dst;
+  }
+  __device__ __forceinline__ u32 v_dst() const {
+    if constexpr (C::kKV8) return c.cp_v_dst;
+    return c.cp_vo_dst;
+  }
   const P& p;
   const Cta<C>& c;
 
@@ -27,7 +50,7 @@ template <class C, class P> struct Loader {
   // = token * g + head in group).
   __device__ __forceinline__ void load_q(int row0, int valid_rows, int qo_base, int kvh) const {
     const int g = p.group_size;
-    const T* q_ptr = static_cast<const T*>(p.q);
+    const TQ* q_ptr = static_cast<const TQ*>(p.q);
     if constexpr (C::kStagedEpi) {
       // Warp w copies its own rows warp_row0 .. + 16 MMA_Q: lane -> rows lane / 8 + 4i, chunks lane % 8 + 8c.
       const int qr = c.lane / 8, qc = c.lane % 8;
@@ -38,7 +61,7 @@ template <class C, class P> struct Loader {
         const bool valid = r < valid_rows;
         const int token = static_cast<int>(fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
         const int head = kvh * g + (pr - token * g);
-        const T* src = valid ? q_ptr + static_cast<i64>(qo_base + token) * p.q_stride_n + head * p.q_stride_h : q_ptr;
+        const TQ* src = valid ? q_ptr + static_cast<i64>(qo_base + token) * p.q_stride_n + head * p.q_stride_h : q_ptr;
         const u32 dst = c.q_smem + r * (C::kChunksQK * 16) + ((qc ^ (r % 8)) * 16);
 #pragma unroll
         for (int k = 0; k < C::kChunksQK / 8; ++k) cp_async_16(dst + k * 128, src + (k * 8 + qc) * 8, valid);
@@ -53,7 +76,7 @@ template <class C, class P> struct Loader {
         const bool valid = r < valid_rows;
         const int token = static_cast<int>(fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
         const int head = kvh * g + (pr - token * g);
-        const T* src = valid ? q_ptr + static_cast<i64>(qo_base + token) * p.q_stride_n + head * p.q_stride_h : q_ptr;
+        const TQ* src = valid ? q_ptr + static_cast<i64>(qo_base + token) * p.q_stride_n + head * p.q_stride_h : q_ptr;
 #pragma unroll
         for (int k = 0; k < C::kChunksQK / 8; ++k) {
           cp_async_16(c.q_smem + c.cp_qk_dst + i * kPassQK + k * 128, src + (k * 8 + c.cp_chunk) * 8, valid);
@@ -65,10 +88,10 @@ template <class C, class P> struct Loader {
   // Paged: the page-table entries of a thread's rows of the tile at `key0` (one read each; 0 past kv_end). The loop
   // reads them one tile early, during P.V, so that the K copy at the top of the next iteration does not wait on them.
   __device__ __forceinline__ void read_pages(int key0, int kv_base, int kv_end, int (&pages)[KR]) const {
-    const int rem = kv_end - key0 - c.cp_row;
+    const int rem = kv_end - key0 - kv_row();
 #pragma unroll
     for (int i = 0; i < KR; ++i) {
-      pages[i] = KV::page(p, kv_base, key0 + c.cp_row + i * C::kRowsPerPass, i * C::kRowsPerPass < rem);
+      pages[i] = KV::page(p, kv_base, key0 + kv_row() + i * C::kKVRowsPerPass, i * C::kKVRowsPerPass < rem);
     }
   }
 
@@ -77,23 +100,25 @@ template <class C, class P> struct Loader {
   __device__ __forceinline__ void load_k(int key0, int stage, int kv_base, int kvh, int kv_end,
                                          const int (&pages)[KR]) const {
     const T* k_ptr = static_cast<const T*>(p.k);
-    const int rem = kv_end - key0 - c.cp_row;  // row i of this thread is valid iff i * kRowsPerPass < rem
-    // Ragged: one 64-bit address per tile, rows kRowsPerPass apart are a constant stride further.
-    const T* row0 = k_ptr + (kv::Ragged::k_offset(p, kv_base + key0 + c.cp_row, kvh) + c.cp_chunk * 8);
+    const int rem = kv_end - key0 - kv_row();  // row i of this thread is valid iff i * kKVRowsPerPass < rem
+    // Ragged: one 64-bit address per tile, rows kKVRowsPerPass apart are a constant stride further.
+    const T* row0 = k_ptr + (kv::Ragged::k_offset(p, kv_base + key0 + kv_row(), kvh) + kv_chunk() * kEl);
 #pragma unroll
     for (int i = 0; i < KR; ++i) {
-      const bool valid = i * C::kRowsPerPass < rem;
+      const bool valid = i * C::kKVRowsPerPass < rem;
       const T* src;
       if constexpr (C::kPaged) {
-        const i64 off = KV::offset(p, pages[i], key0 + c.cp_row + i * C::kRowsPerPass, kvh);
+        const i64 off = KV::offset(p, pages[i], key0 + kv_row() + i * C::kKVRowsPerPass, kvh);
         c.page_off[i * NT + c.tid] = off;
-        src = k_ptr + off + c.cp_chunk * 8;
+        src = k_ptr + off + kv_chunk() * kEl;
       } else {
-        src = row0 + static_cast<i64>(i * C::kRowsPerPass) * p.k_stride_n;
+        src = row0 + static_cast<i64>(i * C::kKVRowsPerPass) * p.k_stride_n;
       }
-      const u32 dst = c.k_smem + stage * C::kKBytes + c.cp_qk_dst + i * kPassQK;
+      const u32 dst = c.k_smem + stage * C::kKBytes + k_dst() + i * kPassK;
 #pragma unroll
-      for (int k = 0; k < C::kChunksQK / 8; ++k) cp_async_16(dst + k * 128, src + k * 64, valid);
+      for (int k = 0; k < C::kChunksK / C::kKVThreadsPerRow; ++k) {
+        cp_async_16(dst + k * 128, src + k * kKVChunkStep, valid);
+      }
     }
   }
 
@@ -108,20 +133,22 @@ template <class C, class P> struct Loader {
   __device__ __forceinline__ void load_v(int key0, int stage, int kv_base, int kvh, int kv_end,
                                          const i64 (&offs)[KR]) const {
     const T* v_ptr = static_cast<const T*>(p.v);
-    const int rem = kv_end - key0 - c.cp_row;
-    const T* row0 = v_ptr + (kv::Ragged::v_offset(p, kv_base + key0 + c.cp_row, kvh) + c.cp_chunk * 8);
+    const int rem = kv_end - key0 - kv_row();
+    const T* row0 = v_ptr + (kv::Ragged::v_offset(p, kv_base + key0 + kv_row(), kvh) + kv_chunk() * kEl);
 #pragma unroll
     for (int i = 0; i < KR; ++i) {
-      const bool valid = i * C::kRowsPerPass < rem;
+      const bool valid = i * C::kKVRowsPerPass < rem;
       const T* src;
       if constexpr (C::kPaged) {
-        src = v_ptr + offs[i] + c.cp_chunk * 8;
+        src = v_ptr + offs[i] + kv_chunk() * kEl;
       } else {
-        src = row0 + static_cast<i64>(i * C::kRowsPerPass) * p.v_stride_n;
+        src = row0 + static_cast<i64>(i * C::kKVRowsPerPass) * p.v_stride_n;
       }
-      const u32 dst = c.v_smem + stage * C::kVBytes + c.cp_vo_dst + i * kPassVO;
+      const u32 dst = c.v_smem + stage * C::kVBytes + v_dst() + i * kPassVO;
 #pragma unroll
-      for (int k = 0; k < C::kChunksVO / 8; ++k) cp_async_16(dst + k * 128, src + k * 64, valid);
+      for (int k = 0; k < C::kChunksVO / C::kKVThreadsPerRow; ++k) {
+        cp_async_16(dst + k * 128, src + k * kKVChunkStep, valid);
+      }
     }
   }
 

@@ -10,6 +10,7 @@
 // is typically dead).
 #pragma once
 #include "attention/prefill_sm80/cta.cuh"
+#include "common/fp8.cuh"
 #include "common/math.cuh"
 #include "common/mma.cuh"
 #include "common/swizzle.cuh"
@@ -42,7 +43,7 @@ constexpr float kMaxFreeSum = 4096.f;
 // mask turns them into -inf.
 template <class C, bool GUARD>
 __device__ __forceinline__ void qk_tile(float (&s)[C::kMmaQ][2 * C::kMmaKV][4], u32 q_lane, u32 k_stage, int live) {
-  using T = typename C::DTypeKV;
+  using T = typename C::DTypeQ;
   using LdQK = LdmatrixAddr<C::kChunksQK>;
 #pragma unroll
   for (int kk = 0; kk < C::kHeadDimQK / 16; ++kk) {
@@ -65,8 +66,8 @@ __device__ __forceinline__ void qk_tile(float (&s)[C::kMmaQ][2 * C::kMmaKV][4], 
 template <class C, bool GUARD>
 __device__ __forceinline__ void pv_tile(float (&o)[C::kMmaQ][C::kHeadDimVO / 8][4],
                                         const u32 (&pa)[C::kMmaQ][C::kMmaKV][4], u32 v_stage, int live) {
-  using T = typename C::DTypeKV;
-  using LdVO = LdmatrixAddr<C::kChunksVO>;
+  using T = typename C::DTypeQ;
+  using LdVO = LdmatrixAddr<C::kChunksVMma>;
 #pragma unroll
   for (int kk = 0; kk < C::kMmaKV; ++kk) {
     if (!GUARD || kk < live) {
@@ -76,6 +77,79 @@ __device__ __forceinline__ void pv_tile(float (&o)[C::kMmaQ][C::kHeadDimVO / 8][
         mma::ldmatrix_x4_trans(bv, LdVO::at(v_stage, dn, kk * 16));
 #pragma unroll
         for (int mq = 0; mq < C::kMmaQ; ++mq) mma::mma_m16n16k16<T>(o[mq][2 * dn], o[mq][2 * dn + 1], pa[mq][kk], bv);
+      }
+    }
+  }
+}
+
+// fp8 K/V (C::kKV8): the same products with fragments converted in registers (common/fp8.cuh). K: one ldmatrix x4 per
+// 32 keys (x2 for a lone 16-key slice) and k-step (one fp8 chunk), the Q fragments read in the matching dim order
+// (q8_lane: 8 bytes per row and k-step). GUARD as in qk_tile.
+template <class C, bool GUARD>
+__device__ __forceinline__ void qk_tile_fp8(float (&s)[C::kMmaQ][2 * C::kMmaKV][4], u32 q8_lane, u32 k_stage,
+                                            int live) {
+  using T = typename C::DTypeQ;
+  using F8 = typename C::DTypeKV;
+  using LdQK = LdmatrixAddr<C::kChunksQK>;
+  using KAddr = ChunkAddr<C::kChunksK>;
+#pragma unroll
+  for (int kk = 0; kk < C::kHeadDimQK / 16; ++kk) {
+    u32 a[C::kMmaQ][4];
+#pragma unroll
+    for (int mq = 0; mq < C::kMmaQ; ++mq) {
+      fp8::q_frag_fp8k(a[mq], LdQK::at(q8_lane, kk, mq * 16), LdQK::at(q8_lane, kk, mq * 16 + 8));
+    }
+#pragma unroll
+    for (int nn = 0; nn < C::kMmaKV; nn += 2) {
+      if (!GUARD || nn < live) {
+        u32 r[4];
+        if (nn + 1 < C::kMmaKV) {
+          mma::ldmatrix_x4(r, KAddr::at(k_stage, kk, nn * 16));  // keys 16 nn + 8 i .. + 7 in register i
+        } else {
+          mma::ldmatrix_x2(r, KAddr::at(k_stage, kk, nn * 16));
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if (i < 2 || (nn + 1 < C::kMmaKV && (!GUARD || nn + 1 < live))) {
+            u32 b[2];
+            fp8::k_frag<T, F8>(r[i], b);
+            // (n8 tile 2 nn + i; clamped so that the x2 branch's unused tiles index nothing past the array)
+            constexpr int kLastTile = 2 * C::kMmaKV - 1;
+            const int j = 2 * nn + i < kLastTile ? 2 * nn + i : kLastTile;
+#pragma unroll
+            for (int mq = 0; mq < C::kMmaQ; ++mq) mma::mma_m16n8k16<T>(s[mq][j], a[mq], b);
+          }
+        }
+      }
+    }
+  }
+}
+
+// O += P V for one KV tile of fp8 V: one ldmatrix.trans x4 per 16 keys and 32 output dims, 4 n8 tiles (the even /
+// odd tiles of two chunks: o[][4 c2 + 0..3]; pv_acc_to_natural restores the usual order once per item).
+template <class C, bool GUARD>
+__device__ __forceinline__ void pv_tile_fp8(float (&o)[C::kMmaQ][C::kHeadDimVO / 8][4],
+                                            const u32 (&pa)[C::kMmaQ][C::kMmaKV][4], u32 v_stage, int live) {
+  using T = typename C::DTypeQ;
+  using F8 = typename C::DTypeKV;
+  using LdVO = LdmatrixAddr<C::kChunksVO>;
+#pragma unroll
+  for (int kk = 0; kk < C::kMmaKV; ++kk) {
+    if (!GUARD || kk < live) {
+#pragma unroll
+      for (int c2 = 0; c2 < C::kHeadDimVO / 32; ++c2) {
+        u32 r[4];
+        mma::ldmatrix_x4_trans(r, LdVO::at(v_stage, c2, kk * 16));
+        u32 b[4][2];
+        fp8::v_frag<T, F8>(r[0], b[0][0], b[1][0]);  // tokens 0-7 of the step, chunk 2 c2: even, odd tile
+        fp8::v_frag<T, F8>(r[1], b[0][1], b[1][1]);  // tokens 8-15
+        fp8::v_frag<T, F8>(r[2], b[2][0], b[3][0]);  // chunk 2 c2 + 1
+        fp8::v_frag<T, F8>(r[3], b[2][1], b[3][1]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+          for (int mq = 0; mq < C::kMmaQ; ++mq) mma::mma_m16n8k16<T>(o[mq][4 * c2 + j], pa[mq][kk], b[j]);
+        }
       }
     }
   }

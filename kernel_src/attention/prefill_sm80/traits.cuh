@@ -1,6 +1,7 @@
 // Compile-time configuration of one FA2-class prefill specialisation (cuinfer/prefill/policy.py picks it) and the
 // shared-memory map of one CTA of the plan.
 #pragma once
+#include "common/fp8.cuh"
 #include "common/types.cuh"
 #include "kv/paged.cuh"
 #include "kv/ragged.cuh"
@@ -16,10 +17,16 @@ template <class T, class F> struct Select<false, T, F> {
 };
 
 // Variant_: the attention variant (variants/contract.cuh), rendered by cuinfer/variants/render.py.
+// DTypeQ_: q's type, K/V's by default (fp16 or bf16); fp8 K/V (DTypeKV_ = __nv_fp8_e4m3 / e5m2) take a 16-bit q and
+// are converted to q's type (common/fp8.cuh): CONVERT_ false, each warp converts the fragments it reads, in registers
+// (mainloop.cuh qk_tile_fp8 / pv_tile_fp8); CONVERT_ true, the CTA converts each landed K / V tile once into a 16-bit
+// tile (kernel.cuh convert_tile), which the 16-bit math reads: one conversion per element instead of one per warp
+// reading it, for two more barriers per tile and the 16-bit tiles' shared memory (cuinfer/prefill/policy.py chooses).
 template <typename DTypeKV_, typename DTypeO_, int HEAD_DIM_QK_, int HEAD_DIM_VO_, int TILE_Q_, int WARPS_Q_,
-          int WARPS_KV_, int MMA_KV_, int STAGES_, bool PAGED_, class Variant_, int GROUPS_>
+          int WARPS_KV_, int MMA_KV_, int STAGES_, bool PAGED_, class Variant_, int GROUPS_, typename DTypeQ_ = DTypeKV_,
+          bool CONVERT_ = false>
 struct PrefillTraits {
-  using DTypeQ = DTypeKV_;  // q, k and v share one 16-bit type (fp16 or bf16)
+  using DTypeQ = DTypeQ_;  // the mma operand type: q's, and k / v's once converted
   using DTypeKV = DTypeKV_;
   using DTypeO = DTypeO_;
   using Variant = Variant_;
@@ -38,10 +45,18 @@ struct PrefillTraits {
   static constexpr int kTileKV = 16 * kMmaKV * kWarpsKV;
   static constexpr int kQBytesPerElem = sizeof(DTypeQ);
   static constexpr int kKVBytesPerElem = sizeof(DTypeKV);
-  static constexpr int kChunksQK = kHeadDimQK * kKVBytesPerElem / 16;  // 16-byte chunks per row of Q / K
-  static constexpr int kChunksVO = kHeadDimVO * kKVBytesPerElem / 16;
-  static constexpr int kRowsPerPass = kThreads / 8;  // global -> smem copies: 8 threads per row, a 128-byte line
-  static constexpr int kKVRowsPerThread = kTileKV / kRowsPerPass;
+  static constexpr bool kKV8 = kKVBytesPerElem == 1;  // fp8 K/V
+  static constexpr int kChunksQK = kHeadDimQK * kQBytesPerElem / 16;  // 16-byte chunks per row of Q (and 16-bit K)
+  static constexpr int kChunksK = kHeadDimQK * kKVBytesPerElem / 16;  // ... of K
+  static constexpr int kChunksVO = kHeadDimVO * kKVBytesPerElem / 16;  // ... of V
+  static constexpr bool kConvert = kKV8 && CONVERT_;  // fp8 tiles converted to 16-bit tiles by the CTA
+  // 16-byte chunks per row of the V tile P·V reads: fp8 V (converted by each warp) or 16-bit V
+  static constexpr int kChunksVMma = kKV8 && !kConvert ? kChunksVO : kHeadDimVO * kQBytesPerElem / 16;
+  static constexpr int kRowsPerPass = kThreads / 8;  // global -> smem copies of Q: 8 threads per row, a 128-byte line
+  // K / V copies: 8 threads per row as well, or 4 for 64-byte rows (fp8 head dim 64: two rows per 128-byte line)
+  static constexpr int kKVThreadsPerRow = kChunksK < 8 ? kChunksK : 8;
+  static constexpr int kKVRowsPerPass = kThreads / kKVThreadsPerRow;
+  static constexpr int kKVRowsPerThread = kTileKV / kKVRowsPerPass;
   static constexpr int kQRowsPerThread = (kTileQ + kRowsPerPass - 1) / kRowsPerPass;
 
   static constexpr int kQBytes = kTileQ * kHeadDimQK * kQBytesPerElem;
@@ -49,7 +64,12 @@ struct PrefillTraits {
   static constexpr int kVBytes = kTileKV * kHeadDimVO * kKVBytesPerElem;
   static constexpr int kKOff = kQBytes;
   static constexpr int kVOff = kKOff + kStages * kKBytes;
-  static constexpr int kPageOff = kVOff + kStages * kVBytes;
+  // kConvert: the 16-bit K and V tiles (one each: converted after a tile lands, read before the next one lands)
+  static constexpr int kK16Off = kVOff + kStages * kVBytes;
+  static constexpr int kK16Bytes = kConvert ? kTileKV * kHeadDimQK * kQBytesPerElem : 0;
+  static constexpr int kV16Off = kK16Off + kK16Bytes;
+  static constexpr int kV16Bytes = kConvert ? kTileKV * kHeadDimVO * kQBytesPerElem : 0;
+  static constexpr int kPageOff = kV16Off + kV16Bytes;
   static constexpr int kPageBytes = kPaged ? kThreads * kKVRowsPerThread * 8 : 0;
   static constexpr int kMainBytes = kPageOff + kPageBytes;
   // Cross-item pipeline (kernel.cuh): one warp per row block, so the epilogue needs no cross-warp merge.
@@ -90,11 +110,16 @@ struct PrefillTraits {
   static constexpr int kBlockThreads = kGroups * kThreads;
   static constexpr int kGroupBytes = (kSmemBytes + 127) / 128 * 128;
 
-  static_assert(is_same<DTypeKV, half>::value || is_same<DTypeKV, __nv_bfloat16>::value, "q/k/v are fp16 or bf16");
+  static_assert(is_same<DTypeQ, half>::value || is_same<DTypeQ, __nv_bfloat16>::value, "q is fp16 or bf16");
+  static_assert(is_same<DTypeKV, DTypeQ>::value || fp8::IsFp8<DTypeKV>::value, "k/v are q's type or fp8");
+  static_assert(!kKV8 || (kHeadDimQK == kHeadDimVO && kChunksVO == kKVThreadsPerRow * (kChunksVO / kKVThreadsPerRow)),
+                "fp8 K/V: one head dim for K and V (64, 128 or 256)");
+  static_assert(!(kKV8 && (Variant::kKeyTransform || Variant::kValueTransform)),
+                "key / value transforms of fp8 K / V tiles (in shared memory) are not supported");
   static_assert(sizeof(DTypeO) == 2, "o is fp16 or bf16 (16-bit output stores)");
   static_assert(kTileQ % (16 * kWarpsQ) == 0 && kMmaQ >= 1, "TILE_Q must be a multiple of 16 * WARPS_Q");
   static_assert(kHeadDimQK % 64 == 0 && kHeadDimVO % 64 == 0, "head dims are multiples of 64 (swizzle)");
-  static_assert(kTileKV % kRowsPerPass == 0, "TILE_KV must be a multiple of threads / 8");
+  static_assert(kTileKV % kKVRowsPerPass == 0, "TILE_KV must be a multiple of the K/V rows copied per pass");
   static_assert(kStages >= 2, "the pipeline refills the buffer of the previous tile: at least 2 stages");
   static_assert(kHeadDimVO % 8 == 0, "epilogue writes 8 elements per thread");
   static_assert(kTableItems <= kThreads, "the item table is filled one item per thread");

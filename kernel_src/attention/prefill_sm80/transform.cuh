@@ -42,22 +42,23 @@ __device__ __forceinline__ void transform_tile(const P& p, const VP& v, const Ct
     if (first) {
       const int g = p.group_size, row0 = c.info[kIRow0];
       const int rows = min(C::kTileQ, qo_len * g - row0);
-      T* q_tile = reinterpret_cast<T*>(c.smem);
+      using TQ = typename C::DTypeQ;
+      TQ* q_tile = reinterpret_cast<TQ*>(c.smem);
       const int pc = c.tid % kHalf;
       for (int r = c.tid / kHalf; r < rows; r += NT / kHalf) {
         const int pr = row0 + r;
         const int token = static_cast<int>(fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
         const variant::Index ix{b, token, token + q_shift, kvh * g + (pr - token * g), kvh, qo_len, kv_len, D};
-        T* lo_p = q_tile + Swizzle<D / 8>::slot(r, pc) * 8;
-        T* hi_p = q_tile + Swizzle<D / 8>::slot(r, pc + kHalf) * 8;
-        Vec<T, 8> lo, hi;
+        TQ* lo_p = q_tile + Swizzle<D / 8>::slot(r, pc) * 8;
+        TQ* hi_p = q_tile + Swizzle<D / 8>::slot(r, pc + kHalf) * 8;
+        Vec<TQ, 8> lo, hi;
         lo.load(lo_p);
         hi.load(hi_p);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const float x = to_float(lo[i]), y = to_float(hi[i]);
-          lo[i] = from_float<T>(V::query_transform(v, s[i], ix, 8 * pc + i, x, y));
-          hi[i] = from_float<T>(V::query_transform(v, s[i], ix, 8 * pc + i + D / 2, y, x));
+          lo[i] = from_float<TQ>(V::query_transform(v, s[i], ix, 8 * pc + i, x, y));
+          hi[i] = from_float<TQ>(V::query_transform(v, s[i], ix, 8 * pc + i + D / 2, y, x));
         }
         lo.store(lo_p);
         hi.store(hi_p);

@@ -1,0 +1,73 @@
+"""The kernels' fp8 -> 16-bit conversions (kernel_src/common/fp8.cuh), emulated bit by bit in NumPy.
+
+The CPU tests pin the device algorithm with this emulation against ml_dtypes for all 256 codes of both formats (the
+shifts and scale patterns are read from the header itself, so the emulation follows the device code); the GPU test
+runs the device code on the same codes and compares with it.
+
+Paths (``convert`` below; ``arch`` as an integer, 80 for sm_80, 90 for sm_90a):
+
+* float16 on sm_89+: ``cvt.rn.f16x2.{e4m3x2,e5m2x2}``, the exact conversion (NaN -> NaN, inf -> inf);
+* float16 below sm_89 and bfloat16 everywhere: the byte in the upper half of a 16-bit lane, its 7 magnitude bits
+  shifted right into the exponent / mantissa fields, the sign kept, then one multiply by a power of two (exact).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+
+import ml_dtypes
+import numpy as np
+
+FORMATS = ("float8_e4m3fn", "float8_e5m2")
+TARGETS = ("float16", "bfloat16")
+_CONST = re.compile(r"constexpr\s+(?:u32|int)\s+(k\w+)\s*=\s*(0x[0-9A-Fa-f]+|\d+)u?\s*;")
+
+
+@functools.cache
+def header_constants() -> dict[str, int]:
+    """The named constants of kernel_src/common/fp8.cuh (``kShiftE4m3Bf16``, ``kScaleE4m3Bf16``, ...)."""
+    from cuinfer.jit.spec import kernel_src_dir
+
+    with open(os.path.join(kernel_src_dir(), "common", "fp8.cuh"), encoding="utf-8") as fh:
+        return {m.group(1): int(m.group(2), 0) for m in _CONST.finditer(fh.read())}
+
+
+def bit_path(fmt: str, target: str) -> tuple[int, int] | None:
+    """(shift, scale bits) of the bit path for ``fmt`` -> ``target``; None where the byte is the result as it stands
+    (e5m2 -> float16: e5m2 is the upper byte of a float16)."""
+    c = header_constants()
+    if target == "float16":
+        return (c["kShiftE4m3Half"], c["kScaleE4m3Half"]) if fmt == "float8_e4m3fn" else None
+    if fmt == "float8_e4m3fn":
+        return c["kShiftE4m3Bf16"], c["kScaleE4m3Bf16"]
+    return c["kShiftE5m2Bf16"], c["kScaleE5m2Bf16"]
+
+
+def convert(codes: np.ndarray, fmt: str, target: str, arch: int = 90) -> np.ndarray:
+    """The 16-bit results (as ``target`` values, ml_dtypes for bfloat16) the device gives for fp8 ``codes`` (uint8)."""
+    codes = np.asarray(codes, dtype=np.uint8)
+    t = np.dtype(ml_dtypes.bfloat16) if target == "bfloat16" else np.dtype(np.float16)
+    if target == "float16" and arch >= 89:  # the cvt instruction: the exact conversion
+        return codes.view(getattr(ml_dtypes, fmt)).astype(np.float16)
+    y = codes.astype(np.uint16) << 8  # the byte in the upper half of its 16-bit lane
+    path = bit_path(fmt, target)
+    if path is None:
+        return y.view(t)
+    shift, scale_bits = path
+    placed = (y & 0x8000) | ((y & 0x7F00) >> shift)
+    scale = np.array([scale_bits], dtype=np.uint16).view(t).astype(np.float64)[0]
+    # x * scale + (-0) in 16-bit arithmetic: the product is exact (a power of two, in range), so rounding it to the
+    # target changes nothing, and -0 as the addend keeps the sign of a zero product
+    return (placed.view(t).astype(np.float64) * scale).astype(t)
+
+
+def exact(codes: np.ndarray, fmt: str) -> np.ndarray:
+    """The values of fp8 ``codes`` (float64, NaN for NaN codes), as ml_dtypes defines the formats."""
+    return np.asarray(codes, dtype=np.uint8).view(getattr(ml_dtypes, fmt)).astype(np.float64)
+
+
+def non_finite_codes(fmt: str) -> np.ndarray:
+    """The codes of ``fmt`` that are not finite numbers (e4m3fn: the two NaNs; e5m2: +-inf and six NaNs)."""
+    return np.flatnonzero(~np.isfinite(exact(np.arange(256), fmt))).astype(np.uint8)

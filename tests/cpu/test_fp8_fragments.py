@@ -1,0 +1,347 @@
+"""The fp8 data movement of the attention kernels, emulated byte by byte in NumPy (no GPU): cp.async of fp8 rows into
+the swizzled tiles (common/swizzle.cuh; 64-byte rows copied by 4 threads each), ldmatrix / ldmatrix.trans moving
+bytes, the byte pairs of common/fp8.cuh (k_frag, v_frag), the Q fragments in the matching dim order (q_frag_fp8k),
+mma.sync m16n8k16 by the ISA's fragment layouts, and the accumulators of the even / odd V tiles brought back to the
+usual layout (pv_acc_to_natural's two quad exchanges, and the sm_90 path through the warp's Q rows). A wrong lane,
+byte or swizzle rule shows up as a wrong product. The address formulas are transcribed from kernel_src (prefill_sm80
+cta.cuh / mainloop.cuh / kernel.cuh finish_fp8_o, decode/kernels.cuh tile_fp8); keep them in step.
+
+The conversion of each byte is the identity here (its exactness is pinned by test_fp8_conversion.py): values are
+small integers, exact in every format.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+LANES = np.arange(32)
+G, T = LANES // 4, LANES % 4
+
+
+# ---- hardware model ------------------------------------------------------------------------------------------------
+
+
+def xor_of(r: np.ndarray | int, chunks: int):
+    """Swizzle<CHUNKS>::xor_of."""
+    return r % 8 if chunks >= 8 else (r // 2) % 4
+
+
+def byte_offset(r, c, chunks: int):
+    """Swizzle<CHUNKS>::byte_offset."""
+    return (r * chunks + (c ^ xor_of(r, chunks))) * 16
+
+
+def ld_make(tile, row, c, chunks: int):
+    """LdmatrixAddr<CHUNKS>::make."""
+    return tile + row * (chunks * 16) + ((c ^ xor_of(row, chunks)) * 16)
+
+
+def ld_at(a, s: int, row_shift: int, chunks: int):
+    """LdmatrixAddr<CHUNKS>::at."""
+    return (a ^ ((s % 4) * 32)) + (s // 4) * 128 + row_shift * (chunks * 16)
+
+
+def chunk_at(a0, c: int, row_shift: int, chunks: int):
+    """ChunkAddr<CHUNKS>::at."""
+    return (a0 ^ ((c % 8) * 16)) + (c // 8) * 128 + row_shift * (chunks * 16)
+
+
+def ldmatrix_bytes(smem: np.ndarray, addr: np.ndarray, n: int = 4, trans: bool = False) -> np.ndarray:
+    """ldmatrix .x{n} of b16 matrices over a byte-valued smem: [32 lanes, n regs, 4 bytes] (byte 0 lowest)."""
+    assert np.all(addr % 16 == 0)
+    out = np.empty((32, n, 4))
+    for i in range(n):
+        rows = np.stack([smem[a : a + 16] for a in addr[8 * i : 8 * i + 8]])  # [8 rows, 16 bytes]
+        if trans:  # lane (g, t): b16 column g of rows 2t, 2t + 1
+            out[:, i] = np.stack([rows[2 * T, 2 * G], rows[2 * T, 2 * G + 1], rows[2 * T + 1, 2 * G],
+                                  rows[2 * T + 1, 2 * G + 1]], axis=1)  # fmt: skip
+        else:  # lane (g, t): row g, bytes 4t .. 4t+3
+            out[:, i] = np.stack([rows[G, 4 * T + b] for b in range(4)], axis=1)
+    return out
+
+
+def pair(x: np.ndarray, i: int, j: int) -> np.ndarray:
+    """fp8::pair<T, F8, I, J> on [.., 4 bytes] -> [.., 2 halves] (conversion: identity on these values)."""
+    return np.stack([x[..., i], x[..., j]], axis=-1)
+
+
+def mma(d: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """D += A B, fragments by the ISA: a [32, 4 regs, 2 halves], b [32, 2, 2], d [32, 4]."""
+    am, bm, cm = np.zeros((16, 16)), np.zeros((16, 8)), np.zeros((16, 8))
+    for h in range(2):
+        am[G, 2 * T + h], am[G + 8, 2 * T + h] = a[:, 0, h], a[:, 1, h]
+        am[G, 2 * T + 8 + h], am[G + 8, 2 * T + 8 + h] = a[:, 2, h], a[:, 3, h]
+        bm[2 * T + h, G], bm[2 * T + 8 + h, G] = b[:, 0, h], b[:, 1, h]
+        cm[G, 2 * T + h], cm[G + 8, 2 * T + h] = d[:, h], d[:, 2 + h]
+    cm = cm + am @ bm
+    return np.stack([cm[G, 2 * T], cm[G, 2 * T + 1], cm[G + 8, 2 * T], cm[G + 8, 2 * T + 1]], axis=1)
+
+
+def c_layout(acc: np.ndarray) -> np.ndarray:
+    """[32, 4] accumulators of one n8 tile -> the [16, 8] block they hold."""
+    m = np.zeros((16, 8))
+    m[G, 2 * T], m[G, 2 * T + 1], m[G + 8, 2 * T], m[G + 8, 2 * T + 1] = acc.T
+    return m
+
+
+def frag_c_to_a(c0: np.ndarray, c1: np.ndarray) -> np.ndarray:
+    """mma::frag_c_to_a: accumulators of n8 tiles 2s, 2s+1 -> the A fragment of k-step s [32, 4, 2]."""
+    return np.stack([c0[:, 0:2], c0[:, 2:4], c1[:, 0:2], c1[:, 2:4]], axis=1)
+
+
+def store_tile_16(smem: np.ndarray, base: int, x: np.ndarray) -> None:
+    """A [rows, dim] 16-bit tile, swizzled (Swizzle<dim/8>); each element's value at its first byte (second: NaN)."""
+    rows, dim = x.shape
+    chunks = dim // 8
+    for r in range(rows):
+        for c in range(chunks):
+            a = base + byte_offset(r, c, chunks)
+            smem[a : a + 16 : 2] = x[r, 8 * c : 8 * c + 8]
+            smem[a + 1 : a + 16 : 2] = np.nan
+
+
+def copy_fp8_tile(smem: np.ndarray, base: int, x: np.ndarray, threads: int = 128) -> None:
+    """The prefill loader's K / V copy of a [rows, dim] fp8 tile (cta.cuh kv_row / kv_chunk / cp_k_dst, loader.cuh
+    load_k): kKVThreadsPerRow threads per row (8, or 4 for 64-byte rows), kKVRowsPerPass rows a pass."""
+    rows, dim = x.shape
+    chunks = dim // 16
+    per_row = min(8, chunks)
+    per_pass = threads // per_row
+    seen = np.zeros(smem.shape, bool)
+    for tid in range(threads):
+        kv_row, kv_chunk = tid // per_row, tid % per_row
+        dst0 = byte_offset(kv_row, kv_chunk, chunks)
+        for i in range(rows // per_pass):
+            r = kv_row + i * per_pass
+            for k in range(chunks // per_row):
+                dst = base + dst0 + i * per_pass * chunks * 16 + k * 128
+                e = (kv_chunk + k * 8) * 16
+                assert not seen[dst : dst + 16].any(), "two copies write one smem chunk"
+                seen[dst : dst + 16] = True
+                smem[dst : dst + 16] = x[r, e : e + 16]
+    # every row landed where the swizzle puts it
+    for r in range(rows):
+        for c in range(chunks):
+            a = base + byte_offset(r, c, chunks)
+            np.testing.assert_array_equal(smem[a : a + 16], x[r, 16 * c : 16 * c + 16])
+
+
+# ---- prefill: qk_tile_fp8, pv_tile_fp8, finish_fp8_o ------------------------------------------------------------
+
+
+def to_natural_shuffles(acc_e: np.ndarray, acc_o: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """fp8::pv_acc_to_natural, lane by lane: [32, 4] accumulators of the even / odd tiles -> tiles 2c, 2c+1."""
+    acc_e, acc_o = acc_e.copy(), acc_o.copy()
+    for h in range(2):
+        v = np.stack([acc_e[:, 2 * h], acc_o[:, 2 * h], acc_e[:, 2 * h + 1], acc_o[:, 2 * h + 1]], axis=1)
+        for r in range(2):
+            bit = (T & 1) if r == 0 else (T >> 1) & 1
+            mask = 1 if r == 0 else 2
+            x0 = np.where(bit == 1, v[:, 0], v[:, 2])
+            x1 = np.where(bit == 1, v[:, 1], v[:, 3])
+            y0, y1 = x0[LANES ^ mask], x1[LANES ^ mask]  # shfl.bfly
+            v[:, 0], v[:, 1] = np.where(bit == 1, y0, v[:, 0]), np.where(bit == 1, y1, v[:, 1])
+            v[:, 2], v[:, 3] = np.where(bit == 0, y0, v[:, 2]), np.where(bit == 0, y1, v[:, 3])
+        acc_e[:, 2 * h], acc_e[:, 2 * h + 1] = v[:, 0], v[:, 1]
+        acc_o[:, 2 * h], acc_o[:, 2 * h + 1] = v[:, 2], v[:, 3]
+    return acc_e, acc_o
+
+
+def to_natural_smem(o: np.ndarray, piece: int) -> np.ndarray:
+    """finish_fp8_o's sm_90 path for one 16-row block o [32 lanes, DVO/8 tiles, 4]: float4 stores of dims 16c + 4t
+    .. 4t+3 into a scratch of 16 rows x 4 * piece units (units XOR 4 on odd rows), float2 loads back."""
+    o = o.copy()
+    chunks = o.shape[1] // 2
+    units = 4 * piece
+    for c0 in range(0, chunks, piece):
+        buf = np.full(16 * units * 4, np.nan)  # floats
+        written = np.zeros(buf.shape, bool)
+        for cc in range(piece):
+            e, od = o[:, 2 * (c0 + cc)], o[:, 2 * (c0 + cc) + 1]
+            for h in range(2):
+                r = G + 8 * h
+                u = r * units + ((4 * cc + T) ^ ((r & 1) << 2))
+                vals = np.stack([e[:, 2 * h], od[:, 2 * h], e[:, 2 * h + 1], od[:, 2 * h + 1]], axis=1)
+                for lane in range(32):
+                    assert not written[4 * u[lane] : 4 * u[lane] + 4].any()
+                    written[4 * u[lane] : 4 * u[lane] + 4] = True
+                    buf[4 * u[lane] : 4 * u[lane] + 4] = vals[lane]
+        for cc in range(piece):
+            for h in range(2):
+                r = G + 8 * h
+                lo = 4 * (r * units + ((4 * cc + T // 2) ^ ((r & 1) << 2))) + 2 * (T & 1)
+                hi = 4 * (r * units + ((4 * cc + 2 + T // 2) ^ ((r & 1) << 2))) + 2 * (T & 1)
+                o[:, 2 * (c0 + cc), 2 * h], o[:, 2 * (c0 + cc), 2 * h + 1] = buf[lo], buf[lo + 1]
+                o[:, 2 * (c0 + cc) + 1, 2 * h], o[:, 2 * (c0 + cc) + 1, 2 * h + 1] = buf[hi], buf[hi + 1]
+    return o
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("mma_kv", [1, 2, 4])
+@pytest.mark.parametrize("natural", ["shuffles", "smem"])
+def test_prefill_fp8_fragments_reproduce_the_products(rng, d, mma_kv, natural):
+    """One warp's row block (16 rows of Q) against MMA_KV 16-key slices of fp8 K and V: S = Q K^T through
+    qk_tile_fp8's fragments, O = P V through pv_tile_fp8's, then finish_fp8_o's exchange to the usual layout."""
+    keys = 16 * mma_kv
+    q = rng.integers(-4, 5, (16, d)).astype(np.float64)
+    k = rng.integers(-4, 5, (keys, d)).astype(np.float64)
+    v = rng.integers(-4, 5, (keys, d)).astype(np.float64)
+    cq, ck = d // 8, d // 16
+    q_off, k_off = 0, 16 * d * 2
+    v_off = k_off + keys * d
+    smem = np.full(v_off + keys * d + 64 * 16, np.nan)  # (room past the tile: x2 lanes 16-31 address rows 16-31)
+    store_tile_16(smem, q_off, q)
+    threads = min(128, keys * min(8, ck))  # (whole passes: a CTA's tile is at least one pass of its 128 threads)
+    copy_fp8_tile(smem, k_off, k, threads)
+    copy_fp8_tile(smem, v_off, v, threads)
+    # cta.cuh (warp_row0 = warp_col0 = 0)
+    q8_lane = ld_make(q_off, G, T // 2, cq) + (T % 2) * 8
+    k_lane = k_off + byte_offset(LANES, 0, ck)
+    v_lane = ld_make(v_off, LANES % 16, LANES // 16, ck)
+    # qk_tile_fp8
+    s = np.zeros((2 * mma_kv, 32, 4))
+    for kk in range(d // 16):
+        a = np.empty((32, 4, 2))
+        r0 = ld_at(q8_lane, kk, 0, cq)
+        r8 = ld_at(q8_lane, kk, 8, cq)
+        for lane in range(32):  # ld.shared.v2.b32: a0, a2 from row g; a1, a3 from row g + 8 (16-bit values)
+            a[lane, 0], a[lane, 2] = smem[r0[lane] : r0[lane] + 4 : 2], smem[r0[lane] + 4 : r0[lane] + 8 : 2]
+            a[lane, 1], a[lane, 3] = smem[r8[lane] : r8[lane] + 4 : 2], smem[r8[lane] + 4 : r8[lane] + 8 : 2]
+        for nn in range(0, mma_kv, 2):
+            n = 4 if nn + 1 < mma_kv else 2
+            regs = ldmatrix_bytes(smem, chunk_at(k_lane, kk, nn * 16, ck), n)
+            for i in range(n):
+                b = np.stack([pair(regs[:, i], 0, 1), pair(regs[:, i], 2, 3)], axis=1)  # k_frag
+                s[2 * nn + i] = mma(s[2 * nn + i], a, b)
+    got_s = np.concatenate([c_layout(s[j]) for j in range(2 * mma_kv)], axis=1)
+    np.testing.assert_array_equal(got_s, q @ k.T)
+    # pv_tile_fp8 (P = the scores, small integers)
+    o = np.zeros((d // 8, 32, 4))
+    for kk in range(mma_kv):
+        pa = frag_c_to_a(s[2 * kk], s[2 * kk + 1])
+        for c2 in range(d // 32):
+            regs = ldmatrix_bytes(smem, ld_at(v_lane, c2, kk * 16, ck), 4, trans=True)
+            b = np.empty((4, 32, 2, 2))  # [even c, odd c, even c+1, odd c+1][lane][b0 / b1][half]
+            for m in range(2):  # v_frag of tokens 0-7 (b0) and 8-15 (b1) of chunks 2 c2 and 2 c2 + 1
+                b[2 * m + 0, :, 0], b[2 * m + 1, :, 0] = pair(regs[:, 2 * m], 0, 2), pair(regs[:, 2 * m], 1, 3)
+                b[2 * m + 0, :, 1], b[2 * m + 1, :, 1] = pair(regs[:, 2 * m + 1], 0, 2), pair(regs[:, 2 * m + 1], 1, 3)
+            for j in range(4):
+                o[4 * c2 + j] = mma(o[4 * c2 + j], pa, b[j])
+    want = got_s @ v
+    if natural == "shuffles":
+        for c in range(d // 16):
+            o[2 * c], o[2 * c + 1] = to_natural_shuffles(o[2 * c], o[2 * c + 1])
+    else:
+        o = to_natural_smem(o.transpose(1, 0, 2), piece=min(d // 16, 8)).transpose(1, 0, 2)
+    got_o = np.concatenate([c_layout(o[j]) for j in range(d // 8)], axis=1)
+    np.testing.assert_array_equal(got_o, want)
+
+
+def test_the_smem_exchange_fits_the_warps_q_rows():
+    """finish_fp8_o's passes (16 rows x kPiece chunks x 16 dims x 4 bytes) fit the warp's Q rows, for every cross-item
+    tile the fp8 policy can choose (one warp per row block: 16 * MMA_Q rows of head_dim_qk 16-bit elements)."""
+    for d in (64, 128, 256):
+        for mma_q in (1, 2):
+            region = mma_q * 16 * d * 2
+            piece = min(region // 1024, d // 16)
+            assert piece >= 1 and (d // 16) % piece == 0 and 16 * piece * 16 * 4 <= region
+
+
+# ---- decode: TensorCore::tile_fp8 and load_q ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("d", "warps_kv", "warps_d"), [(64, 4, 1), (128, 4, 1), (256, 2, 2)])
+def test_decode_tensor_core_fp8_fragments(rng, d, warps_kv, warps_d):
+    """Each warp of the tensor-core decode kernel: its 32 tokens of a 32 * warps_kv token tile, S through tile_fp8's
+    K fragments and load_q's Q fragments, P V over its DW output dims, the exchange of finish_item."""
+    warp_tokens, tile = 32, 32 * warps_kv
+    dw = d // warps_d
+    q = rng.integers(-4, 5, (16, d)).astype(np.float64)
+    k = rng.integers(-4, 5, (tile, d)).astype(np.float64)
+    v = rng.integers(-4, 5, (tile, d)).astype(np.float64)
+    c8, cq = d // 16, d // 8
+    q_off, k_off = 0, 16 * d * 2
+    v_off = k_off + tile * d
+    smem = np.full(v_off + tile * d, np.nan)
+    store_tile_16(smem, q_off, q)
+    for base, x in ((k_off, k), (v_off, v)):  # Pipeline::issue: chunk tid % kChunks of row tid / kChunks + pass
+        for r in range(tile):
+            for c in range(c8):
+                a = base + byte_offset(r, c, c8)
+                smem[a : a + 16] = x[r, 16 * c : 16 * c + 16]
+    # load_q (fp8): rows g and g + 8, chunk 2 kk + t / 2, + 8 (t & 1)
+    qf = np.empty((d // 16, 32, 4, 2))
+    for kk in range(d // 16):
+        r0 = q_off + byte_offset(G, 2 * kk + T // 2, cq) + (T & 1) * 8
+        r8 = q_off + byte_offset(G + 8, 2 * kk + T // 2, cq) + (T & 1) * 8
+        for lane in range(32):
+            qf[kk, lane, 0], qf[kk, lane, 2] = smem[r0[lane] : r0[lane] + 4 : 2], smem[r0[lane] + 4 : r0[lane] + 8 : 2]
+            qf[kk, lane, 1], qf[kk, lane, 3] = smem[r8[lane] : r8[lane] + 4 : 2], smem[r8[lane] + 4 : r8[lane] + 8 : 2]
+    for warp in range(warps_kv * warps_d):
+        wkv, wd = warp % warps_kv, warp // warps_kv
+        s = np.zeros((warp_tokens // 8, 32, 4))
+        for kg in range(warp_tokens // 32):
+            a0 = k_off + byte_offset(wkv * warp_tokens + kg * 32 + LANES, 0, c8)
+            for kk in range(d // 16):
+                regs = ldmatrix_bytes(smem, chunk_at(a0, kk, 0, c8))
+                for i in range(4):
+                    b = np.stack([pair(regs[:, i], 0, 1), pair(regs[:, i], 2, 3)], axis=1)
+                    s[4 * kg + i] = mma(s[4 * kg + i], qf[kk], b)
+        toks = slice(wkv * warp_tokens, (wkv + 1) * warp_tokens)
+        got_s = np.concatenate([c_layout(s[j]) for j in range(warp_tokens // 8)], axis=1)
+        np.testing.assert_array_equal(got_s, q @ k[toks].T)
+        oacc = np.zeros((dw // 8, 32, 4))
+        va = ld_make(v_off, wkv * warp_tokens + LANES % 8 + 8 * ((LANES // 8) % 2), LANES // 16, c8)
+        for st in range(warp_tokens // 16):
+            pa = frag_c_to_a(s[2 * st], s[2 * st + 1])
+            for cp in range(dw // 32):
+                regs = ldmatrix_bytes(smem, ld_at(va, (wd * dw) // 32 + cp, st * 16, c8), 4, trans=True)
+                e = [pair(regs[:, m], 0, 2) for m in range(4)]
+                od = [pair(regs[:, m], 1, 3) for m in range(4)]
+                for j, bb in enumerate(((e[0], e[1]), (od[0], od[1]), (e[2], e[3]), (od[2], od[3]))):
+                    oacc[4 * cp + j] = mma(oacc[4 * cp + j], pa, np.stack(bb, axis=1))
+        for c in range(dw // 16):
+            oacc[2 * c], oacc[2 * c + 1] = to_natural_shuffles(oacc[2 * c], oacc[2 * c + 1])
+        got_o = np.concatenate([c_layout(oacc[j]) for j in range(dw // 8)], axis=1)
+        np.testing.assert_array_equal(got_o, got_s @ v[toks][:, wd * dw : (wd + 1) * dw])
+
+
+def test_swizzle_of_64_byte_rows_is_conflict_free():
+    """Swizzle<4> (fp8 rows of head dim 64): 8 consecutive rows at one chunk hit 8 distinct 16-byte bank groups
+    (ldmatrix phases), and 8 consecutive copying threads (rows r, r+1) write one 128-byte line."""
+    rows = np.arange(64)
+    for c in range(4):
+        for r0 in range(0, 64, 8):
+            groups = (byte_offset(rows[r0 : r0 + 8], c, 4) // 16) % 8
+            assert len(set(groups.tolist())) == 8
+    for tid0 in range(0, 128, 8):
+        tids = np.arange(tid0, tid0 + 8)
+        dst = byte_offset(tids // 4, tids % 4, 4)
+        assert len(set((dst // 128).tolist())) == 1 and len(set(((dst // 16) % 8).tolist())) == 8
+
+
+@pytest.mark.parametrize(("d", "tile_kv", "threads"), [(64, 32, 128), (128, 64, 128), (256, 64, 256)])
+def test_cta_conversion_writes_the_16_bit_tile(rng, d, tile_kv, threads):
+    """kernel.cuh convert_tile (kConvert): each thread takes 8-element pieces (half an fp8 chunk, read at its swizzled
+    place) and writes them as one 16-bit chunk at its swizzled place; the result is the 16-bit tile the 16-bit math
+    reads (the layout store_tile_16 writes), every piece written once."""
+    x = rng.integers(-8, 9, (tile_kv, d)).astype(np.float64)
+    c8, c16 = d // 16, d // 8
+    src = np.full(tile_kv * d, np.nan)
+    copy_fp8_tile(src, 0, x, threads=min(threads, tile_kv * min(8, c8)))
+    dst = np.full(2 * tile_kv * d, np.nan)
+    seen = set()
+    for tid in range(threads):
+        for it in range(tid, tile_kv * c16, threads):
+            r, h = it // c16, it % c16
+            a = byte_offset(r, h // 2, c8) + (h % 2) * 8
+            piece = src[a : a + 8]  # uint2: 8 fp8 codes, pairs (0, 1), (2, 3) of each word, in order
+            b = byte_offset(r, h, c16)
+            assert b not in seen
+            seen.add(b)
+            dst[b : b + 16 : 2] = piece
+            dst[b + 1 : b + 16 : 2] = np.nan
+    want = np.full(2 * tile_kv * d, np.nan)
+    store_tile_16(want, 0, x)
+    np.testing.assert_array_equal(dst, want)
