@@ -121,6 +121,7 @@ def _piece(v: Variant) -> list[str]:
         "kSink": bool(v.sink),
         "kValueTransform": bool(v.value_transform),
         "kOutputTransform": bool(v.output_transform),
+        "kRowState": bool(v.row_state),
         "kPosState": bool(v.pos_state),
         "kPosAdvance": bool(v.pos_advance),
     }
@@ -128,10 +129,13 @@ def _piece(v: Variant) -> list[str]:
     out += [f"  static constexpr bool {k} = true;" for k, on in flags.items() if on]
     if not v.softmax:
         out.append("  static constexpr bool kSoftmax = false;")
+    if v.row_state:
+        out.append(f"  struct RowState {{ {v.row_fields} }};")
+        out += _functor(v, "row_state", "RowState row_state(const VP& v_, const Index& ix_)", v.row_state, "ix_",
+                        statements=True, prologue=("RowState row;",), epilogue=("return row;",))  # fmt: skip
     if v.logits:
-        out += _functor(
-            v, "logits", "float logits(const VP& v_, const Index& ix_, int kv_idx, float x)", v.logits, "ix_"
-        )
+        sig = "float logits(const VP& v_, const Index& ix_, const RowState& row, int kv_idx, float x)"
+        out += _functor(v, "logits", sig, v.logits, "ix_")
     if v.mask:
         out += _functor(v, "mask", "bool mask(const VP& v_, const Index& ix_, int kv_idx)", v.mask, "ix_")
     if v.key_hi or v.key_lo:

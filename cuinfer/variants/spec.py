@@ -17,8 +17,12 @@ Names a snippet may use (every snippet):
   ``head_dim``          the head dimension (int)
   and the helpers of kernel_src/common/math.cuh (``fmath::tanh``, ``fmath::ex2``, ``fmath::alibi_slope``, ...).
 Per snippet:
-  ``logits``            ``x`` (float: the natural logit q·k·sm_scale), ``kv_idx`` (int) -> the new natural logit (with
-                        ``softmax=False``: the key's weight)
+  ``logits``            ``x`` (float: the natural logit q·k·sm_scale), ``kv_idx`` (int), ``row`` (the row's state,
+                        when the variant has a ``row_state``) -> the new natural logit (with ``softmax=False``: the
+                        key's weight)
+  ``row_state``         -> fills ``row`` (fields declared by ``row_fields``), once per query row (token and query head)
+                        before the KV loop, not per key: per-row constants of ``logits`` (ALiBi's slope of
+                        ``qo_head``: ``row.slope = fmath::alibi_slope(qo_head, params.num_qo_heads);``)
   ``mask``              ``kv_idx`` -> bool (False drops the key); applied on every tile
   ``key_hi``            -> an exclusive upper bound on the keys of the row (e.g. causal: ``qpos + 1``); tiles past
                         every row's bound are skipped, boundary tiles masked
@@ -44,8 +48,9 @@ Per snippet:
   ``output_transform``  ``dim``, ``x`` = o[dim] (final: normalised, v_scale applied), ``lse`` (the row's base-2 lse)
                         -> o'[dim], once per output element
 A snippet is either an expression (``"params.cap * fmath::tanh(x * params.inv_cap)"``) or statements with a
-``return`` (``dim_state``: statements that fill ``state``). ``mask`` applies on every tile and ``key_hi`` /
-``key_lo`` only on the tiles their bounds cross: which one a variant uses is its explicit choice, never inferred.
+``return`` (``dim_state`` / ``row_state``: statements that fill ``state`` / ``row``). ``mask`` applies on every tile
+and ``key_hi`` / ``key_lo`` only on the tiles their bounds cross: which one a variant uses is its explicit choice,
+never inferred.
 
 ``softmax=False`` (sigmoid attention): the output is ``Σ_j w_j v_j`` with ``w_j`` the chain's logits output for key j
 (masked keys 0), no max, no normalisation; lse is ``log2(Σ_j w_j)`` (-inf for a row without keys). Prefill never
@@ -75,11 +80,12 @@ PARAM_KINDS = ("i32", "u32", "i64", "f32", "f64", "ptr")
 ARRAY_KINDS = ("i32", "i64", "f32", "f64")  # element kinds of an array parameter (per=...)
 PER = ("qo_head", "kv_head", "request")  # what an array parameter has one element of
 SNIPPETS = (
-    "logits", "mask", "key_hi", "key_lo", "sink", "dim_state", "query_transform", "key_transform", "pos_state",
-    "pos_advance", "value_transform", "output_transform",
+    "logits", "mask", "key_hi", "key_lo", "sink", "dim_state", "row_state", "query_transform", "key_transform",
+    "pos_state", "pos_advance", "value_transform", "output_transform",
 )  # fmt: skip
-# The NumPy functions of a variant (``Variant.numpy``): one per snippet but dim_state (NumPy transforms take whole
-# vectors), with the keyword names each may declare (docs/variants.md, "NumPy functions").
+# The NumPy functions of a variant (``Variant.numpy``): one per snippet but dim_state and row_state (NumPy transforms
+# take whole vectors; NumPy logits compute what they need), with the keyword names each may declare
+# (docs/variants.md, "NumPy functions").
 _INDEX = ("batch", "qo_idx", "qpos", "qo_head", "kv_head", "qo_len", "kv_len", "head_dim", "params")
 NUMPY_NAMES: dict[str, tuple[str, ...]] = {
     "logits": ("x", "kv_idx", *_INDEX),
@@ -143,6 +149,8 @@ class Variant:
     key_lo: str | None = None
     dim_state: str | None = None
     state_fields: str = ""
+    row_state: str | None = None
+    row_fields: str = ""
     query_transform: str | None = None
     key_transform: str | None = None
     pos_state: str | None = None
@@ -170,6 +178,12 @@ class Variant:
             raise ValueError(f"variant {self.name!r}: dim_state is only used by query_transform / key_transform")
         if self.state_fields and not self.dim_state:
             raise ValueError(f"variant {self.name!r}: state_fields without a dim_state snippet that fills them")
+        if self.row_state and not self.logits:
+            raise ValueError(f"variant {self.name!r}: row_state is only read by logits (as row.<field>)")
+        if self.row_state and not self.row_fields:
+            raise ValueError(f"variant {self.name!r}: row_state without row_fields that declare what it fills")
+        if self.row_fields and not self.row_state:
+            raise ValueError(f"variant {self.name!r}: row_fields without a row_state snippet that fills them")
         if self.pos_state and not self.key_transform:
             raise ValueError(f"variant {self.name!r}: pos_state is only used by key_transform (as kpos)")
         if self.pos_fields and not self.pos_state:

@@ -25,10 +25,27 @@ __device__ __forceinline__ float rcp(float x) {
   return y;
 }
 
-// tanh(x) = 1 - 2 / (1 + 2^(2x·log2 e)). tanh.approx.f32 has a relative error of ~2^-11, which a soft cap of 30
-// turns into logit errors of ~0.015 (1.5 % on the probabilities); this form is accurate to ~1e-7 absolute and
-// saturates cleanly (2^(+big) = inf -> 1, 2^(-big) = 0 -> -1).
-__device__ __forceinline__ float tanh(float x) { return 1.f - 2.f * rcp(1.f + ex2(2.f * kLog2e * x)); }
+// 1 / (1 + 2^t) in one MUFU (the ex2): the reciprocal by Newton's method on the FMA pipe, from the integer first guess
+// 0x7EF311C3 - bits(d) (within 5.1 %; three steps: ~1e-7 relative, as rcp.approx's). d is clamped to 2^26, where the
+// result (1.5e-8) is as good as 0 for tanh: 2^(+big) = inf -> 2^-26, 2^(-big) = 0 -> 1. (A NaN t gives 2^-26.)
+__device__ __forceinline__ float rcp_one_plus_ex2(float t) {
+  const float d = fminf(1.f + ex2(t), 67108864.f);
+  float r = __int_as_float(0x7EF311C3 - __float_as_int(d));
+#pragma unroll
+  for (int i = 0; i < 3; ++i) r = fmaf(r, fmaf(-d, r, 1.f), r);
+  return r;
+}
+
+// tanh(x) = 1 - 2 / (1 + 2^(2x·log2 e)), accurate to ~2e-7 absolute, with one MUFU op (rcp_one_plus_ex2).
+// tanh.approx.f32 (tanh_approx: one MUFU too) has a relative error of ~2^-11, which a soft cap of 30 turns into logit
+// errors of ~0.015 (1.5 % on the probabilities).
+__device__ __forceinline__ float tanh(float x) { return fmaf(-2.f, rcp_one_plus_ex2(2.f * kLog2e * x), 1.f); }
+
+// The logits soft cap cap · tanh(x / cap) (inv_cap = 1 / cap) as cap - 2 cap / (1 + 2^(x · 2 log2 e / cap)): one
+// multiply, one MUFU op and the Newton steps per logit (the scale folds into one constant); ~6e-6 absolute at cap 30.
+__device__ __forceinline__ float soft_cap(float x, float cap, float inv_cap) {
+  return fmaf(-2.f * cap, rcp_one_plus_ex2(x * (2.f * kLog2e * inv_cap)), cap);
+}
 
 // The logistic function 1 / (1 + e^-x) from MUFU ex2 and rcp (relative error ~2^-21), for sigmoid attention;
 // saturates cleanly (e^+big = inf -> 0, e^-big = 0 -> 1).
@@ -56,9 +73,11 @@ template <int W> __device__ __forceinline__ float group_max(float x) {
 
 // ALiBi slope of query head h among n heads, as the ALiBi paper and FlashInfer define it: with m the largest power
 // of two <= n, 2^(-8(h+1)/m) for h < m, then the odd slopes of the 2m sequence, 2^(-4(2(h-m)+1)/m).
+// The exponents are exact: m is a power of two, so dividing by it is multiplying by 2^-log2(m), built from its bits.
 __device__ __forceinline__ float alibi_slope(int h, int n) {
-  const int m = 1 << (31 - __clz(n));
-  return h < m ? ::exp2f(-8.f * float(h + 1) / float(m)) : ::exp2f(-4.f * float(2 * (h - m) + 1) / float(m));
+  const int log2m = 31 - __clz(n), m = 1 << log2m;
+  const float inv_m = __int_as_float((127 - log2m) << 23);
+  return h < m ? ::exp2f(-8.f * float(h + 1) * inv_m) : ::exp2f(-4.f * float(2 * (h - m) + 1) * inv_m);
 }
 
 // RoPE frequency of dimension pair i (of head_dim/2), split into hi + lo floats: pos · freq must be accurate to far

@@ -6,8 +6,11 @@
 // snippets (cuinfer/variants/render.py): the built-ins (causal, sliding window, soft cap, ALiBi, custom mask, RoPE,
 // Llama-3.1 RoPE, sinks, sigmoid) are written exactly as a user's variant is (cuinfer/variants/builtins/).
 //
-//   logits(v, ix, kv, x)            the logit of query row ix and key kv: x is the natural logit q·k·sm_scale (only
-//                                   called when kLogits; otherwise the kernels fold sm_scale into a base-2 softmax)
+//   logits(v, ix, row, kv, x)       the logit of query row ix and key kv: x is the natural logit q·k·sm_scale (only
+//                                   called when kLogits; otherwise the kernels fold sm_scale into a base-2 softmax);
+//                                   row is the row's RowState
+//   row_state(v, ix)                per-row state of query row ix (its token and query head) for logits(), computed
+//                                   once per row outside the KV loop (kRowState; e.g. an ALiBi slope)
 //   mask(v, ix, kv)                 false drops the key (only when kMask; applied on every tile)
 //   key_range(v, ix, lo, hi)        narrows the keys query row ix may see to [lo, hi) (kUpperBound / kLowerBound:
 //                                   causal, sliding window); kernels skip tiles outside every row's range and mask the
@@ -73,11 +76,14 @@ struct Identity {
   static constexpr bool kSink = false;            // sink() gives the row's sink logit
   static constexpr bool kValueTransform = false;  // value_transform() is not the identity
   static constexpr bool kOutputTransform = false;  // output_transform() is not the identity
+  static constexpr bool kRowState = false;          // row_state() fills a RowState
   static constexpr bool kPosState = false;        // pos_state() gives key_transform() its PosState
   static constexpr bool kPosAdvance = false;      // pos_advance() moves a PosState on by a step's
   struct DimState {};
+  struct RowState {};
   struct PosState {};
   template <class VP> __device__ __forceinline__ static DimState dim_state(const VP&, int, int) { return DimState{}; }
+  template <class VP> __device__ __forceinline__ static RowState row_state(const VP&, const Index&) { return {}; }
   template <class VP>
   __device__ __forceinline__ static PosState pos_state(const VP&, const DimState&, int, int) {
     return PosState{};
@@ -85,7 +91,7 @@ struct Identity {
   template <class VP>
   __device__ __forceinline__ static void pos_advance(const VP&, const DimState&, int, PosState&, const PosState&) {}
   template <class VP>
-  __device__ __forceinline__ static float logits(const VP&, const Index&, int, float x) {
+  __device__ __forceinline__ static float logits(const VP&, const Index&, const RowState&, int, float x) {
     return x;
   }
   template <class VP> __device__ __forceinline__ static bool mask(const VP&, const Index&, int) { return true; }
@@ -135,6 +141,7 @@ template <class A, class... Rest> struct Chain<A, Rest...> {
   static constexpr bool kSink = A::kSink || Tail::kSink;  // (at most one piece has a sink: the renderer checks)
   static constexpr bool kValueTransform = A::kValueTransform || Tail::kValueTransform;
   static constexpr bool kOutputTransform = A::kOutputTransform || Tail::kOutputTransform;
+  static constexpr bool kRowState = A::kRowState || Tail::kRowState;
   // At most one piece of a chain transforms (the renderer refuses two: rotations do not compose element by element),
   // so the chain's DimState and PosState are that piece's.
   static constexpr bool kHeadTransforms = A::kQueryTransform || A::kKeyTransform;
@@ -148,6 +155,17 @@ template <class A, class... Rest> struct Chain<A, Rest...> {
     } else {
       return Tail::dim_state(v, dim, head_dim);
     }
+  }
+  // Each piece's row state (empty for most: no registers once inlined).
+  struct RowState {
+    typename A::RowState a;
+    typename Tail::RowState tail;
+  };
+  template <class VP> __device__ __forceinline__ static RowState row_state(const VP& v, const Index& ix) {
+    RowState r;
+    if constexpr (A::kRowState) r.a = A::row_state(v, ix);
+    if constexpr (Tail::kRowState) r.tail = Tail::row_state(v, ix);
+    return r;
   }
   template <class VP>
   __device__ __forceinline__ static PosState pos_state(const VP& v, const DimState& s, int dim, int pos) {
@@ -167,9 +185,9 @@ template <class A, class... Rest> struct Chain<A, Rest...> {
     }
   }
   template <class VP>
-  __device__ __forceinline__ static float logits(const VP& v, const Index& ix, int kv, float x) {
-    if constexpr (A::kLogits) x = A::logits(v, ix, kv, x);
-    if constexpr (Tail::kLogits) x = Tail::logits(v, ix, kv, x);
+  __device__ __forceinline__ static float logits(const VP& v, const Index& ix, const RowState& row, int kv, float x) {
+    if constexpr (A::kLogits) x = A::logits(v, ix, row.a, kv, x);
+    if constexpr (Tail::kLogits) x = Tail::logits(v, ix, row.tail, kv, x);
     return x;
   }
   template <class VP> __device__ __forceinline__ static bool mask(const VP& v, const Index& ix, int kv) {

@@ -124,6 +124,8 @@ NEW_CHAINS = {
     "sigmoid": ("sigmoid",),
     "rope_llama31": ("rope_llama31",),
     "value_output": (VALUE_OUTPUT,),
+    "soft_cap": ("soft_cap",),  # (one MUFU op and Newton steps per logit)
+    "alibi": ("alibi",),  # (a row state)
 }
 
 
@@ -144,6 +146,26 @@ def test_new_builtins_compile_into_every_kernel(name, kind):
         funcs = disassemble(mod.cubin)
         for sym in mod.lowered.values():
             assert not check_sass(funcs[sym], "sm_90a", spec.sass_expect, spec.sass_forbid)
+
+
+@pytest.mark.compile
+def test_soft_cap_and_alibi_add_no_mufu_op_per_logit_but_the_soft_caps_exp2():
+    """Issue 17: the soft cap takes one MUFU op per logit (its exp2; the reciprocal is Newton steps on the FMA pipe),
+    and ALiBi's slope is the row's state (no exp2f / division per tile): both prefill kernels have the plain causal
+    kernel's MUFU.RCP (the epilogue's) and no call (an IEEE division's slow path), at the policy's tiles, sm_90a."""
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump not found")
+
+    def ops(*names):
+        spec = _specs(render(tuple(lookup(n) for n in names)))["prefill-ragged"]
+        mod = compile_spec(spec, "sm_90a")
+        (sym,) = mod.lowered.values()
+        return disassemble(mod.cubin)[sym]
+
+    causal, soft_cap, alibi = ops("causal"), ops("causal", "soft_cap"), ops("causal", "alibi")
+    for name, got in (("soft_cap", soft_cap), ("alibi", alibi)):
+        assert got.count("MUFU.RCP") == causal.count("MUFU.RCP"), name
+        assert not [o for o in got if o.startswith("CALL")], name
 
 
 @pytest.mark.compile

@@ -44,6 +44,13 @@ def test_registering_a_name_twice_with_another_variant_raises():
             dict(name="lonely", dim_state="state.a = 0;", logits="x"), "dim_state is only used", id="dim-state-alone"
         ),  # fmt: skip
         pytest.param(dict(name="fields", logits="x", state_fields="float a;"), "state_fields without", id="fields"),
+        pytest.param(
+            dict(name="rows", mask="true", row_state="row.a = 0;", row_fields="float a;"),
+            "only read by logits",
+            id="row-state-without-logits",
+        ),  # fmt: skip
+        pytest.param(dict(name="rows", logits="x", row_state="row.a = 0;"), "without row_fields", id="row-no-fields"),
+        pytest.param(dict(name="rows", logits="x", row_fields="float a;"), "row_fields without", id="row-fields"),
     ],
 )
 def test_variant_specs_are_validated(kwargs, message):
@@ -76,10 +83,11 @@ def test_rendering_a_chain_of_builtins():
     assert "using Variant = ::cuinfer::variant::Chain<::cuinfer::variant::piece_causal," in src
     # each snippet between #line markers that name the variant and its functor
     for marker in ("variant causal.key_range", "variant window.key_range", "variant custom_mask.mask",
-                   "variant alibi.logits", "variant soft_cap.logits"):  # fmt: skip
+                   "variant alibi.row_state", "variant alibi.logits", "variant soft_cap.logits"):  # fmt: skip
         assert f'#line 1 "{marker}"' in src
-    # expression snippets become a return, bounds an intersection
-    assert "return (params.cap * fmath::tanh(x * params.inv_cap));" in src
+    # expression snippets become a return, bounds an intersection; a row state is filled once per row
+    assert "return (fmath::soft_cap(x, params.cap, params.inv_cap));" in src
+    assert "RowState row;" in src and "row.slope = fmath::alibi_slope(qo_head, params.num_qo_heads);" in src
     assert "hi = min(hi, static_cast<int>(qpos + 1));" in src
     assert "lo = max(lo, static_cast<int>(qpos - params.window_left));" in src
     assert r.has_logits and not r.transforms

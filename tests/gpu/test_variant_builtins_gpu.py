@@ -8,8 +8,9 @@ each against the float64 reference on decode (both kernels), paged prefill and r
   (its merge adds pieces), prefill never does;
 - ``rope_llama31``: Llama-3.1 frequencies (a short original context so all three regimes occur), causal + window;
   the reference rotates q and k in float64 and rounds them to bf16, as the kernels keep them in shared memory;
-- a user variant written here (``USER_VO``): logits tilt per head, a mask on every tile, a value transform scaled
-  per KV head by an array given at run(), an output transform reading lse, against NumPy attention written here.
+- a user variant written here (``USER_VO``): logits tilt per query row (a ``row_state``: head and position), a mask
+  on every tile, a value transform scaled per KV head by an array given at run(), an output transform reading lse,
+  against NumPy attention written here.
 
 GQA groups 1 / 4 / 8 and head dims 64 / 128 / 256 each appear for every built-in and path (parametrised so each
 case is one kernel: the suite compiles ~40 kernels, ~1-3 s each on first use). Outputs (and the split workspace)
@@ -41,14 +42,17 @@ SIGMOID_BIAS = -2.0
 
 USER_VO = Variant(
     name="test_gpu_value_output",
-    logits="x * (1.f + 0.0625f * (qo_head % 4))",
+    # a per-row state (once per query row: its token and head) read by logits
+    row_state="row.tilt = 1.f + 0.0625f * (qo_head % 4) + 0.03125f * (qpos % 3);",
+    row_fields="float tilt;",
+    logits="x * row.tilt",
     mask="(kv_idx * 7 + qo_head) % 11 != 3",  # every tile: ~9 % of the keys of every row
     value_transform="x * params.v_gain[kv_head]",
     output_transform="x * params.o_gain + 0.03125f * lse",
     params=(Param("v_gain", "f32", per="kv_head"), Param("o_gain", "f32")),
     # the same functions for the CPU reference backend (NumPy inputs)
     numpy={
-        "logits": lambda x, qo_head: x * (1 + 0.0625 * (qo_head % 4)),
+        "logits": lambda x, qo_head, qpos: x * (1 + 0.0625 * (qo_head % 4) + 0.03125 * (qpos % 3)),
         "mask": lambda kv_idx, qo_head: (kv_idx * 7 + qo_head) % 11 != 3,
         "value_transform": lambda x, kv_head, params: x * params.v_gain[kv_head],
         "output_transform": lambda x, lse, params: x * params.o_gain + 0.03125 * lse,
@@ -62,16 +66,19 @@ def _v_gain(hkv: int) -> np.ndarray:
 
 
 def _user_attend(q, k, v, v_gain):
-    """float64 attention of one request with USER_VO, head by head (o, lse)."""
+    """float64 attention of one query row with USER_VO over the keys it sees, head by head (o, lse): its position is
+    the last key's (decode; prefill's rows cut to their visible keys)."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     lq, hq, d = q.shape
     lkv, hkv, dv = v.shape
+    assert lq == 1
+    qpos = lkv - 1
     g = hq // hkv
     o = np.zeros((lq, hq, dv))
     lse = np.full((lq, hq), -np.inf)
     j = np.arange(lkv)
     for h in range(hq):
-        s = q[:, h] @ k[:, h // g].T / math.sqrt(d) * (1 + 0.0625 * (h % 4))
+        s = q[:, h] @ k[:, h // g].T / math.sqrt(d) * (1 + 0.0625 * (h % 4) + 0.03125 * (qpos % 3))
         keep = np.broadcast_to((j * 7 + h) % 11 != 3, s.shape)
         s = np.where(keep, s, -np.inf)
         m = s.max(axis=1, initial=-np.inf)

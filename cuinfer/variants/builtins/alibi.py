@@ -1,5 +1,6 @@
 """ALiBi: ``logit += slope_h * (j - qpos)`` with the standard slopes of ``num_qo_heads`` heads: with m the largest
-power of two <= n, ``2^(-8(h+1)/m)`` for h < m, then the odd slopes of the 2m sequence (``fmath::alibi_slope``)."""
+power of two <= n, ``2^(-8(h+1)/m)`` for h < m, then the odd slopes of the 2m sequence (``fmath::alibi_slope``).
+The slope is the row's state (``row_state``): computed once per query row, not per key."""
 
 from cuinfer.variants.registry import register
 from cuinfer.variants.spec import Param, Variant
@@ -7,7 +8,9 @@ from cuinfer.variants.spec import Param, Variant
 ALIBI = register(
     Variant(
         name="alibi",
-        logits="x + fmath::alibi_slope(qo_head, params.num_qo_heads) * static_cast<float>(kv_idx - qpos)",
+        row_state="row.slope = fmath::alibi_slope(qo_head, params.num_qo_heads);",
+        row_fields="float slope;",
+        logits="x + row.slope * static_cast<float>(kv_idx - qpos)",
         params=(Param("num_qo_heads", "i32"),),
         doc=__doc__,
     )

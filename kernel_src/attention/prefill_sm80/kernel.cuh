@@ -294,7 +294,8 @@ template <class C, class P, class VP>
 __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C>& c, int stage, int wkey0, int kv_end, int wb0,
                                             int wb1, int wb2, u32 (&pa)[C::kMmaQ][C::kMmaKV][4],
                                             float (&o)[C::kMmaQ][C::kHeadDimVO / 8][4], float (&row_max)[C::kMmaQ][2],
-                                            float (&row_sum)[C::kMmaQ][2], float x_scale) {
+                                            float (&row_sum)[C::kMmaQ][2], float x_scale,
+                                            const typename C::Variant::RowState (&rows)[C::kMmaQ][2]) {
   using V = typename C::Variant;
   constexpr int MMA_Q = C::kMmaQ, MMA_KV = C::kMmaKV;
   const bool need_mask = V::kMask || wkey0 + MMA_KV * 16 > wb0 || (V::kLowerBound && wkey0 < wb2);
@@ -332,7 +333,14 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
       qk_tile<C, false>(s, c.q_lane, k_stage, live);
     }
     if constexpr (C::kKV8) scale_scores<C>(s, __int_as_float(c.warp_ints()[kWKScale]));
-    if (V::kLogits || need_mask) logits_and_mask<C>(p, v, c, s, wkey0, kv_end, need_mask);
+    // Two copies of the variant's logits: interior tiles (most of them) compute no key bounds at all, and the
+    // boundary tiles' copy alone holds the registers of the masks (a 64-key tile with ALiBi spilled 80 bytes with
+    // one copy and a runtime need_mask, 16 with two).
+    if (need_mask) {
+      logits_and_mask<C>(p, v, c, s, wkey0, kv_end, true, rows);
+    } else if constexpr (V::kLogits) {
+      logits_and_mask<C>(p, v, c, s, wkey0, kv_end, false, rows);
+    }
     if constexpr (!V::kSoftmax) {
       weights_sum<C>(s, row_sum);
       break;
@@ -360,7 +368,8 @@ template <class C, class P, class VP>
 __device__ __forceinline__ void kv_loop(const P& p, const VP& v, const Cta<C>& c, const Loader<C, P>& ld, int kv_start, int kv_end,
                                         int& stage, int (&pages)[C::kKVRowsPerThread],
                                         float (&o)[C::kMmaQ][C::kHeadDimVO / 8][4], float (&row_max)[C::kMmaQ][2],
-                                        float (&row_sum)[C::kMmaQ][2], float x_scale) {
+                                        float (&row_sum)[C::kMmaQ][2], float x_scale,
+                                        const typename C::Variant::RowState (&rows)[C::kMmaQ][2]) {
   using V = typename C::Variant;
   constexpr int STAGES = C::kStages, TILE_KV = C::kTileKV, MMA_KV = C::kMmaKV;
   for (int key0 = kv_start; key0 < kv_end; key0 += TILE_KV) {
@@ -388,7 +397,7 @@ __device__ __forceinline__ void kv_loop(const P& p, const VP& v, const Cta<C>& c
     // Fully masked for this warp (all keys past every row's limit, or before every row's lower bound): skip the math.
     const bool skip = wkey0 >= wb1 || (V::kLowerBound && wkey0 + MMA_KV * 16 <= wb3);
     u32 pa[C::kMmaQ][MMA_KV][4];
-    if (!skip) tile_scores<C>(p, v, c, stage, wkey0, kv_end, wb0, wb1, wb2, pa, o, row_max, row_sum, x_scale);
+    if (!skip) tile_scores<C>(p, v, c, stage, wkey0, kv_end, wb0, wb1, wb2, pa, o, row_max, row_sum, x_scale, rows);
     {
       const int* wv = c.warp_ints();  // (read before the barrier, as above)
       const int v_base = wv[kWKvBase], v_head = wv[kWKvHead];
@@ -492,7 +501,10 @@ __device__ __forceinline__ void run_item(const P& p, const VP& v, const Cta<C>& 
     }
   }
   CUINFER_PREFILL_TRACE_STAMP(1);
-  kv_loop<C>(p, v, c, ld, f.kv_start, f.kv_end, stage, pages, o, row_max, row_sum, x_scale);
+  // The variant's per-row state (an ALiBi slope, ...): once per item, not per KV tile.
+  typename C::Variant::RowState rows[MMA_Q][2];
+  row_states<C>(p, v, c, f.row0, q_shift, f.kvh, f.b, f.kv_len, rows);
+  kv_loop<C>(p, v, c, ld, f.kv_start, f.kv_end, stage, pages, o, row_max, row_sum, x_scale, rows);
   if constexpr (C::kKV8) finish_fp8_o<C>(c, o);
   CUINFER_PREFILL_TRACE_STAMP(3);
   if constexpr (XI) {

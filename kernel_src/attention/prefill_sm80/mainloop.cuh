@@ -171,16 +171,34 @@ __device__ __forceinline__ float exp2_row(float (&s)[2 * MMA_KV][4], int h, floa
   return sum;
 }
 
+// The variant's Index of packed row pr (token pr / g, query head kv_head * g + pr % g) of request `batch`, whose query
+// token i sits at kv position i + q_shift.
+template <class C, class P>
+__device__ __forceinline__ variant::Index row_index(const P& p, int pr, int q_shift, int kv_head, int batch,
+                                                    int kv_len) {
+  const int g = p.group_size;
+  variant::Index ix;
+  ix.qo_idx = static_cast<int>(fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
+  ix.qpos = ix.qo_idx + q_shift;  // kv position of this query row
+  ix.kv_head = kv_head;
+  ix.qo_head = kv_head * g + (pr - ix.qo_idx * g);
+  ix.batch = batch;
+  ix.kv_len = kv_len;
+  ix.qo_len = kv_len - q_shift;
+  ix.head_dim = C::kHeadDimQK;
+  return ix;
+}
+
 // The variant's logits transform and the tile's masks on this warp's S: the element of row (mq, h) and n8 tile j,
 // component e, is the logit of packed row row0 + warp_row0 + lane/4 + 16 mq + 8 h and key wkey0 + 8 j + 2 (lane % 4)
 // + e % 2. Keys outside the row's key range [lo, hi) (the variant's key_range clipped to the item's kv_end) and keys
-// the variant's mask drops become -inf (without softmax: weight 0).
+// the variant's mask drops become -inf (without softmax: weight 0). `rows`: the rows' RowStates (row_states).
 template <class C, class P, class VP>
 __device__ __forceinline__ void logits_and_mask(const P& p, const VP& v, const Cta<C>& c,
                                                 float (&s)[C::kMmaQ][2 * C::kMmaKV][4], int wkey0, int kv_end,
-                                                bool need_mask) {
+                                                bool need_mask,
+                                                const typename C::Variant::RowState (&rows)[C::kMmaQ][2]) {
   using V = typename C::Variant;
-  const int g = p.group_size;
   const int q_shift = c.info[kIQShift];
   // Packed row of this thread's element (mq = 0, h = 0); rows + 16 mq + 8 h hold elements 2h, 2h+1.
   const int thread_row0 = c.info[kIRow0] + c.warp_row0 + c.lane / 4;
@@ -189,15 +207,8 @@ __device__ __forceinline__ void logits_and_mask(const P& p, const VP& v, const C
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int pr = thread_row0 + mq * 16 + 8 * h;
-      variant::Index ix;
-      ix.qo_idx = static_cast<int>(fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
-      ix.qpos = ix.qo_idx + q_shift;  // kv position of this query row
-      ix.kv_head = c.info[kIKvHead];
-      ix.qo_head = ix.kv_head * g + (pr - ix.qo_idx * g);
-      ix.batch = c.info[kIReq];
-      ix.kv_len = c.info[kIKvLen];
-      ix.qo_len = ix.kv_len - q_shift;
-      ix.head_dim = C::kHeadDimQK;
+      const variant::Index ix =
+          row_index<C>(p, pr, q_shift, c.info[kIKvHead], c.info[kIReq], c.info[kIKvLen]);
       int lo = variant::kNoLowerBound, hi = kv_end;  // keys < lo and >= hi are masked
       V::key_range(v, ix, lo, hi);
 #pragma unroll
@@ -206,7 +217,7 @@ __device__ __forceinline__ void logits_and_mask(const P& p, const VP& v, const C
         for (int e = 2 * h; e < 2 * h + 2; ++e) {
           const int key = wkey0 + j * 8 + 2 * (c.lane % 4) + (e % 2);
           float x = s[mq][j][e];
-          if constexpr (V::kLogits) x = V::logits(v, ix, key, x * p.sm_scale);
+          if constexpr (V::kLogits) x = V::logits(v, ix, rows[mq][h], key, x * p.sm_scale);
           if (need_mask) {
             bool keep = key < hi;
             if constexpr (V::kLowerBound) keep = keep && key >= lo;
@@ -217,6 +228,25 @@ __device__ __forceinline__ void logits_and_mask(const P& p, const VP& v, const C
           }
           s[mq][j][e] = x;
         }
+      }
+    }
+  }
+}
+
+// The RowStates of this thread's rows (those of logits_and_mask) for an item: row0 its first packed row. Computed once
+// per item, before its KV loop (nothing when the variant has no row state).
+template <class C, class P, class VP>
+__device__ __forceinline__ void row_states(const P& p, const VP& v, const Cta<C>& c, int row0, int q_shift, int kv_head,
+                                           int batch, int kv_len,
+                                           typename C::Variant::RowState (&rows)[C::kMmaQ][2]) {
+  using V = typename C::Variant;
+  if constexpr (V::kRowState) {
+#pragma unroll
+    for (int mq = 0; mq < C::kMmaQ; ++mq) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int pr = row0 + c.warp_row0 + c.lane / 4 + mq * 16 + 8 * h;
+        rows[mq][h] = V::row_state(v, row_index<C>(p, pr, q_shift, kv_head, batch, kv_len));
       }
     }
   }
