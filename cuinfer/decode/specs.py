@@ -91,7 +91,7 @@ def fp8_sass_expect(kv_dtype: str, convert_to: str) -> list[str]:
     if not kv_dtype.startswith("float8"):
         return []
     if convert_to == "f16s":  # the tensor-core kernel's fragments (fp8::f16s_pairs): masks and shifts, float16 mma
-        mask = r"LOP3.*0x7f007f00" if "e4m3" in kv_dtype else r"LOP3.*0xff00ff00"
+        mask = r"LOP3.*0xbf80bf80" if "e4m3" in kv_dtype else r"LOP3.*0xff00ff00"
         return [mask, r"HMMA\.16816\.F32 "]
     if convert_to == "float16":
         return [r"sm_90a:F2FP\.F16\.E[45]M[23]", r"sm_80:PRMT", r"sm_80:HFMA2|HMUL2" if "e4m3" in kv_dtype else r"PRMT"]

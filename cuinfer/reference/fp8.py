@@ -89,11 +89,24 @@ def f16s_pairs(words: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray]:
     if fmt == "float8_e5m2":
         p02 = ((x & 0xFF) << 8) | ((x & 0xFF0000) << 8)  # __byte_perm(x, 0, 0x2404): [0, byte 0, 0, byte 2]
         return p02.astype(np.uint32), (x & 0xFF00FF00).astype(np.uint32)
-    sh, sign, mag = c["kShiftE4m3F16s"], c["kSignMask"], c["kMagMask"]
-    y = (x << 8).astype(np.uint32)
-    p02 = (y & sign) | ((y & mag) >> sh)
-    p13 = (x & sign) | ((x & mag) >> sh)
+    sh, mask = c["kShiftE4m3F16s"], c["kF16sMask"]
+    p02 = (prmt(x, c["kF16sSel02"]) << sh) & mask
+    p13 = (prmt(x, c["kF16sSel13"]) << sh) & mask
     return p02.astype(np.uint32), p13.astype(np.uint32)
+
+
+def prmt(x: np.ndarray, sel: int) -> np.ndarray:
+    """PTX prmt.b32 d, x, 0, sel (default mode): result byte n is byte (sel_n & 7) of (x, 0), or that byte's sign bit
+    replicated when sel_n & 8."""
+    x = np.asarray(x, dtype=np.uint64)
+    out = np.zeros_like(x)
+    for n in range(4):
+        s = (sel >> (4 * n)) & 0xF
+        byte = (x >> np.uint64(8 * (s & 7))) & np.uint64(0xFF) if (s & 7) < 4 else np.zeros_like(x)
+        if s & 8:
+            byte = np.where(byte & np.uint64(0x80), np.uint64(0xFF), np.uint64(0))
+        out |= byte << np.uint64(8 * n)
+    return out.astype(np.uint32)
 
 
 def halves(words: np.ndarray) -> np.ndarray:

@@ -189,17 +189,23 @@ __device__ __forceinline__ void pv_acc_to_natural(float (&acc_e)[4], float (&acc
 // float16), so an fp8 byte needs no multiply: its 7 magnitude bits shifted right by one into a float16's exponent and
 // mantissa fields are the e4m3 value times 2^-8 (subnormals included, exact; NaN -> 1.875), and an e5m2 byte is the
 // upper byte of a float16 (exact, inf and NaN kept). F16s<F8>::kPow is that 8 (e4m3) or 0 (e5m2); the kernel folds
-// 2^kPow into the logits' scale (K) and into P (V). One register of 4 bytes gives two fragments: bytes (0, 2) and
+// 2^kPow into the logits' scale (K) and the output's (V). One register of 4 bytes gives two fragments: bytes (0, 2) and
 // (1, 3), which are exactly the V pairs of ldmatrix.trans (even / odd tile, see v_frag) and, for K, the head dims
-// (4t, 4t+2) and (4t+1, 4t+3) (q_frag_f16s builds Q in that order). e4m3: 7 integer ops per 4 bytes (shift, 2 x (two
-// masks and a shift-add)), e5m2: a byte permute and a mask; no PRMT per pair, no HFMA2.
+// (4t, 4t+2) and (4t+1, 4t+3) (q_frag_f16s builds Q in that order). e4m3: per pair of bytes one byte permute that
+// also replicates each byte's sign into the byte above it ([b, sign(b) x 8] per 16-bit lane), a shift left by 7 (the
+// magnitude to bits 7-13, the replicated sign's lowest bit to bit 15) and one mask (kF16sMask: drops the byte's own
+// sign, now at bit 14, and what the shift carried over from the lane below): 6 integer ops per 4 bytes. e5m2: a
+// byte permute and a mask. No multiply.
 template <typename F8> struct F16s {  // (e5m2; 0 for 16-bit K/V too)
   static constexpr int kPow = 0;
 };
 template <> struct F16s<__nv_fp8_e4m3> {
   static constexpr int kPow = 8;
 };
-constexpr int kShiftE4m3F16s = 1;  // magnitude bits 8-14 of a 16-bit lane -> 7-13
+constexpr int kShiftE4m3F16s = 7;       // [b, sign(b) x 8] << 7: magnitude to bits 7-13, sign to 15
+constexpr u32 kF16sMask = 0xBF80BF80u;  // bits 7-13 and 15 of each 16-bit lane
+constexpr u32 kF16sSel02 = 0xA280u;     // prmt: [byte 0, sign(byte 0), byte 2, sign(byte 2)]
+constexpr u32 kF16sSel13 = 0xB391u;     // prmt: [byte 1, sign(byte 1), byte 3, sign(byte 3)]
 
 // Bytes 0, 2 (p02, byte 0 in the low half) and 1, 3 (p13) of x as float16 values times 2^-F16s<F8>::kPow.
 template <typename F8> __device__ __forceinline__ void f16s_pairs(u32 x, u32& p02, u32& p13) {
@@ -208,9 +214,11 @@ template <typename F8> __device__ __forceinline__ void f16s_pairs(u32 x, u32& p0
     p02 = __byte_perm(x, 0u, 0x2404);  // [0, byte 0, 0, byte 2]
     p13 = x & 0xff00ff00u;
   } else {
-    const u32 y = x << 8;  // bytes 0, 2 in the upper halves (the low bytes are masked off below)
-    p02 = (y & kSignMask) | ((y & kMagMask) >> kShiftE4m3F16s);
-    p13 = (x & kSignMask) | ((x & kMagMask) >> kShiftE4m3F16s);
+    u32 a, b;  // (prmt's selector nibbles with bit 3 set replicate the selected byte's sign)
+    asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(a) : "r"(x), "n"(kF16sSel02));
+    asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(b) : "r"(x), "n"(kF16sSel13));
+    p02 = (a << kShiftE4m3F16s) & kF16sMask;
+    p13 = (b << kShiftE4m3F16s) & kF16sMask;
   }
 }
 

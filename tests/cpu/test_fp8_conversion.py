@@ -166,7 +166,10 @@ def test_f16s_pairs_are_the_codes_times_a_power_of_two(fmt):
 
 def test_f16s_constants():
     c = fp8.header_constants()
-    assert c["kShiftE4m3F16s"] == 1 and fp8.f16s_pow("float8_e4m3fn") == 15 - 7 and c["kQF16TopExp"] == 14
+    assert c["kShiftE4m3F16s"] == 7 and c["kF16sMask"] == 0xBF80BF80 and c["kQF16TopExp"] == 14
+    assert fp8.f16s_pow("float8_e4m3fn") == 15 - 7 and fp8.f16s_pow("float8_e5m2") == 0
+    # prmt as PTX defines it: 0x3A (+1.25) in byte 1, 0xBA (-1.25) in byte 3 -> [0x3A, 0x00, 0xBA, 0xFF] for 0xB391
+    assert fp8.prmt(np.array([0xBA003A00], np.uint32), c["kF16sSel13"])[0] == 0xFFBA003A
 
 
 def test_q_f16_scale_puts_each_row_max_in_the_top_binade():

@@ -258,7 +258,8 @@ def test_decode_tensor_core_fp8_fragments(rng, d, warps_kv, warps_d):
     """Each warp of the tensor-core decode kernel: its 32 tokens of a 32 * warps_kv token tile, S through tile_fp8's
     K fragments (fp8::f16s_pairs: bytes (0, 2) and (1, 3), times 2^-8 as e4m3 gives them) and load_q's Q fragments
     (dims (4t, 4t+2) and (4t+1, 4t+3), each row times its power of two q_f16_scale), the logits rescaled by the rows'
-    inverse scales and 2^8, P times 2^8 against V times 2^-8 over its DW output dims, the exchange of finish_item."""
+    inverse scales and 2^8, P against V times 2^-8 over its DW output dims (o times 2^8 at the end), the exchange of
+    finish_item."""
     warp_tokens, tile = 32, 32 * warps_kv
     dw = d // warps_d
     q = rng.integers(-4, 5, (16, d)).astype(np.float64)
@@ -309,13 +310,14 @@ def test_decode_tensor_core_fp8_fragments(rng, d, warps_kv, warps_d):
         oacc = np.zeros((dw // 8, 32, 4))
         va = ld_make(v_off, wkv * warp_tokens + LANES % 8 + 8 * ((LANES // 8) % 2), LANES // 16, c8)
         for st in range(warp_tokens // 16):
-            pa = frag_c_to_a(s[2 * st] * kpow, s[2 * st + 1] * kpow)  # P times 2^kPow (softmax<kPShift>)
+            pa = frag_c_to_a(s[2 * st], s[2 * st + 1])
             for cp in range(dw // 32):
                 regs = ldmatrix_bytes(smem, ld_at(va, (wd * dw) // 32 + cp, st * 16, c8), 4, trans=True)
                 e = [pair(regs[:, m], 0, 2) / kpow for m in range(4)]  # f16s_pairs: (0, 2) even, (1, 3) odd
                 od = [pair(regs[:, m], 1, 3) / kpow for m in range(4)]
                 for j, bb in enumerate(((e[0], e[1]), (od[0], od[1]), (e[2], e[3]), (od[2], od[3]))):
                     oacc[4 * cp + j] = mma(oacc[4 * cp + j], pa, np.stack(bb, axis=1))
+        oacc *= kpow  # (the kernel's v scale times 2^kPow at the item's end)
         for c in range(dw // 16):
             oacc[2 * c], oacc[2 * c + 1] = to_natural_shuffles(oacc[2 * c], oacc[2 * c + 1])
         got_o = np.concatenate([c_layout(oacc[j]) for j in range(dw // 8)], axis=1)

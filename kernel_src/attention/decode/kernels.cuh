@@ -46,8 +46,8 @@
 // fragments to float16 whatever Q's type (tile_fp8: each warp owns kWarpTokens = 32 tokens of a tile; fp8::f16s_pairs
 // gives K and V times 2^-8 (e4m3) or 2^0 (e5m2) with masks and shifts only, no multiply; load_q converts each query
 // row once per item to float16 times a power of two that puts its largest |q| in [2^14, 2^15), in the head-dim order
-// of the K fragments; the logits take back the powers of two with the k scale, P goes to float16 times 2^8 (e4m3)
-// against V's 2^-8; the P·V accumulators back in the usual order at the item's end). k_scale
+// of the K fragments; the logits take back the powers of two with the k scale, o V's 2^-8 with the v scale; the P·V
+// accumulators back in the usual order at the item's end). k_scale
 // and v_scale reach the kernels folded into sm_scale and v_scale, or as per-KV-head arrays (k_scales: the logits of
 // a tile, v_scales: o at the item's end). The variants' logits, masks, sinks, softmax=False and output transforms
 // apply as with 16-bit K/V; q / k and value transforms, which rewrite K / V tiles in shared memory, are refused for fp8
@@ -469,8 +469,7 @@ struct TensorCore {
 
   // The online softmax of this warp's S (NT n8 tiles: rows gid and gid + 8 of the tile, keys start + wkv *
   // kWarpTokens ...): logits through the variant, max, rescale of o and the row sums, S -> P in place.
-  // kPShift: P comes out times 2^kPShift (and so do the row sums), for the fp8 kernel's float16 V fragments.
-  template <int NT, int kPShift = 0, class VP>
+  template <int NT, class VP>
   static __device__ __forceinline__ void softmax(const DecodeParams& p, const VP& v, const variant::Index (&ix)[2],
                                                  float (&s)[NT][4], int start, int n_valid, float (&oacc)[DW / 8][4],
                                                  float (&m)[2], float (&dsum)[2]) {
@@ -496,7 +495,6 @@ struct TensorCore {
       m[h] = m_new;
       dsum[h] *= scale[h];
     }
-    if constexpr (kPShift != 0) base[0] -= float(kPShift), base[1] -= float(kPShift);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -533,9 +531,9 @@ struct TensorCore {
   // tile() for fp8 K/V, in float16 whatever Q is: S for this warp's kWarpTokens tokens (kNT n8 tiles; K fragments from
   // one ldmatrix per 32 keys and k-step, fp8::f16s_pairs: the keys times 2^-kPow against load_q's float16 Q rows
   // times 2^qe) times the KV head's k scale, 2^kPow and the rows' 2^-qe (qsc), the online softmax or the weights as
-  // in tile(), then P·V a 16-token k-step at a time with P times 2^kPow in float16 (V fragments from one
-  // ldmatrix.trans per 16 tokens and 32 output dims, times 2^-kPow; the accumulators in the even / odd order of
-  // fp8::v_frag). The row sums come out times 2^kPow with softmax (the kernel rescales them at the item's end).
+  // in tile(), then P·V a 16-token k-step at a time with P in float16 (V fragments from one ldmatrix.trans per 16
+  // tokens and 32 output dims, times 2^-kPow, which the kernel takes back with the v scale at the item's end; the
+  // accumulators in the even / odd order of fp8::v_frag).
   static constexpr int kPow = fp8::F16s<KV>::kPow;
   template <class VP>
   static __device__ __forceinline__ void tile_fp8(const DecodeParams& p, const VP& v, const TileSlot<T>* cur,
@@ -573,16 +571,9 @@ struct TensorCore {
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) s[nt][0] *= rs0, s[nt][1] *= rs0, s[nt][2] *= rs1, s[nt][3] *= rs1;
     if constexpr (V::kSoftmax) {
-      softmax<kNT, kPow>(p, v, ix, s, start, n_valid, oacc, m, dsum);
+      softmax(p, v, ix, s, start, n_valid, oacc, m, dsum);
     } else {
       weights(p, v, ix, s, start, n_valid, dsum);
-      if constexpr (kPow != 0) {
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[nt][e] *= float(1 << kPow);
-        }
-      }
     }
     const u32 vbase = mma::smem_addr(vs);
     // lanes 8i .. 8i+7: tokens 8 (i % 2) .. + 7 of a 16-token step, chunk 2 s + i / 2
@@ -750,13 +741,10 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
     if (flags & kLast) {
       CUINFER_DECODE_STAMP(4);
       if constexpr (K::kFp8) {
-        const float vsc = head_scale(p.v_scales, p.v_scales_stride, cur->kv_head);
+        // (V's fragments were times 2^-kPow: tile_fp8)
+        const float vsc = head_scale(p.v_scales, p.v_scales_stride, cur->kv_head) * float(1 << K::kPow);
 #pragma unroll
         for (int j = 0; j < K::DW / 8; ++j) oacc[j][0] *= vsc, oacc[j][1] *= vsc, oacc[j][2] *= vsc, oacc[j][3] *= vsc;
-        if constexpr (V::kSoftmax && K::kPow != 0) {  // (P and the row sums were times 2^kPow: tile_fp8)
-          dsum[0] *= 1.f / float(1 << K::kPow);
-          dsum[1] *= 1.f / float(1 << K::kPow);
-        }
       }
       K::finish_item(p, v, cur, ks, md, oacc, m, dsum);
     }
