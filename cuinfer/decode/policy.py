@@ -23,8 +23,10 @@ and the CTAs per SM above stay as they are and every number of tokens doubles (`
   Llama-3.1-8B with an e4m3 cache (D10): tensor cores, each of the 4 warps owns 32 tokens (``FP8_WARP_TOKENS``: one
   ldmatrix of 32 keys per k-step) -> 128-token tiles = 128 x 128 x 1 B x 2 = 32 KB per stage, 3 stages, 2 CTAs per
   SM; the merge of the 4 warps' 16 x 128 fp32 states (32 KB) still fits in one stage. MHA: CUDA cores, 64-token tiles.
-  Each KV byte now carries one element, so the math per byte doubles and the conversions come on top (common/fp8.cuh:
-  one cvt per 2 elements for fp16 q, ~5 integer / half ops per 2 for bf16 q); these are the knobs to retune on the GPU.
+  Each KV byte now carries one element, so the math per byte doubles and the conversions come on top. The tensor-core
+  kernel runs the fp8 products in float16 for either q type (common/fp8.cuh f16s_pairs: 6 integer ops per 4 e4m3
+  bytes, 2 per 4 e5m2 bytes, no multiply), so its main loop costs ~0.087 instructions per KV byte (D10; D6's bf16
+  loop: ~0.076), where the bf16-q bit path with a multiply per pair cost ~0.125.
 """
 
 from __future__ import annotations

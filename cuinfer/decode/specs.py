@@ -86,9 +86,12 @@ def _b(x: bool) -> str:
 def fp8_sass_expect(kv_dtype: str, convert_to: str) -> list[str]:
     """What the in-register fp8 conversion of common/fp8.cuh leaves in the SASS of a kernel converting ``kv_dtype``
     elements to ``convert_to`` (float16: one F2FP per pair on sm_90a, the bit path's HFMA2 on sm_80; bfloat16: the
-    bit path's byte permutes and HFMA2.BF16 multiplies on both)."""
+    bit path's byte permutes and HFMA2.BF16 multiplies on both; "f16s": the decode tensor-core kernel's float16
+    fragments scaled by a power of two, masks and shifts only, and float16 mma whatever q's type)."""
     if not kv_dtype.startswith("float8"):
         return []
+    if convert_to == "f16s":  # the tensor-core kernel's fragments (fp8::f16s_pairs): byte permutes, float16 mma
+        return [r"PRMT", r"HMMA\.16816\.F32$"]
     if convert_to == "float16":
         return [r"sm_90a:F2FP\.F16\.E[45]M[23]", r"sm_80:PRMT", r"sm_80:HFMA2|HMUL2" if "e4m3" in kv_dtype else r"PRMT"]
     return [r"PRMT", r"HFMA2.*BF16|HMUL2.*BF16"]
@@ -101,13 +104,17 @@ def decode_spec(key: DecodeKernelKey) -> KernelSpec:
     expect = [r"LDGSTS.*128", r"LDG\.E.*128", r"STG\.E\.128", r"LDS.*128|LDSM", r"MUFU\.EX2"]
     if key.config.tensor_cores:
         expect += [r"HMMA", r"LDSM"]
-    expect += fp8_sass_expect(key.kv_dtype, key.q_dtype if key.config.tensor_cores else "float16")
+    expect += fp8_sass_expect(key.kv_dtype, "f16s" if key.config.tensor_cores else "float16")
+    forbid = [r"LDL", r"STL"]
+    if key.config.tensor_cores and key.kv_dtype.startswith("float8"):  # no multiply or cvt per fp8 pair (f16s_pairs)
+        forbid += [r"HMUL2", r"F2FP\.F16\.E[45]M[23]"]
     return KernelSpec(
         name=key.spec_name(),
         source="attention/decode.cu",
         name_exprs=(key.name_expr(),),
         preamble=DecodeParams.c_decl() + key.variant.preamble(),
         sass_expect=tuple(expect),
+        sass_forbid=tuple(forbid),
     )
 
 

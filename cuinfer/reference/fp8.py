@@ -71,3 +71,58 @@ def exact(codes: np.ndarray, fmt: str) -> np.ndarray:
 def non_finite_codes(fmt: str) -> np.ndarray:
     """The codes of ``fmt`` that are not finite numbers (e4m3fn: the two NaNs; e5m2: +-inf and six NaNs)."""
     return np.flatnonzero(~np.isfinite(exact(np.arange(256), fmt))).astype(np.uint8)
+
+
+# ---- the decode tensor-core kernel's float16 fragments (fp8::f16s_pairs, fp8::q_f16_scale) ---------------------------
+
+
+def f16s_pow(fmt: str) -> int:
+    """fp8::F16s<F8>::kPow: the fragments of ``fmt`` hold the values times 2^-kPow (e4m3 8, e5m2 0)."""
+    return 15 - 7 if fmt == "float8_e4m3fn" else 0
+
+
+def f16s_pairs(words: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray]:
+    """fp8::f16s_pairs on 32-bit words (4 fp8 bytes each, byte 0 lowest): the float16x2 words of bytes (0, 2) and
+    (1, 3), in the device's integer operations (masks and shifts from the header)."""
+    c = header_constants()
+    x = np.asarray(words, dtype=np.uint32)
+    if fmt == "float8_e5m2":
+        p02 = ((x & 0xFF) << 8) | ((x & 0xFF0000) << 8)  # __byte_perm(x, 0, 0x2404): [0, byte 0, 0, byte 2]
+        return p02.astype(np.uint32), (x & 0xFF00FF00).astype(np.uint32)
+    sh, mask = c["kShiftE4m3F16s"], c["kF16sMask"]
+    p02 = (prmt(x, c["kF16sSel02"]) << sh) & mask
+    p13 = (prmt(x, c["kF16sSel13"]) << sh) & mask
+    return p02.astype(np.uint32), p13.astype(np.uint32)
+
+
+def prmt(x: np.ndarray, sel: int) -> np.ndarray:
+    """PTX prmt.b32 d, x, 0, sel (default mode): result byte n is byte (sel_n & 7) of (x, 0), or that byte's sign bit
+    replicated when sel_n & 8."""
+    x = np.asarray(x, dtype=np.uint64)
+    out = np.zeros_like(x)
+    for n in range(4):
+        s = (sel >> (4 * n)) & 0xF
+        byte = (x >> np.uint64(8 * (s & 7))) & np.uint64(0xFF) if (s & 7) < 4 else np.zeros_like(x)
+        if s & 8:
+            byte = np.where(byte & np.uint64(0x80), np.uint64(0xFF), np.uint64(0))
+        out |= byte << np.uint64(8 * n)
+    return out.astype(np.uint32)
+
+
+def halves(words: np.ndarray) -> np.ndarray:
+    """float16x2 words -> [.., 2] float64 values (low half first)."""
+    w = np.asarray(words, dtype=np.uint32)
+    lo = (w & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float64)
+    hi = (w >> 16).astype(np.uint16).view(np.float16).astype(np.float64)
+    return np.stack([lo, hi], axis=-1)
+
+
+def q_f16_scale(amax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """fp8::q_f16_scale: the power of two putting a q row with max |q| = ``amax`` (float32) into [2^14, 2^15) in
+    float16, and its inverse, as float32 arrays (from the exponent bits, clamped as the device does)."""
+    top = header_constants()["kQF16TopExp"]
+    e = (np.asarray(amax, dtype=np.float32).view(np.uint32) >> 23) & 0xFF
+    se = np.clip(127 + top - (e.astype(np.int64) - 127), 1, 253)
+    sc = (se.astype(np.uint32) << 23).view(np.float32)
+    inv = ((254 - se).astype(np.uint32) << 23).view(np.float32)
+    return sc, inv

@@ -183,5 +183,71 @@ __device__ __forceinline__ void pv_acc_to_natural(float (&acc_e)[4], float (&acc
   }
 }
 
+// ---- decode tensor cores: float16 fragments scaled by a power of two, no multiply -----------------------------------
+//
+// The decode kernel runs its fp8 products in float16 whatever q's type (q converted once per item, P·V's P in
+// float16), so an fp8 byte needs no multiply: its 7 magnitude bits shifted right by one into a float16's exponent and
+// mantissa fields are the e4m3 value times 2^-8 (subnormals included, exact; NaN -> 1.875), and an e5m2 byte is the
+// upper byte of a float16 (exact, inf and NaN kept). F16s<F8>::kPow is that 8 (e4m3) or 0 (e5m2); the kernel folds
+// 2^kPow into the logits' scale (K) and the output's (V). One register of 4 bytes gives two fragments: bytes (0, 2) and
+// (1, 3), which are exactly the V pairs of ldmatrix.trans (even / odd tile, see v_frag) and, for K, the head dims
+// (4t, 4t+2) and (4t+1, 4t+3) (q_frag_f16s builds Q in that order). e4m3: per pair of bytes one byte permute that
+// also replicates each byte's sign into the byte above it ([b, sign(b) x 8] per 16-bit lane), a shift left by 7 (the
+// magnitude to bits 7-13, the replicated sign's lowest bit to bit 15) and one mask (kF16sMask: drops the byte's own
+// sign, now at bit 14, and what the shift carried over from the lane below): 6 integer ops per 4 bytes. e5m2: a
+// byte permute and a mask. No multiply.
+template <typename F8> struct F16s {  // (e5m2; 0 for 16-bit K/V too)
+  static constexpr int kPow = 0;
+};
+template <> struct F16s<__nv_fp8_e4m3> {
+  static constexpr int kPow = 8;
+};
+constexpr int kShiftE4m3F16s = 7;       // [b, sign(b) x 8] << 7: magnitude to bits 7-13, sign to 15
+constexpr u32 kF16sMask = 0xBF80BF80u;  // bits 7-13 and 15 of each 16-bit lane
+constexpr u32 kF16sSel02 = 0xA280u;     // prmt: [byte 0, sign(byte 0), byte 2, sign(byte 2)]
+constexpr u32 kF16sSel13 = 0xB391u;     // prmt: [byte 1, sign(byte 1), byte 3, sign(byte 3)]
+
+// Bytes 0, 2 (p02, byte 0 in the low half) and 1, 3 (p13) of x as float16 values times 2^-F16s<F8>::kPow.
+template <typename F8> __device__ __forceinline__ void f16s_pairs(u32 x, u32& p02, u32& p13) {
+  static_assert(IsFp8<F8>::value, "F8 is __nv_fp8_e4m3 or __nv_fp8_e5m2");
+  if constexpr (is_same<F8, __nv_fp8_e5m2>::value) {
+    p02 = __byte_perm(x, 0u, 0x2404);  // [0, byte 0, 0, byte 2]
+    p13 = x & 0xff00ff00u;
+  } else {
+    u32 a, b;  // (prmt's selector nibbles with bit 3 set replicate the selected byte's sign)
+    asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(a) : "r"(x), "n"(kF16sSel02));
+    asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(b) : "r"(x), "n"(kF16sSel13));
+    p02 = (a << kShiftE4m3F16s) & kF16sMask;
+    p13 = (b << kShiftE4m3F16s) & kF16sMask;
+  }
+}
+
+// The Q fragment of one m16 x k16 block in the order f16s_pairs() gives K (b0 = dims 4t, 4t+2; b1 = 4t+1, 4t+3), from
+// this lane's 4 q values of rows g (lo = [q 4t, q 4t+1], hi = [q 4t+2, q 4t+3], as floats) and g + 8, times `sc`
+// (the row's power of two): a0 = (4t, 4t+2) of row g, a1 = of row g + 8, a2 = (4t+1, 4t+3) of row g, a3 = of g + 8.
+__device__ __forceinline__ u32 pack_half2(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ void q_frag_f16s(u32 (&a)[4], const float (&g0)[4], const float (&g8)[4], float sc0,
+                                            float sc8) {
+  a[0] = pack_half2(g0[0] * sc0, g0[2] * sc0);
+  a[1] = pack_half2(g8[0] * sc8, g8[2] * sc8);
+  a[2] = pack_half2(g0[1] * sc0, g0[3] * sc0);
+  a[3] = pack_half2(g8[1] * sc8, g8[3] * sc8);
+}
+
+// The power of two that brings a row of q with max |q| = `amax` into [2^14, 2^15) in float16 (so every element within
+// 2^28 of the row's largest converts exactly: bfloat16 values have 8 significant bits, float16 11), and its inverse
+// (clamped to normal floats; an all-zero row takes 2^126).
+constexpr int kQF16TopExp = 14;
+__device__ __forceinline__ void q_f16_scale(float amax, float& sc, float& inv) {
+  const int e = static_cast<int>((__float_as_uint(amax) >> 23) & 0xff);  // amax in [2^(e-127), 2^(e-126))
+  const int se = min(253, max(1, 127 + kQF16TopExp - (e - 127)));
+  sc = __uint_as_float(static_cast<u32>(se) << 23);
+  inv = __uint_as_float(static_cast<u32>(254 - se) << 23);
+}
+
 }  // namespace fp8
 }  // namespace cuinfer

@@ -6,6 +6,8 @@
 // [4..5] = pair<0, 2> (the V fragments' even pair), [6..7] = pair<1, 3>; each pair's low half first. So every one of
 // the 256 codes goes through each of the four byte positions' paths exactly once per pair it belongs to.
 // fp8_probe_float<F8>: out[i] = the CUDA-core path (to_float8) of code i, as float.
+// fp8_probe_f16s<F8>: thread i < 64, the same register: out[4 i + 0..1] = f16s_pairs' bytes (0, 2), [2..3] = (1, 3)
+// (the decode tensor-core kernel's float16 fragments, times 2^-F16s<F8>::kPow).
 #include "common/fp8.cuh"
 
 namespace cuinfer {
@@ -33,6 +35,18 @@ template <typename F8> __global__ void fp8_probe_float(float* out) {
   fp8::to_float8<F8>(raw, f);
 #pragma unroll
   for (int k = 0; k < 8; ++k) out[8 * i + k] = f[k];
+}
+
+template <typename F8> __global__ void fp8_probe_f16s(unsigned short* out) {
+  const u32 i = threadIdx.x;
+  if (i >= 64) return;
+  const u32 x = (4 * i) | ((4 * i + 1) << 8) | ((4 * i + 2) << 16) | ((4 * i + 3) << 24);
+  u32 p02, p13;
+  fp8::f16s_pairs<F8>(x, p02, p13);
+  out[4 * i + 0] = static_cast<unsigned short>(p02 & 0xffffu);
+  out[4 * i + 1] = static_cast<unsigned short>(p02 >> 16);
+  out[4 * i + 2] = static_cast<unsigned short>(p13 & 0xffffu);
+  out[4 * i + 3] = static_cast<unsigned short>(p13 >> 16);
 }
 
 }  // namespace cuinfer

@@ -123,3 +123,69 @@ def test_probe_compiles_with_the_conversion_instructions(arch):
         n_conv = sum(1 for op in ops if op.startswith("F2FP") and fmt_tag in op)
         if target == "float16" and arch == "sm_90a":
             assert n_conv == 4, f"{n_conv} F2FP for the 4 pairs of a thread (one per pair)"
+
+
+# ---- the decode tensor-core kernel's float16 fragments --------------------------------------------------------------
+
+WORDS = CODES.astype(np.uint32) * 0x01010101  # every code in all four bytes
+
+
+@pytest.mark.parametrize("fmt", fp8.FORMATS)
+def test_f16s_pairs_are_the_codes_times_a_power_of_two(fmt):
+    """fp8::f16s_pairs: bytes (0, 2) and (1, 3) as float16 values times 2^-kPow (e4m3 8, e5m2 0), exact for every
+    finite code (subnormals included); non-finite: e4m3fn NaN -> +-1.875 (480 after 2^8), e5m2 keeps inf and NaN."""
+    k = fp8.f16s_pow(fmt)
+    want = fp8.exact(CODES, fmt)
+    fin = np.isfinite(want)
+    # byte i of word j carries a different code: make the 4 bytes differ to catch a wrong byte
+    words = (
+        CODES.astype(np.uint32)
+        | (np.roll(CODES, 1).astype(np.uint32) << 8)
+        | (np.roll(CODES, 2).astype(np.uint32) << 16)
+        | (np.roll(CODES, 3).astype(np.uint32) << 24)
+    )
+    p02, p13 = fp8.f16s_pairs(words, fmt)
+    got = [fp8.halves(p02)[:, 0], fp8.halves(p13)[:, 0], fp8.halves(p02)[:, 1], fp8.halves(p13)[:, 1]]
+    for b in range(4):
+        codes_b = np.roll(CODES, b)
+        with np.errstate(invalid="ignore"):  # (NaN codes)
+            w, g = fp8.exact(codes_b, fmt), got[b] * 2.0**k
+        f = np.isfinite(w)
+        np.testing.assert_array_equal(g[f], w[f])
+        np.testing.assert_array_equal(np.signbit(g[f & (w == 0)]), np.signbit(w[f & (w == 0)]))
+        bad = ~f
+        if fmt == "float8_e4m3fn":
+            np.testing.assert_array_equal(g[bad], 480.0 * np.where(codes_b[bad] & 0x80, -1.0, 1.0))
+        else:
+            np.testing.assert_array_equal(np.isnan(g[bad]), np.isnan(w[bad]))
+    assert fin.sum() == 256 - len(fp8.non_finite_codes(fmt))
+    # the identical-bytes words give both halves the same value
+    p02, p13 = fp8.f16s_pairs(WORDS, fmt)
+    np.testing.assert_array_equal(p02, p13)
+
+
+def test_f16s_constants():
+    c = fp8.header_constants()
+    assert c["kShiftE4m3F16s"] == 7 and c["kF16sMask"] == 0xBF80BF80 and c["kQF16TopExp"] == 14
+    assert fp8.f16s_pow("float8_e4m3fn") == 15 - 7 and fp8.f16s_pow("float8_e5m2") == 0
+    # prmt as PTX defines it: 0x3A (+1.25) in byte 1, 0xBA (-1.25) in byte 3 -> [0x3A, 0x00, 0xBA, 0xFF] for 0xB391
+    assert fp8.prmt(np.array([0xBA003A00], np.uint32), c["kF16sSel13"])[0] == 0xFFBA003A
+
+
+def test_q_f16_scale_puts_each_row_max_in_the_top_binade():
+    """fp8::q_f16_scale: amax x sc in [2^14, 2^15) (so every bfloat16 / float16 q within 2^28 of the row max is exact in
+    float16 and nothing overflows), inv = 1 / sc exactly; an all-zero row stays zero."""
+    amax = np.concatenate([2.0 ** np.arange(-100, 100, 0.37), [3.0e38, 65504.0, 1e-30]]).astype(np.float32)
+    sc, inv = fp8.q_f16_scale(amax)
+    y = amax.astype(np.float64) * sc.astype(np.float64)
+    assert np.all((y >= 2.0**14) & (y < 2.0**15))
+    np.testing.assert_array_equal(sc.astype(np.float64) * inv.astype(np.float64), 1.0)
+    sc0, inv0 = fp8.q_f16_scale(np.float32([0.0]))
+    assert np.isfinite(sc0).all() and inv0[0] > 0
+    # bfloat16 q values of a row: exact in float16 after the scale down to 2^-28 of the max
+    rng = np.random.default_rng(0)
+    q = (rng.standard_normal(4096) * 2.0 ** rng.integers(-20, 20, 4096)).astype(ml_dtypes.bfloat16).astype(np.float64)
+    s, _ = fp8.q_f16_scale(np.float32([np.abs(q).max()]))
+    qs = q * float(s[0])
+    keep = np.abs(qs) >= 2.0**-14
+    np.testing.assert_array_equal(qs.astype(np.float16).astype(np.float64)[keep], qs[keep])

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cuinfer.reference import fp8
+
 LANES = np.arange(32)
 G, T = LANES // 4, LANES % 4
 
@@ -254,7 +256,10 @@ def test_the_smem_exchange_fits_the_warps_q_rows():
 @pytest.mark.parametrize(("d", "warps_kv", "warps_d"), [(64, 4, 1), (128, 4, 1), (256, 2, 2)])
 def test_decode_tensor_core_fp8_fragments(rng, d, warps_kv, warps_d):
     """Each warp of the tensor-core decode kernel: its 32 tokens of a 32 * warps_kv token tile, S through tile_fp8's
-    K fragments and load_q's Q fragments, P V over its DW output dims, the exchange of finish_item."""
+    K fragments (fp8::f16s_pairs: bytes (0, 2) and (1, 3), times 2^-8 as e4m3 gives them) and load_q's Q fragments
+    (dims (4t, 4t+2) and (4t+1, 4t+3), each row times its power of two q_f16_scale), the logits rescaled by the rows'
+    inverse scales and 2^8, P against V times 2^-8 over its DW output dims (o times 2^8 at the end), the exchange of
+    finish_item."""
     warp_tokens, tile = 32, 32 * warps_kv
     dw = d // warps_d
     q = rng.integers(-4, 5, (16, d)).astype(np.float64)
@@ -272,12 +277,21 @@ def test_decode_tensor_core_fp8_fragments(rng, d, warps_kv, warps_d):
                 smem[a : a + 16] = x[r, 16 * c : 16 * c + 16]
     # load_q (fp8): rows g and g + 8, chunk 2 kk + t / 2, + 8 (t & 1)
     qf = np.empty((d // 16, 32, 4, 2))
+    q_rows = np.empty((d // 16, 32, 2, 4))  # lane's dims 4t .. 4t+3 of k-step kk, rows g and g + 8
     for kk in range(d // 16):
         r0 = q_off + byte_offset(G, 2 * kk + T // 2, cq) + (T & 1) * 8
         r8 = q_off + byte_offset(G + 8, 2 * kk + T // 2, cq) + (T & 1) * 8
         for lane in range(32):
-            qf[kk, lane, 0], qf[kk, lane, 2] = smem[r0[lane] : r0[lane] + 4 : 2], smem[r0[lane] + 4 : r0[lane] + 8 : 2]
-            qf[kk, lane, 1], qf[kk, lane, 3] = smem[r8[lane] : r8[lane] + 4 : 2], smem[r8[lane] + 4 : r8[lane] + 8 : 2]
+            q_rows[kk, lane, 0] = smem[r0[lane] : r0[lane] + 8 : 2]
+            q_rows[kk, lane, 1] = smem[r8[lane] : r8[lane] + 8 : 2]
+    amax = np.abs(q_rows).max(axis=(0, 3))  # [32 lanes, 2 rows]: then the quad max
+    amax = amax.reshape(8, 4, 2).max(axis=1).repeat(4, axis=0)
+    sc, inv = (x.astype(np.float64) for x in fp8.q_f16_scale(amax.astype(np.float32)))
+    for kk in range(d // 16):  # q_frag_f16s: a0 = (4t, 4t+2) of row g, a1 of row g + 8, a2 = (4t+1, 4t+3), a3
+        for h in range(2):
+            x = q_rows[kk, :, h] * sc[:, h : h + 1]
+            qf[kk, :, h], qf[kk, :, 2 + h] = x[:, [0, 2]], x[:, [1, 3]]
+    kpow = 2.0 ** fp8.f16s_pow("float8_e4m3fn")
     for warp in range(warps_kv * warps_d):
         wkv, wd = warp % warps_kv, warp // warps_kv
         s = np.zeros((warp_tokens // 8, 32, 4))
@@ -286,8 +300,10 @@ def test_decode_tensor_core_fp8_fragments(rng, d, warps_kv, warps_d):
             for kk in range(d // 16):
                 regs = ldmatrix_bytes(smem, chunk_at(a0, kk, 0, c8))
                 for i in range(4):
-                    b = np.stack([pair(regs[:, i], 0, 1), pair(regs[:, i], 2, 3)], axis=1)
+                    b = np.stack([pair(regs[:, i], 0, 2), pair(regs[:, i], 1, 3)], axis=1) / kpow  # f16s_pairs
                     s[4 * kg + i] = mma(s[4 * kg + i], qf[kk], b)
+        s[..., 0:2] *= (inv[:, 0] * kpow)[None, :, None]  # the rows' inverse scales and 2^kPow (rs0, rs1)
+        s[..., 2:4] *= (inv[:, 1] * kpow)[None, :, None]
         toks = slice(wkv * warp_tokens, (wkv + 1) * warp_tokens)
         got_s = np.concatenate([c_layout(s[j]) for j in range(warp_tokens // 8)], axis=1)
         np.testing.assert_array_equal(got_s, q @ k[toks].T)
@@ -297,10 +313,11 @@ def test_decode_tensor_core_fp8_fragments(rng, d, warps_kv, warps_d):
             pa = frag_c_to_a(s[2 * st], s[2 * st + 1])
             for cp in range(dw // 32):
                 regs = ldmatrix_bytes(smem, ld_at(va, (wd * dw) // 32 + cp, st * 16, c8), 4, trans=True)
-                e = [pair(regs[:, m], 0, 2) for m in range(4)]
-                od = [pair(regs[:, m], 1, 3) for m in range(4)]
+                e = [pair(regs[:, m], 0, 2) / kpow for m in range(4)]  # f16s_pairs: (0, 2) even, (1, 3) odd
+                od = [pair(regs[:, m], 1, 3) / kpow for m in range(4)]
                 for j, bb in enumerate(((e[0], e[1]), (od[0], od[1]), (e[2], e[3]), (od[2], od[3]))):
                     oacc[4 * cp + j] = mma(oacc[4 * cp + j], pa, np.stack(bb, axis=1))
+        oacc *= kpow  # (the kernel's v scale times 2^kPow at the item's end)
         for c in range(dw // 16):
             oacc[2 * c], oacc[2 * c + 1] = to_natural_shuffles(oacc[2 * c], oacc[2 * c + 1])
         got_o = np.concatenate([c_layout(oacc[j]) for j in range(dw // 8)], axis=1)

@@ -131,6 +131,26 @@ def test_device_conversion_matches_the_emulation(fmt, target):
     np.testing.assert_array_equal(fout.get()[fin], ex[fin].astype(np.float32))
 
 
+@pytest.mark.parametrize("fmt", FORMATS.values())
+def test_device_f16s_pairs_match_the_emulation(fmt):
+    """fp8::f16s_pairs (the decode tensor-core kernel's float16 fragments, through debug/fp8_probe.cu) gives, for every
+    code in every byte position, the emulation's bits: finite codes their value times 2^-kPow."""
+    import cupy
+
+    from cuinfer.jit import KernelSpec, get_kernel
+
+    f8 = {"float8_e4m3fn": "__nv_fp8_e4m3", "float8_e5m2": "__nv_fp8_e5m2"}[fmt]
+    expr = f"cuinfer::fp8_probe_f16s<{f8}>"
+    spec = KernelSpec(name=f"test/fp8_probe_f16s/{fmt}", source="debug/fp8_probe.cu", name_exprs=(expr,))
+    out = cupy.zeros(256, dtype=cupy.uint16)
+    get_kernel(spec, expr, 0).launch(1, 64, (out,))
+    i = np.arange(64, dtype=np.uint32)
+    words = (4 * i) | ((4 * i + 1) << 8) | ((4 * i + 2) << 16) | ((4 * i + 3) << 24)
+    p02, p13 = fp8_ref.f16s_pairs(words, fmt)
+    want = np.stack([p02 & 0xFFFF, p02 >> 16, p13 & 0xFFFF, p13 >> 16], axis=1).astype(np.uint16).reshape(-1)
+    np.testing.assert_array_equal(out.get(), want)
+
+
 # ---- batch decode -------------------------------------------------------------------------------------------------
 
 

@@ -43,8 +43,11 @@
 // fp8 K/V (KV = __nv_fp8_e4m3 / __nv_fp8_e5m2, common/fp8.cuh): the pipeline copies the fp8 bytes as they are (16
 // elements per 16-byte copy, so a stage of the same bytes holds twice the tokens) and the math converts them in
 // registers: the CUDA-core kernel 8 elements at a time to fp32 (through float16), the tensor-core kernel ldmatrix
-// fragments to Q's 16-bit type (tile_fp8: each warp owns kWarpTokens = 32 tokens of a tile, the head dims of q·k in
-// the order the fp8 fragments give them, the P·V accumulators back in the usual order at the item's end). k_scale
+// fragments to float16 whatever Q's type (tile_fp8: each warp owns kWarpTokens = 32 tokens of a tile; fp8::f16s_pairs
+// gives K and V times 2^-8 (e4m3) or 2^0 (e5m2) with masks and shifts only, no multiply; load_q converts each query
+// row once per item to float16 times a power of two that puts its largest |q| in [2^14, 2^15), in the head-dim order
+// of the K fragments; the logits take back the powers of two with the k scale, o V's 2^-8 with the v scale; the P·V
+// accumulators back in the usual order at the item's end). k_scale
 // and v_scale reach the kernels folded into sm_scale and v_scale, or as per-KV-head arrays (k_scales: the logits of
 // a tile, v_scales: o at the item's end). The variants' logits, masks, sinks, softmax=False and output transforms
 // apply as with 16-bit K/V; q / k and value transforms, which rewrite K / V tiles in shared memory, are refused for fp8
@@ -337,7 +340,8 @@ struct TensorCore {
   // fragments.
   template <class VP>
   static __device__ __forceinline__ void load_q(const DecodeParams& p, const VP& v, const TileSlot<T>* cur, Q* qs,
-                                                u32 (&qf)[D / 16][4], const typename V::DimState (&qst)[8]) {
+                                                u32 (&qf)[D / 16][4], float (&qsc)[2],
+                                                const typename V::DimState (&qst)[8]) {
     const int row0 = cur->qo_tile * 16;  // packed row of the tile's row 0 = head in group
     const Q* qb = reinterpret_cast<const Q*>(p.q) + i64(cur->req) * p.q_stride_b + i64(cur->kv_head * G) * p.q_stride_h;
     if constexpr (V::kQueryTransform) {
@@ -377,13 +381,39 @@ struct TensorCore {
     __syncthreads();
     const u32 qbase = mma::smem_addr(qs);
     const int lane = threadIdx.x % 32;
-    if constexpr (kFp8) {  // the head dims in the order of the fp8 K fragments (common/fp8.cuh)
+    if constexpr (kFp8) {
+      // float16 fragments in the head-dim order of fp8::f16s_pairs' K (common/fp8.cuh), each row times the power of
+      // two that puts its largest |q| in [2^14, 2^15) (qsc: the inverse, for the logits). Lane (g, t) reads dims
+      // 4t .. 4t+3 of each k-step of rows g and g + 8 (raw 16-bit pairs in qf first); the 4 lanes of a quad cover a
+      // row.
       const int g = lane / 4, t = lane % 4;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         const u32 off = (t & 1) * 8;
         fp8::q_frag_fp8k(qf[kk], qbase + Swizzle<kChunks>::byte_offset(g, 2 * kk + (t >> 1)) + off,
                          qbase + Swizzle<kChunks>::byte_offset(g + 8, 2 * kk + (t >> 1)) + off);
+      }
+      float amax[2] = {0.f, 0.f};
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // (qf[kk][0, 2]: row g; [1, 3]: row g + 8)
+          const Q* x = reinterpret_cast<const Q*>(&qf[kk][i]);
+          amax[i % 2] = fmaxf(amax[i % 2], fmaxf(fabsf(to_float(x[0])), fabsf(to_float(x[1]))));
+        }
+      }
+      float sc[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) fp8::q_f16_scale(mma::quad_max(amax[h]), sc[h], qsc[h]);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const Q* r0 = reinterpret_cast<const Q*>(&qf[kk][0]);
+        const Q* r8 = reinterpret_cast<const Q*>(&qf[kk][1]);
+        const Q* r0h = reinterpret_cast<const Q*>(&qf[kk][2]);
+        const Q* r8h = reinterpret_cast<const Q*>(&qf[kk][3]);
+        const float g0[4] = {to_float(r0[0]), to_float(r0[1]), to_float(r0h[0]), to_float(r0h[1])};
+        const float g8[4] = {to_float(r8[0]), to_float(r8[1]), to_float(r8h[0]), to_float(r8h[1])};
+        fp8::q_frag_f16s(qf[kk], g0, g8, sc[0], sc[1]);
       }
     } else {
 #pragma unroll
@@ -398,10 +428,10 @@ struct TensorCore {
   template <class VP>
   static __device__ __forceinline__ void tile(const DecodeParams& p, const VP& v, const TileSlot<T>* cur,
                                               const KV* ks, const KV* vs, int start, int n_valid,
-                                              const u32 (&qf)[D / 16][4], float (&oacc)[DW / 8][4], float (&m)[2],
-                                              float (&dsum)[2]) {
+                                              const u32 (&qf)[D / 16][4], const float (&qsc)[2],
+                                              float (&oacc)[DW / 8][4], float (&m)[2], float (&dsum)[2]) {
     if constexpr (kFp8) {
-      tile_fp8(p, v, cur, ks, vs, start, n_valid, qf, oacc, m, dsum);
+      tile_fp8(p, v, cur, ks, vs, start, n_valid, qf, qsc, oacc, m, dsum);
       return;
     }
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -498,15 +528,18 @@ struct TensorCore {
     }
   }
 
-  // tile() for fp8 K/V: S for this warp's kWarpTokens tokens (kNT n8 tiles; K fragments from one ldmatrix per 32 keys
-  // and k-step) times the KV head's k scale, the online softmax or the weights as in tile(), then P·V a 16-token
-  // k-step at a time (V fragments from one ldmatrix.trans per 16 tokens and 32 output dims; the accumulators in the
-  // even / odd order of fp8::v_frag).
+  // tile() for fp8 K/V, in float16 whatever Q is: S for this warp's kWarpTokens tokens (kNT n8 tiles; K fragments from
+  // one ldmatrix per 32 keys and k-step, fp8::f16s_pairs: the keys times 2^-kPow against load_q's float16 Q rows
+  // times 2^qe) times the KV head's k scale, 2^kPow and the rows' 2^-qe (qsc), the online softmax or the weights as
+  // in tile(), then P·V a 16-token k-step at a time with P in float16 (V fragments from one ldmatrix.trans per 16
+  // tokens and 32 output dims, times 2^-kPow, which the kernel takes back with the v scale at the item's end; the
+  // accumulators in the even / odd order of fp8::v_frag).
+  static constexpr int kPow = fp8::F16s<KV>::kPow;
   template <class VP>
   static __device__ __forceinline__ void tile_fp8(const DecodeParams& p, const VP& v, const TileSlot<T>* cur,
                                                   const KV* ks, const KV* vs, int start, int n_valid,
-                                                  const u32 (&qf)[D / 16][4], float (&oacc)[DW / 8][4], float (&m)[2],
-                                                  float (&dsum)[2]) {
+                                                  const u32 (&qf)[D / 16][4], const float (&qsc)[2],
+                                                  float (&oacc)[DW / 8][4], float (&m)[2], float (&dsum)[2]) {
     constexpr int kNT = kWarpTokens / 8;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wkv = warp % kWarpsKV, wd = warp / kWarpsKV;
@@ -526,16 +559,17 @@ struct TensorCore {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           u32 b[2];
-          fp8::k_frag<Q, KV>(r[i], b);
-          mma::mma_m16n8k16<Q>(s[4 * kg + i], qf[kk], b);
+          fp8::f16s_pairs<KV>(r[i], b[0], b[1]);
+          mma::mma_m16n8k16<half>(s[4 * kg + i], qf[kk], b);
         }
       }
     }
     const int h0 = cur->kv_head * G + cur->qo_tile * 16 + gid;  // query heads of this thread's rows: h0, h0 + 8
     const variant::Index ix[2] = {row(cur, h0), row(cur, h0 + 8)};
-    const float ksc = head_scale(p.k_scales, p.k_scales_stride, cur->kv_head);
+    const float ksc = head_scale(p.k_scales, p.k_scales_stride, cur->kv_head) * float(1 << kPow);
+    const float rs0 = ksc * qsc[0], rs1 = ksc * qsc[1];
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) s[nt][0] *= ksc, s[nt][1] *= ksc, s[nt][2] *= ksc, s[nt][3] *= ksc;
+    for (int nt = 0; nt < kNT; ++nt) s[nt][0] *= rs0, s[nt][1] *= rs0, s[nt][2] *= rs1, s[nt][3] *= rs1;
     if constexpr (V::kSoftmax) {
       softmax(p, v, ix, s, start, n_valid, oacc, m, dsum);
     } else {
@@ -547,21 +581,21 @@ struct TensorCore {
 #pragma unroll
     for (int st = 0; st < kWarpTokens / 16; ++st) {
       u32 pa[4];
-      mma::frag_c_to_a<Q>(pa, s[2 * st], s[2 * st + 1]);
+      mma::frag_c_to_a<half>(pa, s[2 * st], s[2 * st + 1]);
 #pragma unroll
       for (int cp = 0; cp < DW / 32; ++cp) {
         u32 r[4];
         mma::ldmatrix_x4_trans(r, LdmatrixAddr<kChunks8>::at(va, (wd * DW) / 32 + cp, st * 16));
         u32 e0, o0, e1, o1, e2, o2, e3, o3;
-        fp8::v_frag<Q, KV>(r[0], e0, o0);  // tokens 0-7, chunk 2 cp
-        fp8::v_frag<Q, KV>(r[1], e1, o1);  // tokens 8-15
-        fp8::v_frag<Q, KV>(r[2], e2, o2);  // tokens 0-7, chunk 2 cp + 1
-        fp8::v_frag<Q, KV>(r[3], e3, o3);
+        fp8::f16s_pairs<KV>(r[0], e0, o0);  // tokens 0-7, chunk 2 cp: bytes (0, 2) even tile, (1, 3) odd tile
+        fp8::f16s_pairs<KV>(r[1], e1, o1);  // tokens 8-15
+        fp8::f16s_pairs<KV>(r[2], e2, o2);  // tokens 0-7, chunk 2 cp + 1
+        fp8::f16s_pairs<KV>(r[3], e3, o3);
         const u32 be[2] = {e0, e1}, bo[2] = {o0, o1}, be2[2] = {e2, e3}, bo2[2] = {o2, o3};
-        mma::mma_m16n8k16<Q>(oacc[4 * cp + 0], pa, be);
-        mma::mma_m16n8k16<Q>(oacc[4 * cp + 1], pa, bo);
-        mma::mma_m16n8k16<Q>(oacc[4 * cp + 2], pa, be2);
-        mma::mma_m16n8k16<Q>(oacc[4 * cp + 3], pa, bo2);
+        mma::mma_m16n8k16<half>(oacc[4 * cp + 0], pa, be);
+        mma::mma_m16n8k16<half>(oacc[4 * cp + 1], pa, bo);
+        mma::mma_m16n8k16<half>(oacc[4 * cp + 2], pa, be2);
+        mma::mma_m16n8k16<half>(oacc[4 * cp + 3], pa, bo2);
       }
     }
   }
@@ -660,6 +694,7 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
   if constexpr (V::kKeyTransform || V::kQueryTransform) kst.init(v, threadIdx.x);
 
   u32 qf[D / 16][4];
+  float qsc[2] = {1.f, 1.f};  // fp8: the rows' inverse q scales (load_q)
   float oacc[K::DW / 8][4];
   float m[2] = {neg_inf(), neg_inf()}, dsum[2] = {0.f, 0.f};
 
@@ -679,7 +714,7 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
     KV* vs = pipe.v_stage(n);
 
     if (flags & kFirst) {
-      K::load_q(p, v, cur, qs, qf, kst.s);
+      K::load_q(p, v, cur, qs, qf, qsc, kst.s);
       m[0] = m[1] = neg_inf();
       dsum[0] = dsum[1] = 0.f;
 #pragma unroll
@@ -701,12 +736,13 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
         __syncthreads();
       }
     }
-    K::tile(p, v, cur, ks, vs, start, n_valid, qf, oacc, m, dsum);
+    K::tile(p, v, cur, ks, vs, start, n_valid, qf, qsc, oacc, m, dsum);
     pipe.finish(p, n);
     if (flags & kLast) {
       CUINFER_DECODE_STAMP(4);
       if constexpr (K::kFp8) {
-        const float vsc = head_scale(p.v_scales, p.v_scales_stride, cur->kv_head);
+        // (V's fragments were times 2^-kPow: tile_fp8)
+        const float vsc = head_scale(p.v_scales, p.v_scales_stride, cur->kv_head) * float(1 << K::kPow);
 #pragma unroll
         for (int j = 0; j < K::DW / 8; ++j) oacc[j][0] *= vsc, oacc[j][1] *= vsc, oacc[j][2] *= vsc, oacc[j][3] *= vsc;
       }
