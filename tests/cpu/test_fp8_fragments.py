@@ -321,27 +321,76 @@ def test_swizzle_of_64_byte_rows_is_conflict_free():
         assert len(set((dst // 128).tolist())) == 1 and len(set(((dst // 16) % 8).tolist())) == 8
 
 
-@pytest.mark.parametrize(("d", "tile_kv", "threads"), [(64, 32, 128), (128, 64, 128), (256, 64, 256)])
+def _convert_tile_pieces(d: int, tile_kv: int, threads: int):
+    """kernel.cuh convert_tile's mapping: per thread and pass, the two 8-byte reads (fp8 tile byte offsets, in issue
+    order) and the two 16-byte writes (16-bit tile byte offsets) of fp8 chunk ch = tid % C8 of row tid / C8 + i *
+    threads / C8, half h0 = bit 0 of (ch ^ ch / 4 ^ ch / 8) first."""
+    c8, c16 = d // 16, d // 8
+    per_pass = threads // c8
+    assert threads % c8 == 0 and tile_kv % per_pass == 0 and per_pass % 8 == 0
+    out = []  # (tid, pass, [(read, write) for the two halves in issue order])
+    for tid in range(threads):
+        r0, ch = tid // c8, tid % c8
+        h0 = (ch ^ (ch >> 2) ^ (ch >> 3)) & 1
+        src = byte_offset(r0, ch, c8)
+        d0 = byte_offset(r0, 2 * ch + h0, c16)
+        for i in range(tile_kv // per_pass):
+            rd = [src + i * per_pass * c8 * 16 + 8 * h0, src + i * per_pass * c8 * 16 + 8 - 8 * h0]
+            wr = [d0 + i * per_pass * c16 * 16, (d0 ^ 16) + i * per_pass * c16 * 16]
+            out.append((tid, i, list(zip(rd, wr))))
+    return out
+
+
+@pytest.mark.parametrize(("d", "tile_kv", "threads"), [(64, 32, 128), (128, 64, 128), (256, 64, 256), (256, 64, 128)])
 def test_cta_conversion_writes_the_16_bit_tile(rng, d, tile_kv, threads):
-    """kernel.cuh convert_tile (kConvert): each thread takes 8-element pieces (half an fp8 chunk, read at its swizzled
-    place) and writes them as one 16-bit chunk at its swizzled place; the result is the 16-bit tile the 16-bit math
-    reads (the layout store_tile_16 writes), every piece written once."""
+    """kernel.cuh convert_tile (kConvert): each thread takes fp8 chunk tid % C8 of rows tid / C8 + i * threads / C8,
+    reads it as two 8-byte halves (pairs (0, 1), (2, 3) of each word, in order) and writes half h as 16-bit chunk
+    2 ch + h; the result is the 16-bit tile the 16-bit math reads (the layout store_tile_16 writes), every piece
+    written once, and the addresses are the hardware model's swizzle (the kernel's immediates: rows tid / C8 + i *
+    per_pass share the swizzle)."""
     x = rng.integers(-8, 9, (tile_kv, d)).astype(np.float64)
     c8, c16 = d // 16, d // 8
     src = np.full(tile_kv * d, np.nan)
     copy_fp8_tile(src, 0, x, threads=min(threads, tile_kv * min(8, c8)))
     dst = np.full(2 * tile_kv * d, np.nan)
     seen = set()
-    for tid in range(threads):
-        for it in range(tid, tile_kv * c16, threads):
-            r, h = it // c16, it % c16
-            a = byte_offset(r, h // 2, c8) + (h % 2) * 8
-            piece = src[a : a + 8]  # uint2: 8 fp8 codes, pairs (0, 1), (2, 3) of each word, in order
-            b = byte_offset(r, h, c16)
-            assert b not in seen
-            seen.add(b)
-            dst[b : b + 16 : 2] = piece
-            dst[b + 1 : b + 16 : 2] = np.nan
+    for tid, i, halves in _convert_tile_pieces(d, tile_kv, threads):
+        r, ch = tid // c8 + i * (threads // c8), tid % c8
+        for rd, wr in halves:
+            h = (rd - byte_offset(r, ch, c8)) // 8  # which half this read is
+            assert rd == byte_offset(r, ch, c8) + 8 * h and wr == byte_offset(r, 2 * ch + h, c16)
+            assert wr not in seen
+            seen.add(wr)
+            piece = src[rd : rd + 8]  # uint2: 8 fp8 codes
+            dst[wr : wr + 16 : 2] = piece
+            dst[wr + 1 : wr + 16 : 2] = np.nan
+    assert len(seen) == tile_kv * c16
     want = np.full(2 * tile_kv * d, np.nan)
     store_tile_16(want, 0, x)
     np.testing.assert_array_equal(dst, want)
+
+
+@pytest.mark.parametrize(("d", "tile_kv", "threads"), [(64, 32, 128), (128, 64, 128), (256, 64, 256), (256, 64, 128)])
+def test_cta_conversion_is_free_of_bank_conflicts(d, tile_kv, threads):
+    """convert_tile's shared-memory accesses: each 8-byte read instruction (phases of 16 lanes) and each 16-byte write
+    (phases of 8 lanes) touches every 4-byte bank at most once per phase; writing half 0 first would not (even 16-bit
+    chunks only: 2-way conflicts)."""
+
+    def banks(addrs, width):
+        return [(a // 4 + k) % 32 for a in addrs for k in range(width // 4)]
+
+    pieces = {(tid, i): halves for tid, i, halves in _convert_tile_pieces(d, tile_kv, threads)}
+    passes = tile_kv // (threads // (d // 16))
+    for warp in range(threads // 32):
+        for i in range(passes):
+            for k in range(2):  # the two reads / writes of a pass, in issue order
+                for lanes, width, which in ((16, 8, 0), (8, 16, 1)):
+                    for ph in range(0, 32, lanes):
+                        tids = range(32 * warp + ph, 32 * warp + ph + lanes)
+                        b = banks([pieces[(t, i)][k][which] for t in tids], width)
+                        assert len(b) == len(set(b)), (d, warp, i, k, which, ph)
+    # the old order (half 0 first) conflicts on the writes
+    c16 = d // 8
+    old = [byte_offset(0, 2 * ch, c16) for ch in range(8)]
+    b = banks(old, 16)
+    assert len(set(b)) < len(b)

@@ -184,21 +184,38 @@ __device__ __forceinline__ void write_warp_bounds(const P& p, const VP& v, const
 // fp8 K/V, kConvert: the CTA converts the K (kIsK) or V tile in buffer `stage` into the 16-bit tile the 16-bit math
 // reads (traits.cuh), each 16-byte chunk of 16 fp8 elements into two chunks of 8, both layouts swizzled
 // (common/swizzle.cuh); rows past the item's end were zero-filled by the copy and stay zero. Between two barriers.
+//
+// Thread tid converts fp8 chunk ch = tid % C8 of rows tid / C8 + i * kRowsPerPass: the rows of a thread are a multiple
+// of 8 apart, so they share their swizzle and every address is one base plus an immediate (no address arithmetic in
+// the loop, which is unrolled: the pieces are independent, so their shared-memory latencies overlap). The chunk is
+// read as two 8-byte halves, half h0 first (h0 = bit 0 of ch ^ ch / 4 ^ ch / 8), and half h is written as 16-bit
+// chunk 2 ch + h: with that order the 16 lanes of an 8-byte read phase (two rows whose swizzles differ in bit 0, or
+// one row of 16 chunks) and the 8 lanes of a 16-byte write phase hit distinct banks (tests/cpu/test_fp8_fragments.py
+// checks both), where "half 0 first" left every 16-byte write 2-way conflicted (even chunks only: 4 of 8 bank groups).
 template <class C, bool kIsK> __device__ __forceinline__ void convert_tile(const Cta<C>& c, int stage) {
   using T = typename C::DTypeQ;
   using F8 = typename C::DTypeKV;
   constexpr int D = kIsK ? C::kHeadDimQK : C::kHeadDimVO, C8 = D / 16, C16 = D / 8;
-  constexpr int kItems = C::kTileKV * C16;  // 8-element pieces: half an fp8 chunk in, one 16-bit chunk out
-  const unsigned char* src = c.smem + (kIsK ? C::kKOff + stage * C::kKBytes : C::kVOff + stage * C::kVBytes);
+  constexpr int kRowsPerPass = C::kThreads / C8, kPasses = C::kTileKV / kRowsPerPass;
+  static_assert(C::kThreads % C8 == 0 && C::kTileKV % kRowsPerPass == 0, "whole rows per pass, whole passes");
+  static_assert(kRowsPerPass % 8 == 0, "a thread's rows are a multiple of 8 apart (one swizzle)");
+  const int r0 = c.tid / C8, ch = c.tid % C8;
+  const int h0 = (ch ^ (ch >> 2) ^ (ch >> 3)) & 1;
+  const unsigned char* src = c.smem + (kIsK ? C::kKOff + stage * C::kKBytes : C::kVOff + stage * C::kVBytes) +
+                             Swizzle<C8>::byte_offset(r0, ch);
   unsigned char* dst = c.smem + (kIsK ? C::kK16Off : C::kV16Off);
-  // (one piece at a time, the loop rolled: the accumulators and, for V, the P fragments hold the registers here)
-#pragma unroll 1
-  for (int it = c.tid; it < kItems; it += C::kThreads) {
-    const int r = it / C16, h = it % C16;  // 16-bit chunk h of row r = half h % 2 of fp8 chunk h / 2
-    const uint2 x = *reinterpret_cast<const uint2*>(src + Swizzle<C8>::byte_offset(r, h / 2) + (h % 2) * 8);
-    *reinterpret_cast<uint4*>(dst + Swizzle<C16>::byte_offset(r, h)) =
+  const u32 d0 = Swizzle<C16>::byte_offset(r0, 2 * ch + h0);  // (the other half's chunk: slot ^ 1, offset ^ 16)
+  const u32 d1 = d0 ^ 16u;
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) {
+    const uint2 x = *reinterpret_cast<const uint2*>(src + i * kRowsPerPass * C8 * 16 + 8 * h0);
+    const uint2 y = *reinterpret_cast<const uint2*>(src + i * kRowsPerPass * C8 * 16 + 8 - 8 * h0);
+    *reinterpret_cast<uint4*>(dst + d0 + i * kRowsPerPass * C16 * 16) =
         make_uint4(fp8::pair<T, F8, 0, 1>(x.x), fp8::pair<T, F8, 2, 3>(x.x), fp8::pair<T, F8, 0, 1>(x.y),
                    fp8::pair<T, F8, 2, 3>(x.y));
+    *reinterpret_cast<uint4*>(dst + d1 + i * kRowsPerPass * C16 * 16) =
+        make_uint4(fp8::pair<T, F8, 0, 1>(y.x), fp8::pair<T, F8, 2, 3>(y.x), fp8::pair<T, F8, 0, 1>(y.y),
+                   fp8::pair<T, F8, 2, 3>(y.y));
   }
 }
 
