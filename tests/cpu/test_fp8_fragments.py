@@ -337,7 +337,7 @@ def _convert_tile_pieces(d: int, tile_kv: int, threads: int):
         for i in range(tile_kv // per_pass):
             rd = [src + i * per_pass * c8 * 16 + 8 * h0, src + i * per_pass * c8 * 16 + 8 - 8 * h0]
             wr = [d0 + i * per_pass * c16 * 16, (d0 ^ 16) + i * per_pass * c16 * 16]
-            out.append((tid, i, list(zip(rd, wr))))
+            out.append((tid, i, list(zip(rd, wr, strict=True))))
     return out
 
 
