@@ -322,40 +322,54 @@ def test_swizzle_of_64_byte_rows_is_conflict_free():
 
 
 def _convert_tile_pieces(d: int, tile_kv: int, threads: int):
-    """kernel.cuh convert_tile's mapping: per thread and pass, the two 8-byte reads (fp8 tile byte offsets, in issue
-    order) and the two 16-byte writes (16-bit tile byte offsets) of fp8 chunk ch = tid % C8 of row tid / C8 + i *
-    threads / C8, half h0 = bit 0 of (ch ^ ch / 4 ^ ch / 8) first."""
+    """kernel.cuh convert_tile's mapping, the copy's (copy_fp8_tile: kKVThreadsPerRow threads per row): per thread,
+    row pass i and chunk step k, the two 8-byte reads (fp8 tile byte offsets, in issue order) and the two 16-byte
+    writes (16-bit tile byte offsets) of fp8 chunk ch = kv_chunk + 8 k of row kv_row + i * kKVRowsPerPass, half h =
+    bit 0 of (ch ^ ch / 4 ^ ch / 8) first, computed as the kernel does (from the copy's offsets and immediates)."""
     c8, c16 = d // 16, d // 8
-    per_pass = threads // c8
-    assert threads % c8 == 0 and tile_kv % per_pass == 0 and per_pass % 8 == 0
-    out = []  # (tid, pass, [(read, write) for the two halves in issue order])
+    per_row = min(8, c8)
+    per_pass = threads // per_row
+    assert c8 % per_row == 0 and tile_kv % per_pass == 0 and per_pass % 8 == 0
+    out = []  # (tid, i, k, [(read, write) for the two halves in issue order])
     for tid in range(threads):
-        r0, ch = tid // c8, tid % c8
-        h0 = (ch ^ (ch >> 2) ^ (ch >> 3)) & 1
-        src = byte_offset(r0, ch, c8)
-        d0 = byte_offset(r0, 2 * ch + h0, c16)
+        kv_row, kv_chunk = tid // per_row, tid % per_row
+        h0 = (kv_chunk ^ (kv_chunk >> 2)) & 1
+        src = byte_offset(kv_row, kv_chunk, c8)  # cp_k_dst
+        d0 = byte_offset(kv_row, 2 * kv_chunk + h0, c16)
         for i in range(tile_kv // per_pass):
-            rd = [src + i * per_pass * c8 * 16 + 8 * h0, src + i * per_pass * c8 * 16 + 8 - 8 * h0]
-            wr = [d0 + i * per_pass * c16 * 16, (d0 ^ 16) + i * per_pass * c16 * 16]
-            out.append((tid, i, list(zip(rd, wr, strict=True))))
+            for k in range(c8 // per_row):
+                a = src + i * per_pass * c8 * 16 + k * 128
+                o = i * per_pass * c16 * 16 + k * 256
+                first = d0 ^ 16 if k & 1 else d0
+                h = h0 ^ (k & 1)
+                ch = kv_chunk + 8 * k
+                assert h == (ch ^ (ch >> 2) ^ (ch >> 3)) & 1
+                rd = [a + 8 * h, a + 8 - 8 * h]
+                wr = [first + o, (first ^ 16) + o]
+                out.append((tid, i, k, list(zip(rd, wr, strict=True))))
     return out
 
 
 @pytest.mark.parametrize(("d", "tile_kv", "threads"), [(64, 32, 128), (128, 64, 128), (256, 64, 256), (256, 64, 128)])
 def test_cta_conversion_writes_the_16_bit_tile(rng, d, tile_kv, threads):
-    """kernel.cuh convert_tile (kConvert): each thread takes fp8 chunk tid % C8 of rows tid / C8 + i * threads / C8,
-    reads it as two 8-byte halves (pairs (0, 1), (2, 3) of each word, in order) and writes half h as 16-bit chunk
-    2 ch + h; the result is the 16-bit tile the 16-bit math reads (the layout store_tile_16 writes), every piece
-    written once, and the addresses are the hardware model's swizzle (the kernel's immediates: rows tid / C8 + i *
-    per_pass share the swizzle)."""
+    """kernel.cuh convert_tile (kConvert): each thread converts the fp8 chunks it copied (so its own cp.async wait
+    suffices: no barrier before the conversion), reading each as two 8-byte halves (pairs (0, 1), (2, 3) of each
+    word, in order) and writing half h as 16-bit chunk 2 ch + h; the result is the 16-bit tile the 16-bit math reads
+    (the layout store_tile_16 writes), every piece written once, and the kernel's base-plus-immediate addresses are
+    the hardware model's swizzle."""
     x = rng.integers(-8, 9, (tile_kv, d)).astype(np.float64)
     c8, c16 = d // 16, d // 8
     src = np.full(tile_kv * d, np.nan)
-    copy_fp8_tile(src, 0, x, threads=min(threads, tile_kv * min(8, c8)))
+    copy_fp8_tile(src, 0, x, threads=threads)
     dst = np.full(2 * tile_kv * d, np.nan)
     seen = set()
-    for tid, i, halves in _convert_tile_pieces(d, tile_kv, threads):
-        r, ch = tid // c8 + i * (threads // c8), tid % c8
+    per_row = min(8, c8)
+    per_pass = threads // per_row
+    for tid, i, k, halves in _convert_tile_pieces(d, tile_kv, threads):
+        r, ch = tid // per_row + i * per_pass, tid % per_row + 8 * k
+        # the chunk this thread's own cp.async wrote (copy_fp8_tile / load_k: dst0 + i * pass + k * 128)
+        own = byte_offset(tid // per_row, tid % per_row, c8) + i * per_pass * c8 * 16 + k * 128
+        assert all(rd // 16 * 16 == own for rd, _ in halves)
         for rd, wr in halves:
             h = (rd - byte_offset(r, ch, c8)) // 8  # which half this read is
             assert rd == byte_offset(r, ch, c8) + 8 * h and wr == byte_offset(r, 2 * ch + h, c16)
@@ -379,16 +393,17 @@ def test_cta_conversion_is_free_of_bank_conflicts(d, tile_kv, threads):
     def banks(addrs, width):
         return [(a // 4 + k) % 32 for a in addrs for k in range(width // 4)]
 
-    pieces = {(tid, i): halves for tid, i, halves in _convert_tile_pieces(d, tile_kv, threads)}
-    passes = tile_kv // (threads // (d // 16))
+    pieces = {(tid, i, k): halves for tid, i, k, halves in _convert_tile_pieces(d, tile_kv, threads)}
+    per_row = min(8, d // 16)
     for warp in range(threads // 32):
-        for i in range(passes):
-            for k in range(2):  # the two reads / writes of a pass, in issue order
-                for lanes, width, which in ((16, 8, 0), (8, 16, 1)):
-                    for ph in range(0, 32, lanes):
-                        tids = range(32 * warp + ph, 32 * warp + ph + lanes)
-                        b = banks([pieces[(t, i)][k][which] for t in tids], width)
-                        assert len(b) == len(set(b)), (d, warp, i, k, which, ph)
+        for i in range(tile_kv // (threads // per_row)):
+            for k in range(d // 16 // per_row):
+                for n in range(2):  # the two reads / writes of a piece, in issue order
+                    for lanes, width, which in ((16, 8, 0), (8, 16, 1)):
+                        for ph in range(0, 32, lanes):
+                            tids = range(32 * warp + ph, 32 * warp + ph + lanes)
+                            b = banks([pieces[(t, i, k)][n][which] for t in tids], width)
+                            assert len(b) == len(set(b)), (d, warp, i, k, n, which, ph)
     # the old order (half 0 first) conflicts on the writes
     c16 = d // 8
     old = [byte_offset(0, 2 * ch, c16) for ch in range(8)]

@@ -21,7 +21,8 @@ template <class T, class F> struct Select<false, T, F> {
 // are converted to q's type (common/fp8.cuh): CONVERT_ false, each warp converts the fragments it reads, in registers
 // (mainloop.cuh qk_tile_fp8 / pv_tile_fp8); CONVERT_ true, the CTA converts each landed K / V tile once into a 16-bit
 // tile (kernel.cuh convert_tile), which the 16-bit math reads: one conversion per element instead of one per warp
-// reading it, for two more barriers per tile and the 16-bit tiles' shared memory (cuinfer/prefill/policy.py chooses).
+// reading it, for the 16-bit tiles' shared memory (each thread converts the chunks it copied, between its own
+// cp.async wait and the tile's barrier: no barrier of its own; cuinfer/prefill/policy.py chooses).
 template <typename DTypeKV_, typename DTypeO_, int HEAD_DIM_QK_, int HEAD_DIM_VO_, int TILE_Q_, int WARPS_Q_,
           int WARPS_KV_, int MMA_KV_, int STAGES_, bool PAGED_, class Variant_, int GROUPS_, typename DTypeQ_ = DTypeKV_,
           bool CONVERT_ = false>
