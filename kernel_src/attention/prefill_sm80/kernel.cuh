@@ -200,7 +200,7 @@ __device__ __forceinline__ void write_warp_bounds(const P& p, const VP& v, const
 // fully unrolled or both by 2; K 4 / V 2, K 2 / V 4 and K 1 / V 1 stay spill-free.
 constexpr int kConvUnrollK = 4, kConvUnrollV = 2;
 template <class C, bool kIsK, int kUnroll> __device__ __forceinline__ void convert_tile(const Cta<C>& c, int stage) {
-  using T = typename C::DTypeQ;
+  using T = typename Select<kIsK, typename C::DTypeQ, typename C::DTypePV>::type;  // (V: P·V's operand type)
   using F8 = typename C::DTypeKV;
   constexpr int D = kIsK ? C::kHeadDimQK : C::kHeadDimVO, C8 = D / 16, C16 = D / 8;
   constexpr int TPR = C::kKVThreadsPerRow, PASS = C::kKVRowsPerPass;
@@ -220,12 +220,13 @@ template <class C, bool kIsK, int kUnroll> __device__ __forceinline__ void conve
       const int h = h0 ^ (k & 1);
       const uint2 x = *reinterpret_cast<const uint2*>(a + 8 * h);
       const uint2 y = *reinterpret_cast<const uint2*>(a + 8 - 8 * h);
-      *reinterpret_cast<uint4*>(dst + first + o) =
-          make_uint4(fp8::pair<T, F8, 0, 1>(x.x), fp8::pair<T, F8, 2, 3>(x.x), fp8::pair<T, F8, 0, 1>(x.y),
-                     fp8::pair<T, F8, 2, 3>(x.y));
-      *reinterpret_cast<uint4*>(dst + second + o) =
-          make_uint4(fp8::pair<T, F8, 0, 1>(y.x), fp8::pair<T, F8, 2, 3>(y.x), fp8::pair<T, F8, 0, 1>(y.y),
-                     fp8::pair<T, F8, 2, 3>(y.y));
+      uint4 u, w;
+      fp8::quad<T, F8>(x.x, u.x, u.y);
+      fp8::quad<T, F8>(x.y, u.z, u.w);
+      fp8::quad<T, F8>(y.x, w.x, w.y);
+      fp8::quad<T, F8>(y.y, w.z, w.w);
+      *reinterpret_cast<uint4*>(dst + first + o) = u;
+      *reinterpret_cast<uint4*>(dst + second + o) = w;
     }
   }
 }
@@ -377,7 +378,7 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
   for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
     for (int kk = 0; kk < MMA_KV; ++kk) {
-      mma::frag_c_to_a<typename C::DTypeQ>(pa[mq][kk], s[mq][2 * kk], s[mq][2 * kk + 1]);
+      mma::frag_c_to_a<typename C::DTypePV>(pa[mq][kk], s[mq][2 * kk], s[mq][2 * kk + 1]);
     }
   }
 }
