@@ -85,12 +85,13 @@ def _b(x: bool) -> str:
 
 def fp8_sass_expect(kv_dtype: str, convert_to: str) -> list[str]:
     """What the in-register fp8 conversion of common/fp8.cuh leaves in the SASS of a kernel converting ``kv_dtype``
-    elements to ``convert_to`` (float16: one F2FP per pair on sm_90a, the bit path's HFMA2 on sm_80; bfloat16: the
-    bit path's byte permutes and HFMA2.BF16 multiplies on both)."""
+    elements to ``convert_to`` (float16: one F2FP per pair on sm_90a, with no byte permute where the pair is a
+    register's 16-bit half (fp8::quad, prefill's whole-tile conversion); on sm_80 the byte permutes and, for e4m3, the
+    bit path's HFMA2; bfloat16: the bit path's byte permutes and HFMA2.BF16 multiplies on both)."""
     if not kv_dtype.startswith("float8"):
         return []
     if convert_to == "float16":
-        return [r"sm_90a:F2FP\.F16\.E[45]M[23]", r"sm_80:PRMT", r"sm_80:HFMA2|HMUL2" if "e4m3" in kv_dtype else r"PRMT"]
+        return [r"sm_90a:F2FP\.F16\.E[45]M[23]", r"sm_80:PRMT", *([r"sm_80:HFMA2|HMUL2"] if "e4m3" in kv_dtype else [])]
     return [r"PRMT", r"HFMA2.*BF16|HMUL2.*BF16"]
 
 
