@@ -85,15 +85,17 @@ def _b(x: bool) -> str:
 
 def fp8_sass_expect(kv_dtype: str, convert_to: str) -> list[str]:
     """What the in-register fp8 conversion of common/fp8.cuh leaves in the SASS of a kernel converting ``kv_dtype``
-    elements to ``convert_to`` (float16: one F2FP per pair on sm_90a, the bit path's HFMA2 on sm_80; bfloat16: the
-    bit path's byte permutes and HFMA2.BF16 multiplies on both; "f16s": the decode tensor-core kernel's float16
-    fragments scaled by a power of two, masks and shifts only, and float16 mma whatever q's type)."""
+    elements to ``convert_to`` (float16: one F2FP per pair on sm_90a, with no byte permute where the pair is a
+    register's 16-bit half (fp8::quad, prefill's whole-tile conversion); on sm_80 the byte permutes and, for e4m3, the
+    bit path's HFMA2; bfloat16: the bit path's byte permutes and HFMA2.BF16 multiplies on both; "f16s": the decode
+    tensor-core kernel's float16 fragments scaled by a power of two, masks and shifts only, and float16 mma whatever
+    q's type)."""
     if not kv_dtype.startswith("float8"):
         return []
     if convert_to == "f16s":  # the tensor-core kernel's fragments (fp8::f16s_pairs): byte permutes, float16 mma
         return [r"PRMT", r"HMMA\.16816\.F32$"]
     if convert_to == "float16":
-        return [r"sm_90a:F2FP\.F16\.E[45]M[23]", r"sm_80:PRMT", r"sm_80:HFMA2|HMUL2" if "e4m3" in kv_dtype else r"PRMT"]
+        return [r"sm_90a:F2FP\.F16\.E[45]M[23]", r"sm_80:PRMT", *([r"sm_80:HFMA2|HMUL2"] if "e4m3" in kv_dtype else [])]
     return [r"PRMT", r"HFMA2.*BF16|HMUL2.*BF16"]
 
 

@@ -101,6 +101,26 @@ template <typename T, typename F8, int I, int J> __device__ __forceinline__ u32 
   }
 }
 
+// The four bytes of x as two registers of two 16-bit values of T: bytes (0, 1) in `lo`, (2, 3) in `hi` (byte 0 / 2 in
+// the low half): pair<T, F8, 0, 1> and pair<T, F8, 2, 3>. float16 on sm_89+: the cvt reads the two 16-bit halves of x
+// in place (no byte permute).
+template <typename T, typename F8> __device__ __forceinline__ void quad(u32 x, u32& lo, u32& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if constexpr (is_same<T, half>::value) {
+    if constexpr (is_same<F8, __nv_fp8_e4m3>::value) {
+      asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+          : "=r"(lo), "=r"(hi) : "r"(x));
+    } else {
+      asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e5m2x2 %0, l;\ncvt.rn.f16x2.e5m2x2 %1, h;\n}\n"
+          : "=r"(lo), "=r"(hi) : "r"(x));
+    }
+    return;
+  }
+#endif
+  lo = pair<T, F8, 0, 1>(x);
+  hi = pair<T, F8, 2, 3>(x);
+}
+
 // 8 fp8 elements (8 bytes, element 0 in the lowest byte) as 8 floats, through float16 (exact).
 template <typename F8> __device__ __forceinline__ void to_float8(uint2 raw, float (&out)[8]) {
 #pragma unroll

@@ -338,27 +338,116 @@ def test_swizzle_of_64_byte_rows_is_conflict_free():
         assert len(set((dst // 128).tolist())) == 1 and len(set(((dst // 16) % 8).tolist())) == 8
 
 
-@pytest.mark.parametrize(("d", "tile_kv", "threads"), [(64, 32, 128), (128, 64, 128), (256, 64, 256)])
+def _convert_tile_pieces(d: int, tile_kv: int, threads: int):
+    """kernel.cuh convert_tile's mapping, the copy's (copy_fp8_tile: kKVThreadsPerRow threads per row): per thread,
+    row pass i and chunk step k, the two 8-byte reads (fp8 tile byte offsets, in issue order) and the two 16-byte
+    writes (16-bit tile byte offsets) of fp8 chunk ch = kv_chunk + 8 k of row kv_row + i * kKVRowsPerPass, half h =
+    bit 0 of (ch ^ ch / 4 ^ ch / 8) first, computed as the kernel does (from the copy's offsets and immediates)."""
+    c8, c16 = d // 16, d // 8
+    per_row = min(8, c8)
+    per_pass = threads // per_row
+    assert c8 % per_row == 0 and tile_kv % per_pass == 0 and per_pass % 8 == 0
+    out = []  # (tid, i, k, [(read, write) for the two halves in issue order])
+    for tid in range(threads):
+        kv_row, kv_chunk = tid // per_row, tid % per_row
+        h0 = (kv_chunk ^ (kv_chunk >> 2)) & 1
+        src = byte_offset(kv_row, kv_chunk, c8)  # cp_k_dst
+        d0 = byte_offset(kv_row, 2 * kv_chunk + h0, c16)
+        for i in range(tile_kv // per_pass):
+            for k in range(c8 // per_row):
+                a = src + i * per_pass * c8 * 16 + k * 128
+                o = i * per_pass * c16 * 16 + k * 256
+                first = d0 ^ 16 if k & 1 else d0
+                h = h0 ^ (k & 1)
+                ch = kv_chunk + 8 * k
+                assert h == (ch ^ (ch >> 2) ^ (ch >> 3)) & 1
+                rd = [a + 8 * h, a + 8 - 8 * h]
+                wr = [first + o, (first ^ 16) + o]
+                out.append((tid, i, k, list(zip(rd, wr, strict=True))))
+    return out
+
+
+@pytest.mark.parametrize(("d", "tile_kv", "threads"), [(64, 32, 128), (128, 64, 128), (256, 64, 256), (256, 64, 128)])
 def test_cta_conversion_writes_the_16_bit_tile(rng, d, tile_kv, threads):
-    """kernel.cuh convert_tile (kConvert): each thread takes 8-element pieces (half an fp8 chunk, read at its swizzled
-    place) and writes them as one 16-bit chunk at its swizzled place; the result is the 16-bit tile the 16-bit math
-    reads (the layout store_tile_16 writes), every piece written once."""
+    """kernel.cuh convert_tile (kConvert): each thread converts the fp8 chunks it copied (so its own cp.async wait
+    suffices: no barrier before the conversion), reading each as two 8-byte halves (pairs (0, 1), (2, 3) of each
+    word, in order) and writing half h as 16-bit chunk 2 ch + h; the result is the 16-bit tile the 16-bit math reads
+    (the layout store_tile_16 writes), every piece written once, and the kernel's base-plus-immediate addresses are
+    the hardware model's swizzle."""
     x = rng.integers(-8, 9, (tile_kv, d)).astype(np.float64)
     c8, c16 = d // 16, d // 8
     src = np.full(tile_kv * d, np.nan)
-    copy_fp8_tile(src, 0, x, threads=min(threads, tile_kv * min(8, c8)))
+    copy_fp8_tile(src, 0, x, threads=threads)
     dst = np.full(2 * tile_kv * d, np.nan)
     seen = set()
-    for tid in range(threads):
-        for it in range(tid, tile_kv * c16, threads):
-            r, h = it // c16, it % c16
-            a = byte_offset(r, h // 2, c8) + (h % 2) * 8
-            piece = src[a : a + 8]  # uint2: 8 fp8 codes, pairs (0, 1), (2, 3) of each word, in order
-            b = byte_offset(r, h, c16)
-            assert b not in seen
-            seen.add(b)
-            dst[b : b + 16 : 2] = piece
-            dst[b + 1 : b + 16 : 2] = np.nan
+    per_row = min(8, c8)
+    per_pass = threads // per_row
+    for tid, i, k, halves in _convert_tile_pieces(d, tile_kv, threads):
+        r, ch = tid // per_row + i * per_pass, tid % per_row + 8 * k
+        # the chunk this thread's own cp.async wrote (copy_fp8_tile / load_k: dst0 + i * pass + k * 128)
+        own = byte_offset(tid // per_row, tid % per_row, c8) + i * per_pass * c8 * 16 + k * 128
+        assert all(rd // 16 * 16 == own for rd, _ in halves)
+        for rd, wr in halves:
+            h = (rd - byte_offset(r, ch, c8)) // 8  # which half this read is
+            assert rd == byte_offset(r, ch, c8) + 8 * h and wr == byte_offset(r, 2 * ch + h, c16)
+            assert wr not in seen
+            seen.add(wr)
+            piece = src[rd : rd + 8]  # uint2: 8 fp8 codes
+            dst[wr : wr + 16 : 2] = piece
+            dst[wr + 1 : wr + 16 : 2] = np.nan
+    assert len(seen) == tile_kv * c16
     want = np.full(2 * tile_kv * d, np.nan)
     store_tile_16(want, 0, x)
     np.testing.assert_array_equal(dst, want)
+
+
+@pytest.mark.parametrize(("d", "tile_kv", "threads"), [(64, 32, 128), (128, 64, 128), (256, 64, 256), (256, 64, 128)])
+def test_cta_conversion_is_free_of_bank_conflicts(d, tile_kv, threads):
+    """convert_tile's shared-memory accesses: each 8-byte read instruction (phases of 16 lanes) and each 16-byte write
+    (phases of 8 lanes) touches every 4-byte bank at most once per phase; writing half 0 first would not (even 16-bit
+    chunks only: 2-way conflicts)."""
+
+    def banks(addrs, width):
+        return [(a // 4 + k) % 32 for a in addrs for k in range(width // 4)]
+
+    pieces = {(tid, i, k): halves for tid, i, k, halves in _convert_tile_pieces(d, tile_kv, threads)}
+    per_row = min(8, d // 16)
+    for warp in range(threads // 32):
+        for i in range(tile_kv // (threads // per_row)):
+            for k in range(d // 16 // per_row):
+                for n in range(2):  # the two reads / writes of a piece, in issue order
+                    for lanes, width, which in ((16, 8, 0), (8, 16, 1)):
+                        for ph in range(0, 32, lanes):
+                            tids = range(32 * warp + ph, 32 * warp + ph + lanes)
+                            b = banks([pieces[(t, i, k)][n][which] for t in tids], width)
+                            assert len(b) == len(set(b)), (d, warp, i, k, n, which, ph)
+    # the old order (half 0 first) conflicts on the writes
+    c16 = d // 8
+    old = [byte_offset(0, 2 * ch, c16) for ch in range(8)]
+    b = banks(old, 16)
+    assert len(set(b)) < len(b)
+
+
+@pytest.mark.parametrize("n_keys", [64, 8192])
+def test_pv_with_float16_p_is_within_the_documented_bound(rng, n_keys):
+    """traits.cuh kHalfPV (docs/fp8.md): with bf16 q and fp8 V converted by the CTA, P·V takes P in float16. V is exact
+    in float16 (every e4m3 code); P = 2^(x - m) <= 2^8 rounds to 11 significant bits, and p < 2^-24 flushes to 0.
+    Against the float64 product, the float16 P error stays within the bound (2^-11 relative per p, plus n_keys x
+    2^-24 of the row sum for the flushed / subnormal ones) and below bfloat16 P's error, on rows whose p span 2^8 ..
+    2^-40 (logit gaps far larger than real rows have)."""
+    import ml_dtypes
+
+    codes = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    finite = codes[np.isfinite(codes)]
+    assert np.array_equal(finite.astype(np.float16).astype(np.float64), finite)  # V exact in float16
+    v = rng.choice(finite, (n_keys, 16))
+    for _ in range(4):
+        x = rng.uniform(-40, 8, n_keys)  # base-2 logits relative to the reference max m
+        p = np.exp2(x)
+        exact = p @ v
+        half = p.astype(np.float16).astype(np.float64) @ v
+        bf16 = p.astype(ml_dtypes.bfloat16).astype(np.float64) @ v
+        scale = np.abs(p) @ np.abs(v)
+        bound = 2.0**-11 * scale + n_keys * 2.0**-24 * np.abs(v).max(axis=0)
+        assert np.all(np.abs(half - exact) <= bound)
+        assert np.abs(half - exact).max() <= np.abs(bf16 - exact).max()

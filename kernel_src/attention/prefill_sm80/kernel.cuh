@@ -183,22 +183,51 @@ __device__ __forceinline__ void write_warp_bounds(const P& p, const VP& v, const
 
 // fp8 K/V, kConvert: the CTA converts the K (kIsK) or V tile in buffer `stage` into the 16-bit tile the 16-bit math
 // reads (traits.cuh), each 16-byte chunk of 16 fp8 elements into two chunks of 8, both layouts swizzled
-// (common/swizzle.cuh); rows past the item's end were zero-filled by the copy and stay zero. Between two barriers.
-template <class C, bool kIsK> __device__ __forceinline__ void convert_tile(const Cta<C>& c, int stage) {
-  using T = typename C::DTypeQ;
+// (common/swizzle.cuh); rows past the item's end were zero-filled by the copy and stay zero.
+//
+// Each thread converts exactly the chunks it copied (the copy mapping of loader.cuh load_k / load_v: chunks kv_chunk
+// + 8 k of rows kv_row + i * kKVRowsPerPass), so its own cp.async wait makes them visible to it and no barrier is
+// needed between the wait and the conversion: kv_loop converts between its wait and the barrier it has anyway (two
+// barriers per tile, as the 16-bit kernel). The 16-bit tile being written is free there: K16 was last read by the
+// previous tile's Q.K^T (before the previous V barrier), V16 by its P.V (before this tile's K barrier). Addresses are
+// the copy's (one base plus immediates); the loop is unrolled (independent pieces: their latencies overlap). A chunk
+// is read as two 8-byte halves, half h = bit 0 of (ch ^ ch / 4 ^ ch / 8) first, and half h is written as 16-bit chunk
+// 2 ch + h: with that order the 16 lanes of an 8-byte read phase (two rows whose swizzles differ in bit 0, or one
+// row) and the 8 lanes of a 16-byte write phase hit distinct banks (tests/cpu/test_fp8_fragments.py checks both); half
+// 0 first left every 16-byte write 2-way conflicted (even chunks only: 4 of the 8 bank groups).
+// Passes of convert_tile unrolled (kUnroll rows of each thread converted together): the whole K tile but half the V
+// tile at a time. ptxas (NVRTC 12.9) spilled the paged 128 x 64 tile at 255 registers (8 bytes, item loop) with both
+// fully unrolled or both by 2; K 4 / V 2, K 2 / V 4 and K 1 / V 1 stay spill-free.
+constexpr int kConvUnrollK = 4, kConvUnrollV = 2;
+template <class C, bool kIsK, int kUnroll> __device__ __forceinline__ void convert_tile(const Cta<C>& c, int stage) {
+  using T = typename Select<kIsK, typename C::DTypeQ, typename C::DTypePV>::type;  // (V: P·V's operand type)
   using F8 = typename C::DTypeKV;
   constexpr int D = kIsK ? C::kHeadDimQK : C::kHeadDimVO, C8 = D / 16, C16 = D / 8;
-  constexpr int kItems = C::kTileKV * C16;  // 8-element pieces: half an fp8 chunk in, one 16-bit chunk out
-  const unsigned char* src = c.smem + (kIsK ? C::kKOff + stage * C::kKBytes : C::kVOff + stage * C::kVBytes);
+  constexpr int TPR = C::kKVThreadsPerRow, PASS = C::kKVRowsPerPass;
+  static_assert(C8 == C::kChunksK && C8 % TPR == 0 && PASS % 8 == 0, "the copy's mapping (rows 8k apart: one swizzle)");
+  const int h0 = (c.kv_chunk ^ (c.kv_chunk >> 2)) & 1;
+  const unsigned char* src = c.smem + (kIsK ? C::kKOff + stage * C::kKBytes : C::kVOff + stage * C::kVBytes) +
+                             (kIsK ? c.cp_k_dst : c.cp_v_dst);
   unsigned char* dst = c.smem + (kIsK ? C::kK16Off : C::kV16Off);
-  // (one piece at a time, the loop rolled: the accumulators and, for V, the P fragments hold the registers here)
-#pragma unroll 1
-  for (int it = c.tid; it < kItems; it += C::kThreads) {
-    const int r = it / C16, h = it % C16;  // 16-bit chunk h of row r = half h % 2 of fp8 chunk h / 2
-    const uint2 x = *reinterpret_cast<const uint2*>(src + Swizzle<C8>::byte_offset(r, h / 2) + (h % 2) * 8);
-    *reinterpret_cast<uint4*>(dst + Swizzle<C16>::byte_offset(r, h)) =
-        make_uint4(fp8::pair<T, F8, 0, 1>(x.x), fp8::pair<T, F8, 2, 3>(x.x), fp8::pair<T, F8, 0, 1>(x.y),
-                   fp8::pair<T, F8, 2, 3>(x.y));
+  const u32 d0 = Swizzle<C16>::byte_offset(c.kv_row, 2 * c.kv_chunk + h0);  // (the other half: slot ^ 1, offset ^ 16)
+#pragma unroll kUnroll
+  for (int i = 0; i < C::kKVRowsPerThread; ++i) {
+#pragma unroll
+    for (int k = 0; k < C8 / TPR; ++k) {  // chunk kv_chunk + 8 k: h = h0 ^ k, 16-bit chunks 16 k further
+      const unsigned char* a = src + i * PASS * C8 * 16 + k * 128;
+      const u32 o = i * PASS * C16 * 16 + k * 256;
+      const u32 first = (k & 1) ? d0 ^ 16u : d0, second = first ^ 16u;
+      const int h = h0 ^ (k & 1);
+      const uint2 x = *reinterpret_cast<const uint2*>(a + 8 * h);
+      const uint2 y = *reinterpret_cast<const uint2*>(a + 8 - 8 * h);
+      uint4 u, w;
+      fp8::quad<T, F8>(x.x, u.x, u.y);
+      fp8::quad<T, F8>(x.y, u.z, u.w);
+      fp8::quad<T, F8>(y.x, w.x, w.y);
+      fp8::quad<T, F8>(y.y, w.z, w.w);
+      *reinterpret_cast<uint4*>(dst + first + o) = u;
+      *reinterpret_cast<uint4*>(dst + second + o) = w;
+    }
   }
 }
 
@@ -357,7 +386,7 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
   for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
     for (int kk = 0; kk < MMA_KV; ++kk) {
-      mma::frag_c_to_a<typename C::DTypeQ>(pa[mq][kk], s[mq][2 * kk], s[mq][2 * kk + 1]);
+      mma::frag_c_to_a<typename C::DTypePV>(pa[mq][kk], s[mq][2 * kk], s[mq][2 * kk + 1]);
     }
   }
 }
@@ -381,6 +410,7 @@ __device__ __forceinline__ void kv_loop(const P& p, const VP& v, const Cta<C>& c
     const int wb0 = wb[kWUpper], wb1 = wb[kWSkip], cp_base = wb[kWKvBase], cp_head = wb[kWKvHead];
     const int wb2 = V::kLowerBound ? wb[kWLower] : 0, wb3 = V::kLowerBound ? wb[kWBelow] : 0;
     cp_async_wait<2 * STAGES - 3>();
+    if constexpr (C::kConvert) convert_tile<C, true, kConvUnrollK>(c, stage);  // (its own copies: see convert_tile)
     c.sync();
     if constexpr (C::kTransforms) {
       transform_tile<C>(p, v, c, stage, key0, kv_end, key0 == kv_start);
@@ -390,10 +420,6 @@ __device__ __forceinline__ void kv_loop(const P& p, const VP& v, const Cta<C>& c
     const int st = stage == 0 ? STAGES - 1 : stage - 1;  // buffer of the previous tile == of the tile ahead
     if (ahead < kv_end) ld.load_k(ahead, st, cp_base, cp_head, kv_end, pages);
     cp_async_commit();
-    if constexpr (C::kConvert) {  // (after the copy ahead is issued: it lands meanwhile)
-      convert_tile<C, true>(c, stage);
-      c.sync();
-    }
     // Fully masked for this warp (all keys past every row's limit, or before every row's lower bound): skip the math.
     const bool skip = wkey0 >= wb1 || (V::kLowerBound && wkey0 + MMA_KV * 16 <= wb3);
     u32 pa[C::kMmaQ][MMA_KV][4];
@@ -402,17 +428,17 @@ __device__ __forceinline__ void kv_loop(const P& p, const VP& v, const Cta<C>& c
       const int* wv = c.warp_ints();  // (read before the barrier, as above)
       const int v_base = wv[kWKvBase], v_head = wv[kWKvHead];
       i64 v_offs[C::kKVRowsPerThread];
-      ld.own_offsets(v_offs);
+      if constexpr (!C::kConvert) ld.own_offsets(v_offs);
       cp_async_wait<2 * STAGES - 3>();
+      if constexpr (C::kConvert) {  // (the offsets read after the conversion: fewer registers live across it)
+        convert_tile<C, false, kConvUnrollV>(c, stage);
+        ld.own_offsets(v_offs);
+      }
       c.sync();
       if (ahead < kv_end) ld.load_v(ahead, st, v_base, v_head, kv_end, v_offs);
       cp_async_commit();
       if constexpr (V::kValueTransform) {
         transform_values<C>(v, c, stage, key0, kv_end);  // (this tile's V landed: the barrier above)
-        c.sync();
-      }
-      if constexpr (C::kConvert) {
-        convert_tile<C, false>(c, stage);
         c.sync();
       }
       if constexpr (C::kPaged) {

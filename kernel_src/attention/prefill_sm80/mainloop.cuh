@@ -66,7 +66,7 @@ __device__ __forceinline__ void qk_tile(float (&s)[C::kMmaQ][2 * C::kMmaKV][4], 
 template <class C, bool GUARD>
 __device__ __forceinline__ void pv_tile(float (&o)[C::kMmaQ][C::kHeadDimVO / 8][4],
                                         const u32 (&pa)[C::kMmaQ][C::kMmaKV][4], u32 v_stage, int live) {
-  using T = typename C::DTypeQ;
+  using T = typename C::DTypePV;  // (q's type, or float16 for fp8 V converted to float16: traits.cuh)
   using LdVO = LdmatrixAddr<C::kChunksVMma>;
 #pragma unroll
   for (int kk = 0; kk < C::kMmaKV; ++kk) {

@@ -21,7 +21,8 @@ template <class T, class F> struct Select<false, T, F> {
 // are converted to q's type (common/fp8.cuh): CONVERT_ false, each warp converts the fragments it reads, in registers
 // (mainloop.cuh qk_tile_fp8 / pv_tile_fp8); CONVERT_ true, the CTA converts each landed K / V tile once into a 16-bit
 // tile (kernel.cuh convert_tile), which the 16-bit math reads: one conversion per element instead of one per warp
-// reading it, for two more barriers per tile and the 16-bit tiles' shared memory (cuinfer/prefill/policy.py chooses).
+// reading it, for the 16-bit tiles' shared memory (each thread converts the chunks it copied, between its own
+// cp.async wait and the tile's barrier: no barrier of its own; cuinfer/prefill/policy.py chooses).
 template <typename DTypeKV_, typename DTypeO_, int HEAD_DIM_QK_, int HEAD_DIM_VO_, int TILE_Q_, int WARPS_Q_,
           int WARPS_KV_, int MMA_KV_, int STAGES_, bool PAGED_, class Variant_, int GROUPS_, typename DTypeQ_ = DTypeKV_,
           bool CONVERT_ = false>
@@ -50,6 +51,19 @@ struct PrefillTraits {
   static constexpr int kChunksK = kHeadDimQK * kKVBytesPerElem / 16;  // ... of K
   static constexpr int kChunksVO = kHeadDimVO * kKVBytesPerElem / 16;  // ... of V
   static constexpr bool kConvert = kKV8 && CONVERT_;  // fp8 tiles converted to 16-bit tiles by the CTA
+  // The operand type of P·V: q's, or float16 with bf16 q when the CTA converts fp8 V (kConvert) and P holds softmax
+  // probabilities, where fp8 -> float16 is cheaper than fp8 -> bfloat16: on sm_89+ (cvt.rn.f16x2.{e4m3,e5m2}x2, one
+  // conversion per pair instead of a byte permute, three logic ops and an HFMA2) and for e5m2 anywhere (a byte permute
+  // alone). Exact for V (every finite fp8 value is a float16); P = 2^(x - m) <= 2^kRescaleSlack (mainloop.cuh) rounds
+  // to float16's 11 significant bits instead of bfloat16's 8, and p < 2^-24 (relative to the row's largest, >= 1)
+  // flushes to 0 (float16 subnormals below 2^-14 keep an absolute error <= 2^-25): docs/fp8.md.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+  static constexpr bool kHalfPV = kConvert && is_same<DTypeQ, __nv_bfloat16>::value && Variant::kSoftmax &&
+                                  is_same<DTypeKV, __nv_fp8_e5m2>::value;
+#else
+  static constexpr bool kHalfPV = kConvert && is_same<DTypeQ, __nv_bfloat16>::value && Variant::kSoftmax;
+#endif
+  using DTypePV = typename Select<kHalfPV, half, DTypeQ>::type;
   // 16-byte chunks per row of the V tile P·V reads: fp8 V (converted by each warp) or 16-bit V
   static constexpr int kChunksVMma = kKV8 && !kConvert ? kChunksVO : kHeadDimVO * kQBytesPerElem / 16;
   static constexpr int kRowsPerPass = kThreads / 8;  // global -> smem copies of Q: 8 threads per row, a 128-byte line
