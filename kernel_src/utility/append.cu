@@ -1,7 +1,8 @@
 // append_paged_kv_cache: row t of append_key / append_value ([nnz, H, D], rows strided, last dim contiguous) is
 // copied into request b = batch_indices[t] at position pos = positions[t]: page kv_indices[kv_indptr[b] + pos /
 // page_size], slot pos % page_size, of the K / V cache (any layout: the cache is base pointers and element strides of
-// a page, a slot and a head). Bit-exact copies.
+// a page, a slot and a head). Bit-exact copies into a cache of the rows' dtype; into an fp8 cache float16 / bfloat16
+// rows are quantised (CacheStore below).
 //
 // Memory bound: the work is flat over (token, 16-byte vector of the token's row) and each thread moves kUnroll
 // vectors of K and the same kUnroll vectors of V (one slot lookup serves both), all 2 * kUnroll loads issued before

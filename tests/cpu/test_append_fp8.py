@@ -6,6 +6,7 @@ sm_90a converts with F2FP.SATFINITE, sm_80 with the integer path)."""
 
 from __future__ import annotations
 
+import ctypes
 import re
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import cuinfer
 from cuinfer.reference.paged import quantize_fp8
 from cuinfer.utils import paged as P
 from cuinfer.utils import specs as S
-from tests.cpu.test_utilities_launch import Memory, _append_case, cuda, fast_div
+from tests.cpu.test_utilities_launch import Memory, _append_case, cuda, emulate_append
 
 SRC = Path(__file__).resolve().parents[2] / "kernel_src" / "utility" / "append.cu"
 I32 = np.int32
@@ -142,42 +143,17 @@ def test_numpy_route_stores_hand_written_codes(fmt, as_uint8):
         assert int(to_fp8_bits(np.float32([np.float32(np.float16(x)) / np.float32(scale)]), fmt)[0]) == code
 
 
-def emulate_append_fp8(launch, mem: Memory, in_dtype, fmt: str):
-    """append.cu with CacheStoreFp8: emulate_append's index arithmetic, then 8 values of 16 bits in, each
-    to_fp8_bits(float32(x) / scale), 8 bytes out."""
-    p = launch.params
-    vec = 8
-    w = np.arange(int(p["nnz"]) * int(p["vecs_per_token"]), dtype=np.int64)
-    tl = fast_div(w, p["tok_mul"], p["tok_shift"])
-    r = w - tl * int(p["vecs_per_token"])
-    t = int(p["token_begin"]) + tl
-    b = mem.i32(int(p["batch_indices"]), t)
-    pos = mem.i32(int(p["positions"]), t)
-    ok = (b >= 0) & (b < int(p["batch_size"])) & (pos >= 0)
-    bb = np.where(ok, b, 0)
-    first = mem.i32(int(p["kv_indptr"]), bb)
-    pages = mem.i32(int(p["kv_indptr"]), bb + 1) - first
-    last = mem.i32(int(p["kv_last_page_len"]), bb)
-    pi = np.where(ok, pos, 0) // int(p["page_size"])
-    slot = pos - pi * int(p["page_size"])
-    ok &= (pi < pages) & ((pi < pages - 1) | (slot < last)) & (first >= 0) & (first + pi < int(p["num_indices"]))
-    page = mem.i32(int(p["kv_indices"]), np.where(ok, first + pi, 0))
-    ok &= (page >= 0) & (page < int(p["num_pages"]))
-    import ctypes
+def fp8_store(mem: Memory, in_dtype, fmt: str):
+    """CacheStoreFp8 for emulate_append: 8 values of 16 bits in, each to_fp8_bits(float32(x) / scale), 8 bytes out."""
 
-    for side in ("k", "v"):
-        s = p[side]
-        h = fast_div(r, s["row_mul"], s["row_shift"])
-        c = (r - h * int(s["vecs_per_row"])) * vec
-        src = int(s["src"]) + (t * int(s["src_s0"]) + h * int(s["src_s1"]) + c) * 2
-        dst = int(s["dst"]) + page * int(s["dst_page"]) + slot * int(s["dst_slot"]) + h * int(s["dst_head"]) + c
-        live = ok & (r < int(s["vecs_per_token"]))
-        scale = np.float32(s["scale"])
-        for d_, s_ in zip(dst[live], src[live], strict=True):
-            x = mem.read(s_, 16).view(in_dtype).astype(np.float32) / scale
-            out = to_fp8_bits(x, fmt)
-            mem.check(d_, 8)
-            ctypes.memmove(int(d_), out.ctypes.data, 8)
+    def store(dst, src, side):
+        scale = np.float32(side["scale"])
+        for d, s in zip(dst, src, strict=True):
+            out = to_fp8_bits(mem.read(s, 16).view(in_dtype).astype(np.float32) / scale, fmt)
+            mem.check(d, 8)
+            ctypes.memmove(int(d), out.ctypes.data, 8)
+
+    return store
 
 
 @pytest.mark.parametrize(
@@ -206,7 +182,7 @@ def test_fp8_launch_emulated(rng, page_size, layout, as_tuple, dtype, fmt):
     assert {x.name_expr for x in launches} == {S.append_instance(np.dtype(dtype).name, fmt_name)}
     mem = Memory(qkv, bidx, pos, indices, indptr, last, *(cache if as_tuple else (cache,)))
     for launch in launches:
-        emulate_append_fp8(launch, mem, dtype, fmt)
+        emulate_append(launch, mem, 2, fp8_store(mem, dtype, fmt))
     for got, exp in zip(cache if as_tuple else (cache,), want if as_tuple else (want,), strict=True):
         np.testing.assert_array_equal(got.view(np.uint8), exp.view(np.uint8))
     assert (want[0] if as_tuple else want).view(np.uint8).max() & 0x7F == _constants(fmt)[2]  # saturated somewhere
