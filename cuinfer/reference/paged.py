@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from cuinfer.reference.util import as_index, as_indptr
@@ -153,8 +154,14 @@ def append_paged_kv_cache(
     kv_last_page_len: Any,
     *,
     kv_layout: str = "NHD",
+    k_scale: float | None = None,
+    v_scale: float | None = None,
 ) -> None:
     """Write k[nnz, Hkv, D], v[nnz, Hkv, Dv] into a NumPy paged cache in place (cast to the cache dtype).
+
+    Into an fp8 cache (ml_dtypes float8_e4m3fn / float8_e5m2) from other dtypes the rows are quantised as the GPU
+    kernel does (``quantize_fp8``): ``float32(x) / float32(scale)``, clipped to the format's max finite, rounded to
+    nearest even; ``k_scale`` / ``v_scale`` default to 1.0. Other caches take no scale other than 1.0 (a cast).
 
     Row t goes to request batch_indices[t] at position positions[t], i.e. page
     kv_indices[kv_indptr[b] + pos // page_size], slot pos % page_size. Rows with batch index -1 are skipped.
@@ -193,5 +200,30 @@ def append_paged_kv_cache(
         )
     page = table.kv_indices[table.kv_indptr[b] + p // table.page_size]
     slot = p % table.page_size
-    table.k[page, slot] = k_in[live].astype(table.k.dtype)
-    table.v[page, slot] = v_in[live].astype(table.v.dtype)
+    table.k[page, slot] = _to_cache(k_in[live], table.k.dtype, k_scale, "k_scale")
+    table.v[page, slot] = _to_cache(v_in[live], table.v.dtype, v_scale, "v_scale")
+
+
+_FP8 = (np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2))
+
+
+def quantize_fp8(x: np.ndarray, dtype: Any, scale: float | None = None) -> np.ndarray:
+    """``saturate(float32(x) / float32(scale))`` as ``dtype`` (float8_e4m3fn / float8_e5m2): one float32 division, then
+    the values beyond the max finite (448 / 57344, infinities included) clipped to it and the rest rounded to
+    nearest even by ml_dtypes' direct float32 -> fp8 cast. NaN stays NaN. What append.cu stores."""
+    dt = np.dtype(dtype)
+    s = np.float32(1.0 if scale is None else scale)
+    with np.errstate(over="ignore", invalid="ignore"):  # (inf, then clipped: satfinite; NaN stays NaN)
+        y = np.asarray(x).astype(np.float32) / s
+    m = np.float32(ml_dtypes.finfo(dt).max)
+    return np.clip(y, -m, m).astype(dt)
+
+
+def _to_cache(x: np.ndarray, dtype: np.dtype, scale: float | None, name: str) -> np.ndarray:
+    if dtype in _FP8 and x.dtype != dtype:
+        return quantize_fp8(x, dtype, scale)
+    if scale is not None and float(scale) != 1.0:
+        raise ValueError(
+            f"{name} = {scale!r} but the rows are copied into a {dtype} cache: scales quantise into an fp8 cache"
+        )
+    return x.astype(dtype)

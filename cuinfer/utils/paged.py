@@ -10,6 +10,8 @@ first, with the messages of the NumPy route.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,6 +24,7 @@ from cuinfer.interop.dtypes import DType
 from cuinfer.prefill.specs import fast_div_magic
 from cuinfer.reference import utilities as ref_utils
 from cuinfer.runtime.calls import Call, begin
+from cuinfer.runtime.fp8 import KV_DTYPES, as_kv_dtype, kv_dtype_of
 from cuinfer.runtime.options import kv_layout_name
 from cuinfer.utils import specs as S
 from cuinfer.utils.launch import (
@@ -71,6 +74,8 @@ class AppendArgs:
     kv_indptr: Tensor
     kv_last_page_len: Tensor
     layout: str
+    k_scale: float = 1.0  # an fp8 cache of 16-bit rows stores saturate(x / scale)
+    v_scale: float = 1.0
 
     @property
     def nnz(self) -> int:
@@ -132,6 +137,45 @@ def parse_cache(paged_kv_cache: Any, layout: str, tensor) -> tuple[tuple[Tensor,
     return (tc,), k, v
 
 
+def check_append_scales(cache_dtype: DType, key_dtype: DType, k_scale: Any, v_scale: Any) -> tuple[float, float]:
+    """``k_scale`` / ``v_scale`` of an append, as the float32-rounded numbers the kernel divides by (1.0 for None).
+
+    They quantise 16-bit rows into an fp8 cache (the cache holds ``saturate(k / k_scale)``, what run() dequantises
+    with the same scales); a number, finite and nonzero, as run()'s. Arrays (per KV head) are not taken. A 16-bit
+    cache, and fp8 rows copied into an fp8 cache, take only None or 1.0."""
+    out = []
+    for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if x is None:
+            out.append(1.0)
+            continue
+        if isinstance(x, (bool, np.bool_, str, bytes)) or not (
+            isinstance(x, numbers.Real) or (isinstance(x, np.ndarray) and x.ndim == 0 and x.dtype.kind in "fiu")
+        ):
+            if hasattr(x, "shape") and getattr(x, "ndim", 0) > 0:
+                raise ValueError(
+                    f"{name} must be a number but is an array of shape {tuple(x.shape)}: append_paged_kv_cache "
+                    "quantises with one scale per tensor; pass a number (run() takes per-head arrays, append not yet)"
+                )
+            raise TypeError(f"{name} must be a number (or None for 1.0) but is {x!r} (a {type(x).__name__})")
+        v = float(x)
+        if not math.isfinite(v) or v == 0.0:
+            raise ValueError(f"{name} must be a finite, nonzero number (or None for 1.0) but is {x!r}")
+        v32 = float(np.float32(v))
+        if v32 == 0.0 or not math.isfinite(v32):
+            raise ValueError(f"{name} = {x!r} is outside float32's range; the kernel divides by it in float32")
+        if v != 1.0 and not (cache_dtype.is_float8 and not key_dtype.is_float8):
+            what = (
+                f"the rows are already {key_dtype.value} (copied as they are)"
+                if key_dtype.is_float8
+                else f"the cache is {cache_dtype.value} (rows are copied bit-exact)"
+            )
+            raise ValueError(
+                f"{name} = {x!r} but {what}: scales quantise float16 / bfloat16 rows into an fp8 cache; pass None"
+            )
+        out.append(v32)
+    return out[0], out[1]
+
+
 def check_append(
     append_key: Any,
     append_value: Any,
@@ -143,18 +187,38 @@ def check_append(
     kv_last_page_len: Any,
     kv_layout: Any,
     tensor,
+    kv_dtype: Any = None,
 ) -> AppendArgs:
-    """Every check that needs no index value (both routes): structure, shapes, dtypes, devices."""
+    """Every check that needs no index value (both routes): structure, shapes, dtypes, devices. A ``uint8`` cache
+    (CuPy's fp8) is read as ``kv_dtype``."""
     layout = kv_layout_name(kv_layout)
-    caches, k, v = parse_cache(paged_kv_cache, layout, tensor)
+    fmt = None if kv_dtype is None else kv_dtype_of(kv_dtype)
+
+    def cache_tensor(x, name):
+        t = tensor(x, name)
+        if fmt is None:
+            return t
+        if t.dtype is DType.UINT8 and not fmt.is_float8:
+            raise ValueError(
+                f"{name} is uint8 but kv_dtype={fmt.value}; a uint8 cache holds fp8 codes (CuPy has no fp8 dtype): "
+                "pass kv_dtype='float8_e4m3fn' or 'float8_e5m2'"
+            )
+        if t.dtype is not DType.UINT8 and t.dtype is not fmt:
+            raise ValueError(
+                f"{name} has dtype {t.dtype.value} but kv_dtype={fmt.value}; kv_dtype names the fp8 format of a uint8 "
+                "cache: leave it out, or pass the matching dtype"
+            )
+        return as_kv_dtype(t, fmt, name)
+
+    caches, k, v = parse_cache(paged_kv_cache, layout, cache_tensor)
     names = ("k_cache", "v_cache") if len(caches) == 2 else ("paged_kv_cache",)
     dtype = caches[0].dtype
-    if dtype.is_float8:
-        raise NotImplementedError(
-            f"{names[0]} has dtype {dtype.value}: fp8 KV caches are not implemented in append_paged_kv_cache yet; use "
-            "float16 or bfloat16 (the NumPy reference cuinfer.reference.append_paged_kv_cache accepts fp8)"
+    if dtype is DType.UINT8:
+        raise ValueError(
+            f"{names[0]} is uint8: say which fp8 format it holds (CuPy has no fp8 dtype), "
+            "kv_dtype='float8_e4m3fn' or 'float8_e5m2'"
         )
-    validate.check_dtype(names[0], caches[0], HALF_DTYPES)
+    validate.check_dtype(names[0], caches[0], KV_DTYPES)
     tk, tv = tensor(append_key, "append_key"), tensor(append_value, "append_value")
     nnz = tk.shape[0] if tk.ndim else 0
     for name, t, side in (("append_key", tk, k), ("append_value", tv, v)):
@@ -166,7 +230,10 @@ def check_append(
                 f"{name} has head_dim {side.head_dim} but append_paged_kv_cache moves 16-byte vectors of 8 elements: "
                 "head_dim must be a multiple of 8; pad the head dimension"
             )
-    validate.check_same_dtype((names[0], "append_key", "append_value"), (caches[0], tk, tv))
+    if dtype.is_float8 and tk.dtype in HALF_DTYPES:  # quantising: 16-bit rows of one dtype
+        validate.check_same_dtype(("append_key", "append_value"), (tk, tv))
+    else:
+        validate.check_same_dtype((names[0], "append_key", "append_value"), (caches[0], tk, tv))
     for name, t in zip(names, caches, strict=True):
         validate.check_last_dim_contiguous(name, t)
     idx = {n: tensor(x, n) for n, x in (("batch_indices", batch_indices), ("positions", positions))}
@@ -246,7 +313,7 @@ def _index_tensors(a: AppendArgs) -> tuple[Tensor, ...]:
     return (a.batch_indices, a.positions, a.kv_indices, a.kv_indptr, a.kv_last_page_len)
 
 
-def _side_params(src: Tensor, side: CacheSide, vec: int) -> dict:
+def _side_params(src: Tensor, side: CacheSide, vec: int, scale: float) -> dict:
     per_row = side.head_dim // vec
     per_token = side.num_heads * per_row
     if side.num_heads == 1 or (src.strides[1] == side.head_dim and side.s_head == side.head_dim):
@@ -255,7 +322,7 @@ def _side_params(src: Tensor, side: CacheSide, vec: int) -> dict:
     return dict(
         src=src.ptr, dst=side.ptr, src_s0=src.strides[0], src_s1=src.strides[1],
         dst_page=side.s_page, dst_slot=side.s_slot, dst_head=side.s_head,
-        vecs_per_row=per_row, vecs_per_token=per_token, row_mul=row_mul, row_shift=row_shift,
+        vecs_per_row=per_row, vecs_per_token=per_token, row_mul=row_mul, row_shift=row_shift, scale=scale,
     )  # fmt: skip
 
 
@@ -263,14 +330,14 @@ def append_launches(a: AppendArgs, sms: int) -> list[Launch]:
     """The launches of one append: one per chunk of tokens (a single one below 2^30 vectors)."""
     if a.nnz == 0 or a.batch_size == 0 or a.kv_indices.shape[0] == 0 or a.k.num_heads == 0:
         return []  # nothing to write (no request, no page): every row would be skipped
-    dtype = a.key.dtype.value
-    vec = 16 // a.key.dtype.itemsize
-    k, v = _side_params(a.key, a.k, vec), _side_params(a.value, a.v, vec)
+    dtype, cache_dtype = a.key.dtype.value, a.caches[0].dtype.value
+    vec = 16 // a.key.dtype.itemsize  # elements of a 16-byte input vector (an fp8 cache of 16-bit rows: 8 bytes out)
+    k, v = _side_params(a.key, a.k, vec, a.k_scale), _side_params(a.value, a.v, vec, a.v_scale)
     per_token = max(k["vecs_per_token"], v["vecs_per_token"])  # a thread's vector r of K and of V
     tok_mul, tok_shift = fast_div_magic(per_token)
     chunk = max(1, _MAX_WORK // per_token)
     page_mul, page_shift = fast_div_magic(a.k.page_size)
-    spec, expr = S.append_spec(dtype), S.append_instance(dtype)
+    spec, expr = S.append_spec(dtype, cache_dtype), S.append_instance(dtype, cache_dtype)
     out = []
     for begin_ in range(0, a.nnz, chunk):
         n = min(chunk, a.nnz - begin_)
@@ -318,10 +385,18 @@ def append_paged_kv_cache(
     kv_layout: str = "NHD",
     *,
     check_indices: bool = False,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    kv_dtype: Any = None,
 ) -> Any:
     """Write row t of ``append_key`` / ``append_value`` ``[nnz, num_kv_heads, head_dim]`` into the cache slot of
     request ``batch_indices[t]`` at position ``positions[t]``: page ``kv_indices[kv_indptr[b] + pos // page_size]``,
     slot ``pos % page_size``. Bit-exact, in place; rows with batch index -1 (padding) are skipped.
+
+    An fp8 cache (float8_e4m3fn / float8_e5m2; a CuPy ``uint8`` cache with ``kv_dtype`` naming the format) takes
+    float16 / bfloat16 rows quantised on the way in: ``saturate(float(x) / k_scale)`` (``v_scale`` for V), float32
+    division, rounded to nearest even, beyond the format's max finite (448 / 57344) the max finite; the scales are
+    numbers (None: 1.0), those run() dequantises with. fp8 rows of the cache's format are copied as they are.
 
     ``paged_kv_cache`` is ``[num_pages, 2, page_size, num_kv_heads, head_dim]`` (NHD) /
     ``[num_pages, 2, num_kv_heads, page_size, head_dim]`` (HND) or a ``(k_cache, v_cache)`` tuple of 4-D arrays;
@@ -332,24 +407,34 @@ def append_paged_kv_cache(
     if isinstance(append_key, np.ndarray):
         a = check_append(
             append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices, kv_indptr,
-            kv_last_page_len, kv_layout, as_tensor,
+            kv_last_page_len, kv_layout, as_tensor, kv_dtype,
         )  # fmt: skip
+        ks, vs = check_append_scales(a.caches[0].dtype, a.key.dtype, k_scale, v_scale)
         for name, t in zip(_cache_names(a), a.caches, strict=True):
             validate.check_writable(name, t)
         check_append_indices(
             a, {n: host_values(n, t, None) for n, t in zip(_INDEX_NAMES, _index_tensors(a), strict=True)}
         )
+        cache = paged_kv_cache
+        if kv_dtype is not None:  # uint8 codes: written through a view of the fp8 format
+            np_dtype = a.caches[0].dtype.numpy
+            cache = (
+                tuple(c.view(np_dtype) for c in paged_kv_cache)
+                if isinstance(paged_kv_cache, (tuple, list))
+                else paged_kv_cache.view(np_dtype)
+            )
         reference.append_paged_kv_cache(
-            append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices, kv_indptr,
-            kv_last_page_len, kv_layout=a.layout,
+            append_key, append_value, batch_indices, positions, cache, kv_indices, kv_indptr,
+            kv_last_page_len, kv_layout=a.layout, k_scale=ks, v_scale=vs,
         )  # fmt: skip
         return None
     anchor = paged_kv_cache[0] if isinstance(paged_kv_cache, (tuple, list)) and paged_kv_cache else paged_kv_cache
     call, _ = begin(anchor, "paged_kv_cache")
     a = check_append(
         append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices, kv_indptr, kv_last_page_len,
-        kv_layout, call.tensor,
+        kv_layout, call.tensor, kv_dtype,
     )  # fmt: skip
+    ks, vs = check_append_scales(a.caches[0].dtype, a.key.dtype, k_scale, v_scale)
     fresh = all(t.framework == "jax" for t in a.caches)
     for name, t in zip(_cache_names(a), a.caches, strict=True):
         if not fresh:
@@ -365,9 +450,10 @@ def append_paged_kv_cache(
         new = _fresh_caches(call, a.caches)
         a = check_append(
             append_key, append_value, batch_indices, positions, new if len(new) == 2 else new[0], kv_indices,
-            kv_indptr, kv_last_page_len, kv_layout, call.tensor,
+            kv_indptr, kv_last_page_len, kv_layout, call.tensor, kv_dtype,
         )  # fmt: skip
     a = replace(a, **{n: as_int32(call, t) for n, t in zip(_INDEX_NAMES, _index_tensors(a), strict=True)})
+    a = replace(a, k_scale=ks, v_scale=vs)
     for launch in append_launches(a, sm_count(call.device_id)):
         launch.run(call.device_id, call.stream)
     if not fresh:

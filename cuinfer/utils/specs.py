@@ -32,7 +32,8 @@ AppendSide = ParamStruct(
     (("src", "ptr"), ("dst", "ptr"))
     + tuple((n, "i64") for n in ("src_s0", "src_s1", "dst_page", "dst_slot", "dst_head"))
     + (("vecs_per_row", "i32"), ("vecs_per_token", "i32"))
-    + tuple((n, "u32") for n in ("row_mul", "row_shift")),
+    + tuple((n, "u32") for n in ("row_mul", "row_shift"))
+    + (("scale", "f32"),),  # an fp8 cache stores saturate(x / scale); unused by a 16-bit cache
 )
 
 AppendParams = ParamStruct(
@@ -45,19 +46,37 @@ AppendParams = ParamStruct(
 )
 
 
-def append_instance(dtype: str) -> str:
-    c = DTYPES[dtype]
-    return f"cuinfer::append::append_paged_kv_cache<{c}, {c}, {APPEND_UNROLL}>"
+FP8_DTYPES = {"float8_e4m3fn": "__nv_fp8_e4m3", "float8_e5m2": "__nv_fp8_e5m2"}
+
+
+def append_instance(dtype: str, cache_dtype: str | None = None) -> str:
+    """Rows of ``dtype`` into a cache of ``cache_dtype`` (default: the same, a copy; fp8 rows into an fp8 cache are
+    a copy too, FlashInfer's fp8 append)."""
+    names = DTYPES | FP8_DTYPES
+    c = names[dtype]
+    cc = names[cache_dtype] if cache_dtype else c
+    return f"cuinfer::append::append_paged_kv_cache<{c}, {cc}, {APPEND_UNROLL}>"
 
 
 @functools.cache
-def append_spec(dtype: str) -> KernelSpec:
+def append_spec(dtype: str, cache_dtype: str | None = None) -> KernelSpec:
+    """The append of ``dtype`` rows into a cache of ``dtype`` (a copy) or of an fp8 ``cache_dtype`` (quantising:
+    16-byte loads, 8-byte stores; on sm_90a one F2FP per pair of values)."""
+    if cache_dtype is None or cache_dtype == dtype:
+        return KernelSpec(
+            name=f"utility/append/{dtype}",
+            source="utility/append.cu",
+            name_exprs=(append_instance(dtype),),
+            preamble=AppendParams.c_decl(),
+            sass_expect=_WIDE,
+        )
+    fmt = "E4M3" if "e4m3" in cache_dtype else "E5M2"
     return KernelSpec(
-        name=f"utility/append/{dtype}",
+        name=f"utility/append/{dtype}/{cache_dtype}",
         source="utility/append.cu",
-        name_exprs=(append_instance(dtype),),
+        name_exprs=(append_instance(dtype, cache_dtype),),
         preamble=AppendParams.c_decl(),
-        sass_expect=_WIDE,
+        sass_expect=(r"LDG\.E\..*128", r"STG\.E\.64", rf"sm_90a:F2FP\.SATFINITE\.{fmt}"),
     )
 
 
@@ -159,6 +178,7 @@ def positions_spec() -> KernelSpec:
 
 
 def all_specs() -> list[KernelSpec]:
-    out = [append_spec(dt) for dt in DTYPES]
+    out = [append_spec(dt) for dt in (*DTYPES, *FP8_DTYPES)]
+    out += [append_spec(dt, c) for dt in DTYPES for c in FP8_DTYPES]
     out += [rope_spec(dt, v) for dt in DTYPES for v in ROPE_VECS[dt]]
     return out + [pack_spec(), positions_spec()]

@@ -756,8 +756,13 @@ def test_append_paged_kv_cache_refusals(rng):
     cache, kv_indptr, kv_indices, kv_last = paged(rng, [4], 4, 2, 64, np.float16)
     key = np.zeros((1, 2, 64), ml_dtypes.float8_e4m3fn)
     b, p = np.array([0]), np.array([3])
-    with pytest.raises(NotImplementedError, match="fp8 KV caches are not implemented in append_paged_kv_cache"):
-        fi.append_paged_kv_cache(key, key, b, p, cache.astype(ml_dtypes.float8_e4m3fn), kv_indices, kv_indptr, kv_last)
+    # FlashInfer reads the rows as the cache's dtype: fp8 rows go into an fp8 cache as they are (cuinfer's 16-bit
+    # rows quantised with scales are not FlashInfer's append)
+    c8 = cache.astype(ml_dtypes.float8_e4m3fn)
+    key = (rng.standard_normal((1, 2, 64)) * 100).astype(ml_dtypes.float8_e4m3fn)
+    fi.append_paged_kv_cache(key, key, b, p, c8, kv_indices, kv_indptr, kv_last)
+    np.testing.assert_array_equal(c8[kv_indices[0], 0, 3].view(np.uint8), key[0].view(np.uint8))
+    np.testing.assert_array_equal(c8[kv_indices[0], 1, 3].view(np.uint8), key[0].view(np.uint8))
     with pytest.raises(KeyError, match="Invalid kv_layout 'nhd'"):  # FlashInfer's KeyError
         fi.append_paged_kv_cache(key, key, b, p, cache, kv_indices, kv_indptr, kv_last, "nhd")
 

@@ -14,6 +14,8 @@ import cuinfer
 
 I32 = np.int32
 BF16 = ml_dtypes.bfloat16
+FP8 = ml_dtypes.float8_e4m3fn
+E5M2 = ml_dtypes.float8_e5m2
 
 
 # ---- get_batch_indices_positions, get_seq_lens ---------------------------------------------------------------------
@@ -177,7 +179,7 @@ def _edit(**changes):
     def make(rng):
         args = _append_inputs(rng)
         for key, fn in changes.items():
-            args[key] = fn(args[key])
+            args[key] = fn(args.get(key))
         return args
 
     return make
@@ -193,10 +195,37 @@ APPEND_ERRORS = [
     (_edit(paged_kv_cache=lambda c: (c[:, 0], c[:, 1, :3])), ValueError,
      "k_cache and v_cache must have the same num_pages, page_size and num_kv_heads"),
     (_edit(paged_kv_cache=lambda c: (c[:, 0], c[:, 1, 0])), ValueError, "v_cache must have 4 dimensions but has 3"),
-    (_edit(paged_kv_cache=lambda c: c.astype(ml_dtypes.float8_e4m3fn)), NotImplementedError,
-     "fp8 KV caches are not implemented in append_paged_kv_cache yet"),
     (_edit(paged_kv_cache=lambda c: c.astype(np.float32)), ValueError,
-     "paged_kv_cache must have dtype float16 or bfloat16 but has dtype float32"),
+     "paged_kv_cache must have dtype one of float16, bfloat16, float8_e4m3fn, float8_e5m2 but has dtype float32"),
+    # fp8 caches: the format of uint8 codes, the scales
+    (_edit(paged_kv_cache=lambda c: c.view(np.uint8)[..., ::2]), ValueError,
+     "paged_kv_cache is uint8: say which fp8 format it holds"),
+    (_edit(paged_kv_cache=lambda c: c.view(np.uint8)[..., ::2], kv_dtype=lambda _: "float16"), ValueError,
+     "paged_kv_cache is uint8 but kv_dtype=float16"),
+    (_edit(kv_dtype=lambda _: "float8_e4m3fn"), ValueError,
+     "paged_kv_cache has dtype float16 but kv_dtype=float8_e4m3fn"),
+    (_edit(kv_dtype=lambda _: "uint8"), ValueError, "kv_dtype=uint8: say which fp8 format"),
+    (_edit(k_scale=lambda _: 0.5), ValueError,
+     r"k_scale = 0.5 but the cache is float16 \(rows are copied bit-exact\)"),
+    (_edit(paged_kv_cache=lambda c: c.astype(ml_dtypes.float8_e4m3fn), append_key=lambda k: k.astype(FP8),
+           append_value=lambda v: v.astype(FP8), v_scale=lambda _: 2.0), ValueError,
+     r"v_scale = 2.0 but the rows are already float8_e4m3fn"),
+    (_edit(paged_kv_cache=lambda c: c.astype(ml_dtypes.float8_e4m3fn), k_scale=lambda _: 0.0), ValueError,
+     "k_scale must be a finite, nonzero number"),
+    (_edit(paged_kv_cache=lambda c: c.astype(ml_dtypes.float8_e4m3fn), v_scale=lambda _: float("inf")), ValueError,
+     "v_scale must be a finite, nonzero number"),
+    (_edit(paged_kv_cache=lambda c: c.astype(ml_dtypes.float8_e4m3fn), k_scale=lambda _: 1e-60), ValueError,
+     "k_scale = 1e-60 is outside float32's range"),
+    (_edit(paged_kv_cache=lambda c: c.astype(ml_dtypes.float8_e4m3fn), k_scale=lambda _: np.ones(2)), ValueError,
+     "k_scale must be a number but is an array of shape .2,.: append_paged_kv_cache quantises with one scale"),
+    (_edit(paged_kv_cache=lambda c: c.astype(ml_dtypes.float8_e4m3fn), k_scale=lambda _: "0.5"), TypeError,
+     "k_scale must be a number .or None for 1.0. but is '0.5'"),
+    (_edit(paged_kv_cache=lambda c: c.astype(ml_dtypes.float8_e4m3fn), append_key=lambda k: k.astype(E5M2),
+           append_value=lambda v: v.astype(E5M2)), ValueError,
+     "paged_kv_cache and append_key must have the same dtype but paged_kv_cache is float8_e4m3fn and append_key is "
+     "float8_e5m2"),
+    (_edit(paged_kv_cache=lambda c: c.astype(ml_dtypes.float8_e4m3fn), append_value=lambda v: v.astype(BF16)),
+     ValueError, "append_key and append_value must have the same dtype"),
     (_edit(append_key=lambda k: k[:, 0]), ValueError, "append_key must have 3 dimensions but has 2"),
     (_edit(append_key=lambda k: k[:, :1]), ValueError,
      r"append_key must have shape \(6, 2, 8\) but has shape \(6, 1, 8\)"),

@@ -80,8 +80,9 @@ def fast_div(n, mul, shift):
 # ---- append_paged_kv_cache -----------------------------------------------------------------------------------------
 
 
-def emulate_append(launch: L.Launch, mem: Memory, itemsize: int):
-    """append.cu: the flat (token, vector) work, the slot lookup shared by K and V, the 16-byte copies."""
+def emulate_append(launch: L.Launch, mem: Memory, itemsize: int, store=None):
+    """append.cu: the flat (token, vector) work, the slot lookup shared by K and V, the 16-byte copies (or
+    ``store(dst_addresses, src_addresses, side_params)`` of a cache with 1-byte elements: the fp8 store)."""
     p = launch.params
     vec = 16 // itemsize
     assert len(launch.grid) == 1 and launch.block == (S.APPEND_THREADS,)
@@ -108,9 +109,12 @@ def emulate_append(launch: L.Launch, mem: Memory, itemsize: int):
         c = (r - h * int(s["vecs_per_row"])) * vec
         src = int(s["src"]) + (t * int(s["src_s0"]) + h * int(s["src_s1"]) + c) * itemsize
         dst_el = page * int(s["dst_page"]) + slot * int(s["dst_slot"]) + h * int(s["dst_head"]) + c
-        dst = int(s["dst"]) + dst_el * itemsize
+        dst = int(s["dst"]) + dst_el * (itemsize if store is None else 1)
         live = ok & (r < int(s["vecs_per_token"]))
-        mem.move(dst[live], src[live], 16)
+        if store is None:
+            mem.move(dst[live], src[live], 16)
+        else:
+            store(dst[live], src[live], s)
 
 
 def _append_case(rng, page_size, layout, as_tuple, dtype, head_dim_v=None):
