@@ -14,6 +14,9 @@
 #   MEMCHECK_S / RACECHECK_S / SYNCCHECK_S  time limits of the three steps in seconds (defaults 300 / 120 / 60)
 #   MEMCHECK_WORKERS=N  runs the memcheck suite with pytest -n N (each xdist worker is a sanitized child process;
 #                       on 2026-12-01 with N=8 no test finished within 210 s: give it the full 10 minutes or use one worker)
+#   MEMCHECK_SHARDS=N   splits the selected tests into N lists and runs N sanitized pytest processes side by side
+#                       (no xdist under the sanitizer); the JAX-parametrised tests go to ceil(N/6) shards of their
+#                       own, so only those processes pay for JAX's start under memcheck. Errors are summed over all.
 # The memcheck suite runs with -v so a run stopped at its limit still reports how many tests finished and the last one.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -89,10 +92,47 @@ say "cases without a sanitizer: exit $rc; $(grep -c '^ok' "$LOGS/cases_plain.log
 # 1. memcheck over the GPU suite (the selection)
 K=()
 [ -n "$SELECT" ] && K=(-k "$SELECT")
-[ -n "${MEMCHECK_WORKERS:-}" ] && K+=(-n "$MEMCHECK_WORKERS")
-sanitize memcheck "${MEMCHECK_S:-300}" "$LOGS/memcheck_suite.log" \
-  python3 -m pytest -m gpu tests/gpu -v -p no:cacheprovider -p no:benchmark -rfE "${K[@]}"
-rc=$?
+PYTEST=(python3 -m pytest -m gpu -v -p no:cacheprovider -p no:benchmark -rfE)
+if [ -n "${MEMCHECK_SHARDS:-}" ]; then
+  python3 -m pytest -m gpu tests/gpu --co -q -p no:cacheprovider "${K[@]}" 2> /dev/null | grep '::' > "$LOGS/ids.txt"
+  python3 - "$LOGS" "$MEMCHECK_SHARDS" <<'PY'
+import sys
+logs, n = sys.argv[1], int(sys.argv[2])
+ids = open(f"{logs}/ids.txt").read().split()
+jax = [i for i in ids if "jax" in i]
+rest = [i for i in ids if "jax" not in i]
+nj = min(len(jax), -(-n // 6)) if jax else 0
+shards = [[] for _ in range(n)]
+for k, i in enumerate(jax):
+    shards[k % nj].append(i)
+for k, i in enumerate(rest):
+    shards[nj + k % (n - nj)].append(i)
+for k, s in enumerate(shards):
+    open(f"{logs}/shard{k}.txt", "w").write("\n".join(s) + "\n")
+print(f"{len(ids)} tests in {n} shards ({len(jax)} JAX tests in {nj})")
+PY
+  say "memcheck: $(wc -l < "$LOGS/ids.txt") selected tests, $MEMCHECK_SHARDS sanitized processes"
+  pids=()
+  for ((k = 0; k < MEMCHECK_SHARDS; k++)); do
+    mapfile -t ids < "$LOGS/shard$k.txt"
+    sanitize memcheck "${MEMCHECK_S:-300}" "$LOGS/memcheck_shard$k.log" "${PYTEST[@]}" "${ids[@]}" &
+    pids+=($!)
+  done
+  rc=0
+  for p in "${pids[@]}"; do  # the first failure's status, or 124 if any shard ran out of time
+    wait "$p"
+    r=$?
+    if [ "$r" -eq 124 ] || [ "$rc" -eq 0 ]; then rc=$r; fi
+  done
+  cat "$LOGS"/memcheck_shard*.log > "$LOGS/memcheck_suite.log"
+  for ((k = 0; k < MEMCHECK_SHARDS; k++)); do
+    say "    shard $k: $(grep -E '[0-9]+ (passed|failed)' "$LOGS/memcheck_shard$k.log" | tail -1 | tr -d '=')"
+  done
+else
+  [ -n "${MEMCHECK_WORKERS:-}" ] && K+=(-n "$MEMCHECK_WORKERS")
+  sanitize memcheck "${MEMCHECK_S:-300}" "$LOGS/memcheck_suite.log" "${PYTEST[@]}" tests/gpu "${K[@]}"
+  rc=$?
+fi
 report memcheck "$LOGS/memcheck_suite.log" "$rc" "errors" 'ERROR SUMMARY: [0-9]+ error'
 # -v: a run stopped at its time limit still shows how far it got (one line per finished test)
 say "    pytest: $(grep -E '[0-9]+ (passed|failed)' "$LOGS/memcheck_suite.log" | tail -1)"
