@@ -284,7 +284,8 @@ def empty(framework: str, shape: tuple[int, ...], dtype: Any, device_id: int | N
     - ``"jax"``: the buffer is allocated with CuPy and the returned user object is that CuPy array, *not yet* a JAX
       array: call `wrap` after the kernels that write it are enqueued. JAX arrays are immutable and JAX has no public
       stream, so handing the buffer over before our writes would let JAX read it unordered; `wrap` hands it over
-      with ``jax.dlpack.from_dlpack``, which makes JAX's stream wait for ours. fp8 JAX outputs are not supported.
+      with ``jax.dlpack.from_dlpack``, which makes JAX's stream wait for ours. An fp8 JAX output is a ``uint8``
+      buffer that `wrap` reinterprets (``jax.lax.bitcast_convert_type``: JAX makes that an fp8 copy on its stream).
     - ``"numpy"``: ``numpy.empty`` (the CPU reference backend).
 
     Always finish with ``wrap(tensor, stream=...)`` to get the object to return to the user: it is the identity for
@@ -305,11 +306,6 @@ def empty(framework: str, shape: tuple[int, ...], dtype: Any, device_id: int | N
     if framework in ("cupy", "jax", "other"):
         if device_id is None:
             raise ValueError(f"empty({framework!r}, ...) allocates on a GPU: pass device_id")
-        if framework == "jax" and dtype.is_float8:
-            raise NotImplementedError(
-                f"{dtype} outputs cannot be returned as JAX arrays (CuPy, which allocates them, has no fp8 dtype); "
-                "use a float16 / bfloat16 output"
-            )
         import cupy
 
         with cupy.cuda.Device(device_id):
@@ -344,4 +340,9 @@ def wrap(t: Tensor, *, stream: int | None = None) -> Any:
 
     ctx = stream_context(stream, t.device_id) if stream is not None else contextlib.nullcontext()
     with ctx:
-        return jax.dlpack.from_dlpack(t.obj)
+        arr = jax.dlpack.from_dlpack(t.obj)
+    if t.dtype.is_float8:  # (CuPy allocated uint8 bytes: JAX sees them as its fp8 type)
+        import jax.numpy as jnp
+
+        arr = jax.lax.bitcast_convert_type(arr, getattr(jnp, t.dtype.value))
+    return arr

@@ -150,6 +150,21 @@ def same(got, want):
     np.testing.assert_array_equal(got_l, np.asarray(want_l, np.float32))
 
 
+def check_flashinfer_alibi(got, want, offsets):
+    """The drop-in's ALiBi result against cuinfer's (the reference with ``pos_encoding="alibi"``): FlashInfer's bias
+    ``slope_h·(j − i)``, i the query's index in its request, exceeds cuinfer's ``slope_h·(j − (i + kv_len − qo_len))``
+    by ``slope_h·(kv_len − qo_len)`` (``offsets``, one per row): o unchanged (up to a rounding of o's dtype), lse
+    (base 2) shifted by that times log2(e)."""
+    got_o, got_lse = (np.asarray(x, np.float64) for x in got)
+    want_o, want_lse = (np.asarray(x, np.float64) for x in want)
+    eps = float(np.finfo(got[0].dtype).eps)
+    np.testing.assert_allclose(got_o, want_o, rtol=eps, atol=1e-6)
+    heads = want_lse.shape[1]
+    shift = np.asarray(offsets, np.float64)[:, None] * R.alibi_slopes(heads)[None, :] / math.log(2.0)
+    assert np.abs(shift).max() > 1, "the case must tell the two conventions apart"
+    np.testing.assert_allclose(got_lse, want_lse + shift, rtol=1e-6, atol=1e-5)
+
+
 # ---- batch decode ----------------------------------------------------------------------------------------------------
 
 DECODE_OPTIONS = [
@@ -181,6 +196,9 @@ def test_batch_decode_matches_reference(rng, fi_opts, ref_opts, layout, dt, tc):
     w.plan(indptr, indices, last, 8, 2, 64, ps, q_data_type=dt.replace("fp", "float").replace("bf", "bfloat"),
            **fi_opts)  # fmt: skip
     want = R.batch_decode_paged(q, cache, indptr, indices, last, kv_layout=layout, **ref_opts)
+    if ref_opts.get("pos_encoding") == "alibi":  # FlashInfer's bias: decode's query index is 0
+        check_flashinfer_alibi(w.run(q, cache, return_lse=True), want, np.asarray(lens) - 1)
+        return
     want = (want[0].astype(dtype), want[1])
     same(w.run(q, cache, return_lse=True), want)
     same(w.run_return_lse(q, (cache[:, 0], cache[:, 1])), want)  # the (k_cache, v_cache) form
@@ -378,6 +396,44 @@ def test_ragged_prefill_matches_reference(rng, fi_opts, ref_opts, layout):
     # q/k/v/o scales act on fp8 / NVFP4 K/V only in FlashInfer's ragged path: with 16-bit K/V they change nothing
     same(w.run(q, kk, vv, q_scale=2.0, k_scale=0.5, v_scale=3.0, o_scale=2.0, return_lse=True),
          (want[0].astype(np.float16), want[1]))  # fmt: skip
+
+
+def test_prefill_alibi_is_flashinfers_with_the_soft_cap_after_it(rng):
+    """ALiBi as FlashInfer computes it, against float64 attention written here: the logit
+    ``q·k·sm_scale + slope_h·(j − i)`` (i the query's index within its request, not its position), then the soft
+    cap, causal bottom-right; lse base 2. Paged and ragged (qo_len < kv_len, so the conventions differ)."""
+    qo_lens, kv_lens, hq, hkv, d, cap = [5, 1, 12], [21, 40, 12], 4, 2, 64, 3.0
+    cache, indptr, indices, last = paged(rng, kv_lens, 8, hkv, d, np.float16)
+    qo = _qo_indptr(qo_lens)
+    q = rng.standard_normal((qo[-1], hq, d)).astype(np.float16)
+    slopes = R.alibi_slopes(hq)
+    want_o, want_lse = np.zeros((qo[-1], hq, d)), np.zeros((qo[-1], hq))
+    ks, vs = [], []
+    for b, (lq, lk) in enumerate(zip(qo_lens, kv_lens, strict=True)):
+        pages = indices[indptr[b] : indptr[b + 1]]
+        k = cache[pages, 0].reshape(-1, hkv, d)[:lk].astype(np.float64)
+        v = cache[pages, 1].reshape(-1, hkv, d)[:lk].astype(np.float64)
+        ks.append(k), vs.append(v)
+        for i in range(lq):
+            for h in range(hq):
+                s = k[:, h // (hq // hkv)] @ q[qo[b] + i, h].astype(np.float64) / math.sqrt(d)
+                s = s + slopes[h] * (np.arange(lk) - i)
+                s = cap * np.tanh(s / cap)
+                s[np.arange(lk) > i + lk - lq] = -np.inf
+                p = np.exp(s - s.max())
+                want_o[qo[b] + i, h] = p @ v[:, h // (hq // hkv)] / p.sum()
+                want_lse[qo[b] + i, h] = (s.max() + np.log(p.sum())) / math.log(2.0)
+    opts = dict(causal=True, pos_encoding_mode="ALIBI", logits_soft_cap=cap)
+    w = fi.BatchPrefillWithPagedKVCacheWrapper(WS)
+    w.plan(qo, indptr, indices, last, hq, hkv, d, 8, q_data_type=np.float16, **opts)
+    runs = [w.run(q, cache, return_lse=True)]
+    r = fi.BatchPrefillWithRaggedKVCacheWrapper(WS)
+    r.plan(qo, _qo_indptr(kv_lens), hq, hkv, d, **opts)
+    k, v = (np.concatenate(x).astype(np.float16) for x in (ks, vs))
+    runs.append(r.run(q, k, v, return_lse=True))
+    for o, lse in runs:
+        np.testing.assert_allclose(np.asarray(o, np.float64), want_o, rtol=2**-10, atol=1e-5)
+        np.testing.assert_allclose(lse, want_lse, rtol=1e-6, atol=1e-5)
 
 
 def _mask(rng, qo_lens, kv_lens):

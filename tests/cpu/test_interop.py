@@ -548,8 +548,6 @@ def test_empty_errors():
         empty("mxnet", (2,), "float16")
     with pytest.raises(ValueError, match=r"empty\('cupy', \.\.\.\) allocates on a GPU: pass device_id"):
         empty("cupy", (2,), "float16")
-    with pytest.raises(NotImplementedError, match="float8_e4m3fn outputs cannot be returned as JAX arrays"):
-        empty("jax", (2,), "float8_e4m3fn", 0)
 
 
 def test_current_stream_numpy_has_none():

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from cuinfer.compat.flashinfer.common import FLASHINFER_ALIBI, FLASHINFER_SOFT_CAP
 from cuinfer.decode.policy import decode_config
 from cuinfer.decode.specs import DecodeKernelKey, decode_spec
 from cuinfer.errors import CompileError
@@ -126,6 +127,8 @@ NEW_CHAINS = {
     "value_output": (VALUE_OUTPUT,),
     "soft_cap": ("soft_cap",),  # (one MUFU op and Newton steps per logit)
     "alibi": ("alibi",),  # (a row state)
+    # the drop-in's FlashInfer ALiBi (qo_idx in the logits) and the soft cap after it, as user variants
+    "flashinfer_alibi_soft_cap": (FLASHINFER_ALIBI, FLASHINFER_SOFT_CAP),
 }
 
 

@@ -76,11 +76,11 @@ class Ctx:
     def workspace(self) -> Any:
         return self.torch.zeros(128 << 20, dtype=self.torch.uint8, device="cuda")
 
-    def paged(self, kv_lens: list[int], layout: str = "NHD", page_size: int = PAGE) -> tuple:
-        """A 5-D cache over permuted pages (plus spare ones) and its CSR page table, on the GPU."""
+    def paged(self, kv_lens: list[int], layout: str = "NHD", page_size: int = PAGE, spare: int = 5) -> tuple:
+        """A 5-D cache over permuted pages (plus ``spare`` ones) and its CSR page table, on the GPU."""
         pages = [-(-n // page_size) for n in kv_lens]
         indptr = np.cumsum([0, *pages])
-        total = int(indptr[-1]) + 5
+        total = int(indptr[-1]) + spare
         indices = self.rng.permutation(total)[: indptr[-1]]
         last = [n - page_size * (p - 1) for n, p in zip(kv_lens, pages, strict=True)]
         shape = (total, 2, page_size, HKV, D) if layout == "NHD" else (total, 2, HKV, page_size, D)
@@ -118,8 +118,8 @@ def decode_graph(fi: Any, ctx: Ctx, *, tc: bool) -> dict[str, Any]:
     """CUDA-graph form: run() captured once, replayed after a re-plan of the same batch size."""
     torch = ctx.torch
     lens1, lens2 = [33, 700, 16, 1, 250], [512, 3, 65, 1000, 17]
-    cache, indptr1, indices1, last1 = ctx.paged(lens1)
     pages2 = [-(-n // PAGE) for n in lens2]
+    cache, indptr1, indices1, last1 = ctx.paged(lens1, spare=sum(pages2))  # (pages for the second plan too)
     indptr2 = ctx.ints(_indptr(pages2))
     indices2 = ctx.ints(ctx.rng.permutation(cache.shape[0])[: sum(pages2)])
     last2 = ctx.ints([n - PAGE * (p - 1) for n, p in zip(lens2, pages2, strict=True)])
@@ -462,7 +462,7 @@ def test_compat_matches_flashinfer(mods, case, dtype):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--peers", help="a directory to put first on sys.path (pip install --target DIR .peers/*.whl)")
-    ap.add_argument("--cases", help="comma-separated case-name prefixes (default: all)")
+    ap.add_argument("--cases", help="comma-separated case-name prefixes, or whole names ending in '$' (default: all)")
     ap.add_argument("--dtypes", help="comma-separated dtypes for every case (default: each case's own)")
     ap.add_argument("--backend", default="fa2", help="FlashInfer prefill backend the cases ask for (fa2, auto, fa3)")
     args = ap.parse_args(argv)
@@ -479,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'case':<34} {'dtype':<9} {'output':<28} {'max |Δ|':>10}  result")
     failed = 0
     for case in CASES:
-        if prefixes and not any(case.name.startswith(p) for p in prefixes):
+        if prefixes and not any(case.name == p[:-1] if p.endswith("$") else case.name.startswith(p) for p in prefixes):
             continue
         for dtype in args.dtypes.split(",") if args.dtypes else case.dtypes:
             try:

@@ -51,11 +51,16 @@ def _quantise(x: np.ndarray, fmt: str) -> np.ndarray:
     return x.astype(getattr(ml_dtypes, fmt))
 
 
-def _check(o, lse, ref_o, ref_lse, what: str = "o") -> None:
+def _check(o, lse, ref_o, ref_lse, what: str = "o", unnormalised: bool = False) -> None:
+    """o within 1e-2 + 0.2 |ref|; ``unnormalised`` (sigmoid attention: o is a sum of weights times values, not an
+    average) adds 4 u_bf16 times the row's rms, as test_variant_builtins_gpu.py allows: the kernel rounds each weight
+    to 16 bits before P·V, an error of up to 2^-9 |p_j v_j| per key that cancelling terms do not shrink."""
     o = np.asarray(o, np.float64)
     assert np.isfinite(o).all(), f"{what} has NaN/inf: an element was never written (outputs are poisoned with NaN)"
     err = np.abs(o - ref_o)
     bound = ATOL + RTOL * np.abs(ref_o)
+    if unnormalised:
+        bound = bound + 4 * 2.0**-8 * np.sqrt(np.mean(ref_o**2, axis=-1, keepdims=True))
     if (err > bound).any():
         i = np.unravel_index(np.argmax(err / bound), err.shape)
         raise AssertionError(
@@ -476,7 +481,8 @@ def test_fp8_with_variants_against_the_numpy_route(rng, variant, kernel, tiles):
     dev_arrays = None if arrays is None else {"sinks": cupy.asarray(sinks)}
     o, lse = w.run(*dev, k_scale=cupy.asarray(ks.astype(np.float32)), v_scale=cupy.asarray(vs.astype(np.float32)),
                    variant_arrays=dev_arrays, return_lse=True)  # fmt: skip
-    _check(o.get(), lse.get(), np.asarray(ref_o, np.float64), np.asarray(ref_lse, np.float64), f"{kernel}/{variant}")
+    _check(o.get(), lse.get(), np.asarray(ref_o, np.float64), np.asarray(ref_lse, np.float64), f"{kernel}/{variant}",
+           unnormalised=variant == "sigmoid")  # fmt: skip
 
 
 def test_gpu_fp8_errors_before_launch(rng):

@@ -7,6 +7,7 @@ cuinfer's public ``BatchDecode`` / ``BatchPrefill`` / ``single_*`` with what the
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from typing import Any
@@ -14,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from cuinfer.interop.dtypes import as_dtype
+from cuinfer.reference.positional import alibi_slopes
+from cuinfer.variants.builtins import alibi, soft_cap
 
 # The FlashInfer release whose signatures and semantics this package mirrors.
 FLASHINFER_API_VERSION = "0.7.2"
@@ -116,19 +119,48 @@ def kv_data_type(x: Any) -> Any:
 
 OPTION_NAMES = ("pos_encoding_mode", "window_left", "logits_soft_cap", "sm_scale", "rope_scale", "rope_theta")
 
+# FlashInfer's ALiBi bias is ``slope_h * (j - i)`` with ``i`` the query's index within its request (0 in decode), not
+# cuinfer's bottom-right-aligned ``j - (i + kv_len - qo_len)``: the two differ by a constant per request, which
+# leaves o alone but shifts lse by ``slope_h * (kv_len - qo_len)`` (and moves logits inside a soft cap). The drop-in
+# runs FlashInfer's bias as a variant, and the soft cap after it (FlashInfer's order) when both are on.
+FLASHINFER_ALIBI = dataclasses.replace(
+    alibi.ALIBI,
+    name="flashinfer_alibi",
+    logits="x + row.slope * static_cast<float>(kv_idx - qo_idx)",
+    numpy={"logits": lambda x, kv_idx, qo_idx, qo_head, params: (
+        x + alibi_slopes(params.num_qo_heads)[qo_head] * (kv_idx - qo_idx))},
+    doc="FlashInfer's ALiBi: logit += slope_h * (kv_idx - qo_idx), qo_idx the query's index within its request.",
+)  # fmt: skip
+FLASHINFER_SOFT_CAP = dataclasses.replace(
+    soft_cap.SOFT_CAP,
+    name="flashinfer_soft_cap",
+    numpy={"logits": lambda x, params: params.cap * np.tanh(x / params.cap)},
+    doc="The soft cap after FlashInfer's ALiBi (cuinfer's built-in soft cap, applied after the variants given).",
+)
 
-def attention_options(args: dict[str, Any]) -> dict[str, Any]:
+
+def attention_options(args: dict[str, Any], num_qo_heads: int) -> dict[str, Any]:
     """FlashInfer's attention options (``OPTION_NAMES``, read from ``args``: the caller's arguments) with their
     ``None`` defaults resolved, as cuinfer ``plan()`` keywords. FlashInfer applies the soft cap only when it is
-    > 0, so None, 0 and negative values all disable it."""
+    > 0, so None, 0 and negative values all disable it. ALiBi becomes ``variant=`` / ``variant_params=`` keywords
+    (FLASHINFER_ALIBI for ``num_qo_heads`` heads)."""
     cap = 0.0 if args["logits_soft_cap"] is None else float(args["logits_soft_cap"])
     sm_scale, rope_scale, rope_theta = args["sm_scale"], args["rope_scale"], args["rope_theta"]
-    return dict(
+    out = dict(
         pos_encoding=pos_encoding(args["pos_encoding_mode"]), window_left=int(args["window_left"]),
         logits_soft_cap=cap if cap > 0 else 0.0, sm_scale=None if sm_scale is None else float(sm_scale),
         rope_scale=1.0 if rope_scale is None else float(rope_scale),
         rope_theta=1e4 if rope_theta is None else float(rope_theta),
     )  # fmt: skip
+    if out["pos_encoding"] == "alibi":  # FlashInfer's bias (FLASHINFER_ALIBI), then its soft cap
+        heads = int(num_qo_heads)
+        out.update(pos_encoding="none", variant=[FLASHINFER_ALIBI],
+                   variant_params={FLASHINFER_ALIBI.name: alibi.values(heads)})  # fmt: skip
+        if out["logits_soft_cap"] > 0:
+            out["variant"].append(FLASHINFER_SOFT_CAP)
+            out["variant_params"][FLASHINFER_SOFT_CAP.name] = soft_cap.values(out["logits_soft_cap"])
+            out["logits_soft_cap"] = 0.0
+    return out
 
 
 def split_options(fixed_split_size: Any, disable_split_kv: bool, page_size: int = 1) -> int | None:

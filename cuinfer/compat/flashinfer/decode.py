@@ -126,7 +126,7 @@ class BatchDecodeWithPagedKVCacheWrapper(CompatWrapper):
         self._check_graph_batch(batch)
         if self._use_cuda_graph and common.length(indices) > common.length(self._paged_kv_indices_buf):
             raise ValueError("The size of indices should be less than or equal to the allocated buffer")
-        opts = common.attention_options(call)
+        opts = common.attention_options(call, num_qo_heads)
         q_dtype = common.data_type(q_data_type)
         self._core.plan(
             indptr, indices, last_page_len, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
@@ -238,7 +238,7 @@ def single_decode_with_kv_cache(
     head_dim]`` (NHD) -> ``o`` (, lse base 2 ``[num_qo_heads]``). ``use_tensor_cores`` only picks a kernel in
     FlashInfer (same result); cuinfer's ``single_decode`` picks its own. ``q_scale`` and ``k_scale`` multiply
     ``sm_scale``, ``v_scale`` the output, as in FlashInfer."""
-    opts = common.attention_options(locals())
+    opts = common.attention_options(locals(), q.shape[-2])
     scale = opts.pop("sm_scale")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     for s in (q_scale, k_scale):

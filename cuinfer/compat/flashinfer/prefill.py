@@ -205,7 +205,7 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
         self._check_graph_batch(common.length(qo_indptr) - 1, qo_indptr)
         if self._use_cuda_graph and common.length(paged_kv_indices) > common.length(self._paged_kv_indices_buf):
             raise ValueError("The length of paged_kv_indices exceeds the allocated buffer size.")
-        options = common.attention_options(call)
+        options = common.attention_options(call, num_qo_heads)
         index = (qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len)
         self._core_plan(
             index, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim_qk=head_dim_qk, page_size=page_size,
@@ -348,7 +348,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
         if common.length(kv_indptr) != batch + 1:
             raise ValueError("The kv_indptr length should be equal to mask_indptr length.")
         self._check_graph_batch(batch, qo_indptr)
-        options = common.attention_options(call)
+        options = common.attention_options(call, num_qo_heads)
         self._core_plan(
             (qo_indptr, kv_indptr), num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim_qk=head_dim_qk,
             page_size=1, head_dim_vo=head_dim_vo, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask,

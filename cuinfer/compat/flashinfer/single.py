@@ -60,7 +60,7 @@ def single_prefill_with_kv_cache(
                  "single_prefill returns q's dtype; for another output dtype use "
                  "BatchPrefillWithRaggedKVCacheWrapper with o_data_type"),
     )  # fmt: skip
-    opts = common.attention_options(locals())
+    opts = common.attention_options(locals(), q.shape[-2])
     if k_scale is not None:
         scale = opts["sm_scale"]
         opts["sm_scale"] = (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale) * common.scalar(k_scale)
