@@ -161,12 +161,20 @@ def prefill_paged(fi: Any, ctx: Ctx, *, causal: bool, layout: str = "NHD", **opt
     return {"o": o, "lse": lse}
 
 
+# A packed mask reaches FlashInfer 0.7.2's kernel at byte offset sum(qo_len * kv_len) of the requests before (plan()
+# computes mask_indptr in bits and the kernel adds it to a byte pointer) when packed_custom_mask is given, so FlashInfer
+# reads a batch's later requests' masks from the wrong bytes; cuinfer reads each request's segment where FlashInfer's
+# own segment_packbits puts it (docs/compat.md). The two agree while every request before the last has qo_len 0.
+MASK_QO_LENS, MASK_KV_LENS = [0, 64], [40, 300]
+
+
 def prefill_ragged(fi: Any, ctx: Ctx, *, causal: bool, mask: bool = False, **opts: Any) -> dict[str, Any]:
-    qo, kv = ctx.ints(_indptr(QO_LENS)), ctx.ints(_indptr(KV_LENS))
-    q = ctx.randn(sum(QO_LENS), HQ, D)
-    k, v = ctx.randn(sum(KV_LENS), HKV, D), ctx.randn(sum(KV_LENS), HKV, D)
+    qo_lens, kv_lens = (MASK_QO_LENS, MASK_KV_LENS) if mask else (QO_LENS, KV_LENS)
+    qo, kv = ctx.ints(_indptr(qo_lens)), ctx.ints(_indptr(kv_lens))
+    q = ctx.randn(sum(qo_lens), HQ, D)
+    k, v = ctx.randn(sum(kv_lens), HKV, D), ctx.randn(sum(kv_lens), HKV, D)
     if mask:
-        opts["packed_custom_mask"] = _packed_mask(ctx, QO_LENS, KV_LENS)
+        opts["packed_custom_mask"] = _packed_mask(ctx, qo_lens, kv_lens)
     w = fi.BatchPrefillWithRaggedKVCacheWrapper(ctx.workspace(), "NHD", backend=BACKEND["name"])
     w.plan(qo, kv, HQ, HKV, D, causal=causal, q_data_type=ctx.dtype, **opts)
     o, lse = w.run(q, k, v, return_lse=True)
