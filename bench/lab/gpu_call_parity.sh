@@ -28,11 +28,18 @@ group single16 1 --cases 'single$' --dtypes float16
 group singlerope 1 --cases 'single-rope_llama$'
 group singlebf 1 --cases 'single$' --dtypes bfloat16
 group misc 1 --cases merge,errors,utilities
+# SUITE=1: the whole GPU suite (parity module aside) meanwhile, niced, plain (no sanitizer)
+if [ "${SUITE:-0}" = 1 ]; then
+  ( nice -n 10 timeout ${SUITE_S:-420} python3 -m pytest -m gpu tests/gpu -q -n ${SUITE_WORKERS:-6} -p no:cacheprovider \
+      --ignore=tests/gpu/test_compat_parity.py -rfE 2>&1 | grep -v "^E  \|^  " | tail -40 > "$OUT/gpu_suite.txt" ) &
+fi
+[ "${MEMCHECK_RERUN:-1}" = 1 ] || SKIP_SAN=1
 # memcheck re-runs meanwhile: the tests that failed or never ran under memcheck in the previous call
-( SELECT="(jax or sigmoid) and not test_compat_parity and not test_input_is_ordered_before_consumer_stream" \
+[ -n "${SKIP_SAN:-}" ] || ( SELECT="(jax or sigmoid) and not test_compat_parity and not test_input_is_ordered_before_consumer_stream" \
   MEMCHECK_SHARDS=3 MEMCHECK_S=${MEMCHECK_S:-300} RACECHECK_S=1 SYNCCHECK_S=1 OUT=$W/san bash .ci/gpu_sanitize.sh > /dev/null 2>&1
   cp $W/san/sanitize_summary.txt "$OUT/memcheck_rerun_summary.txt"; cp $W/san/sanitize_logs.tar.gz "$OUT/memcheck_rerun_logs.tar.gz" ) &
 san=$!
+if [ -z "${SKIP_SAN:-}" ]; then
 # the test the sanitizer crashed on (compute-sanitizer itself exited 139), alone: plain, then under memcheck
 python3 -m pytest -m gpu -q -p no:cacheprovider -p no:benchmark "tests/gpu/test_interop_gpu.py::test_input_is_ordered_before_consumer_stream" \
   > "$W/ordered_plain.log" 2>&1; tail -2 "$W/ordered_plain.log"
@@ -40,6 +47,7 @@ timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 --target-proces
   python3 -m pytest -m gpu -q -p no:cacheprovider -p no:benchmark "tests/gpu/test_interop_gpu.py::test_input_is_ordered_before_consumer_stream" \
   > "$W/ordered_memcheck.log" 2>&1; echo "ordered under memcheck: exit $?"; tail -4 "$W/ordered_memcheck.log"
 wait $san; cat "$OUT/memcheck_rerun_summary.txt"
+fi
 wait  # (every group: its modules compiled, its table printed; each stops at GROUP_S)
 grep -h "FAIL\|exit\|Error" $W/*.log | grep -v " ok" | cut -c1-200 | head -40
 PYTHONPATH=/tmp/peers timeout ${PARITY_S:-150} python3 -m pytest tests/gpu/test_compat_parity.py -q -p no:cacheprovider -rfE 2>&1 \
