@@ -89,11 +89,11 @@ def fp8_sass_expect(kv_dtype: str, convert_to: str) -> list[str]:
     register's 16-bit half (fp8::quad, prefill's whole-tile conversion); on sm_80 the byte permutes and, for e4m3, the
     bit path's HFMA2; bfloat16: the bit path's byte permutes and HFMA2.BF16 multiplies on both; "f16s": the decode
     tensor-core kernel's float16 fragments scaled by a power of two, masks and shifts only, and float16 mma whatever
-    q's type)."""
+    q's type: V by byte permutes and masks, e4m3 K by one F2FP per pair on sm_90a)."""
     if not kv_dtype.startswith("float8"):
         return []
-    if convert_to == "f16s":  # the tensor-core kernel's fragments (fp8::f16s_pairs): byte permutes, float16 mma
-        return [r"PRMT", r"HMMA\.16816\.F32$"]
+    if convert_to == "f16s":  # the tensor-core kernel's fragments (fp8::f16s_pairs, fp8::k_pairs): float16 mma
+        return [r"PRMT", r"HMMA\.16816\.F32$", *([r"sm_90a:F2FP\.F16\.E4M3"] if "e4m3" in kv_dtype else [])]
     if convert_to == "float16":
         return [r"sm_90a:F2FP\.F16\.E[45]M[23]", r"sm_80:PRMT", *([r"sm_80:HFMA2|HMUL2"] if "e4m3" in kv_dtype else [])]
     return [r"PRMT", r"HFMA2.*BF16|HMUL2.*BF16"]
@@ -108,8 +108,9 @@ def decode_spec(key: DecodeKernelKey) -> KernelSpec:
         expect += [r"HMMA", r"LDSM"]
     expect += fp8_sass_expect(key.kv_dtype, "f16s" if key.config.tensor_cores else "float16")
     forbid = [r"LDL", r"STL"]
-    if key.config.tensor_cores and key.kv_dtype.startswith("float8"):  # no multiply or cvt per fp8 pair (f16s_pairs)
-        forbid += [r"HMUL2", r"F2FP\.F16\.E[45]M[23]"]
+    if key.config.tensor_cores and key.kv_dtype.startswith("float8"):
+        # no multiply per fp8 pair; the only fp8 cvt is e4m3 K's on sm_90a (fp8::k_pairs), e5m2 is byte permutes
+        forbid += [r"HMUL2", r"F2FP\.F16\.E5M2", *([r"sm_80:F2FP\.F16\.E4M3"] if "e4m3" in key.kv_dtype else [])]
     return KernelSpec(
         name=key.spec_name(),
         source="attention/decode.cu",

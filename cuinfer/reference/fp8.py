@@ -95,6 +95,32 @@ def f16s_pairs(words: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray]:
     return p02.astype(np.uint32), p13.astype(np.uint32)
 
 
+def k_pairs_pow(fmt: str, arch: int = 90) -> int:
+    """fp8::F16sK<F8>::kPow: the decode tensor-core kernel's K fragments hold the values times 2^-kPow (e4m3: 0 on
+    sm_89+, where cvt converts, 8 below, the bit path of f16s_pairs; e5m2: 0)."""
+    return f16s_pow(fmt) if fmt == "float8_e4m3fn" and arch < 89 else 0
+
+
+def k_pairs(words: np.ndarray, fmt: str, arch: int = 90) -> tuple[np.ndarray, np.ndarray]:
+    """fp8::k_pairs on 32-bit words: the float16x2 words of bytes (0, 1) and (2, 3) (byte 0 / 2 in the low half), times
+    2^-k_pairs_pow: e4m3 on sm_89+ the cvt (the exact conversion, NaN kept), below it f16s_pairs' integer path with
+    the header's kF16sSel01 / kF16sSel23; e5m2 the bytes as float16 upper bytes (byte permutes)."""
+    c = header_constants()
+    x = np.ascontiguousarray(words, dtype=np.uint32)
+    if fmt == "float8_e5m2":
+        p01 = ((x & 0xFF) << 8) | ((x & 0xFF00) << 16)  # __byte_perm(x, 0, 0x1404): [0, byte 0, 0, byte 1]
+        p23 = ((x & 0xFF0000) >> 8) | (x & 0xFF000000)  # __byte_perm(x, 0, 0x3424): [0, byte 2, 0, byte 3]
+        return p01.astype(np.uint32), p23.astype(np.uint32)
+    if arch >= 89:
+        b = x.view(np.uint8).reshape(-1, 4)  # (little-endian: byte 0 first)
+        h = convert(b.reshape(-1), fmt, "float16", arch).view(np.uint16).reshape(-1, 4).astype(np.uint32)
+        return (h[:, 0] | (h[:, 1] << 16)).reshape(x.shape), (h[:, 2] | (h[:, 3] << 16)).reshape(x.shape)
+    sh, mask = c["kShiftE4m3F16s"], c["kF16sMask"]
+    p01 = (prmt(x, c["kF16sSel01"]) << sh) & mask
+    p23 = (prmt(x, c["kF16sSel23"]) << sh) & mask
+    return p01.astype(np.uint32), p23.astype(np.uint32)
+
+
 def prmt(x: np.ndarray, sel: int) -> np.ndarray:
     """PTX prmt.b32 d, x, 0, sel (default mode): result byte n is byte (sel_n & 7) of (x, 0), or that byte's sign bit
     replicated when sel_n & 8."""

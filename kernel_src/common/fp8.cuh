@@ -242,20 +242,58 @@ template <typename F8> __device__ __forceinline__ void f16s_pairs(u32 x, u32& p0
   }
 }
 
-// The Q fragment of one m16 x k16 block in the order f16s_pairs() gives K (b0 = dims 4t, 4t+2; b1 = 4t+1, 4t+3), from
+// K of the decode tensor-core kernel: bytes (0, 1) and (2, 3) of an ldmatrix register (key g, head dims (4t, 4t+1)
+// and (4t+2, 4t+3): b0 and b1 of one n8 tile, as k_frag) as float16 values times 2^-F16sK<F8>::kPow. e4m3 on sm_89+:
+// one cvt.rn.f16x2.e4m3x2 per pair on the register's 16-bit halves in place (F2FP, exact, no byte permute: kPow 0),
+// where the bit path takes three integer ops per pair; the V fragments keep f16s_pairs' integer path, so the
+// conversions of a tile are split between the conversion and the integer pipes. e4m3 on sm_80: f16s_pairs' bit path
+// on the pairs (0, 1), (2, 3) (kF16sSel01 / kF16sSel23; kPow 8). e5m2: one byte permute per pair, [0, b, 0, b']
+// (kPow 0).
+template <typename F8> struct F16sK {  // (e5m2)
+  static constexpr int kPow = 0;
+};
+template <> struct F16sK<__nv_fp8_e4m3> {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  static constexpr int kPow = 0;
+#else
+  static constexpr int kPow = F16s<__nv_fp8_e4m3>::kPow;
+#endif
+};
+constexpr u32 kF16sSel01 = 0x9180u;  // prmt: [byte 0, sign(byte 0), byte 1, sign(byte 1)]
+constexpr u32 kF16sSel23 = 0xB3A2u;  // prmt: [byte 2, sign(byte 2), byte 3, sign(byte 3)]
+
+template <typename F8> __device__ __forceinline__ void k_pairs(u32 x, u32& p01, u32& p23) {
+  static_assert(IsFp8<F8>::value, "F8 is __nv_fp8_e4m3 or __nv_fp8_e5m2");
+  if constexpr (is_same<F8, __nv_fp8_e5m2>::value) {
+    p01 = __byte_perm(x, 0u, 0x1404);  // [0, byte 0, 0, byte 1]
+    p23 = __byte_perm(x, 0u, 0x3424);  // [0, byte 2, 0, byte 3]
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    quad<half, F8>(x, p01, p23);
+#else
+    u32 a, b;
+    asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(a) : "r"(x), "n"(kF16sSel01));
+    asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(b) : "r"(x), "n"(kF16sSel23));
+    p01 = (a << kShiftE4m3F16s) & kF16sMask;
+    p23 = (b << kShiftE4m3F16s) & kF16sMask;
+#endif
+  }
+}
+
+// The Q fragment of one m16 x k16 block in the order k_pairs() gives K (b0 = dims 4t, 4t+1; b1 = 4t+2, 4t+3), from
 // this lane's 4 q values of rows g (lo = [q 4t, q 4t+1], hi = [q 4t+2, q 4t+3], as floats) and g + 8, times `sc`
-// (the row's power of two): a0 = (4t, 4t+2) of row g, a1 = of row g + 8, a2 = (4t+1, 4t+3) of row g, a3 = of g + 8.
+// (the row's power of two): a0 = (4t, 4t+1) of row g, a1 = of row g + 8, a2 = (4t+2, 4t+3) of row g, a3 = of g + 8.
 __device__ __forceinline__ u32 pack_half2(float lo, float hi) {
   u32 r;
   asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
-__device__ __forceinline__ void q_frag_f16s(u32 (&a)[4], const float (&g0)[4], const float (&g8)[4], float sc0,
+__device__ __forceinline__ void q_frag_f16k(u32 (&a)[4], const float (&g0)[4], const float (&g8)[4], float sc0,
                                             float sc8) {
-  a[0] = pack_half2(g0[0] * sc0, g0[2] * sc0);
-  a[1] = pack_half2(g8[0] * sc8, g8[2] * sc8);
-  a[2] = pack_half2(g0[1] * sc0, g0[3] * sc0);
-  a[3] = pack_half2(g8[1] * sc8, g8[3] * sc8);
+  a[0] = pack_half2(g0[0] * sc0, g0[1] * sc0);
+  a[1] = pack_half2(g8[0] * sc8, g8[1] * sc8);
+  a[2] = pack_half2(g0[2] * sc0, g0[3] * sc0);
+  a[3] = pack_half2(g8[2] * sc8, g8[3] * sc8);
 }
 
 // The power of two that brings a row of q with max |q| = `amax` into [2^14, 2^15) in float16 (so every element within

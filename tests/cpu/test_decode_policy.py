@@ -166,3 +166,37 @@ def test_decode_params_carry_the_l2_policy_flag():
     names = [name for name, _ in DecodeParams.fields]
     assert "kv_evict_first" in names
     assert dict(DecodeParams.fields)["kv_evict_first"] == "i32"
+
+
+def _bytes_in_flight_per_sm(c: DecodeConfig) -> int:
+    """K/V bytes a full SM has in flight while its CTAs compute: S - 1 stages per CTA (Pipeline::wait leaves
+    kStages - 2 copy groups pending and advance() issues the next), times the CTAs per SM."""
+    return c.stage_bytes * (c.stages - 1) * c.min_blocks
+
+
+@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("group", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("tc", [False, True])
+def test_fp8_keeps_the_16_bit_bytes_in_flight(group, head_dim, tc):
+    """fp8 K/V halves the bytes per token, so a stage of the 16-bit bytes holds twice the tokens: the same stage bytes,
+    stages and CTAs per SM, hence at least the 16-bit kernel's bytes in flight per SM (Little's law: the loads in
+    flight, not the tokens, cover the DRAM latency). D10 / D5-e4m3 / D9-e4m3 (g4, d128, tensor cores): 128-token
+    tiles of 32 KB, 3 stages, 2 CTAs per SM = 128 KB in flight per SM, as bf16 D6."""
+    b = decode_config(group, head_dim, use_tensor_cores=tc)
+    f = decode_config(group, head_dim, use_tensor_cores=tc, kv_itemsize=1)
+    assert f.kv_itemsize == 1 and f.tile_kv == 2 * b.tile_kv and f.stage_bytes == b.stage_bytes
+    assert f.min_blocks == b.min_blocks
+    assert ctas_per_sm(f, smem_per_sm=H200_SMEM_PER_SM) >= f.min_blocks
+    assert _bytes_in_flight_per_sm(f) >= _bytes_in_flight_per_sm(b)
+    if (group, head_dim, tc) == (4, 128, True):
+        assert (f.tile_kv, f.stages, f.min_blocks, _bytes_in_flight_per_sm(f)) == (128, 3, 2, 128 * 1024)
+
+
+def test_fp8_head_dim_64_has_fewer_bytes_in_flight():
+    """The known exception (cuinfer/decode/policy.py): at head dim 64 the 128-token fp8 tile's descriptors (16 B per
+    token, 1/8 of its K+V bytes) leave 3 stages where 16-bit has 4 at 3 CTAs per SM: 96 KB in flight per SM, not 144."""
+    for tc in (False, True):
+        b = decode_config(4, 64, use_tensor_cores=tc)
+        f = decode_config(4, 64, use_tensor_cores=tc, kv_itemsize=1)
+        assert (b.stages, f.stages, b.min_blocks, f.min_blocks) == (4, 3, 3, 3)
+        assert (_bytes_in_flight_per_sm(b), _bytes_in_flight_per_sm(f)) == (144 * 1024, 96 * 1024)

@@ -125,6 +125,31 @@ def test_probe_compiles_with_the_conversion_instructions(arch):
             assert n_conv == 4, f"{n_conv} F2FP for the 4 pairs of a thread (one per pair)"
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_k_pairs_probe_compiles_to_one_cvt_per_e4m3_pair(arch):
+    """fp8::k_pairs: e4m3 on sm_90a is one F2FP.F16.E4M3 per pair on the register's halves (2 per register, no byte
+    permute, no integer op); e4m3 on sm_80 the integer path (byte permutes, no multiply); e5m2 byte permutes alone."""
+    from cuinfer.jit import KernelSpec, get_compiled
+    from cuinfer.jit.sass import check_sass, disassemble, find_cuobjdump
+
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump wheel not installed")
+    for fmt, f8 in (("float8_e4m3fn", "__nv_fp8_e4m3"), ("float8_e5m2", "__nv_fp8_e5m2")):
+        expr = f"cuinfer::fp8_probe_kpairs<{f8}>"
+        mod = get_compiled(KernelSpec(f"test/fp8_probe_kpairs/{fmt}", "debug/fp8_probe.cu", (expr,)), arch)
+        (sym,) = mod.lowered.values()
+        ops = disassemble(mod.cubin)[sym]
+        n_cvt = sum(1 for op in ops if op.startswith("F2FP.F16.E"))
+        forbid = (r"LDL", r"STL", r"F2F\.", r"HMUL2", r"HFMA2")
+        if fmt == "float8_e4m3fn" and arch == "sm_90a":
+            assert n_cvt == 2, f"{n_cvt} F2FP for the 2 pairs of a register"
+            assert not check_sass(ops, arch, (r"F2FP\.F16\.E4M3",), forbid)
+        else:
+            assert n_cvt == 0
+            assert not check_sass(ops, arch, (r"PRMT",), forbid)
+
+
 # ---- the decode tensor-core kernel's float16 fragments --------------------------------------------------------------
 
 WORDS = CODES.astype(np.uint32) * 0x01010101  # every code in all four bytes
@@ -164,12 +189,46 @@ def test_f16s_pairs_are_the_codes_times_a_power_of_two(fmt):
     np.testing.assert_array_equal(p02, p13)
 
 
+@pytest.mark.parametrize("arch", (80, 90))
+@pytest.mark.parametrize("fmt", fp8.FORMATS)
+def test_k_pairs_are_the_codes_times_a_power_of_two(fmt, arch):
+    """fp8::k_pairs (the decode tensor-core kernel's K): bytes (0, 1) and (2, 3) as float16 values times 2^-kPow
+    (e4m3: 0 on sm_89+, the cvt; 8 on sm_80, the integer path; e5m2: 0), exact for every finite code; non-finite: the
+    cvt and e5m2 keep NaN and inf, sm_80's e4m3fn NaN -> +-1.875 (480 after 2^8)."""
+    k = fp8.k_pairs_pow(fmt, arch)
+    assert k == (8 if fmt == "float8_e4m3fn" and arch == 80 else 0)
+    words = (
+        CODES.astype(np.uint32)
+        | (np.roll(CODES, 1).astype(np.uint32) << 8)
+        | (np.roll(CODES, 2).astype(np.uint32) << 16)
+        | (np.roll(CODES, 3).astype(np.uint32) << 24)
+    )
+    p01, p23 = fp8.k_pairs(words, fmt, arch)
+    got = [fp8.halves(p01)[:, 0], fp8.halves(p01)[:, 1], fp8.halves(p23)[:, 0], fp8.halves(p23)[:, 1]]
+    for b in range(4):
+        codes_b = np.roll(CODES, b)
+        with np.errstate(invalid="ignore"):  # (NaN codes)
+            w, g = fp8.exact(codes_b, fmt), got[b] * 2.0**k
+        f = np.isfinite(w)
+        np.testing.assert_array_equal(g[f], w[f])
+        np.testing.assert_array_equal(np.signbit(g[f & (w == 0)]), np.signbit(w[f & (w == 0)]))
+        bad = ~f
+        if fmt == "float8_e4m3fn" and arch == 80:
+            np.testing.assert_array_equal(g[bad], 480.0 * np.where(codes_b[bad] & 0x80, -1.0, 1.0))
+        else:
+            np.testing.assert_array_equal(np.isnan(g[bad]), np.isnan(w[bad]))
+            np.testing.assert_array_equal(g[bad & ~np.isnan(w)], w[bad & ~np.isnan(w)])
+
+
 def test_f16s_constants():
     c = fp8.header_constants()
     assert c["kShiftE4m3F16s"] == 7 and c["kF16sMask"] == 0xBF80BF80 and c["kQF16TopExp"] == 14
     assert fp8.f16s_pow("float8_e4m3fn") == 15 - 7 and fp8.f16s_pow("float8_e5m2") == 0
     # prmt as PTX defines it: 0x3A (+1.25) in byte 1, 0xBA (-1.25) in byte 3 -> [0x3A, 0x00, 0xBA, 0xFF] for 0xB391
     assert fp8.prmt(np.array([0xBA003A00], np.uint32), c["kF16sSel13"])[0] == 0xFFBA003A
+    # k_pairs' sm_80 selectors: [byte 0, sign, byte 1, sign] and [byte 2, sign, byte 3, sign]
+    assert fp8.prmt(np.array([0x3ABA0000], np.uint32), c["kF16sSel23"])[0] == 0x003AFFBA
+    assert fp8.prmt(np.array([0x00003ABA], np.uint32), c["kF16sSel01"])[0] == 0x003AFFBA
 
 
 def test_q_f16_scale_puts_each_row_max_in_the_top_binade():

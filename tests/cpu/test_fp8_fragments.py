@@ -253,12 +253,14 @@ def test_the_smem_exchange_fits_the_warps_q_rows():
 # ---- decode: TensorCore::tile_fp8 and load_q ------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("arch", (80, 90))
 @pytest.mark.parametrize(("d", "warps_kv", "warps_d"), [(64, 4, 1), (128, 4, 1), (256, 2, 2)])
-def test_decode_tensor_core_fp8_fragments(rng, d, warps_kv, warps_d):
+def test_decode_tensor_core_fp8_fragments(rng, d, warps_kv, warps_d, arch):
     """Each warp of the tensor-core decode kernel: its 32 tokens of a 32 * warps_kv token tile, S through tile_fp8's
-    K fragments (fp8::f16s_pairs: bytes (0, 2) and (1, 3), times 2^-8 as e4m3 gives them) and load_q's Q fragments
-    (dims (4t, 4t+2) and (4t+1, 4t+3), each row times its power of two q_f16_scale), the logits rescaled by the rows'
-    inverse scales and 2^8, P against V times 2^-8 over its DW output dims (o times 2^8 at the end), the exchange of
+    K fragments (fp8::k_pairs: bytes (0, 1) and (2, 3), times 2^-kPowK: e4m3 exact by cvt on sm_90a, times 2^-8 by
+    the integer path on sm_80) and load_q's Q fragments (dims (4t, 4t+1) and (4t+2, 4t+3), each row times its power
+    of two q_f16_scale), the logits rescaled by the rows' inverse scales and 2^kPowK, P against V times 2^-8
+    (fp8::f16s_pairs: bytes (0, 2) and (1, 3)) over its DW output dims (o times 2^8 at the end), the exchange of
     finish_item."""
     warp_tokens, tile = 32, 32 * warps_kv
     dw = d // warps_d
@@ -287,11 +289,12 @@ def test_decode_tensor_core_fp8_fragments(rng, d, warps_kv, warps_d):
     amax = np.abs(q_rows).max(axis=(0, 3))  # [32 lanes, 2 rows]: then the quad max
     amax = amax.reshape(8, 4, 2).max(axis=1).repeat(4, axis=0)
     sc, inv = (x.astype(np.float64) for x in fp8.q_f16_scale(amax.astype(np.float32)))
-    for kk in range(d // 16):  # q_frag_f16s: a0 = (4t, 4t+2) of row g, a1 of row g + 8, a2 = (4t+1, 4t+3), a3
+    for kk in range(d // 16):  # q_frag_f16k: a0 = (4t, 4t+1) of row g, a1 of row g + 8, a2 = (4t+2, 4t+3), a3
         for h in range(2):
             x = q_rows[kk, :, h] * sc[:, h : h + 1]
-            qf[kk, :, h], qf[kk, :, 2 + h] = x[:, [0, 2]], x[:, [1, 3]]
-    kpow = 2.0 ** fp8.f16s_pow("float8_e4m3fn")
+            qf[kk, :, h], qf[kk, :, 2 + h] = x[:, [0, 1]], x[:, [2, 3]]
+    kpow = 2.0 ** fp8.f16s_pow("float8_e4m3fn")  # V's fragments
+    kpow_k = 2.0 ** fp8.k_pairs_pow("float8_e4m3fn", arch)  # K's
     for warp in range(warps_kv * warps_d):
         wkv, wd = warp % warps_kv, warp // warps_kv
         s = np.zeros((warp_tokens // 8, 32, 4))
@@ -300,10 +303,10 @@ def test_decode_tensor_core_fp8_fragments(rng, d, warps_kv, warps_d):
             for kk in range(d // 16):
                 regs = ldmatrix_bytes(smem, chunk_at(a0, kk, 0, c8))
                 for i in range(4):
-                    b = np.stack([pair(regs[:, i], 0, 2), pair(regs[:, i], 1, 3)], axis=1) / kpow  # f16s_pairs
+                    b = np.stack([pair(regs[:, i], 0, 1), pair(regs[:, i], 2, 3)], axis=1) / kpow_k  # k_pairs
                     s[4 * kg + i] = mma(s[4 * kg + i], qf[kk], b)
-        s[..., 0:2] *= (inv[:, 0] * kpow)[None, :, None]  # the rows' inverse scales and 2^kPow (rs0, rs1)
-        s[..., 2:4] *= (inv[:, 1] * kpow)[None, :, None]
+        s[..., 0:2] *= (inv[:, 0] * kpow_k)[None, :, None]  # the rows' inverse scales and 2^kPowK (rs0, rs1)
+        s[..., 2:4] *= (inv[:, 1] * kpow_k)[None, :, None]
         toks = slice(wkv * warp_tokens, (wkv + 1) * warp_tokens)
         got_s = np.concatenate([c_layout(s[j]) for j in range(warp_tokens // 8)], axis=1)
         np.testing.assert_array_equal(got_s, q @ k[toks].T)

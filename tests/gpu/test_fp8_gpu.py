@@ -156,6 +156,36 @@ def test_device_f16s_pairs_match_the_emulation(fmt):
     np.testing.assert_array_equal(out.get(), want)
 
 
+@pytest.mark.parametrize("fmt", FORMATS.values())
+def test_device_k_pairs_match_the_emulation(fmt):
+    """fp8::k_pairs (the decode tensor-core kernel's K fragments: bytes (0, 1) and (2, 3); e4m3 by cvt on sm_89+)
+    gives, for every code in every byte position, the emulation's bits (a NaN's payload is the hardware's): finite
+    codes their value times 2^-kPowK."""
+    import cupy
+
+    from cuinfer.jit import KernelSpec, get_kernel
+    from cuinfer.runtime.device import device_info
+
+    cc = device_info(0).compute_capability
+    arch = cc[0] * 10 + cc[1]
+    f8 = {"float8_e4m3fn": "__nv_fp8_e4m3", "float8_e5m2": "__nv_fp8_e5m2"}[fmt]
+    expr = f"cuinfer::fp8_probe_kpairs<{f8}>"
+    spec = KernelSpec(name=f"test/fp8_probe_kpairs/{fmt}", source="debug/fp8_probe.cu", name_exprs=(expr,))
+    out = cupy.zeros(256, dtype=cupy.uint16)
+    get_kernel(spec, expr, 0).launch(1, 64, (out,))
+    i = np.arange(64, dtype=np.uint32)
+    words = (4 * i) | ((4 * i + 1) << 8) | ((4 * i + 2) << 16) | ((4 * i + 3) << 24)
+    p01, p23 = fp8_ref.k_pairs(words, fmt, arch)
+    want = np.stack([p01 & 0xFFFF, p01 >> 16, p23 & 0xFFFF, p23 >> 16], axis=1).astype(np.uint16).reshape(-1)
+    got = out.get()
+    gv, wv = got.view(np.float16).astype(np.float64), want.view(np.float16).astype(np.float64)
+    same = (got == want) | (np.isnan(gv) & np.isnan(wv))
+    assert same.all(), f"codes {np.flatnonzero(~same)} differ: got {gv[~same][:8]}, want {wv[~same][:8]}"
+    ex = fp8_ref.exact(np.arange(256), fmt)
+    fin = np.isfinite(ex)
+    np.testing.assert_array_equal(gv[fin] * 2.0 ** fp8_ref.k_pairs_pow(fmt, arch), ex[fin])
+
+
 # ---- batch decode -------------------------------------------------------------------------------------------------
 
 
@@ -174,6 +204,7 @@ class Case:
     scales: str = "numbers"  # "none", "numbers", "heads" (device arrays, one value per KV head), "one" (array of 1)
     cache: str = "5d"  # or "tuple"
     opts: dict = field(default_factory=dict)
+    ramp: float = 0.0  # keys of a request's i-th of n pages times 1 + ramp * i / n: the rows' max keeps climbing
 
 
 CASES = [
@@ -194,6 +225,13 @@ CASES = [
     pytest.param(Case(LONG1, 16, (32, 8), 128, scales="none"), id="b1long-e4m3-tc-no-scales"),
     pytest.param(Case(MIX6, 16, (32, 8), 128, opts={"logits_soft_cap": 30.0, "window_left": 300}), id="softcap-window"),
     pytest.param(Case(MIX6, 16, (32, 8), 128, tensor_cores=False, opts={"pos_encoding": "alibi"}), id="alibi-cc"),
+    # logits rising along the keys (the max climbs by far more than the lazy softmax's slack of 2^8 over the tiles:
+    # the rescale of o runs on some tiles and is skipped on others, softmax_fp8)
+    pytest.param(Case(MIX6, 16, (32, 8), 128, ramp=6.0), id="rising-logits-e4m3-tc"),
+    # a page size that is no power of two (the fp8 producer's integer division; powers of two take a shift)
+    pytest.param(Case(MIX6, 5, (32, 8), 128), id="e4m3-p5-tc"),
+    pytest.param(Case(MIX6, 12, (8, 8), 128, "e5m2", "fp16"), id="e5m2-p12-cc"),
+    pytest.param(Case(LONG1, 16, (32, 8), 128, "e5m2", "fp16", scales="heads", ramp=6.0), id="rising-logits-e5m2-long"),
 ]
 
 
@@ -207,7 +245,12 @@ def _build(rng, c: Case):
     indices = rng.permutation(num_pages)[: indptr[-1]].astype(np.int32)
     last = np.where(pages > 0, lens - (pages - 1) * ps, 1).astype(np.int32)
     shape = (num_pages, 2, ps, hkv, d) if c.layout == "NHD" else (num_pages, 2, hkv, ps, d)
-    cache = _quantise(rng.standard_normal(shape, dtype=np.float32), FORMATS[c.fmt])
+    raw = rng.standard_normal(shape, dtype=np.float32)
+    if c.ramp:
+        for b, n in enumerate(pages):
+            for i in range(n):
+                raw[indices[indptr[b] + i], 0] *= 1 + c.ramp * i / n
+    cache = _quantise(raw, FORMATS[c.fmt])
     q = (2 * rng.standard_normal((lens.shape[0], hq, d), dtype=np.float32)).astype(Q_DTYPES[c.q])
     return q, cache, indptr, indices, last
 

@@ -43,11 +43,12 @@
 // fp8 K/V (KV = __nv_fp8_e4m3 / __nv_fp8_e5m2, common/fp8.cuh): the pipeline copies the fp8 bytes as they are (16
 // elements per 16-byte copy, so a stage of the same bytes holds twice the tokens) and the math converts them in
 // registers: the CUDA-core kernel 8 elements at a time to fp32 (through float16), the tensor-core kernel ldmatrix
-// fragments to float16 whatever Q's type (tile_fp8: each warp owns kWarpTokens = 32 tokens of a tile; fp8::f16s_pairs
-// gives K and V times 2^-8 (e4m3) or 2^0 (e5m2) with masks and shifts only, no multiply; load_q converts each query
-// row once per item to float16 times a power of two that puts its largest |q| in [2^14, 2^15), in the head-dim order
-// of the K fragments; the logits take back the powers of two with the k scale, o V's 2^-8 with the v scale; the P·V
-// accumulators back in the usual order at the item's end). k_scale
+// fragments to float16 whatever Q's type (tile_fp8: each warp owns kWarpTokens = 32 tokens of a tile; fp8::k_pairs
+// gives K exactly by one cvt per pair on sm_89+ (e4m3; e5m2 and sm_80 by byte permutes and masks), fp8::f16s_pairs
+// V times 2^-8 (e4m3) or 2^0 (e5m2) with masks and shifts only, no multiply; load_q converts each query row once per
+// item to float16 times a power of two that puts its largest |q| in [2^14, 2^15), in the head-dim order of the K
+// fragments; the logits take back the powers of two with the k scale, o V's 2^-8 with the v scale; the online softmax
+// keeps a lazy reference max (softmax_fp8); the P·V accumulators back in the usual order at the item's end). k_scale
 // and v_scale reach the kernels folded into sm_scale and v_scale, or as per-KV-head arrays (k_scales: the logits of
 // a tile, v_scales: o at the item's end). The variants' logits, masks, sinks, softmax=False and output transforms
 // apply as with 16-bit K/V; q / k and value transforms, which rewrite K / V tiles in shared memory, are refused for fp8
@@ -382,7 +383,7 @@ struct TensorCore {
     const u32 qbase = mma::smem_addr(qs);
     const int lane = threadIdx.x % 32;
     if constexpr (kFp8) {
-      // float16 fragments in the head-dim order of fp8::f16s_pairs' K (common/fp8.cuh), each row times the power of
+      // float16 fragments in the head-dim order of fp8::k_pairs' K (common/fp8.cuh), each row times the power of
       // two that puts its largest |q| in [2^14, 2^15) (qsc: the inverse, for the logits). Lane (g, t) reads dims
       // 4t .. 4t+3 of each k-step of rows g and g + 8 (raw 16-bit pairs in qf first); the 4 lanes of a quad cover a
       // row.
@@ -413,7 +414,7 @@ struct TensorCore {
         const Q* r8h = reinterpret_cast<const Q*>(&qf[kk][3]);
         const float g0[4] = {to_float(r0[0]), to_float(r0[1]), to_float(r0h[0]), to_float(r0h[1])};
         const float g8[4] = {to_float(r8[0]), to_float(r8[1]), to_float(r8h[0]), to_float(r8h[1])};
-        fp8::q_frag_f16s(qf[kk], g0, g8, sc[0], sc[1]);
+        fp8::q_frag_f16k(qf[kk], g0, g8, sc[0], sc[1]);
       }
     } else {
 #pragma unroll
@@ -512,6 +513,78 @@ struct TensorCore {
     }
   }
 
+  // softmax() for tile_fp8, with a lazy reference max (as the sm80 prefill's softmax_exact): m moves only when a
+  // tile's max exceeds it by more than kRescaleSlack base-2 units, so p = 2^(x - m) <= 2^8 (exact in fp32, and in the
+  // float16 P fragments as any p: 11 significant bits) while o, the row sums and the lse share that m, which is all
+  // the result and the merges need. Past an item's first tiles m rarely moves, so the rescale of o (DW / 2 multiplies
+  // per thread) is skipped for the whole warp on almost every tile. Without a logits transform the logits arrive
+  // already scaled to base 2 (tile_fp8) and only the masks apply here.
+  static constexpr float kRescaleSlack = 8.f;
+  template <int NT, class VP>
+  static __device__ __forceinline__ void softmax_fp8(const DecodeParams& p, const VP& v, const variant::Index (&ix)[2],
+                                                     float (&s)[NT][4], int start, int n_valid,
+                                                     float (&oacc)[DW / 8][4], float (&m)[2], float (&dsum)[2]) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wkv = warp % kWarpsKV;
+    const int tig = lane % 4;
+    float mx[2] = {neg_inf(), neg_inf()};
+    if (!V::kLogits && !V::kMask && (wkv + 1) * kWarpTokens <= n_valid) {
+      // (all of the warp's keys are real and nothing masks them: the logits as they are; most tiles)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = wkv * kWarpTokens + nt * 8 + 2 * tig + (e & 1);
+          if constexpr (V::kLogits) {
+            s[nt][e] = logit<V>(p, v, ix[e / 2], s[nt][e], start + r, r < n_valid);
+          } else {
+            s[nt][e] = masked_logit<V>(v, ix[e / 2], s[nt][e], start + r, r < n_valid);
+          }
+          mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
+        }
+      }
+    }
+    float base[2], alpha[2];
+    bool moved = false;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_old = m[h];
+      const float t = fmaxf(m_old, mma::quad_max(mx[h]));
+      // A row's first finite max always moves m (inf > slack); a row with no key yet keeps m = -inf (-inf - -inf is
+      // NaN: not moved) and 0 as the exponent base, so ex2 never sees -inf - -inf. A row moving off -inf has o = 0.
+      const bool row_moved = t - m_old > kRescaleSlack;
+      const float m_new = row_moved ? t : m_old;
+      base[h] = m_new == neg_inf() ? 0.f : m_new;
+      moved |= row_moved && m_old != neg_inf();
+      alpha[h] = row_moved ? fmath::ex2(m_old - base[h]) : 1.f;
+      m[h] = m_new;
+      dsum[h] *= alpha[h];
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = fmath::ex2(s[nt][e] - base[e / 2]);
+        dsum[e / 2] += s[nt][e];
+      }
+    }
+    if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int j = 0; j < DW / 8; ++j) {
+        oacc[j][0] *= alpha[0];
+        oacc[j][1] *= alpha[0];
+        oacc[j][2] *= alpha[1];
+        oacc[j][3] *= alpha[1];
+      }
+    }
+  }
+
   // Without softmax: the variant's weights of this warp's S (NT n8 tiles), in place, summed into the row sums.
   template <int NT, class VP>
   static __device__ __forceinline__ void weights(const DecodeParams& p, const VP& v, const variant::Index (&ix)[2],
@@ -529,12 +602,14 @@ struct TensorCore {
   }
 
   // tile() for fp8 K/V, in float16 whatever Q is: S for this warp's kWarpTokens tokens (kNT n8 tiles; K fragments from
-  // one ldmatrix per 32 keys and k-step, fp8::f16s_pairs: the keys times 2^-kPow against load_q's float16 Q rows
-  // times 2^qe) times the KV head's k scale, 2^kPow and the rows' 2^-qe (qsc), the online softmax or the weights as
-  // in tile(), then P·V a 16-token k-step at a time with P in float16 (V fragments from one ldmatrix.trans per 16
-  // tokens and 32 output dims, times 2^-kPow, which the kernel takes back with the v scale at the item's end; the
-  // accumulators in the even / odd order of fp8::v_frag).
-  static constexpr int kPow = fp8::F16s<KV>::kPow;
+  // one ldmatrix per 32 keys and k-step, fp8::k_pairs: the keys times 2^-kPowK against load_q's float16 Q rows
+  // times 2^qe) times the KV head's k scale, 2^kPowK and the rows' 2^-qe (qsc) (and sm_scale·log2 e: one multiply
+  // per logit), the online softmax (softmax_fp8) or the weights as in tile(), then P·V a 16-token k-step at a time
+  // with P in float16 (V fragments from one ldmatrix.trans per 16 tokens and 32 output dims, fp8::f16s_pairs: times
+  // 2^-kPow, which the kernel takes back with the v scale at the item's end; the accumulators in the even / odd order
+  // of fp8::v_frag).
+  static constexpr int kPow = fp8::F16s<KV>::kPow;    // V's fragments: times 2^-kPow
+  static constexpr int kPowK = fp8::F16sK<KV>::kPow;  // K's fragments: times 2^-kPowK
   template <class VP>
   static __device__ __forceinline__ void tile_fp8(const DecodeParams& p, const VP& v, const TileSlot<T>* cur,
                                                   const KV* ks, const KV* vs, int start, int n_valid,
@@ -559,19 +634,23 @@ struct TensorCore {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           u32 b[2];
-          fp8::f16s_pairs<KV>(r[i], b[0], b[1]);
+          fp8::k_pairs<KV>(r[i], b[0], b[1]);
           mma::mma_m16n8k16<half>(s[4 * kg + i], qf[kk], b);
         }
       }
     }
     const int h0 = cur->kv_head * G + cur->qo_tile * 16 + gid;  // query heads of this thread's rows: h0, h0 + 8
     const variant::Index ix[2] = {row(cur, h0), row(cur, h0 + 8)};
-    const float ksc = head_scale(p.k_scales, p.k_scales_stride, cur->kv_head) * float(1 << kPow);
-    const float rs0 = ksc * qsc[0], rs1 = ksc * qsc[1];
+    const float ksc = head_scale(p.k_scales, p.k_scales_stride, cur->kv_head) * float(1 << kPowK);
+    // Without a logits transform the base-2 logit is raw · (k scale · 2^kPowK · 2^-qe · sm_scale · log2 e): one
+    // multiply per logit (the scales are powers of two but the k scale and sm_scale, so with numbers for the scales
+    // the product is the 16-bit kernels' raw · logits_scale exactly).
+    const float ls = V::kSoftmax && !V::kLogits ? p.logits_scale : 1.f;
+    const float rs0 = ksc * qsc[0] * ls, rs1 = ksc * qsc[1] * ls;
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) s[nt][0] *= rs0, s[nt][1] *= rs0, s[nt][2] *= rs1, s[nt][3] *= rs1;
     if constexpr (V::kSoftmax) {
-      softmax(p, v, ix, s, start, n_valid, oacc, m, dsum);
+      softmax_fp8(p, v, ix, s, start, n_valid, oacc, m, dsum);
     } else {
       weights(p, v, ix, s, start, n_valid, dsum);
     }

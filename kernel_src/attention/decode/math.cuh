@@ -35,6 +35,14 @@ __device__ __forceinline__ float logit(const DecodeParams& p, const VP& v, const
   return keep ? t : neg_inf();
 }
 
+// logit() for a logit already scaled to base 2 (no logits transform: V::kLogits false): the masks only.
+template <class V, class VP>
+__device__ __forceinline__ float masked_logit(const VP& v, const variant::Index& ix, float t, int j, bool keep) {
+  static_assert(!V::kLogits, "a logits transform sees the natural logit: logit()");
+  if constexpr (V::kMask) keep = keep && V::mask(v, ix, j);
+  return keep ? t : neg_inf();
+}
+
 // No softmax (V::kSoftmax false): the weight of key j is the variant's logits output; masked keys and padding weigh 0.
 template <class V, class VP>
 __device__ __forceinline__ float weight(const DecodeParams& p, const VP& v, const variant::Index& ix, float raw, int j,
