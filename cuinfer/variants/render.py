@@ -45,6 +45,11 @@ class Rendered:
         return any(p.logits or p.value_transform for p in self.pieces)
 
     @property
+    def row_state(self) -> bool:
+        """Whether a piece has a row state (kept in the prefill kernel's shared memory: tiles.ROW_STATE_BYTES)."""
+        return any(p.row_state for p in self.pieces)
+
+    @property
     def softmax(self) -> bool:
         """False when a piece sets softmax=False: weights summed without normalisation."""
         return all(p.softmax for p in self.pieces)
@@ -134,7 +139,7 @@ def _piece(v: Variant) -> list[str]:
         out += _functor(v, "row_state", "RowState row_state(const VP& v_, const Index& ix_)", v.row_state, "ix_",
                         statements=True, prologue=("RowState row;",), epilogue=("return row;",))  # fmt: skip
     if v.logits:
-        sig = "float logits(const VP& v_, const Index& ix_, const RowState& row, int kv_idx, float x)"
+        sig = "float logits(const VP& v_, const Index& ix_, const RowState& row, int kv_idx, float kv_dist, float x)"
         out += _functor(v, "logits", sig, v.logits, "ix_")
     if v.mask:
         out += _functor(v, "mask", "bool mask(const VP& v_, const Index& ix_, int kv_idx)", v.mask, "ix_")
