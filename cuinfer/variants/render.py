@@ -15,6 +15,14 @@ from cuinfer.jit.params import ParamStruct
 from cuinfer.variants.spec import Param, Variant
 
 _INDEX_NAMES = ("batch", "qo_idx", "qpos", "qo_head", "kv_head", "qo_len", "kv_len", "head_dim")
+# Built-in logits variants whose chains (alone, or after causal) keep the plain prefill tiles: Rendered.wide_logits
+WIDE_LOGITS = ("soft_cap", "alibi")
+
+
+def _builtin(name: str) -> Variant:
+    from cuinfer.variants.registry import lookup
+
+    return lookup(name)
 
 
 @dataclass(frozen=True)
@@ -41,8 +49,24 @@ class Rendered:
     @property
     def register_heavy(self) -> bool:
         """Per-element work that takes registers the plain kernels give to wider tiles (a logits transform, a value
-        transform): the prefill tile policy picks narrower KV tiles for it (no spills at 255 registers)."""
+        transform): the prefill tile policy picks narrower KV tiles for it (no spills at 255 registers), except for
+        ``wide_logits`` chains, and runs one CTA per block."""
         return any(p.logits or p.value_transform for p in self.pieces)
+
+    @property
+    def wide_logits(self) -> bool:
+        """A register-heavy chain whose prefill kernels keep the plain tiles (d128: 128 x 64) without spilling, when
+        unpaired and with 16-bit K/V: the soft cap or ALiBi, alone or after causal (WIDE_LOGITS; compiled spill-free
+        with NVRTC 12.9 for sm_90a and sm_80, ragged and paged, bf16 and fp16: tests/cpu/test_variant_tiles.py).
+        Their combinations with each other or with a window spilled (8-72 bytes) and keep the narrower tiles."""
+        heavy = [p for p in self.pieces if p.logits or p.value_transform]
+        rest = [p for p in self.pieces if not (p.logits or p.value_transform)]
+        return (
+            len(heavy) == 1
+            and heavy[0].name in WIDE_LOGITS
+            and heavy[0] == _builtin(heavy[0].name)
+            and all(p == _builtin("causal") for p in rest)
+        )
 
     @property
     def row_state(self) -> bool:
