@@ -232,7 +232,7 @@ def plan_of(
         config = fixed_config
     else:
         avg = nnz_qo * (facts.num_qo_heads // facts.num_kv_heads) / max(batch, 1)
-        config = tiles_for(facts, avg, memo is not None)
+        config = tiles_for(facts, avg, memo is not None, fields["mask_bytes"] is not None)
     fields["batch"], fields["config"] = batch, config
     fields["out_shape"] = (nnz_qo, facts.num_qo_heads, facts.head_dim_vo)
     plan = object.__new__(PrefillPlan)
@@ -310,20 +310,23 @@ def static_facts(
     return facts
 
 
-def tiles_for(facts: PrefillStatic, avg: float, memo: bool) -> TileConfig:
-    """``choose_tiles`` for this batch. The policy reads the average packed query length only through
-    ``query_tile(avg, head_dim_vo)`` (or not at all when the query tile is forced), so that is the memo key (in the
-    facts of the other arguments, ``facts.configs``)."""
+def tiles_for(facts: PrefillStatic, avg: float, memo: bool, masked: bool = False) -> TileConfig:
+    """``choose_tiles`` for this batch (``masked``: with a custom mask, whose chain is ``facts.chain_masked``). The
+    policy reads the average packed query length only through ``query_tile(avg, head_dim_vo)`` (or not at all when the
+    query tile is forced), so that is the memo key (in the facts of the other arguments, ``facts.configs``)."""
     tiles, cap = facts.tiles, facts.max_query_tile
     # (at or past the largest query tile, query_tile is that tile: the usual prefill batch skips the policy's loop)
     key = (cap if avg >= cap else query_tile(avg, facts.head_dim_vo)) if tiles.tile_q is None else None
+    chain = facts.chain_masked if masked else facts.chain
+    if masked:
+        key = (key, True)  # (the masked chain may take other tiles: never wide_logits)
     configs = facts.configs
     config = configs.get(key) if memo else None
     if config is None:
         config = choose_tiles(
             avg, facts.head_dim, facts.head_dim_vo, paged=facts.paged, limits=facts.limits, tile_q=tiles.tile_q,
-            tile_kv=tiles.tile_kv, stages=tiles.stages, groups=tiles.groups, variant=facts.chain.register_heavy,
-            kv_itemsize=facts.fields["kv_dtype"].itemsize, kv_convert=tiles.convert,
+            tile_kv=tiles.tile_kv, stages=tiles.stages, groups=tiles.groups, variant=chain.register_heavy,
+            kv_itemsize=facts.fields["kv_dtype"].itemsize, kv_convert=tiles.convert, wide_logits=chain.wide_logits,
         )  # fmt: skip
         if memo:
             configs[key] = config

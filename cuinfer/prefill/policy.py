@@ -10,9 +10,10 @@ The paper's heuristic (FlashInfer §3.3):
 2. **KV tile** ``Bc``: among {32, 64, 128} (those the warp layout of ``Br`` allows), the one that maximises warps
    resident per SM under the register and shared-memory limits read from the device; ties go to the larger tile
    (fewer barriers and softmax rescales per key). A tile whose fp32 accumulators (output + scores) exceed 192 per
-   thread (160 with ALiBi or a soft cap) would spill and is never chosen.
+   thread (160 with a logits or value transform, except the soft cap or ALiBi alone or after causal at 16-bit K/V:
+   ``accumulator_limit``) would spill and is never chosen.
 3. **CTAs per block** (``block_groups``): the ragged 128 x 64 tiles at head dim 128 run two CTAs of the plan in one
-   block (measured 2-4 % faster on the H200); everything else one.
+   block (measured 2-4 % faster on the H200) unless the chain is register-heavy; everything else one.
 
 Worked example (H200: 228 KB smem/SM, 227 KB per block, 64 K registers/SM; Llama-3.1-8B: 32/8 heads, d 128, bf16):
 
@@ -37,7 +38,11 @@ from cuinfer.prefill.tiles import KV_TILES, QUERY_TILES, TileConfig, block_smem_
 SUPPORTED_HEAD_DIMS = ((64, 64), (128, 128), (256, 256), (192, 128))
 MAX_ACCUMULATORS = 192  # fp32 accumulators per thread above which ptxas spills (measured: 256 spills ~500 bytes)
 # ALiBi / soft cap add per-element work and registers to the score loop: 192 spilled 12 bytes on sm_80 (NVRTC 12.9).
+# Since the soft cap's constants come from the constant bank, ALiBi's row states from shared memory and its key
+# distances from one FADD per logit, the soft cap or ALiBi alone (after causal at most: Rendered.wide_logits) fit the
+# plain limit at 16-bit K/V when the block runs one CTA (block_groups): 128 x 64 at d128, spill-free.
 MAX_ACCUMULATORS_VARIANT = 160
+
 SMEM_RESERVED_PER_CTA = 1024  # the driver reserves 1 KB of shared memory per resident CTA
 DEFAULT_STAGES = 2
 # fp8 K/V: a stage holds half the bytes, so the same shared memory holds more of them. The KV tile and the stage count
@@ -46,6 +51,16 @@ DEFAULT_STAGES = 2
 # with plan(tile_sizes=(128, kv_tile, stages)) or bench/lab/tune_prefill.py
 FP8_STAGE_CHOICES = (2, 3)
 FP8_HEAD_DIMS = ((64, 64), (128, 128), (256, 256))  # one head dim for K and V (fp8 rows of 4 or 8k chunks)
+
+
+def accumulator_limit(variant: bool, wide_logits: bool = False, kv_itemsize: int = 2) -> int:
+    """fp32 accumulators per thread a tile may need: MAX_ACCUMULATORS_VARIANT for register-heavy chains
+    (``variant``) but the ``wide_logits`` ones at 16-bit K/V, MAX_ACCUMULATORS otherwise.
+
+    >>> [accumulator_limit(*a) for a in [(False,), (True,), (True, True), (True, True, 1)]]
+    [192, 160, 192, 160]
+    """
+    return MAX_ACCUMULATORS_VARIANT if variant and not (wide_logits and kv_itemsize == 2) else MAX_ACCUMULATORS
 
 
 @dataclass(frozen=True)
@@ -124,19 +139,25 @@ def kv_tile(
     limits: DeviceLimits = DeviceLimits(),
     variant: bool = False,
     kv_itemsize: int = 2,
+    wide_logits: bool = False,
 ) -> int:
-    """The KV tile maximising resident warps per SM for this query tile (ties: the larger tile).
+    """The KV tile maximising resident warps per SM for this query tile (ties: the larger tile). ``variant``: the
+    chain is register-heavy (Rendered.register_heavy), ``wide_logits``: one that keeps the plain tiles anyway.
 
     >>> kv_tile(128, 128, 128, paged=False), kv_tile(16, 128, 128, paged=True)
     (64, 64)
+    >>> kv_tile(128, 128, 128, paged=False, variant=True), kv_tile(128, 128, 128, paged=False, variant=True,
+    ...     wide_logits=True)
+    (32, 64)
     """
-    return _kv_tile_and_stages(tile_q, head_dim_qk, head_dim_vo, paged, limits, variant, kv_itemsize)[0]
+    return _kv_tile_and_stages(tile_q, head_dim_qk, head_dim_vo, paged, limits, variant, kv_itemsize, wide_logits)[0]
 
 
 @functools.lru_cache(maxsize=256)
 def _kv_tile_and_stages(
-    tile_q: int, head_dim_qk: int, head_dim_vo: int, paged: bool, limits: DeviceLimits, variant: bool, kv_itemsize: int
-) -> tuple[int, int]:
+    tile_q: int, head_dim_qk: int, head_dim_vo: int, paged: bool, limits: DeviceLimits, variant: bool, kv_itemsize: int,
+    wide_logits: bool = False,
+) -> tuple[int, int]:  # fmt: skip
     """(KV tile, stages): the most resident warps per SM; ties go to the larger tile, then (fp8) to more stages.
 
     >>> _kv_tile_and_stages(128, 128, 128, False, DeviceLimits(), False, 1)  # P1 shape, fp8 K/V
@@ -149,7 +170,7 @@ def _kv_tile_and_stages(
                 cfg = tile_config(tile_q, tkv, head_dim_vo, stages, kv_itemsize=kv_itemsize)
             except ValueError:
                 continue  # not a multiple of the warps' 16-key slices
-            if accumulators(cfg, head_dim_vo) > (MAX_ACCUMULATORS_VARIANT if variant else MAX_ACCUMULATORS):
+            if accumulators(cfg, head_dim_vo) > accumulator_limit(variant, wide_logits, kv_itemsize):
                 continue
             warps = ctas_per_sm(cfg, head_dim_qk, head_dim_vo, paged, limits) * cfg.threads // 32
             if warps == 0:
@@ -165,26 +186,31 @@ def _kv_tile_and_stages(
     return best
 
 
-def default_kv_tile(tile_q: int, head_dim_qk: int, head_dim_vo: int, variant: bool = False) -> int:
+def default_kv_tile(tile_q: int, head_dim_qk: int, head_dim_vo: int, variant: bool = False,
+                    wide_logits: bool = False) -> int:  # fmt: skip
     """The KV tile on the reference device (H200 limits), ragged layout: what CI compiles."""
-    return kv_tile(tile_q, head_dim_qk, head_dim_vo, paged=False, variant=variant)
+    return kv_tile(tile_q, head_dim_qk, head_dim_vo, paged=False, variant=variant, wide_logits=wide_logits)
 
 
 def block_groups(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool,
-                 limits: DeviceLimits = DeviceLimits()) -> int:  # fmt: skip
+                 limits: DeviceLimits = DeviceLimits(), variant: bool = False) -> int:  # fmt: skip
     """CTAs of the plan per launched block: 2 (paired blocks, kernel_src/attention/prefill.cuh) for the ragged
     128 x 64 tiles at head dim 128 when two of them fit in one block and the SM holds exactly two CTAs either way;
-    else 1.
+    else 1. Register-heavy chains (``variant``: Rendered.register_heavy) run one CTA per block: the paired kernel
+    holds a few more registers (the group's offsets and barrier), which spilled the soft-capped and ALiBi 128 x 64
+    tiles (8-24 bytes) that one CTA per block runs spill-free.
 
     Measured on the H200 (bench/lab/tune_prefill.py, same call, outputs bit-identical): paired blocks ran the ragged
     P1-P3 3.6 / 3.1 / 2.1 % faster than two CTAs per SM, and the paged P4-P6 8-9 % slower, so paged tiles stay
     unpaired. Other head dims and tiles were not measured and stay unpaired.
 
     >>> block_groups(tile_config(128, 64, 128), 128, 128, paged=False), block_groups(tile_config(128, 64, 128), 128,
-    ...     128, paged=True)
-    (2, 1)
+    ...     128, paged=True), block_groups(tile_config(128, 64, 128), 128, 128, paged=False, variant=True)
+    (2, 1, 1)
     """
-    if paged or cfg.warps_kv != 1 or (cfg.tile_q, cfg.tile_kv) != (128, 64) or (head_dim_qk, head_dim_vo) != (128, 128):
+    if variant or paged or cfg.warps_kv != 1:
+        return 1
+    if (cfg.tile_q, cfg.tile_kv) != (128, 64) or (head_dim_qk, head_dim_vo) != (128, 128):
         return 1
     pair = dataclasses.replace(cfg, groups=2)
     smem = block_smem_bytes(pair, head_dim_qk, head_dim_vo, paged)
@@ -210,11 +236,13 @@ def choose_tiles(
     groups: int | None = None,
     kv_itemsize: int = 2,
     kv_convert: bool | None = None,
+    wide_logits: bool = False,
 ) -> TileConfig:
     """The full tile configuration of a batch; ``tile_q`` / ``tile_kv`` / ``stages`` / ``groups`` force either choice
     (tests, tuning; stages None: DEFAULT_STAGES, or for fp8 K/V chosen with the KV tile); ``variant``: the logits carry
-    ALiBi or a soft cap (fewer registers to spare); ``kv_itemsize``: 1 for fp8 K/V; ``kv_convert`` forces fp8's
-    conversion mode (``TileConfig.kv_convert``; None: tiles.FP8_CONVERT_CROSS_ITEM's rule).
+    ALiBi or a soft cap (fewer registers to spare: Rendered.register_heavy; one CTA per block), ``wide_logits``: a
+    chain of those that keeps the plain tiles (Rendered.wide_logits); ``kv_itemsize``: 1 for fp8 K/V; ``kv_convert``
+    forces fp8's conversion mode (``TileConfig.kv_convert``; None: tiles.FP8_CONVERT_CROSS_ITEM's rule).
 
     >>> c = choose_tiles(32768, 128, 128, paged=False)
     >>> (c.tile_q, c.tile_kv, c.warps_q, c.warps_kv, c.mma_kv)
@@ -224,8 +252,9 @@ def choose_tiles(
     (16, 64, 1, 4, 1)
     """
     cfg = _tiles(
-        avg_packed_qo_len, head_dim_qk, head_dim_vo, paged, limits, tile_q, tile_kv, stages, variant, kv_itemsize
-    )
+        avg_packed_qo_len, head_dim_qk, head_dim_vo, paged, limits, tile_q, tile_kv, stages, variant, kv_itemsize,
+        wide_logits,
+    )  # fmt: skip
     if kv_convert is not None and kv_convert != cfg.kv_convert:
         cfg = tile_config(cfg.tile_q, cfg.tile_kv, head_dim_vo, cfg.stages, cfg.groups, kv_itemsize, kv_convert)
         need = smem_bytes(cfg, head_dim_qk, head_dim_vo, paged)
@@ -235,7 +264,7 @@ def choose_tiles(
                 f"bytes of shared memory but a block may use {limits.smem_per_block_optin}; use fewer stages"
             )
     if groups is None:
-        return dataclasses.replace(cfg, groups=block_groups(cfg, head_dim_qk, head_dim_vo, paged, limits))
+        return dataclasses.replace(cfg, groups=block_groups(cfg, head_dim_qk, head_dim_vo, paged, limits, variant))
     cfg = tile_config(cfg.tile_q, cfg.tile_kv, head_dim_vo, cfg.stages, int(groups), kv_itemsize, cfg.kv_convert)
     need = block_smem_bytes(cfg, head_dim_qk, head_dim_vo, paged)
     if need > limits.smem_per_block_optin:
@@ -247,8 +276,9 @@ def choose_tiles(
 
 
 def _tiles(
-    avg_packed_qo_len, head_dim_qk, head_dim_vo, paged, limits, tile_q, tile_kv, stages, variant, kv_itemsize=2
-) -> TileConfig:
+    avg_packed_qo_len, head_dim_qk, head_dim_vo, paged, limits, tile_q, tile_kv, stages, variant, kv_itemsize=2,
+    wide_logits=False,
+) -> TileConfig:  # fmt: skip
     """``choose_tiles`` before the block pairing. ``stages`` is taken as given; None: fp8 K/V choose it with the KV tile
     (``_kv_tile_and_stages``; the given KV tile's own best otherwise), 16-bit K/V take DEFAULT_STAGES."""
     check_head_dims(head_dim_qk, head_dim_vo, kv_itemsize)
@@ -268,7 +298,9 @@ def _tiles(
             if tq == 128 and head_dim_vo >= 256:
                 continue
             try:
-                tkv, st = _kv_tile_and_stages(tq, head_dim_qk, head_dim_vo, paged, limits, variant, kv_itemsize)
+                tkv, st = _kv_tile_and_stages(
+                    tq, head_dim_qk, head_dim_vo, paged, limits, variant, kv_itemsize, wide_logits
+                )
             except ValueError:
                 continue
             return tile_config(tq, tkv, head_dim_vo, st if auto_stages else stages, kv_itemsize=kv_itemsize)
@@ -280,13 +312,13 @@ def _tiles(
     if tq not in QUERY_TILES:
         raise ValueError(f"query tile must be one of {QUERY_TILES} but is {tile_q}")
     if tile_kv is None:
-        tkv, st = _kv_tile_and_stages(tq, head_dim_qk, head_dim_vo, paged, limits, variant, kv_itemsize)
+        tkv, st = _kv_tile_and_stages(tq, head_dim_qk, head_dim_vo, paged, limits, variant, kv_itemsize, wide_logits)
         stages = st if auto_stages else stages
     else:
         tkv = int(tile_kv)
     cfg = tile_config(tq, tkv, head_dim_vo, stages, kv_itemsize=kv_itemsize)
     if tile_q is not None or tile_kv is not None or given_stages:
-        limit = MAX_ACCUMULATORS_VARIANT if variant else MAX_ACCUMULATORS
+        limit = accumulator_limit(variant, wide_logits, kv_itemsize)
         if accumulators(cfg, head_dim_vo) > limit:
             raise ValueError(
                 f"tiles ({tq}, {tkv}) need {accumulators(cfg, head_dim_vo)} fp32 accumulators per thread at head dim "

@@ -112,11 +112,11 @@ def default_specs() -> list[KernelSpec]:
         chain = render(tuple(lookup(n) for n in names))
         if kv:  # fp8 K/V: the policy's tile, stages and conversion mode for the layout (or the given mode)
             cfg = choose_tiles(1.0, dqk, dvo, paged=paged, tile_q=tq, variant=chain.register_heavy, kv_itemsize=1,
-                               kv_convert=convert)  # fmt: skip
-            cfg = dataclasses.replace(cfg, groups=block_groups(cfg, dqk, dvo, paged))
+                               kv_convert=convert, wide_logits=chain.wide_logits)  # fmt: skip
+            cfg = dataclasses.replace(cfg, groups=block_groups(cfg, dqk, dvo, paged, variant=chain.register_heavy))
             return PrefillKernelKey(dtype, dtype, dqk, dvo, cfg, paged, chain, kv)
-        cfg = tile_config(tq, default_kv_tile(tq, dqk, dvo, chain.register_heavy), dvo)
-        cfg = dataclasses.replace(cfg, groups=block_groups(cfg, dqk, dvo, paged))
+        cfg = tile_config(tq, default_kv_tile(tq, dqk, dvo, chain.register_heavy, chain.wide_logits), dvo)
+        cfg = dataclasses.replace(cfg, groups=block_groups(cfg, dqk, dvo, paged, variant=chain.register_heavy))
         return PrefillKernelKey(dtype, dtype, dqk, dvo, cfg, paged, chain)
 
     keys = []

@@ -94,15 +94,17 @@ TABLE_ITEMS, TABLE_FIELDS = 16, 10  # PrefillTraits::kTableItems / kTableFields 
 
 
 DIM_STATE_BYTES = 8  # PrefillTraits::kDimStateBytes: a variant's per-dimension state (RoPE frequencies)
+ROW_STATE_BYTES = 16  # PrefillTraits::kRowStateBytes: a variant's per-row state (ALiBi slopes), per row and thread
 
 
 def smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool, elem_bytes: int = 2,
-               transforms: bool = False) -> int:  # fmt: skip
+               transforms: bool = False, row_state: bool = False) -> int:  # fmt: skip
     """Dynamic shared memory of one CTA; mirrors PrefillTraits::kSmemBytes.
 
     One warp per row block (``warps_kv == 1``) runs the cross-item pipeline: no epilogue staging, an item table;
     otherwise the epilogue stages every warp's state over the tile buffers. ``transforms``: the variant transforms q
-    / k (RoPE), whose per-thread states of 8 dimension pairs live in shared memory. ``elem_bytes``: q's element,
+    / k (RoPE), whose per-thread states of 8 dimension pairs live in shared memory; ``row_state``: the variant has a
+    row state (ALiBi), kept in shared memory per row of each thread (``ROW_STATE_BYTES``). ``elem_bytes``: q's element,
     ``cfg.kv_itemsize`` K/V's (fp8 rows of 64 bytes are copied by 4 threads each, so a thread copies twice the rows).
     """
     cross = cfg.warps_kv == 1
@@ -117,12 +119,13 @@ def smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool,
     info = (12 + 8 * cfg.warps_q * cfg.warps_kv) * 4  # kInfoInts + kWarpInts per warp
     table = TABLE_ITEMS * TABLE_FIELDS * 4 if cross else 0
     states = cfg.threads * 8 * DIM_STATE_BYTES if transforms else 0
-    return max(main, epi) + info + table + states
+    rows = cfg.threads * cfg.mma_q * 2 * ROW_STATE_BYTES if row_state else 0
+    return max(main, epi) + info + table + states + rows
 
 
 def block_smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool,
-                     transforms: bool = False) -> int:  # fmt: skip
+                     transforms: bool = False, row_state: bool = False) -> int:  # fmt: skip
     """Dynamic shared memory of one launched block: each group's ``smem_bytes`` at a 128-byte aligned offset
     (PrefillTraits::kGroupBytes); one group's size when unpaired."""
-    one = smem_bytes(cfg, head_dim_qk, head_dim_vo, paged, transforms=transforms)
+    one = smem_bytes(cfg, head_dim_qk, head_dim_vo, paged, transforms=transforms, row_state=row_state)
     return one if cfg.groups == 1 else cfg.groups * (-(-one // 128) * 128)

@@ -245,7 +245,8 @@ def attend(
         for st in steps:
             names = dict(ix, params=st.params)
             if st.logits is not None:
-                s = np.broadcast_to(call(st.logits, dict(names, x=s, kv_idx=kv_idx)), s.shape).astype(np.float64)
+                args = dict(names, x=s, kv_idx=kv_idx, kv_dist=kv_idx - qpos)
+                s = np.broadcast_to(call(st.logits, args), s.shape).astype(np.float64)
             if st.mask is not None:
                 keep &= np.broadcast_to(np.asarray(call(st.mask, dict(names, kv_idx=kv_idx)), dtype=bool), s.shape)
             bound = dict(names, qo_head=-1)

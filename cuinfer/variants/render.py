@@ -15,6 +15,14 @@ from cuinfer.jit.params import ParamStruct
 from cuinfer.variants.spec import Param, Variant
 
 _INDEX_NAMES = ("batch", "qo_idx", "qpos", "qo_head", "kv_head", "qo_len", "kv_len", "head_dim")
+# Built-in logits variants whose chains (alone, or after causal) keep the plain prefill tiles: Rendered.wide_logits
+WIDE_LOGITS = ("soft_cap", "alibi")
+
+
+def _builtin(name: str) -> Variant:
+    from cuinfer.variants.registry import lookup
+
+    return lookup(name)
 
 
 @dataclass(frozen=True)
@@ -41,8 +49,29 @@ class Rendered:
     @property
     def register_heavy(self) -> bool:
         """Per-element work that takes registers the plain kernels give to wider tiles (a logits transform, a value
-        transform): the prefill tile policy picks narrower KV tiles for it (no spills at 255 registers)."""
+        transform): the prefill tile policy picks narrower KV tiles for it (no spills at 255 registers), except for
+        ``wide_logits`` chains, and runs one CTA per block."""
         return any(p.logits or p.value_transform for p in self.pieces)
+
+    @property
+    def wide_logits(self) -> bool:
+        """A register-heavy chain whose prefill kernels keep the plain tiles (d128: 128 x 64) without spilling, when
+        unpaired and with 16-bit K/V: the soft cap or ALiBi, alone or after causal (WIDE_LOGITS; compiled spill-free
+        with NVRTC 12.9 for sm_90a and sm_80, ragged and paged, bf16 and fp16: tests/cpu/test_variant_tiles.py).
+        Their combinations with each other or with a window spilled (8-72 bytes) and keep the narrower tiles."""
+        heavy = [p for p in self.pieces if p.logits or p.value_transform]
+        rest = [p for p in self.pieces if not (p.logits or p.value_transform)]
+        return (
+            len(heavy) == 1
+            and heavy[0].name in WIDE_LOGITS
+            and heavy[0] == _builtin(heavy[0].name)
+            and all(p == _builtin("causal") for p in rest)
+        )
+
+    @property
+    def row_state(self) -> bool:
+        """Whether a piece has a row state (kept in the prefill kernel's shared memory: tiles.ROW_STATE_BYTES)."""
+        return any(p.row_state for p in self.pieces)
 
     @property
     def softmax(self) -> bool:
@@ -134,7 +163,7 @@ def _piece(v: Variant) -> list[str]:
         out += _functor(v, "row_state", "RowState row_state(const VP& v_, const Index& ix_)", v.row_state, "ix_",
                         statements=True, prologue=("RowState row;",), epilogue=("return row;",))  # fmt: skip
     if v.logits:
-        sig = "float logits(const VP& v_, const Index& ix_, const RowState& row, int kv_idx, float x)"
+        sig = "float logits(const VP& v_, const Index& ix_, const RowState& row, int kv_idx, float kv_dist, float x)"
         out += _functor(v, "logits", sig, v.logits, "ix_")
     if v.mask:
         out += _functor(v, "mask", "bool mask(const VP& v_, const Index& ix_, int kv_idx)", v.mask, "ix_")

@@ -17,9 +17,11 @@ Names a snippet may use (every snippet):
   ``head_dim``          the head dimension (int)
   and the helpers of kernel_src/common/math.cuh (``fmath::tanh``, ``fmath::ex2``, ``fmath::alibi_slope``, ...).
 Per snippet:
-  ``logits``            ``x`` (float: the natural logit q·k·sm_scale), ``kv_idx`` (int), ``row`` (the row's state,
-                        when the variant has a ``row_state``) -> the new natural logit (with ``softmax=False``: the
-                        key's weight)
+  ``logits``            ``x`` (float: the natural logit q·k·sm_scale), ``kv_idx`` (int), ``kv_dist`` (float: the
+                        key's distance ``kv_idx - qpos``, exact below 2^24; the prefill kernel derives it with one FADD
+                        per logit from a per-tile base, where ``static_cast<float>(kv_idx - qpos)`` costs an integer
+                        add and a conversion, a quarter-rate op), ``row`` (the row's state, when the variant has a
+                        ``row_state``) -> the new natural logit (with ``softmax=False``: the key's weight)
   ``row_state``         -> fills ``row`` (fields declared by ``row_fields``), once per query row (token and query head)
                         before the KV loop, not per key: per-row constants of ``logits`` (ALiBi's slope of
                         ``qo_head``: ``row.slope = fmath::alibi_slope(qo_head, params.num_qo_heads);``)
@@ -88,7 +90,7 @@ SNIPPETS = (
 # (docs/variants.md, "NumPy functions").
 _INDEX = ("batch", "qo_idx", "qpos", "qo_head", "kv_head", "qo_len", "kv_len", "head_dim", "params")
 NUMPY_NAMES: dict[str, tuple[str, ...]] = {
-    "logits": ("x", "kv_idx", *_INDEX),
+    "logits": ("x", "kv_idx", "kv_dist", *_INDEX),
     "mask": ("kv_idx", *_INDEX),
     "key_hi": _INDEX,
     "key_lo": _INDEX,

@@ -26,14 +26,17 @@ __device__ __forceinline__ float rcp(float x) {
 }
 
 // 1 / (1 + 2^t) in one MUFU (the ex2): the reciprocal by Newton's method on the FMA pipe, from the integer first guess
-// 0x7EF311C3 - bits(d) (within 5.1 %; three steps: ~1e-7 relative, as rcp.approx's). d is clamped to 2^26, where the
-// result (1.5e-8) is as good as 0 for tanh: 2^(+big) = inf -> 2^-26, 2^(-big) = 0 -> 1. (A NaN t gives 2^-26.)
+// 0x7EF311C3 - bits(d) (within 5.1 %): one second-order step (r (1 + e), e = 1 - d r: 2.6e-3), then one third-order
+// step (r (1 + e + e^2): ~2e-8 before rounding); five FFMAs for ~8e-8 relative, as rcp.approx's (three second-order
+// steps took six; the third-order step first, the same count, spilled the soft-capped 128 x 64 prefill tile). d is
+// clamped to 2^26, where the result (1.5e-8) is as good as 0 for tanh: 2^(+big) = inf -> 2^-26, 2^(-big) = 0 -> 1.
+// (A NaN t gives 2^-26.)
 __device__ __forceinline__ float rcp_one_plus_ex2(float t) {
   const float d = fminf(1.f + ex2(t), 67108864.f);
   float r = __int_as_float(0x7EF311C3 - __float_as_int(d));
-#pragma unroll
-  for (int i = 0; i < 3; ++i) r = fmaf(r, fmaf(-d, r, 1.f), r);
-  return r;
+  r = fmaf(r, fmaf(-d, r, 1.f), r);
+  const float e = fmaf(-d, r, 1.f);
+  return fmaf(r, fmaf(e, e, e), r);
 }
 
 // tanh(x) = 1 - 2 / (1 + 2^(2x·log2 e)), accurate to ~2e-7 absolute, with one MUFU op (rcp_one_plus_ex2).
@@ -41,10 +44,13 @@ __device__ __forceinline__ float rcp_one_plus_ex2(float t) {
 // errors of ~0.015 (1.5 % on the probabilities).
 __device__ __forceinline__ float tanh(float x) { return fmaf(-2.f, rcp_one_plus_ex2(2.f * kLog2e * x), 1.f); }
 
-// The logits soft cap cap · tanh(x / cap) (inv_cap = 1 / cap) as cap - 2 cap / (1 + 2^(x · 2 log2 e / cap)): one
-// multiply, one MUFU op and the Newton steps per logit (the scale folds into one constant); ~6e-6 absolute at cap 30.
-__device__ __forceinline__ float soft_cap(float x, float cap, float inv_cap) {
-  return fmaf(-2.f * cap, rcp_one_plus_ex2(x * (2.f * kLog2e * inv_cap)), cap);
+// The logits soft cap cap · tanh(x / cap) as cap - 2 cap / (1 + 2^(x · 2 log2 e / cap)): one multiply, one MUFU op
+// and the Newton steps per logit; ~7e-6 absolute at cap 30. neg_two_cap = -2 cap and ex2_scale = 2 log2(e) / cap are
+// given precomputed (the soft_cap variant's parameters): read from the constant bank by the FMUL / FFMA that use
+// them, they hold no registers (computed here, the two constants took two registers across the prefill KV loop, which
+// spilled its 128 x 64 tile).
+__device__ __forceinline__ float soft_cap(float x, float cap, float neg_two_cap, float ex2_scale) {
+  return fmaf(neg_two_cap, rcp_one_plus_ex2(x * ex2_scale), cap);
 }
 
 // The logistic function 1 / (1 + e^-x) from MUFU ex2 and rcp (relative error ~2^-21), for sigmoid attention;

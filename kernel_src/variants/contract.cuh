@@ -91,7 +91,7 @@ struct Identity {
   template <class VP>
   __device__ __forceinline__ static void pos_advance(const VP&, const DimState&, int, PosState&, const PosState&) {}
   template <class VP>
-  __device__ __forceinline__ static float logits(const VP&, const Index&, const RowState&, int, float x) {
+  __device__ __forceinline__ static float logits(const VP&, const Index&, const RowState&, int, float, float x) {
     return x;
   }
   template <class VP> __device__ __forceinline__ static bool mask(const VP&, const Index&, int) { return true; }
@@ -185,9 +185,10 @@ template <class A, class... Rest> struct Chain<A, Rest...> {
     }
   }
   template <class VP>
-  __device__ __forceinline__ static float logits(const VP& v, const Index& ix, const RowState& row, int kv, float x) {
-    if constexpr (A::kLogits) x = A::logits(v, ix, row.a, kv, x);
-    if constexpr (Tail::kLogits) x = Tail::logits(v, ix, row.tail, kv, x);
+  __device__ __forceinline__ static float logits(const VP& v, const Index& ix, const RowState& row, int kv, float dist,
+                                                float x) {
+    if constexpr (A::kLogits) x = A::logits(v, ix, row.a, kv, dist, x);
+    if constexpr (Tail::kLogits) x = Tail::logits(v, ix, row.tail, kv, dist, x);
     return x;
   }
   template <class VP> __device__ __forceinline__ static bool mask(const VP& v, const Index& ix, int kv) {

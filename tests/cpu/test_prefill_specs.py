@@ -105,11 +105,15 @@ def test_cpp_traits_agree_with_python_smem_sizes():
 
     nvrtc = nvrtc_module()
     rope = render((lookup("rope"),))  # a transforming variant: its states take shared memory too
-    lines = [PrefillParams.c_decl(), '#include "attention/prefill_sm80/traits.cuh"', rope.source.replace(
-        "using Variant =", "using RopeVariant =")]  # fmt: skip
+    alibi = render((lookup("alibi"),))  # a variant with a row state: ... and its row states
+    lines = [PrefillParams.c_decl(), '#include "attention/prefill_sm80/traits.cuh"',
+             rope.source.replace("using Variant =", "using RopeVariant ="),
+             alibi.source.replace("using Variant =", "using AlibiVariant =")]  # fmt: skip
     n = 0
-    combos = itertools.product(HEAD_DIMS, QUERY_TILES, KV_TILES, (0, 1), (2, 3), (1, 2), (False, True))
-    for (dqk, dvo), tq, tkv, paged, stages, groups, transforms in combos:
+    combos = itertools.product(HEAD_DIMS, QUERY_TILES, KV_TILES, (0, 1), (2, 3), (1, 2), ("", "rope", "alibi"))
+    for (dqk, dvo), tq, tkv, paged, stages, groups, states in combos:
+        transforms, row_state = states == "rope", states == "alibi"
+        vname = {"rope": "RopeVariant", "alibi": "AlibiVariant"}.get(states, "cuinfer::variant::Identity")
         try:
             cfg = tile_config(tq, tkv, dvo, stages, groups)
         except ValueError:
@@ -117,14 +121,14 @@ def test_cpp_traits_agree_with_python_smem_sizes():
         t = (
             f"cuinfer::PrefillTraits<__nv_bfloat16, __nv_bfloat16, {dqk}, {dvo}, {tq}, {cfg.warps_q}, {cfg.warps_kv}, "
             f"{cfg.mma_kv}, {stages}, {'true' if paged else 'false'}, "
-            f"{'RopeVariant' if transforms else 'cuinfer::variant::Identity'}, {groups}>"
+            f"{vname}, {groups}>"
         )
-        want = smem_bytes(cfg, dqk, dvo, bool(paged), transforms=transforms)
+        want = smem_bytes(cfg, dqk, dvo, bool(paged), transforms=transforms, row_state=row_state)
         tag = f"{dqk} {dvo} {tq} {tkv} {paged} {stages} {groups}"
         lines.append(f'static_assert({t}::kSmemBytes == {want}, "smem {tag}");')
         lines.append(f'static_assert({t}::kThreads == {cfg.threads}, "threads {tag}");')
         lines.append(f'static_assert({t}::kBlockThreads == {cfg.block_threads}, "block threads {tag}");')
-        block = block_smem_bytes(cfg, dqk, dvo, bool(paged), transforms=transforms)
+        block = block_smem_bytes(cfg, dqk, dvo, bool(paged), transforms=transforms, row_state=row_state)
         lines.append(f'static_assert({t}::kGroups * {t}::kGroupBytes == {block} || {groups} == 1, "block {tag}");')
         n += 1
     src = "\n".join(lines).encode()

@@ -37,8 +37,8 @@ def _decode_key(chain, tensor_cores: bool) -> DecodeKernelKey:
 
 
 def _prefill_key(chain, paged: bool) -> PrefillKernelKey:
-    cfg = tile_config(128, default_kv_tile(128, 128, 128, chain.register_heavy), 128)  # (the plan policy's tile)
-    cfg = dataclasses.replace(cfg, groups=block_groups(cfg, 128, 128, paged))
+    cfg = tile_config(128, default_kv_tile(128, 128, 128, chain.register_heavy, chain.wide_logits), 128)  # (policy's)
+    cfg = dataclasses.replace(cfg, groups=block_groups(cfg, 128, 128, paged, variant=chain.register_heavy))
     return PrefillKernelKey("bfloat16", "bfloat16", 128, 128, cfg, paged, chain)
 
 

@@ -316,6 +316,22 @@ def test_a_user_variant_runs_through_its_numpy_functions_in_prefill(rng, paged):
     _check(o, lse, ref_o, ref_lse)
 
 
+DIST = Variant(
+    name="test_host_dist",
+    logits="x - 0.25f * fabsf(kv_dist)",
+    numpy={"logits": lambda x, kv_dist: x - 0.25 * np.abs(kv_dist)},
+)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["ragged", "paged"])
+def test_kv_dist_is_the_keys_distance_to_the_query(rng, paged):
+    """``kv_dist`` (what ALiBi reads) is ``kv_idx - qpos``, bottom-right aligned, on the reference as in the kernels."""
+    w, q, args, kv, qo_indptr = _prefill(rng, paged, causal=True, variant=DIST)
+    o, lse = w.run(q, *args, return_lse=True)
+    ref_o, ref_lse = _prefill_ref(q, kv, qo_indptr, causal=True, logit=lambda s, h, qpos, j: s - 0.25 * abs(j - qpos))
+    _check(o, lse, ref_o, ref_lse)
+
+
 def test_a_user_variant_without_numpy_functions_raises_on_numpy_inputs(rng):
     bare = Variant(name="test_host_bare", logits="2.f * x", output_transform="x", numpy={"logits": lambda x: 2 * x})
     w, q, cache, _ = _decode(rng, variant=bare)

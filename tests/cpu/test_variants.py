@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from cuinfer.variants import Param, Variant, lookup, register, registered, render
+from cuinfer.variants.builtins import soft_cap
 
 BUILTINS = ("alibi", "causal", "custom_mask", "rope", "rope_llama31", "sigmoid", "sinks", "soft_cap", "window")
 
@@ -86,7 +87,7 @@ def test_rendering_a_chain_of_builtins():
                    "variant alibi.row_state", "variant alibi.logits", "variant soft_cap.logits"):  # fmt: skip
         assert f'#line 1 "{marker}"' in src
     # expression snippets become a return, bounds an intersection; a row state is filled once per row
-    assert "return (fmath::soft_cap(x, params.cap, params.inv_cap));" in src
+    assert "return (fmath::soft_cap(x, params.cap, params.neg_two_cap, params.ex2_scale));" in src
     assert "RowState row;" in src and "row.slope = fmath::alibi_slope(qo_head, params.num_qo_heads);" in src
     assert "hi = min(hi, static_cast<int>(qpos + 1));" in src
     assert "lo = max(lo, static_cast<int>(qpos - params.window_left));" in src
@@ -95,7 +96,7 @@ def test_rendering_a_chain_of_builtins():
 
 def test_variant_params_pack_by_variant_name():
     r = render((lookup("window"), lookup("soft_cap")))
-    packed = r.pack({"window": {"window_left": 7}, "soft_cap": {"cap": 30.0, "inv_cap": 1 / 30}})
+    packed = r.pack({"window": {"window_left": 7}, "soft_cap": soft_cap.values(30.0)})
     assert packed["window"]["window_left"] == 7 and packed["soft_cap"]["cap"] == 30.0
     with pytest.raises(ValueError, match="no values for the parameters of variant 'soft_cap'"):
         r.pack({"window": {"window_left": 7}})

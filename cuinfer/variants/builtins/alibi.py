@@ -10,7 +10,7 @@ ALIBI = register(
         name="alibi",
         row_state="row.slope = fmath::alibi_slope(qo_head, params.num_qo_heads);",
         row_fields="float slope;",
-        logits="x + row.slope * static_cast<float>(kv_idx - qpos)",
+        logits="x + row.slope * kv_dist",
         params=(Param("num_qo_heads", "i32"),),
         doc=__doc__,
     )

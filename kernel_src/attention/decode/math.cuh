@@ -27,7 +27,7 @@ __device__ __forceinline__ float logit(const DecodeParams& p, const VP& v, const
                                        bool keep) {
   float t;
   if constexpr (V::kLogits) {
-    t = V::logits(v, ix, V::row_state(v, ix), j, raw * p.sm_scale) * kLog2e;
+    t = V::logits(v, ix, V::row_state(v, ix), j, static_cast<float>(j - ix.qpos), raw * p.sm_scale) * kLog2e;
   } else {
     t = raw * p.logits_scale;
   }
@@ -47,7 +47,7 @@ __device__ __forceinline__ float masked_logit(const VP& v, const variant::Index&
 template <class V, class VP>
 __device__ __forceinline__ float weight(const DecodeParams& p, const VP& v, const variant::Index& ix, float raw, int j,
                                         bool keep) {
-  const float w = V::logits(v, ix, V::row_state(v, ix), j, raw * p.sm_scale);
+  const float w = V::logits(v, ix, V::row_state(v, ix), j, static_cast<float>(j - ix.qpos), raw * p.sm_scale);
   if constexpr (V::kMask) keep = keep && V::mask(v, ix, j);
   return keep ? w : 0.f;
 }

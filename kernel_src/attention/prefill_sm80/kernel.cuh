@@ -317,6 +317,19 @@ template <class C> __device__ __forceinline__ void finish_fp8_o(const Cta<C>& c,
   }
 }
 
+// P as 16-bit A fragments of P·V from the probabilities in S.
+template <class C>
+__device__ __forceinline__ void pack_p(const float (&s)[C::kMmaQ][2 * C::kMmaKV][4],
+                                       u32 (&pa)[C::kMmaQ][C::kMmaKV][4]) {
+#pragma unroll
+  for (int mq = 0; mq < C::kMmaQ; ++mq) {
+#pragma unroll
+    for (int kk = 0; kk < C::kMmaKV; ++kk) {
+      mma::frag_c_to_a<typename C::DTypePV>(pa[mq][kk], s[mq][2 * kk], s[mq][2 * kk + 1]);
+    }
+  }
+}
+
 // S, the variant and the softmax of one tile for this warp -> P as 16-bit A fragments (packed before the V copy is
 // issued: half the registers).
 template <class C, class P, class VP>
@@ -327,6 +340,10 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
                                             const typename C::Variant::RowState (&rows)[C::kMmaQ][2]) {
   using V = typename C::Variant;
   constexpr int MMA_Q = C::kMmaQ, MMA_KV = C::kMmaKV;
+  // With a logits transform, P is packed on each softmax path before they join (the float S is not live at the join):
+  // fewer registers live there, which kept the soft-capped ragged 128 x 64 tile from spilling (8 bytes). The plain
+  // kernels pack after the join (their code unchanged).
+  constexpr bool kPackEarly = V::kLogits && V::kSoftmax;
   const bool need_mask = V::kMask || wkey0 + MMA_KV * 16 > wb0 || (V::kLowerBound && wkey0 < wb2);
   // 16-key slices holding a key that some row of this warp may see (wb1 > wkey0 here: >= 1)
   const int live = min(MMA_KV, (wb1 - wkey0 + 15) >> 4);
@@ -375,20 +392,18 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
       break;
     }
     if (kMaxFree && !C::kKV8 && fast) {
-      if (softmax_max_free<C>(s, row_max, row_sum, x_scale)) break;
+      if (softmax_max_free<C>(s, row_max, row_sum, x_scale)) {
+        if constexpr (kPackEarly) pack_p<C>(s, pa);
+        break;
+      }
       fast = false;  // recompute this tile on the exact path
       continue;
     }
     softmax_exact<C>(s, o, row_max, row_sum, x_scale);
+    if constexpr (kPackEarly) pack_p<C>(s, pa);
     break;
   }
-#pragma unroll
-  for (int mq = 0; mq < MMA_Q; ++mq) {
-#pragma unroll
-    for (int kk = 0; kk < MMA_KV; ++kk) {
-      mma::frag_c_to_a<typename C::DTypePV>(pa[mq][kk], s[mq][2 * kk], s[mq][2 * kk + 1]);
-    }
-  }
+  if constexpr (!kPackEarly) pack_p<C>(s, pa);
 }
 
 // The KV tiles of one item, by first key (key0) and buffer (stage, which runs on across items); the tile STAGES-1

@@ -171,6 +171,13 @@ __device__ __forceinline__ float exp2_row(float (&s)[2 * MMA_KV][4], int h, floa
   return sum;
 }
 
+// This thread's shared-memory slot of the RowState of its row (mq, h) (Traits::kRowStateSmem).
+template <class C>
+__device__ __forceinline__ typename C::Variant::RowState* row_slot(const Cta<C>& c, int mq, int h) {
+  return reinterpret_cast<typename C::Variant::RowState*>(
+      c.smem + C::kRowsOff + ((2 * mq + h) * C::kThreads + c.tid) * C::kRowStateBytes);
+}
+
 // The variant's Index of packed row pr (token pr / g, query head kv_head * g + pr % g) of request `batch`, whose query
 // token i sits at kv position i + q_shift.
 template <class C, class P>
@@ -211,13 +218,24 @@ __device__ __forceinline__ void logits_and_mask(const P& p, const VP& v, const C
           row_index<C>(p, pr, q_shift, c.info[kIKvHead], c.info[kIReq], c.info[kIKvLen]);
       int lo = variant::kNoLowerBound, hi = kv_end;  // keys < lo and >= hi are masked
       V::key_range(v, ix, lo, hi);
+      // kv_dist of the row's first key in this tile: each element's is this plus a constant, exactly (integers below
+      // 2^24), one FADD instead of an integer add and a conversion per logit.
+      const float dist0 = static_cast<float>(wkey0 + 2 * (c.lane % 4) - ix.qpos);
+      typename V::RowState row;
+      if constexpr (C::kRowStateSmem) {
+        row = *row_slot<C>(c, mq, h);
+      } else {
+        row = rows[mq][h];
+      }
 #pragma unroll
       for (int j = 0; j < 2 * C::kMmaKV; ++j) {
 #pragma unroll
         for (int e = 2 * h; e < 2 * h + 2; ++e) {
           const int key = wkey0 + j * 8 + 2 * (c.lane % 4) + (e % 2);
           float x = s[mq][j][e];
-          if constexpr (V::kLogits) x = V::logits(v, ix, rows[mq][h], key, x * p.sm_scale);
+          if constexpr (V::kLogits) {
+            x = V::logits(v, ix, row, key, dist0 + static_cast<float>(j * 8 + e % 2), x * p.sm_scale);
+          }
           if (need_mask) {
             bool keep = key < hi;
             if constexpr (V::kLowerBound) keep = keep && key >= lo;
@@ -234,7 +252,8 @@ __device__ __forceinline__ void logits_and_mask(const P& p, const VP& v, const C
 }
 
 // The RowStates of this thread's rows (those of logits_and_mask) for an item: row0 its first packed row. Computed once
-// per item, before its KV loop (nothing when the variant has no row state).
+// per item, before its KV loop (nothing when the variant has no row state), into this thread's shared-memory slots
+// (kRowStateSmem: only this thread reads them, no barrier), else into `rows`.
 template <class C, class P, class VP>
 __device__ __forceinline__ void row_states(const P& p, const VP& v, const Cta<C>& c, int row0, int q_shift, int kv_head,
                                            int batch, int kv_len,
@@ -246,7 +265,12 @@ __device__ __forceinline__ void row_states(const P& p, const VP& v, const Cta<C>
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int pr = row0 + c.warp_row0 + c.lane / 4 + mq * 16 + 8 * h;
-        rows[mq][h] = V::row_state(v, row_index<C>(p, pr, q_shift, kv_head, batch, kv_len));
+        const typename V::RowState r = V::row_state(v, row_index<C>(p, pr, q_shift, kv_head, batch, kv_len));
+        if constexpr (C::kRowStateSmem) {
+          *row_slot<C>(c, mq, h) = r;
+        } else {
+          rows[mq][h] = r;
+        }
       }
     }
   }

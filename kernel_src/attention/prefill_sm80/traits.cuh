@@ -117,7 +117,15 @@ struct PrefillTraits {
   static constexpr bool kTransforms = Variant::kQueryTransform || Variant::kKeyTransform;
   static constexpr int kDimStateBytes = 8;
   static constexpr int kStatesOff = kTableOff + (kCrossItem ? kTableItems * kTableFields * 4 : 0);
-  static constexpr int kSmemBytes = kStatesOff + (kTransforms ? kThreads * 8 * kDimStateBytes : 0);
+  // The variant's row states (row_state, e.g. ALiBi's slope): computed once per item into shared memory and read back
+  // on every KV tile (mainloop.cuh row_states / logits_and_mask) instead of held in registers across the KV loop,
+  // where ALiBi's four slopes a thread spilled the paged 128 x 64 tile. kRowStateBytes per row, (mq, h) of thread t
+  // at slot (2 mq + h) * kThreads + t; larger states stay in registers (the space is reserved either way).
+  static constexpr int kRowStateBytes = 16;
+  static constexpr bool kRowStateSmem =
+      Variant::kRowState && sizeof(typename Variant::RowState) <= kRowStateBytes;
+  static constexpr int kRowsOff = kStatesOff + (kTransforms ? kThreads * 8 * kDimStateBytes : 0);
+  static constexpr int kSmemBytes = kRowsOff + (Variant::kRowState ? kThreads * kMmaQ * 2 * kRowStateBytes : 0);
   // Paired blocks (GROUPS = 2, cross-item tiles only): two groups of kThreads per block, each one CTA of the plan
   // with kSmemBytes of its own at a 128-byte aligned offset (see Cta in cta.cuh).
   static constexpr int kGroups = GROUPS_;
