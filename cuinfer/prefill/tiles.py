@@ -114,7 +114,8 @@ def smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool,
     page = cfg.threads * rows_per_thread * 8 if paged else 0
     main = q + kv + page
     epi = 0 if cross else cfg.warps_kv * cfg.tile_q * (head_dim_vo + 8) * 4 + cfg.warps_kv * cfg.tile_q * 8
-    info = (12 + 8 * cfg.warps_q * cfg.warps_kv) * 4  # kInfoInts + kWarpInts per warp
+    warp_ints = 12 if cfg.kv_convert else 8  # PrefillTraits::kWarpInts (kv_convert: + the item index, kWItem)
+    info = (12 + warp_ints * cfg.warps_q * cfg.warps_kv) * 4  # kInfoInts + kWarpInts per warp
     table = TABLE_ITEMS * TABLE_FIELDS * 4 if cross else 0
     states = cfg.threads * 8 * DIM_STATE_BYTES if transforms else 0
     return max(main, epi) + info + table + states

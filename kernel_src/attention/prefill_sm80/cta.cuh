@@ -16,8 +16,9 @@ enum InfoField : int { kIKvBase, kIKvHead, kIQShift, kIKvLen, kIRow0, kIReq, kIN
 //   kWUpper: keys >= this need the upper mask in some row; kWSkip: keys >= this are masked in every row (skip);
 //   kWLower: keys < this need the lower mask in some row; kWBelow: keys < this are masked in every row;
 //   kWKvBase, kWKvHead: kv_base and kvh for this warp's copies (readable before a barrier: its lane 0 wrote them);
-//   kWKScale, kWVScale (fp8 K/V): the item's factors of the k / v scale arrays (float bits, 1 without arrays).
-enum WarpField : int { kWUpper, kWSkip, kWLower, kWBelow, kWKvBase, kWKvHead, kWKScale, kWVScale };
+//   kWKScale, kWVScale (fp8 K/V): the item's factors of the k / v scale arrays (float bits, 1 without arrays);
+//   kWItem (fp8 K/V converted by the CTA, Traits::kConvert): the item being run (kernel.cuh run_item).
+enum WarpField : int { kWUpper, kWSkip, kWLower, kWBelow, kWKvBase, kWKvHead, kWKScale, kWVScale, kWItem };
 
 template <class C> struct Cta {
   // Paired blocks: thread group wg (the kThreads threads from wg * kThreads) is CTA 2 blockIdx.x + wg of the plan's
