@@ -88,10 +88,13 @@ def test_p4_fp8_kernel_runs_q_k_in_float16_on_sm90():
 
 
 def test_warp_ints_hold_the_item_with_the_cta_conversion():
-    """kConvert kernels keep the item index in the warp's ints (kWarpInts 12): the host's shared-memory size mirrors
-    it (tiles.smem_bytes), 16 bytes more per warp than the 16-bit kernel's layout."""
+    """kConvert kernels keep the item index in the warp's ints (kWarpInts 12) and copy fp8 rows of head dim 128 with 4
+    threads each (kKVPairRows: 2 rows a thread, so half the paged row offsets): the host's shared-memory size mirrors
+    both (tiles.smem_bytes)."""
     from cuinfer.prefill.tiles import smem_bytes, tile_config
 
     a = tile_config(128, 64, 128, 2, kv_itemsize=1)
     b = dataclasses.replace(a, kv_convert=False)
-    assert a.kv_convert and smem_bytes(a, 128, 128, True) - smem_bytes(b, 128, 128, True) == 2 * 64 * 128 * 2 + 4 * 16
+    # (the 16-bit K and V tiles, the 4 more warp ints, and half the paged row offsets: kKVPairRows)
+    diff = smem_bytes(a, 128, 128, True) - smem_bytes(b, 128, 128, True)
+    assert a.kv_convert and diff == 2 * 64 * 128 * 2 + 4 * 16 - 128 * 2 * 8

@@ -311,6 +311,13 @@ PCASES = [
         PCase((600, 33), (1200, 33), 16, (32, 8), 128, scales="heads", q_rows="spread"), id="paged-spread-q-head-scales"
     ),
     pytest.param(PCase((300, 5), (300, 97), None, (32, 8), 128, "e5m2", q_rows="spread"), id="ragged-e5m2-spread-q"),
+    # fp8 rows of head dim 128 copied by 4 threads each (kKVPairRows) on the tiles that split the keys over warps
+    pytest.param(
+        PCase((1, 3, 1), (513, 70, 2049), 16, (32, 8), 128, tiles=(16, 64, 2, 1, True)), id="paged-q16-d128-convert"
+    ),
+    pytest.param(
+        PCase((9, 30), (700, 300), 16, (32, 8), 128, "e5m2", tiles=(32, 64, 2, 1, True)), id="paged-q32-d128-convert"
+    ),
     pytest.param(PCase((127, 37), (512, 97), 1, (32, 8), 64, "e5m2", "fp16"), id="paged-p1-e5m2-fp16-g4-d64"),
     pytest.param(PCase((300, 5), (300, 97), None, (8, 8), 256, causal=False), id="ragged-e4m3-g1-d256"),
     pytest.param(PCase((200, 17, 33), (2048, 54, 33), None, (64, 8), 128, "e5m2"), id="ragged-e5m2-g8-d128"),

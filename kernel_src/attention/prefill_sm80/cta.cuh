@@ -83,7 +83,15 @@ template <class C> struct Cta {
     cp_qk_dst = cp_row * (C::kChunksQK * 16) + ((cp_chunk ^ (cp_row % 8)) * 16);
     cp_vo_dst = cp_row * (C::kChunksVO * 16) + ((cp_chunk ^ (cp_row % 8)) * 16);
     if constexpr (C::kKV8) {
-      kv_row = tid / C::kKVThreadsPerRow, kv_chunk = tid % C::kKVThreadsPerRow;
+      if constexpr (C::kKVPairRows) {
+        // lanes 4 q .. 4 q + 3: row (q / 2) + 4 (q % 2) of the warp's 8, chunks lane % 4 and lane % 4 + 4: the 8 lanes
+        // of a 16-byte phase (rows r, r + 4) write slots {0..3} ^ r % 8 and that ^ 4, one 128-byte line; the 16 of an
+        // 8-byte phase of the conversion take rows r, r + 4, r + 1, r + 5 (convert_tile's half order)
+        const int q = lane / 4;
+        kv_row = (tid / 32) * 8 + ((q >> 1) | ((q & 1) << 2)), kv_chunk = tid % 4;
+      } else {
+        kv_row = tid / C::kKVThreadsPerRow, kv_chunk = tid % C::kKVThreadsPerRow;
+      }
       cp_k_dst = Swizzle<C::kChunksK>::byte_offset(kv_row, kv_chunk);
       cp_v_dst = Swizzle<C::kChunksVO>::byte_offset(kv_row, kv_chunk);
     }

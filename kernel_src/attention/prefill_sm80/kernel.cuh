@@ -186,7 +186,7 @@ __device__ __forceinline__ void write_warp_bounds(const P& p, const VP& v, const
 // (common/swizzle.cuh); rows past the item's end were zero-filled by the copy and stay zero.
 //
 // Each thread converts exactly the chunks it copied (the copy mapping of loader.cuh load_k / load_v: chunks kv_chunk
-// + 8 k of rows kv_row + i * kKVRowsPerPass), so its own cp.async wait makes them visible to it and no barrier is
+// + 8 k, kKVPairRows + 4 k, of rows kv_row + i * kKVRowsPerPass), so its own cp.async wait makes them visible to it and no barrier is
 // needed between the wait and the conversion: kv_loop converts between its wait and the barrier it has anyway (two
 // barriers per tile, as the 16-bit kernel). The 16-bit tile being written is free there: K16 was last read by the
 // previous tile's Q.K^T (before the previous V barrier), V16 by its P.V (before this tile's K barrier). Addresses are
@@ -195,29 +195,39 @@ __device__ __forceinline__ void write_warp_bounds(const P& p, const VP& v, const
 // 2 ch + h: with that order the 16 lanes of an 8-byte read phase (two rows whose swizzles differ in bit 0, or one
 // row) and the 8 lanes of a 16-byte write phase hit distinct banks (tests/cpu/test_fp8_fragments.py checks both); half
 // 0 first left every 16-byte write 2-way conflicted (even chunks only: 4 of the 8 bank groups).
-// Passes of convert_tile unrolled (kUnroll rows of each thread converted together): the whole K tile but half the V
-// tile at a time. ptxas (NVRTC 12.9) spilled the paged 128 x 64 tile at 255 registers (8 bytes, item loop) with both
-// fully unrolled or both by 2; K 4 / V 2, K 2 / V 4 and K 1 / V 1 stay spill-free.
-constexpr int kConvUnrollK = 4, kConvUnrollV = 2;
+// kKVPairRows (fp8 head dim 128): 4 threads per row, chunks kv_chunk and kv_chunk + 4, the half order from the row
+// (bit 0 ^ bit 2 of kv_row: the 16 lanes of an 8-byte read phase hold rows r, r + 4, r + 1, r + 5, the 8 of a 16-byte
+// write phase rows r, r + 4); chunk kv_chunk + 4 is at the copy's offset ^ 64 and its 16-bit chunks one 128-byte line
+// further, with the same half order.
+// Passes of convert_tile unrolled (kUnroll rows of each thread converted together). With 2 rows a thread (the paged
+// 128 x 64 tile, kKVPairRows), ptxas (NVRTC 12.9) spills 4 bytes at 255 registers with both unrolled and none with
+// either one rolled: K rolled (2 passes), V unrolled (the same instruction count as the converse, measured).
+constexpr int kConvUnrollK = 1, kConvUnrollV = 2;
 template <class C, bool kIsK, int kUnroll> __device__ __forceinline__ void convert_tile(const Cta<C>& c, int stage) {
   using T = typename Select<kIsK, typename C::DTypeQK, typename C::DTypePV>::type;  // (the products' operand types)
   using F8 = typename C::DTypeKV;
   constexpr int D = kIsK ? C::kHeadDimQK : C::kHeadDimVO, C8 = D / 16, C16 = D / 8;
   constexpr int TPR = C::kKVThreadsPerRow, PASS = C::kKVRowsPerPass;
   static_assert(C8 == C::kChunksK && C8 % TPR == 0 && PASS % 8 == 0, "the copy's mapping (rows 8k apart: one swizzle)");
-  const int h0 = (c.kv_chunk ^ (c.kv_chunk >> 2)) & 1;
+  // (kKVPairRows: the half order follows the row, bits 0 and 2 of kv_row: see cta.cuh and the comment above)
+  const int h0 = C::kKVPairRows ? (c.kv_row ^ (c.kv_row >> 2)) & 1 : (c.kv_chunk ^ (c.kv_chunk >> 2)) & 1;
   const unsigned char* src = c.smem + (kIsK ? C::kKOff + stage * C::kKBytes : C::kVOff + stage * C::kVBytes) +
                              (kIsK ? c.cp_k_dst : c.cp_v_dst);
+  // kKVPairRows: chunk kv_chunk + 4 of the fp8 row (slot ^ 4: offset ^ 64)
+  const unsigned char* src_hi = c.smem + (kIsK ? C::kKOff + stage * C::kKBytes : C::kVOff + stage * C::kVBytes) +
+                                ((kIsK ? c.cp_k_dst : c.cp_v_dst) ^ 64u);
   unsigned char* dst = c.smem + (kIsK ? C::kK16Off : C::kV16Off);
   const u32 d0 = Swizzle<C16>::byte_offset(c.kv_row, 2 * c.kv_chunk + h0);  // (the other half: slot ^ 1, offset ^ 16)
 #pragma unroll kUnroll
   for (int i = 0; i < C::kKVRowsPerThread; ++i) {
 #pragma unroll
     for (int k = 0; k < C8 / TPR; ++k) {  // chunk kv_chunk + 8 k: h = h0 ^ k, 16-bit chunks 16 k further
-      const unsigned char* a = src + i * PASS * C8 * 16 + k * 128;
-      const u32 o = i * PASS * C16 * 16 + k * 256;
-      const u32 first = (k & 1) ? d0 ^ 16u : d0, second = first ^ 16u;
-      const int h = h0 ^ (k & 1);
+      // kKVPairRows: chunk kv_chunk + 4 k, its 16-bit chunks 8 further (the next 128-byte line), same half order
+      const unsigned char* a =
+          C::kKVPairRows ? (k ? src_hi : src) + i * PASS * C8 * 16 : src + i * PASS * C8 * 16 + k * 128;
+      const u32 o = i * PASS * C16 * 16 + k * (C::kKVPairRows ? 128 : 256);
+      const u32 first = (!C::kKVPairRows && (k & 1)) ? d0 ^ 16u : d0, second = first ^ 16u;
+      const int h = C::kKVPairRows ? h0 : h0 ^ (k & 1);
       const uint2 x = *reinterpret_cast<const uint2*>(a + 8 * h);
       const uint2 y = *reinterpret_cast<const uint2*>(a + 8 - 8 * h);
       uint4 u, w;

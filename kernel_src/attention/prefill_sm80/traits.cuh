@@ -68,7 +68,11 @@ struct PrefillTraits {
   static constexpr int kChunksVMma = kKV8 && !kConvert ? kChunksVO : kHeadDimVO * kQBytesPerElem / 16;
   static constexpr int kRowsPerPass = kThreads / 8;  // global -> smem copies of Q: 8 threads per row, a 128-byte line
   // K / V copies: 8 threads per row as well, or 4 for 64-byte rows (fp8 head dim 64: two rows per 128-byte line)
-  static constexpr int kKVThreadsPerRow = kChunksK < 8 ? kChunksK : 8;
+  // and 4 for fp8 head dim 128 converted by the CTA (kKVPairRows: each thread copies chunks t and t + 4 of its rows,
+  // so a thread has half the rows of 8 threads per row: half the page-table lookups and copy address arithmetic per
+  // tile; the warp's 8 rows are ordered so that the lanes of a phase take rows whose swizzles differ in bit 2: cta.cuh)
+  static constexpr bool kKVPairRows = kKV8 && CONVERT_ && kChunksK == 8;
+  static constexpr int kKVThreadsPerRow = kChunksK < 8 ? kChunksK : (kKVPairRows ? 4 : 8);
   static constexpr int kKVRowsPerPass = kThreads / kKVThreadsPerRow;
   static constexpr int kKVRowsPerThread = kTileKV / kKVRowsPerPass;
   static constexpr int kQRowsPerThread = (kTileQ + kRowsPerPass - 1) / kRowsPerPass;
