@@ -349,7 +349,7 @@ def _pbuild(rng, c: PCase):
     if c.q_rows == "spread":
         q *= 2.0 ** rng.integers(-14, 5, q.shape[:2])[..., None]
         q[rng.random(q.shape[:2]) < 0.02] = 0.0
-        q[q.shape[0] // 2, 0, :4] = 1.0e5  # (beyond float16's 65504: that warp's scale is below 1)
+        q[q.shape[0] // 2, 0, 0] = 7.0e4  # (beyond float16's 65504: that warp's scale is below 1)
     q = q.astype(Q_DTYPES[c.q])
     fmt = FORMATS[c.fmt]
     if c.page is None:
