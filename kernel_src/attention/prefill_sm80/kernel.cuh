@@ -285,6 +285,7 @@ template <class C> __device__ __forceinline__ float convert_q(const Cta<C>& c) {
   float sc, inv;
   const float floor = __uint_as_float(static_cast<u32>(127 - fp8::kQF16AmaxFloorExp) << 23);  // 2^-kQF16AmaxFloorExp
   fp8::q_f16_scale(fmaxf(fmaxf(__low2float(m2), __high2float(m2)), floor), sc, inv);
+  const u32 sc2 = (__float_as_uint(sc) >> 16) * 0x10001u;  // 2^s in both bfloat16 halves (a normal power of two)
 #pragma unroll
   for (int i = 0; i < ROWS; ++i) {
     const int r = c.warp_row0 + qr + 4 * i;
@@ -294,8 +295,9 @@ template <class C> __device__ __forceinline__ float convert_q(const Cta<C>& c) {
       uint4 x = *a;
       u32* w = reinterpret_cast<u32*>(&x);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {  // (a bfloat16 is the upper half of a float: exact)
-        w[j] = fp8::pack_half2(__uint_as_float(w[j] << 16) * sc, __uint_as_float(w[j] & 0xffff0000u) * sc);
+      for (int j = 0; j < 4; ++j) {  // (times 2^s in bfloat16: exact; a bfloat16 is the upper half of a float)
+        const u32 y = fp8::hmul2_bf16(w[j], sc2);
+        w[j] = fp8::pack_half2(__uint_as_float(y << 16), __uint_as_float(y & 0xffff0000u));
       }
       *a = x;
     }
