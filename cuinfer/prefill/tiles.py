@@ -111,12 +111,15 @@ def smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool,
     q = cfg.tile_q * head_dim_qk * elem_bytes
     kv = cfg.stages * cfg.tile_kv * (head_dim_qk + head_dim_vo) * cfg.kv_itemsize
     kv += cfg.tile_kv * (head_dim_qk + head_dim_vo) * elem_bytes if cfg.kv_convert else 0  # the 16-bit K and V tiles
-    threads_per_row = min(8, head_dim_qk * cfg.kv_itemsize // 16)
+    chunks = head_dim_qk * cfg.kv_itemsize // 16
+    # (PrefillTraits::kKVThreadsPerRow: 4 for fp8 rows of 4 chunks, and of 8 when the CTA converts: kKVPairRows)
+    threads_per_row = 4 if cfg.kv_itemsize == 1 and chunks == 8 and cfg.kv_convert else min(8, chunks)
     rows_per_thread = cfg.tile_kv // (cfg.threads // threads_per_row)
     page = cfg.threads * rows_per_thread * 8 if paged else 0
     main = q + kv + page
     epi = 0 if cross else cfg.warps_kv * cfg.tile_q * (head_dim_vo + 8) * 4 + cfg.warps_kv * cfg.tile_q * 8
-    info = (12 + 8 * cfg.warps_q * cfg.warps_kv) * 4  # kInfoInts + kWarpInts per warp
+    warp_ints = 12 if cfg.kv_convert else 8  # PrefillTraits::kWarpInts (kv_convert: + the item index, kWItem)
+    info = (12 + warp_ints * cfg.warps_q * cfg.warps_kv) * 4  # kInfoInts + kWarpInts per warp
     table = TABLE_ITEMS * TABLE_FIELDS * 4 if cross else 0
     states = cfg.threads * 8 * DIM_STATE_BYTES if transforms else 0
     rows = cfg.threads * cfg.mma_q * 2 * ROW_STATE_BYTES if row_state else 0

@@ -152,3 +152,18 @@ def q_f16_scale(amax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     sc = (se.astype(np.uint32) << 23).view(np.float32)
     inv = ((254 - se).astype(np.uint32) << 23).view(np.float32)
     return sc, inv
+
+
+# ---- prefill, float16 Q·K^T with fp8 K (kernel.cuh convert_q, PrefillTraits::kHalfQK) -----------------------------
+
+
+def q_f16_block(q: np.ndarray) -> tuple[np.ndarray, float]:
+    """The prefill kernel's float16 Q of one warp (kernel.cuh ``convert_q``): the warp's bfloat16 q rows (any float
+    array of bfloat16 values) times the power of two ``q_f16_scale`` gives their largest |q| (floored at
+    2^-kQF16AmaxFloorExp, so the inverse stays >= 2^-64 and an all-zero block keeps a normal logits' scale), rounded to
+    float16 (the float32 product is exact; cvt.rn rounds to nearest even). Returns the float16 values and the inverse
+    the kernel folds into the logits' scale."""
+    floor = np.float32(2.0 ** -header_constants()["kQF16AmaxFloorExp"])
+    amax = max(np.float32(np.abs(np.asarray(q, dtype=np.float64)).max()), floor)
+    sc, inv = q_f16_scale(np.float32([amax]))
+    return (np.asarray(q, dtype=np.float64) * float(sc[0])).astype(np.float16), float(inv[0])

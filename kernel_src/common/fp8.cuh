@@ -300,6 +300,11 @@ __device__ __forceinline__ void q_frag_f16k(u32 (&a)[4], const float (&g0)[4], c
 // 2^28 of the row's largest converts exactly: bfloat16 values have 8 significant bits, float16 11), and its inverse
 // (clamped to normal floats; an all-zero row takes 2^126).
 constexpr int kQF16TopExp = 14;
+// Prefill's float16 Q·K^T (attention/prefill_sm80 kernel.cuh convert_q, one scale per warp): the largest |q| is
+// floored at 2^-kQF16AmaxFloorExp, so the inverse scale stays >= 2^-64 and the logits' scale it multiplies a normal
+// float (an all-zero block would take 2^-126, which times the logits' scale could flush to 0 and turn masked -inf
+// logits into NaN).
+constexpr int kQF16AmaxFloorExp = 50;
 __device__ __forceinline__ void q_f16_scale(float amax, float& sc, float& inv) {
   const int e = static_cast<int>((__float_as_uint(amax) >> 23) & 0xff);  // amax in [2^(e-127), 2^(e-126))
   const int se = min(253, max(1, 127 + kQF16TopExp - (e - 127)));

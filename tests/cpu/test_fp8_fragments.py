@@ -103,25 +103,47 @@ def store_tile_16(smem: np.ndarray, base: int, x: np.ndarray) -> None:
             smem[a + 1 : a + 16 : 2] = np.nan
 
 
-def copy_fp8_tile(smem: np.ndarray, base: int, x: np.ndarray, threads: int = 128) -> None:
-    """The prefill loader's K / V copy of a [rows, dim] fp8 tile (cta.cuh kv_row / kv_chunk / cp_k_dst, loader.cuh
-    load_k): kKVThreadsPerRow threads per row (8, or 4 for 64-byte rows), kKVRowsPerPass rows a pass."""
-    rows, dim = x.shape
-    chunks = dim // 16
+def kv_copy_map(tid: int, chunks: int, convert: bool) -> tuple[int, int, int, bool]:
+    """cta.cuh's fp8 K / V copy mapping: (kv_row, kv_chunk, kKVThreadsPerRow, kKVPairRows). 8 threads per row, 4 for
+    64-byte rows; kKVPairRows (head dim 128, the CTA converting): 4 threads per row, chunks t and t + 4, lanes 4 q ..
+    4 q + 3 of a warp on row (q / 2) + 4 (q % 2) of its 8."""
+    pair = convert and chunks == 8
+    if pair:
+        q = (tid % 32) // 4
+        return (tid // 32) * 8 + ((q >> 1) | ((q & 1) << 2)), tid % 4, 4, True
     per_row = min(8, chunks)
-    per_pass = threads // per_row
-    seen = np.zeros(smem.shape, bool)
+    return tid // per_row, tid % per_row, per_row, False
+
+
+def kv_copy_pieces(chunks: int, rows: int, threads: int, convert: bool):
+    """loader.cuh load_k's 16-byte copies per thread: (tid, i, k, row, chunk, smem byte offset as the kernel computes
+    it: cp_k_dst plus immediates, or kKVPairRows' second chunk at cp_k_dst ^ 64)."""
+    out = []
     for tid in range(threads):
-        kv_row, kv_chunk = tid // per_row, tid % per_row
+        kv_row, kv_chunk, per_row, pair = kv_copy_map(tid, chunks, convert)
+        per_pass = threads // per_row
         dst0 = byte_offset(kv_row, kv_chunk, chunks)
         for i in range(rows // per_pass):
-            r = kv_row + i * per_pass
             for k in range(chunks // per_row):
-                dst = base + dst0 + i * per_pass * chunks * 16 + k * 128
-                e = (kv_chunk + k * 8) * 16
-                assert not seen[dst : dst + 16].any(), "two copies write one smem chunk"
-                seen[dst : dst + 16] = True
-                smem[dst : dst + 16] = x[r, e : e + 16]
+                dst = ((dst0 ^ 64) if (pair and k) else dst0 + k * 128) + i * per_pass * chunks * 16
+                out.append((tid, i, k, kv_row + i * per_pass, kv_chunk + k * per_row, dst))
+    return out
+
+
+def copy_fp8_tile(smem: np.ndarray, base: int, x: np.ndarray, threads: int = 128, convert: bool = False) -> None:
+    """The prefill loader's K / V copy of a [rows, dim] fp8 tile (cta.cuh kv_row / kv_chunk / cp_k_dst, loader.cuh
+    load_k): kKVThreadsPerRow threads per row (8, or 4 for 64-byte rows and kKVPairRows), kKVRowsPerPass rows a
+    pass."""
+    rows, dim = x.shape
+    chunks = dim // 16
+    seen = np.zeros(smem.shape, bool)
+    for _tid, _i, _k, r, ch, dst0 in kv_copy_pieces(chunks, rows, threads, convert):
+        dst = base + dst0
+        e = ch * 16
+        assert dst0 == byte_offset(r, ch, chunks), "the kernel's address is the swizzle's"
+        assert not seen[dst : dst + 16].any(), "two copies write one smem chunk"
+        seen[dst : dst + 16] = True
+        smem[dst : dst + 16] = x[r, e : e + 16]
     # every row landed where the swizzle puts it
     for r in range(rows):
         for c in range(chunks):
@@ -342,31 +364,37 @@ def test_swizzle_of_64_byte_rows_is_conflict_free():
 
 
 def _convert_tile_pieces(d: int, tile_kv: int, threads: int):
-    """kernel.cuh convert_tile's mapping, the copy's (copy_fp8_tile: kKVThreadsPerRow threads per row): per thread,
-    row pass i and chunk step k, the two 8-byte reads (fp8 tile byte offsets, in issue order) and the two 16-byte
-    writes (16-bit tile byte offsets) of fp8 chunk ch = kv_chunk + 8 k of row kv_row + i * kKVRowsPerPass, half h =
-    bit 0 of (ch ^ ch / 4 ^ ch / 8) first, computed as the kernel does (from the copy's offsets and immediates)."""
+    """kernel.cuh convert_tile's mapping, the copy's (kv_copy_map: kKVThreadsPerRow threads per row): per thread, row
+    pass i and chunk step k, the two 8-byte reads (fp8 tile byte offsets, in issue order) and the two 16-byte writes
+    (16-bit tile byte offsets) of fp8 chunk ch = kv_chunk + kKVThreadsPerRow k of row kv_row + i * kKVRowsPerPass,
+    half h first: bit 0 of (ch ^ ch / 4 ^ ch / 8), or with kKVPairRows bit 0 of (kv_row ^ kv_row / 4); computed as
+    the kernel does (from the copy's offsets, immediates and, kKVPairRows, the chunk + 4 at cp_k_dst ^ 64)."""
     c8, c16 = d // 16, d // 8
-    per_row = min(8, c8)
-    per_pass = threads // per_row
-    assert c8 % per_row == 0 and tile_kv % per_pass == 0 and per_pass % 8 == 0
-    out = []  # (tid, i, k, [(read, write) for the two halves in issue order])
+    out = []  # (tid, i, k, row, chunk, [(read, write) for the two halves in issue order])
     for tid in range(threads):
-        kv_row, kv_chunk = tid // per_row, tid % per_row
-        h0 = (kv_chunk ^ (kv_chunk >> 2)) & 1
+        kv_row, kv_chunk, per_row, pair = kv_copy_map(tid, c8, True)
+        per_pass = threads // per_row
+        assert c8 % per_row == 0 and tile_kv % per_pass == 0 and per_pass % 8 == 0
+        h0 = ((kv_row ^ (kv_row >> 2)) if pair else (kv_chunk ^ (kv_chunk >> 2))) & 1
         src = byte_offset(kv_row, kv_chunk, c8)  # cp_k_dst
         d0 = byte_offset(kv_row, 2 * kv_chunk + h0, c16)
         for i in range(tile_kv // per_pass):
             for k in range(c8 // per_row):
-                a = src + i * per_pass * c8 * 16 + k * 128
-                o = i * per_pass * c16 * 16 + k * 256
-                first = d0 ^ 16 if k & 1 else d0
-                h = h0 ^ (k & 1)
-                ch = kv_chunk + 8 * k
-                assert h == (ch ^ (ch >> 2) ^ (ch >> 3)) & 1
+                if pair:
+                    a = (src ^ 64 if k else src) + i * per_pass * c8 * 16
+                    o = i * per_pass * c16 * 16 + k * 128
+                    first, h = d0, h0
+                else:
+                    a = src + i * per_pass * c8 * 16 + k * 128
+                    o = i * per_pass * c16 * 16 + k * 256
+                    first = d0 ^ 16 if k & 1 else d0
+                    h = h0 ^ (k & 1)
+                ch = kv_chunk + per_row * k
+                if not pair:
+                    assert h == (ch ^ (ch >> 2) ^ (ch >> 3)) & 1
                 rd = [a + 8 * h, a + 8 - 8 * h]
                 wr = [first + o, (first ^ 16) + o]
-                out.append((tid, i, k, list(zip(rd, wr, strict=True))))
+                out.append((tid, i, k, kv_row + i * per_pass, ch, list(zip(rd, wr, strict=True))))
     return out
 
 
@@ -380,15 +408,13 @@ def test_cta_conversion_writes_the_16_bit_tile(rng, d, tile_kv, threads):
     x = rng.integers(-8, 9, (tile_kv, d)).astype(np.float64)
     c8, c16 = d // 16, d // 8
     src = np.full(tile_kv * d, np.nan)
-    copy_fp8_tile(src, 0, x, threads=threads)
+    copy_fp8_tile(src, 0, x, threads=threads, convert=True)
     dst = np.full(2 * tile_kv * d, np.nan)
     seen = set()
-    per_row = min(8, c8)
-    per_pass = threads // per_row
-    for tid, i, k, halves in _convert_tile_pieces(d, tile_kv, threads):
-        r, ch = tid // per_row + i * per_pass, tid % per_row + 8 * k
-        # the chunk this thread's own cp.async wrote (copy_fp8_tile / load_k: dst0 + i * pass + k * 128)
-        own = byte_offset(tid // per_row, tid % per_row, c8) + i * per_pass * c8 * 16 + k * 128
+    copies = {(t, i, k): dst0 for t, i, k, _r, _c, dst0 in kv_copy_pieces(c8, tile_kv, threads, True)}
+    for tid, i, k, r, ch, halves in _convert_tile_pieces(d, tile_kv, threads):
+        # the chunk this thread's own cp.async wrote (load_k's address of that copy)
+        own = copies[(tid, i, k)]
         assert all(rd // 16 * 16 == own for rd, _ in halves)
         for rd, wr in halves:
             h = (rd - byte_offset(r, ch, c8)) // 8  # which half this read is
@@ -413,8 +439,8 @@ def test_cta_conversion_is_free_of_bank_conflicts(d, tile_kv, threads):
     def banks(addrs, width):
         return [(a // 4 + k) % 32 for a in addrs for k in range(width // 4)]
 
-    pieces = {(tid, i, k): halves for tid, i, k, halves in _convert_tile_pieces(d, tile_kv, threads)}
-    per_row = min(8, d // 16)
+    pieces = {(tid, i, k): halves for tid, i, k, _r, _c, halves in _convert_tile_pieces(d, tile_kv, threads)}
+    per_row = kv_copy_map(0, d // 16, True)[2]
     for warp in range(threads // 32):
         for i in range(tile_kv // (threads // per_row)):
             for k in range(d // 16 // per_row):
@@ -454,3 +480,32 @@ def test_pv_with_float16_p_is_within_the_documented_bound(rng, n_keys):
         bound = 2.0**-11 * scale + n_keys * 2.0**-24 * np.abs(v).max(axis=0)
         assert np.all(np.abs(half - exact) <= bound)
         assert np.abs(half - exact).max() <= np.abs(bf16 - exact).max()
+
+
+@pytest.mark.parametrize(
+    ("d", "tile_kv", "convert"), [(128, 64, True), (128, 64, False), (256, 64, True), (64, 32, True)]
+)
+def test_fp8_copies_are_free_of_bank_conflicts_and_whole_segments(d, tile_kv, convert):
+    """loader.cuh load_k / load_v (cp.async, 16 bytes a lane): every 8-lane phase of each copy instruction writes 8
+    distinct 16-byte bank groups, and the 32 lanes of an instruction read whole 64-byte (or 128-byte) segments of their
+    rows. kKVPairRows (head dim 128, the CTA converting: 4 threads per row, chunks t and t + 4) needs its row order
+    for that: rows in lane order (tid / 4) would put two rows with the same swizzle in a phase (2-way conflicts)."""
+    chunks = d // 16
+    threads = 128
+    pieces = {(t, i, k): (r, ch, dst) for t, i, k, r, ch, dst in kv_copy_pieces(chunks, tile_kv, threads, convert)}
+    per_row = kv_copy_map(0, chunks, convert)[2]
+    for warp in range(threads // 32):
+        for i in range(tile_kv // (threads // per_row)):
+            for k in range(chunks // per_row):
+                lanes = [pieces[(32 * warp + ln, i, k)] for ln in range(32)]
+                for ph in range(0, 32, 8):
+                    groups = [(dst // 16) % 8 for _, _, dst in lanes[ph : ph + 8]]
+                    assert len(set(groups)) == 8, (d, warp, i, k, ph)
+                by_row: dict[int, list[int]] = {}
+                for r, ch, _ in lanes:
+                    by_row.setdefault(r, []).append(ch)
+                for chs in by_row.values():  # contiguous chunks of one row: a whole segment
+                    assert sorted(chs) == list(range(min(chs), min(chs) + len(chs))) and len(chs) * 16 >= 64
+    if d == 128 and convert:  # the plain row order conflicts
+        naive = [byte_offset(t // 4, t % 4, chunks) for t in range(8)]
+        assert len({(a // 16) % 8 for a in naive}) < 8

@@ -259,8 +259,9 @@ def test_prefill_fp8_tiles():
 
 @pytest.mark.parametrize(("tile_q", "tile_kv", "d", "stages", "paged", "want"), [
     # Q 128 x 128 bf16 + 2 x (K + V) 64 x 128 fp8 + the 16-bit K and V tiles (kConvert) + paged offsets (128 threads x
-    # 4 rows x 8 B) + info + item table
-    pytest.param(128, 64, 128, 2, True, 32768 + 2 * 2 * 8192 + 2 * 16384 + 4096 + (12 + 32) * 4 + 640, id="p4-fp8"),
+    # 2 rows x 8 B: 4 threads per 128-byte row, kKVPairRows) + info (12 ints, and 12 per warp with kConvert: the item
+    # index waits out the KV loop there) + item table
+    pytest.param(128, 64, 128, 2, True, 32768 + 2 * 2 * 8192 + 2 * 16384 + 2048 + (12 + 48) * 4 + 640, id="p4-fp8"),
     # head dim 64, 16 rows (warps split the keys: no 16-bit tiles): rows of 64 bytes are copied by 4 threads, so a
     # thread copies 2 of the 64 rows (offsets: 2 x 8 B)
     pytest.param(16, 64, 64, 3, True, 2048 + 3 * 2 * 4096 + 128 * 2 * 8 + (12 + 32) * 4, id="d64-decode-tiles"),

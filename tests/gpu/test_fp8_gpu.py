@@ -341,10 +341,26 @@ class PCase:
     framework: str = "cupy"
     opts: dict = field(default_factory=dict)
     tiles: tuple | None = None
+    q_rows: str = "normal"  # "spread": each (token, head) row of q times 2^U[-14, 4], some zero, some beyond float16
 
 
 PCASES = [
     pytest.param(PCase((577, 17, 1), (4097, 54, 130), 16, (32, 8), 128), id="paged-p16-e4m3-bf16-g4-d128-causal"),
+    # float16 Q·K^T (bf16 q, the CTA converting, sm_90: PrefillTraits::kHalfQK): each warp scales its Q rows by the
+    # power of two of their largest |q|; rows of very different size, zero rows and q beyond float16's range, with
+    # the k scale folded from arrays or numbers (P4's tiles: paged 128 x 64)
+    pytest.param(PCase((577, 17, 1), (4097, 54, 130), 16, (32, 8), 128, q_rows="spread"), id="paged-p4-tiles-spread-q"),
+    pytest.param(
+        PCase((600, 33), (1200, 33), 16, (32, 8), 128, scales="heads", q_rows="spread"), id="paged-spread-q-head-scales"
+    ),
+    pytest.param(PCase((300, 5), (300, 97), None, (32, 8), 128, "e5m2", q_rows="spread"), id="ragged-e5m2-spread-q"),
+    # fp8 rows of head dim 128 copied by 4 threads each (kKVPairRows) on the tiles that split the keys over warps
+    pytest.param(
+        PCase((1, 3, 1), (513, 70, 2049), 16, (32, 8), 128, tiles=(16, 64, 2, 1, True)), id="paged-q16-d128-convert"
+    ),
+    pytest.param(
+        PCase((9, 30), (700, 300), 16, (32, 8), 128, "e5m2", tiles=(32, 64, 2, 1, True)), id="paged-q32-d128-convert"
+    ),
     pytest.param(PCase((127, 37), (512, 97), 1, (32, 8), 64, "e5m2", "fp16"), id="paged-p1-e5m2-fp16-g4-d64"),
     pytest.param(PCase((300, 5), (300, 97), None, (8, 8), 256, causal=False), id="ragged-e4m3-g1-d256"),
     pytest.param(PCase((200, 17, 33), (2048, 54, 33), None, (64, 8), 128, "e5m2"), id="ragged-e5m2-g8-d128"),
@@ -372,7 +388,12 @@ def _pbuild(rng, c: PCase):
     d = c.head_dim
     qo, kvl = np.asarray(c.qo), np.asarray(c.kv)
     qo_indptr = np.concatenate([[0], np.cumsum(qo)]).astype(np.int32)
-    q = (2 * rng.standard_normal((int(qo.sum()), hq, d), dtype=np.float32)).astype(Q_DTYPES[c.q])
+    q = 2 * rng.standard_normal((int(qo.sum()), hq, d), dtype=np.float32)
+    if c.q_rows == "spread":
+        q *= 2.0 ** rng.integers(-14, 5, q.shape[:2])[..., None]
+        q[rng.random(q.shape[:2]) < 0.02] = 0.0
+        q[q.shape[0] // 2, 0, 0] = 7.0e4  # (beyond float16's 65504: that warp's scale is below 1)
+    q = q.astype(Q_DTYPES[c.q])
     fmt = FORMATS[c.fmt]
     if c.page is None:
         kv_indptr = np.concatenate([[0], np.cumsum(kvl)]).astype(np.int32)

@@ -16,8 +16,9 @@ enum InfoField : int { kIKvBase, kIKvHead, kIQShift, kIKvLen, kIRow0, kIReq, kIN
 //   kWUpper: keys >= this need the upper mask in some row; kWSkip: keys >= this are masked in every row (skip);
 //   kWLower: keys < this need the lower mask in some row; kWBelow: keys < this are masked in every row;
 //   kWKvBase, kWKvHead: kv_base and kvh for this warp's copies (readable before a barrier: its lane 0 wrote them);
-//   kWKScale, kWVScale (fp8 K/V): the item's factors of the k / v scale arrays (float bits, 1 without arrays).
-enum WarpField : int { kWUpper, kWSkip, kWLower, kWBelow, kWKvBase, kWKvHead, kWKScale, kWVScale };
+//   kWKScale, kWVScale (fp8 K/V): the item's factors of the k / v scale arrays (float bits, 1 without arrays);
+//   kWItem (fp8 K/V converted by the CTA, Traits::kConvert): the item being run (kernel.cuh run_item).
+enum WarpField : int { kWUpper, kWSkip, kWLower, kWBelow, kWKvBase, kWKvHead, kWKScale, kWVScale, kWItem };
 
 template <class C> struct Cta {
   // Paired blocks: thread group wg (the kThreads threads from wg * kThreads) is CTA 2 blockIdx.x + wg of the plan's
@@ -82,7 +83,15 @@ template <class C> struct Cta {
     cp_qk_dst = cp_row * (C::kChunksQK * 16) + ((cp_chunk ^ (cp_row % 8)) * 16);
     cp_vo_dst = cp_row * (C::kChunksVO * 16) + ((cp_chunk ^ (cp_row % 8)) * 16);
     if constexpr (C::kKV8) {
-      kv_row = tid / C::kKVThreadsPerRow, kv_chunk = tid % C::kKVThreadsPerRow;
+      if constexpr (C::kKVPairRows) {
+        // lanes 4 q .. 4 q + 3: row (q / 2) + 4 (q % 2) of the warp's 8, chunks lane % 4 and lane % 4 + 4: the 8 lanes
+        // of a 16-byte phase (rows r, r + 4) write slots {0..3} ^ r % 8 and that ^ 4, one 128-byte line; the 16 of an
+        // 8-byte phase of the conversion take rows r, r + 4, r + 1, r + 5 (convert_tile's half order)
+        const int q = lane / 4;
+        kv_row = (tid / 32) * 8 + ((q >> 1) | ((q & 1) << 2)), kv_chunk = tid % 4;
+      } else {
+        kv_row = tid / C::kKVThreadsPerRow, kv_chunk = tid % C::kKVThreadsPerRow;
+      }
       cp_k_dst = Swizzle<C::kChunksK>::byte_offset(kv_row, kv_chunk);
       cp_v_dst = Swizzle<C::kChunksVO>::byte_offset(kv_row, kv_chunk);
     }

@@ -186,7 +186,7 @@ __device__ __forceinline__ void write_warp_bounds(const P& p, const VP& v, const
 // (common/swizzle.cuh); rows past the item's end were zero-filled by the copy and stay zero.
 //
 // Each thread converts exactly the chunks it copied (the copy mapping of loader.cuh load_k / load_v: chunks kv_chunk
-// + 8 k of rows kv_row + i * kKVRowsPerPass), so its own cp.async wait makes them visible to it and no barrier is
+// + 8 k, kKVPairRows + 4 k, of rows kv_row + i * kKVRowsPerPass), so its own cp.async wait makes them visible to it and no barrier is
 // needed between the wait and the conversion: kv_loop converts between its wait and the barrier it has anyway (two
 // barriers per tile, as the 16-bit kernel). The 16-bit tile being written is free there: K16 was last read by the
 // previous tile's Q.K^T (before the previous V barrier), V16 by its P.V (before this tile's K barrier). Addresses are
@@ -195,29 +195,39 @@ __device__ __forceinline__ void write_warp_bounds(const P& p, const VP& v, const
 // 2 ch + h: with that order the 16 lanes of an 8-byte read phase (two rows whose swizzles differ in bit 0, or one
 // row) and the 8 lanes of a 16-byte write phase hit distinct banks (tests/cpu/test_fp8_fragments.py checks both); half
 // 0 first left every 16-byte write 2-way conflicted (even chunks only: 4 of the 8 bank groups).
-// Passes of convert_tile unrolled (kUnroll rows of each thread converted together): the whole K tile but half the V
-// tile at a time. ptxas (NVRTC 12.9) spilled the paged 128 x 64 tile at 255 registers (8 bytes, item loop) with both
-// fully unrolled or both by 2; K 4 / V 2, K 2 / V 4 and K 1 / V 1 stay spill-free.
-constexpr int kConvUnrollK = 4, kConvUnrollV = 2;
+// kKVPairRows (fp8 head dim 128): 4 threads per row, chunks kv_chunk and kv_chunk + 4, the half order from the row
+// (bit 0 ^ bit 2 of kv_row: the 16 lanes of an 8-byte read phase hold rows r, r + 4, r + 1, r + 5, the 8 of a 16-byte
+// write phase rows r, r + 4); chunk kv_chunk + 4 is at the copy's offset ^ 64 and its 16-bit chunks one 128-byte line
+// further, with the same half order.
+// Passes of convert_tile unrolled (kUnroll rows of each thread converted together). With 2 rows a thread (the paged
+// 128 x 64 tile, kKVPairRows), ptxas (NVRTC 12.9) spills 4 bytes at 255 registers with both unrolled and none with
+// either one rolled: K rolled (2 passes), V unrolled (the same instruction count as the converse, measured).
+constexpr int kConvUnrollK = 1, kConvUnrollV = 2;
 template <class C, bool kIsK, int kUnroll> __device__ __forceinline__ void convert_tile(const Cta<C>& c, int stage) {
-  using T = typename Select<kIsK, typename C::DTypeQ, typename C::DTypePV>::type;  // (V: P·V's operand type)
+  using T = typename Select<kIsK, typename C::DTypeQK, typename C::DTypePV>::type;  // (the products' operand types)
   using F8 = typename C::DTypeKV;
   constexpr int D = kIsK ? C::kHeadDimQK : C::kHeadDimVO, C8 = D / 16, C16 = D / 8;
   constexpr int TPR = C::kKVThreadsPerRow, PASS = C::kKVRowsPerPass;
   static_assert(C8 == C::kChunksK && C8 % TPR == 0 && PASS % 8 == 0, "the copy's mapping (rows 8k apart: one swizzle)");
-  const int h0 = (c.kv_chunk ^ (c.kv_chunk >> 2)) & 1;
+  // (kKVPairRows: the half order follows the row, bits 0 and 2 of kv_row: see cta.cuh and the comment above)
+  const int h0 = C::kKVPairRows ? (c.kv_row ^ (c.kv_row >> 2)) & 1 : (c.kv_chunk ^ (c.kv_chunk >> 2)) & 1;
   const unsigned char* src = c.smem + (kIsK ? C::kKOff + stage * C::kKBytes : C::kVOff + stage * C::kVBytes) +
                              (kIsK ? c.cp_k_dst : c.cp_v_dst);
+  // kKVPairRows: chunk kv_chunk + 4 of the fp8 row (slot ^ 4: offset ^ 64)
+  const unsigned char* src_hi = c.smem + (kIsK ? C::kKOff + stage * C::kKBytes : C::kVOff + stage * C::kVBytes) +
+                                ((kIsK ? c.cp_k_dst : c.cp_v_dst) ^ 64u);
   unsigned char* dst = c.smem + (kIsK ? C::kK16Off : C::kV16Off);
   const u32 d0 = Swizzle<C16>::byte_offset(c.kv_row, 2 * c.kv_chunk + h0);  // (the other half: slot ^ 1, offset ^ 16)
 #pragma unroll kUnroll
   for (int i = 0; i < C::kKVRowsPerThread; ++i) {
 #pragma unroll
     for (int k = 0; k < C8 / TPR; ++k) {  // chunk kv_chunk + 8 k: h = h0 ^ k, 16-bit chunks 16 k further
-      const unsigned char* a = src + i * PASS * C8 * 16 + k * 128;
-      const u32 o = i * PASS * C16 * 16 + k * 256;
-      const u32 first = (k & 1) ? d0 ^ 16u : d0, second = first ^ 16u;
-      const int h = h0 ^ (k & 1);
+      // kKVPairRows: chunk kv_chunk + 4 k, its 16-bit chunks 8 further (the next 128-byte line), same half order
+      const unsigned char* a =
+          C::kKVPairRows ? (k ? src_hi : src) + i * PASS * C8 * 16 : src + i * PASS * C8 * 16 + k * 128;
+      const u32 o = i * PASS * C16 * 16 + k * (C::kKVPairRows ? 128 : 256);
+      const u32 first = (!C::kKVPairRows && (k & 1)) ? d0 ^ 16u : d0, second = first ^ 16u;
+      const int h = C::kKVPairRows ? h0 : h0 ^ (k & 1);
       const uint2 x = *reinterpret_cast<const uint2*>(a + 8 * h);
       const uint2 y = *reinterpret_cast<const uint2*>(a + 8 - 8 * h);
       uint4 u, w;
@@ -229,6 +239,70 @@ template <class C, bool kIsK, int kUnroll> __device__ __forceinline__ void conve
       *reinterpret_cast<uint4*>(dst + second + o) = w;
     }
   }
+}
+
+// fp8 K/V, whole-tile conversion (kConvert): the per-KV-head factor of a k scale array is folded into the item's
+// base-2 logit scale x_scale when the variant's softmax takes the plain scores (no logits transform): the scores are
+// only ever used as s * x_scale there (their max included, and the lse in the epilogue), so nothing multiplies each
+// score of each tile (scale_scores) and no register holds the factor across the loop.
+template <class C>
+constexpr bool kFoldKScale = C::kKV8 && C::kConvert && C::Variant::kSoftmax && !C::Variant::kLogits;
+
+// Max-free softmax tiles (softmax_max_free, sm_90+): 16-bit K/V, and fp8 K/V converted by the CTA (kConvert: with the
+// k scale folded (kFoldKScale) and the item index kept in shared memory across the loop (run_item) the paged 128 x 64
+// tile fits 255 registers with it, where it spilled 24 bytes before). Tiles whose warps convert their own fp8
+// fragments take the exact path.
+template <class C> constexpr bool kMaxFreeTiles = kMaxFree && (!C::kKV8 || (C::kConvert && C::kGroups == 1));
+
+// kHalfQK (traits.cuh), at an item's first KV tile, after the cp.async wait that lands its Q rows: this warp's Q rows
+// (the staged-epilogue copy mapping of loader.cuh load_q: rows lane / 8 + 4 i, chunks lane % 8 + 8 c of the warp's
+// rows, so each lane reads only what it copied) from bfloat16 to float16 in place, times the power of two 2^s that
+// puts their largest |q| in [2^14, 2^15) (fp8::q_f16_scale: nothing overflows, every bfloat16 value within 2^28 of it
+// converts exactly). Returns 2^-s, which the caller folds into the logits' scale. Two passes over the lane's chunks
+// (the max, then the conversion), so no Q data stays in registers beside the accumulators.
+template <class C> __device__ __forceinline__ float convert_q(const Cta<C>& c) {
+  constexpr int ROWS = C::kMmaQ * 4, CH = C::kChunksQK / 8, PITCH = C::kChunksQK * 16;
+  const int qr = c.lane / 8, qc = c.lane % 8;
+  unsigned char* q = c.smem;  // (the Q tile: offset 0)
+  __nv_bfloat162 m2 = __float2bfloat162_rn(0.f);
+#pragma unroll
+  for (int i = 0; i < ROWS; ++i) {
+    const int r = c.warp_row0 + qr + 4 * i;
+#pragma unroll
+    for (int k = 0; k < CH; ++k) {
+      const uint4 x = *reinterpret_cast<const uint4*>(q + r * PITCH + ((qc ^ (r % 8)) * 16) + k * 128);
+      const u32 w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) m2 = __hmax2(m2, __habs2(*reinterpret_cast<const __nv_bfloat162*>(&w[j])));
+    }
+  }
+#pragma unroll
+  for (int o = 1; o < 32; o *= 2) {
+    u32 b = *reinterpret_cast<const u32*>(&m2);
+    b = __shfl_xor_sync(0xffffffffu, b, o);
+    m2 = __hmax2(m2, *reinterpret_cast<const __nv_bfloat162*>(&b));
+  }
+  float sc, inv;
+  const float floor = __uint_as_float(static_cast<u32>(127 - fp8::kQF16AmaxFloorExp) << 23);  // 2^-kQF16AmaxFloorExp
+  fp8::q_f16_scale(fmaxf(fmaxf(__low2float(m2), __high2float(m2)), floor), sc, inv);
+  const u32 sc2 = (__float_as_uint(sc) >> 16) * 0x10001u;  // 2^s in both bfloat16 halves (a normal power of two)
+#pragma unroll
+  for (int i = 0; i < ROWS; ++i) {
+    const int r = c.warp_row0 + qr + 4 * i;
+#pragma unroll
+    for (int k = 0; k < CH; ++k) {
+      uint4* a = reinterpret_cast<uint4*>(q + r * PITCH + ((qc ^ (r % 8)) * 16) + k * 128);
+      uint4 x = *a;
+      u32* w = reinterpret_cast<u32*>(&x);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {  // (times 2^s in bfloat16: exact; a bfloat16 is the upper half of a float)
+        const u32 y = fp8::hmul2_bf16(w[j], sc2);
+        w[j] = fp8::pack_half2(__uint_as_float(y << 16), __uint_as_float(y & 0xffff0000u));
+      }
+      *a = x;
+    }
+  }
+  return inv;
 }
 
 // fp8 K/V: the per-KV-head k scale of a scale array (1 without one: the common case costs one compare per tile).
@@ -349,8 +423,8 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
   const int live = min(MMA_KV, (wb1 - wkey0 + 15) >> 4);
   float s[MMA_Q][2 * MMA_KV][4];
   bool fast = false;  // max-free (softmax_max_free): every row of the warp has a finite reference max
-  // (not with fp8 K/V: beside the conversions it spills the 128-row tiles at 255 registers; they take the exact path)
-  if constexpr (kMaxFree && !C::kKV8) {
+  // (fp8 K/V: the tiles the CTA converts (kConvert) only, see kMaxFreeTiles)
+  if constexpr (kMaxFreeTiles<C>) {
     fast = true;
 #pragma unroll
     for (int mq = 0; mq < MMA_Q; ++mq) fast = fast && row_max[mq][0] != neg_inf() && row_max[mq][1] != neg_inf();
@@ -378,7 +452,7 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
     } else {
       qk_tile<C, false>(s, c.q_lane, k_stage, live);
     }
-    if constexpr (C::kKV8) scale_scores<C>(s, __int_as_float(c.warp_ints()[kWKScale]));
+    if constexpr (C::kKV8 && !kFoldKScale<C>) scale_scores<C>(s, __int_as_float(c.warp_ints()[kWKScale]));
     // Two copies of the variant's logits: interior tiles (most of them) compute no key bounds at all, and the
     // boundary tiles' copy alone holds the registers of the masks (a 64-key tile with ALiBi spilled 80 bytes with
     // one copy and a runtime need_mask, 16 with two).
@@ -391,7 +465,7 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
       weights_sum<C>(s, row_sum);
       break;
     }
-    if (kMaxFree && !C::kKV8 && fast) {
+    if (kMaxFreeTiles<C> && fast) {
       if (softmax_max_free<C>(s, row_max, row_sum, x_scale)) {
         if constexpr (kPackEarly) pack_p<C>(s, pa);
         break;
@@ -488,7 +562,7 @@ __device__ __forceinline__ void kv_loop(const P& p, const VP& v, const Cta<C>& c
 
 // One item: its facts, the prologue, the KV tiles and the epilogue.
 template <class C, class P, class VP>
-__device__ __forceinline__ void run_item(const P& p, const VP& v, const Cta<C>& c, const Loader<C, P>& ld, int item,
+__device__ __forceinline__ void run_item(const P& p, const VP& v, const Cta<C>& c, const Loader<C, P>& ld, int& item,
                                          int& stage) {
   constexpr bool XI = C::kCrossItem;
   constexpr int MMA_Q = C::kMmaQ, DVO = C::kHeadDimVO;
@@ -512,7 +586,20 @@ __device__ __forceinline__ void run_item(const P& p, const VP& v, const Cta<C>& 
   }
   int pages[C::kKVRowsPerThread];
   prologue<C>(ld, f, valid_rows, stage, !XI || slot == 0, pages);
+  // kConvert: the item index waits out the KV loop in the warp's ints (made visible by write_warp_bounds' __syncwarp),
+  // re-read below: one register fewer across the loop (Traits::kWarpInts)
+  if constexpr (C::kConvert) {
+    if (c.lane == 0) c.warp_ints()[kWItem] = item;
+  }
   write_warp_bounds<C>(p, v, c, f, packed_rows, q_shift);
+  // kHalfQK: this warp's Q rows to float16 (before the accumulators are live), q_inv joins the logits' scale below
+  float q_inv = 1.f;
+  if constexpr (C::kHalfQK) {
+    if (f.kv_start < f.kv_end) {
+      cp_async_wait<2 * C::kStages - 3>();  // (the loop's first wait: the item's Q rows land with its first K tile)
+      q_inv = convert_q<C>(c);
+    }
+  }
 
   float o[MMA_Q][DVO / 8][4];
   float row_max[MMA_Q][2];  // reference max of the transformed logits x (base-2 logit = x * x_scale)
@@ -531,7 +618,11 @@ __device__ __forceinline__ void run_item(const P& p, const VP& v, const Cta<C>& 
     }
   }
   // x = q.k (scaled at the exp) in the plain case; with a logits transform x is the final natural logit.
-  const float x_scale = C::Variant::kLogits ? kLog2e : p.sm_scale_log2;
+  float x_scale = C::Variant::kLogits ? kLog2e : p.sm_scale_log2;
+  // (fp8 K/V with plain softmax logits: the item's factor of the k scale array folded in, kFoldKScale; lane 0 of the
+  // warp wrote it in write_warp_bounds, before its __syncwarp)
+  if constexpr (kFoldKScale<C>) x_scale *= __int_as_float(c.warp_ints()[kWKScale]);
+  if constexpr (C::kHalfQK) x_scale *= q_inv;
   if constexpr (C::kPaged) {
     // Pages of tile STAGES-1, which the first iteration copies; past the item's end (cross-item), those of the next
     // item's first tile instead, which the copies after its epilogue (pages[] is not touched in between).
@@ -546,6 +637,7 @@ __device__ __forceinline__ void run_item(const P& p, const VP& v, const Cta<C>& 
   typename C::Variant::RowState rows[MMA_Q][2];
   row_states<C>(p, v, c, f.row0, q_shift, f.kvh, f.b, f.kv_len, rows);
   kv_loop<C>(p, v, c, ld, f.kv_start, f.kv_end, stage, pages, o, row_max, row_sum, x_scale, rows);
+  if constexpr (C::kConvert) item = lds_volatile(c.warp_ints() + kWItem);
   if constexpr (C::kKV8) finish_fp8_o<C>(c, o);
   CUINFER_PREFILL_TRACE_STAMP(3);
   if constexpr (XI) {

@@ -115,6 +115,11 @@ template <class C, class P> struct Loader {
         src = row0 + static_cast<i64>(i * C::kKVRowsPerPass) * p.k_stride_n;
       }
       const u32 dst = c.k_smem + stage * C::kKBytes + k_dst() + i * kPassK;
+      if constexpr (C::kKVPairRows) {  // chunks kv_chunk, kv_chunk + 4: slot ^ 4, i.e. offset ^ 64 (bit 6 of k_dst)
+        cp_async_16(dst, src, valid);
+        cp_async_16(c.k_smem + stage * C::kKBytes + (k_dst() ^ 64u) + i * kPassK, src + 4 * kEl, valid);
+        continue;
+      }
 #pragma unroll
       for (int k = 0; k < C::kChunksK / C::kKVThreadsPerRow; ++k) {
         cp_async_16(dst + k * 128, src + k * kKVChunkStep, valid);
@@ -145,6 +150,11 @@ template <class C, class P> struct Loader {
         src = row0 + static_cast<i64>(i * C::kKVRowsPerPass) * p.v_stride_n;
       }
       const u32 dst = c.v_smem + stage * C::kVBytes + v_dst() + i * kPassVO;
+      if constexpr (C::kKVPairRows) {  // (as load_k)
+        cp_async_16(dst, src, valid);
+        cp_async_16(c.v_smem + stage * C::kVBytes + (v_dst() ^ 64u) + i * kPassVO, src + 4 * kEl, valid);
+        continue;
+      }
 #pragma unroll
       for (int k = 0; k < C::kChunksVO / C::kKVThreadsPerRow; ++k) {
         cp_async_16(dst + k * 128, src + k * kKVChunkStep, valid);

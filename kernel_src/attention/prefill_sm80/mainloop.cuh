@@ -43,7 +43,7 @@ constexpr float kMaxFreeSum = 4096.f;
 // mask turns them into -inf.
 template <class C, bool GUARD>
 __device__ __forceinline__ void qk_tile(float (&s)[C::kMmaQ][2 * C::kMmaKV][4], u32 q_lane, u32 k_stage, int live) {
-  using T = typename C::DTypeQ;
+  using T = typename C::DTypeQK;  // (q's type, or float16 for fp8 K with kHalfQK: traits.cuh)
   using LdQK = LdmatrixAddr<C::kChunksQK>;
 #pragma unroll
   for (int kk = 0; kk < C::kHeadDimQK / 16; ++kk) {

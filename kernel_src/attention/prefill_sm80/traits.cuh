@@ -68,7 +68,11 @@ struct PrefillTraits {
   static constexpr int kChunksVMma = kKV8 && !kConvert ? kChunksVO : kHeadDimVO * kQBytesPerElem / 16;
   static constexpr int kRowsPerPass = kThreads / 8;  // global -> smem copies of Q: 8 threads per row, a 128-byte line
   // K / V copies: 8 threads per row as well, or 4 for 64-byte rows (fp8 head dim 64: two rows per 128-byte line)
-  static constexpr int kKVThreadsPerRow = kChunksK < 8 ? kChunksK : 8;
+  // and 4 for fp8 head dim 128 converted by the CTA (kKVPairRows: each thread copies chunks t and t + 4 of its rows,
+  // so a thread has half the rows of 8 threads per row: half the page-table lookups and copy address arithmetic per
+  // tile; the warp's 8 rows are ordered so that the lanes of a phase take rows whose swizzles differ in bit 2: cta.cuh)
+  static constexpr bool kKVPairRows = kKV8 && CONVERT_ && kChunksK == 8;
+  static constexpr int kKVThreadsPerRow = kChunksK < 8 ? kChunksK : (kKVPairRows ? 4 : 8);
   static constexpr int kKVRowsPerPass = kThreads / kKVThreadsPerRow;
   static constexpr int kKVRowsPerThread = kTileKV / kKVRowsPerPass;
   static constexpr int kQRowsPerThread = (kTileQ + kRowsPerPass - 1) / kRowsPerPass;
@@ -96,7 +100,8 @@ struct PrefillTraits {
   // Item facts used only occasionally inside the KV loop (copy addresses, boundary masks) live in smem, not in
   // registers, which the accumulators fill: kInfoInts per item + kWarpInts per warp, after everything else.
   static constexpr int kInfoInts = 12;  // [0..6] the item's facts (ItemInfo), [8..11] the work ranges (sched)
-  static constexpr int kWarpInts = 8;   // a warp's bounds and its own copy of the copy facts (WarpBounds)
+  // a warp's bounds and its own copy of the copy facts (WarpField); kConvert: 12, for kWItem (16-byte aligned rows)
+  static constexpr int kWarpInts = kConvert ? 12 : 8;
   static constexpr int kInfoOff = kMainBytes > kEpiBytes ? kMainBytes : kEpiBytes;
   // Cross-item: the resolved facts of up to kTableItems consecutive items of this CTA, kTableFields ints each
   // (16: d256 paged 64-row tiles still fit a 100 KB-smem GPU).
@@ -110,6 +115,16 @@ struct PrefillTraits {
 #else
   static constexpr bool kStagedEpi = kCrossItem && kHeadDimVO <= kHeadDimQK;
 #endif
+  // fp8 K/V converted by the CTA with bf16 q and plain softmax logits (the k scale folded into x_scale, kernel.cuh
+  // kFoldKScale), sm_90+ staged-epilogue tiles (each warp copies its own Q rows): Q·K^T runs in float16 too. Each warp
+  // converts its Q rows once per item to float16 times the power of two that puts their largest |q| in [2^14, 2^15)
+  // (kernel.cuh convert_q; its inverse joins the logits' scale x_scale) and K is converted to float16 (one
+  // cvt.rn.f16x2.e4m3x2 per pair, where bfloat16 takes a byte permute, three logic ops and an HFMA2.BF16). Exact for
+  // K; q is exact within 2^28 of the warp's largest |q| (bfloat16's 8 significant bits), smaller ones keep an absolute
+  // error <= 2^-25 of the scaled value (2^-39 of that largest |q|): docs/fp8.md.
+  static constexpr bool kHalfQK = kStagedEpi && kConvert && is_same<DTypeQ, __nv_bfloat16>::value &&
+                                  Variant::kSoftmax && !Variant::kLogits;
+  using DTypeQK = typename Select<kHalfQK, half, DTypeQ>::type;  // the operand type of Q·K^T
   static constexpr int kTableFields = 10;
   static constexpr int kTableOff = kInfoOff + (kInfoInts + kWarpInts * kWarpsQ * kWarpsKV) * 4;
   // q / k transforms (RoPE, transform.cuh): each thread's DimStates of its 8 dimension pairs, computed once, kept in
