@@ -226,7 +226,8 @@ def test_rope_keys_take_one_exact_sin_cos_per_tile_and_thread_in_decode(tensor_c
     MUFU.SIN (one per dimension pair) however many rows it transforms; the rest of the statically counted sines are
     the q rotation's (one per pair: q reuses the kernel's DimStates) and the steps' (once per kernel). Tensor cores
     (keys rotated on their MMA fragments, variant::FragStates): a thread holds D/8 = 16 dimension pairs of two keys
-    (gid, gid + 8) per tile, so one K tile costs it 16 MUFU.SIN (key gid exact; gid + 8 by one angle addition)."""
+    (gid, gid + 8) per tile, so a seed tile costs it 16 MUFU.SIN (key gid exact; gid + 8 by one angle addition) and
+    a carried tile (key gid's states advanced from the item's last tile, 3 tiles of 4) none."""
     if find_cuobjdump() is None:
         pytest.skip("cuobjdump not found")
     if tensor_cores:
@@ -243,11 +244,13 @@ def test_rope_keys_take_one_exact_sin_cos_per_tile_and_thread_in_decode(tensor_c
 @pytest.mark.parametrize("name", ["rope", "rope_llama31"])
 def test_rope_tensor_core_decode_rotates_keys_in_registers(name):
     """The D6 kernel (bf16, group 4, head dim 128, tensor cores): with in-kernel RoPE a K tile costs the same
-    shared-memory traffic and barriers as plain decode (the keys are rotated on their ldmatrix fragments, not read,
+    shared-memory stores and barriers as plain decode (the keys are rotated on their ldmatrix fragments, not read,
     rotated and written back in shared memory behind a warp barrier: that path had 8 STS.128 and 8 LDS.128 per tile
-    and thread more than plain), the same ldmatrix loads, and only the frequency table's reads (one LDS.128 per
-    dimension pair of the thread: DimState and step); no spills. Per tile and warp: plain 282 instructions, the
-    shared-memory rotation 804, the register rotation 771 (sm_90a, CUDA 12 NVRTC); bounded here by 500 above plain."""
+    and thread more than plain), the same ldmatrix loads, and only the tables' reads (one LDS.128 per dimension pair
+    of the thread and tile; the seed path reads DimState and step, the carry path the tile's and the 8-key steps:
+    16 + 16 in the SASS of both); no spills. Per tile and warp (sm_90a): plain 282 instructions, the shared-memory
+    rotation 804, the register rotation 772 on a seed tile and 664 on a carried one; the two paths' extra
+    instructions over plain (490 + 382) are bounded here by 900."""
     if find_cuobjdump() is None:
         pytest.skip("cuobjdump not found")
     plain, _ = _tile_sass(None)
@@ -260,5 +263,5 @@ def test_rope_tensor_core_decode_rotates_keys_in_registers(name):
     assert count(rope, "STS", "STSM") == count(plain, "STS", "STSM") == 0
     assert count(rope, "BAR") == count(plain, "BAR") and count(rope, "WARPSYNC") == count(plain, "WARPSYNC")
     assert count(rope, "LDSM") == count(plain, "LDSM")
-    assert [op for op in rope if op.startswith("LDS") and not op.startswith("LDSM")] == ["LDS.128"] * 16
-    assert len(rope) - len(plain) <= 500, (len(plain), len(rope))
+    assert [op for op in rope if op.startswith("LDS") and not op.startswith("LDSM")] == ["LDS.128"] * 32
+    assert len(rope) - len(plain) <= 900, (len(plain), len(rope))

@@ -442,7 +442,7 @@ struct TensorCore {
                                               const KV* ks, const KV* vs, int start, int n_valid,
                                               const u32 (&qf)[D / 16][4], const float (&qsc)[2],
                                               float (&oacc)[DW / 8][4], float (&m)[2], float (&dsum)[2],
-                                              const FS& fs) {
+                                              FS& fs) {
     if constexpr (kFp8) {
       tile_fp8(p, v, cur, ks, vs, start, n_valid, qf, qsc, oacc, m, dsum);
       return;
@@ -717,10 +717,16 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
   // warp rotates the 16 keys only it reads, and a warp barrier replaces the block's.
   constexpr bool kWarpKeys = kWarpsD == 1 && !V::kValueTransform;
   variant::KeyStates<V, D, kWarpKeys ? 32 : K::kThreads, kWarpKeys ? 16 : T> kst;
-  variant::FragStates<V, D> fst;
+  using Frag = variant::FragStates<V, D, T>;
+  Frag fst;
   if constexpr (K::kFrag) {
-    __shared__ typename variant::FragStates<V, D>::Entry frag_tab[D / 2];
-    fst.init(v, frag_tab, threadIdx.x, K::kThreads);
+    __shared__ typename Frag::Entry frag_tab[D / 2];
+    typename Frag::Move* frag_mov = nullptr;
+    if constexpr (Frag::kCarry) {
+      __shared__ typename Frag::Move frag_mov_tab[D / 2];
+      frag_mov = frag_mov_tab;
+    }
+    fst.init(v, frag_tab, frag_mov, threadIdx.x, K::kThreads);
     __syncthreads();
   } else if constexpr (V::kKeyTransform || V::kQueryTransform) {
     kst.init(v, threadIdx.x);
