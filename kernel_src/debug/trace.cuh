@@ -83,3 +83,25 @@ template <int G> __device__ __forceinline__ unsigned long long* prefill_slots() 
 #define CUINFER_DECODE_GSTAMP(k) ((void)0)
 #define CUINFER_DECODE_SMID(k) ((void)0)
 #endif
+
+// SASS marks (tests only: tests/cpu/test_variant_kernels.py builds with -DCUINFER_SASS_MARKS): the tensor-core decode
+// kernel's per-tile work (K / V transforms, S, softmax, P·V; not the item's first-tile q load nor its epilogue) lies
+// between a read of %globaltimer_lo (begin) and one of %globaltimer_hi (end), so a test can count what one K tile
+// costs from the SASS alone. In every shipped build both expand to nothing.
+#ifdef CUINFER_SASS_MARKS
+#define CUINFER_SASS_MARK_(reg)                                 \
+  do {                                                          \
+    unsigned mk_;                                               \
+    asm volatile("mov.u32 %0, %%" #reg ";" : "=r"(mk_)); \
+    if (mk_ == 12345u) __trap();                                \
+  } while (0)
+#define CUINFER_DECODE_TILE_BEGIN() CUINFER_SASS_MARK_(globaltimer_lo)
+#define CUINFER_DECODE_TILE_END() CUINFER_SASS_MARK_(globaltimer_hi)
+#else
+#define CUINFER_DECODE_TILE_BEGIN() \
+  do {                              \
+  } while (0)
+#define CUINFER_DECODE_TILE_END() \
+  do {                            \
+  } while (0)
+#endif

@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import subprocess
+import tempfile
 import time
 
 import pytest
@@ -192,16 +195,73 @@ def test_a_pos_state_without_advance_compiles_into_every_kernel(kind):
     assert "kpos.scale = fmath::ex2(float(pos) * state.rate);" in spec.preamble
 
 
+def _tile_sass(chain, group: int = 4, head_dim: int = 128) -> tuple[list[str], object]:
+    """The SASS (opcode and operands) of the tensor-core decode kernel's per-tile work, built with
+    -DCUINFER_SASS_MARKS (debug/trace.cuh: a read of %globaltimer_lo before it, %globaltimer_hi after it), bf16, no
+    lse (the D6 benchmark's kernel), sm_90a; and the resources of the same kernel built without the marks."""
+    cfg = decode_config(group, head_dim, use_tensor_cores=True)
+    key = DecodeKernelKey(cfg, "bfloat16", "bfloat16", "bfloat16", *((chain,) if chain is not None else ()))
+    spec = decode_spec(key)
+    shipped = compile_spec(spec, "sm_90a")
+    marked = dataclasses.replace(spec, extra_options=(*spec.extra_options, "-DCUINFER_SASS_MARKS"))
+    mod = compile_spec(marked, "sm_90a")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as fh:
+            fh.write(mod.cubin)
+        text = subprocess.run([find_cuobjdump(), "-sass", path], capture_output=True, text=True, check=True).stdout
+    ins = [m.group(1).strip() for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", text)]
+    begin = [i for i, x in enumerate(ins) if "SR_GLOBALTIMERLO" in x]
+    end = [i for i, x in enumerate(ins) if "SR_GLOBALTIMERHI" in x]
+    assert len(begin) == 1 and len(end) == 1 and begin[0] < end[0], (begin, end)
+    ops = [x.split()[1] if x.startswith("@") else x.split()[0] for x in ins[begin[0] + 1 : end[0]]]
+    return ops, next(iter(shipped.resources.values()))
+
+
 @pytest.mark.compile
 @pytest.mark.parametrize("tensor_cores", [True, False], ids=["tc", "cc"])
 def test_rope_keys_take_one_exact_sin_cos_per_tile_and_thread_in_decode(tensor_cores):
-    """RoPE's key rotation (pos_state + pos_advance): sin / cos once per (key, dimension pair) and exact only at a
-    thread's first key of each tile, so per tile a thread issues 8 MUFU.SIN (one per dimension pair) however many
-    rows it transforms; the rest of the statically counted sines are the q rotation's (one per pair: q reuses the
-    kernel's DimStates) and the steps' (once per kernel)."""
+    """RoPE's key rotation (pos_state + pos_advance): sin / cos once per (key, dimension pair), exact only once per
+    tile and dimension pair of a thread. CUDA cores (keys rotated in shared memory): per tile a thread issues 8
+    MUFU.SIN (one per dimension pair) however many rows it transforms; the rest of the statically counted sines are
+    the q rotation's (one per pair: q reuses the kernel's DimStates) and the steps' (once per kernel). Tensor cores
+    (keys rotated on their MMA fragments, variant::FragStates): a thread holds D/8 = 16 dimension pairs of two keys
+    (gid, gid + 8) per tile, so a seed tile costs it 16 MUFU.SIN (key gid exact; gid + 8 by one angle addition) and
+    a carried tile (key gid's states advanced from the item's last tile, 3 tiles of 4) none."""
     if find_cuobjdump() is None:
         pytest.skip("cuobjdump not found")
+    if tensor_cores:
+        ops, _ = _tile_sass(render((lookup("rope"),)))
+        assert sum(op.startswith("MUFU.SIN") for op in ops) == 16
+        return
     spec = decode_spec(_decode_key(render((lookup("rope"),)), tensor_cores))
     mod = compile_spec(spec, "sm_90a")
     ops = disassemble(mod.cubin)[next(iter(mod.lowered.values()))]
     assert sum(op.startswith("MUFU.SIN") for op in ops) == 8 + 8 + 8  # steps (per kernel), tile seeds, q (per item)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", ["rope", "rope_llama31"])
+def test_rope_tensor_core_decode_rotates_keys_in_registers(name):
+    """The D6 kernel (bf16, group 4, head dim 128, tensor cores): with in-kernel RoPE a K tile costs the same
+    shared-memory stores and barriers as plain decode (the keys are rotated on their ldmatrix fragments, not read,
+    rotated and written back in shared memory behind a warp barrier: that path had 8 STS.128 and 8 LDS.128 per tile
+    and thread more than plain), the same ldmatrix loads, and only the tables' reads (one LDS.128 per dimension pair
+    of the thread and tile; the seed path reads DimState and step, the carry path the tile's and the 8-key steps:
+    16 + 16 in the SASS of both); no spills. Per tile and warp (sm_90a): plain 282 instructions, the shared-memory
+    rotation 804, the register rotation 772 on a seed tile and 664 on a carried one; the two paths' extra
+    instructions over plain (490 + 382) are bounded here by 900."""
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump not found")
+    plain, _ = _tile_sass(None)
+    rope, res = _tile_sass(render((lookup(name),)))
+    assert res.spill_stores == 0 and res.spill_loads == 0 and res.stack_frame == 0, res
+
+    def count(ops, *prefixes):
+        return sum(op.startswith(prefixes) for op in ops)
+
+    assert count(rope, "STS", "STSM") == count(plain, "STS", "STSM") == 0
+    assert count(rope, "BAR") == count(plain, "BAR") and count(rope, "WARPSYNC") == count(plain, "WARPSYNC")
+    assert count(rope, "LDSM") == count(plain, "LDSM")
+    assert [op for op in rope if op.startswith("LDS") and not op.startswith("LDSM")] == ["LDS.128"] * 32
+    assert len(rope) - len(plain) <= 900, (len(plain), len(rope))

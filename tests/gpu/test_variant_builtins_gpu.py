@@ -7,7 +7,8 @@ each against the float64 reference on decode (both kernels), paged prefill and r
 - ``sigmoid`` (no softmax): with a custom mask (masked keys weigh 0 on every tile), causal in prefill; decode splits
   (its merge adds pieces), prefill never does;
 - ``rope_llama31``: Llama-3.1 frequencies (a short original context so all three regimes occur), causal + window;
-  the reference rotates q and k in float64 and rounds them to bf16, as the kernels keep them in shared memory;
+  the reference rotates q and k in float64 and rounds them to bf16, as the kernels keep them (in shared memory, or
+  the tensor-core decode kernel as bf16 MMA fragments rotated in registers);
 - a user variant written here (``USER_VO``): logits tilt per query row (a ``row_state``: head and position), a mask
   on every tile, a value transform scaled per KV head by an array given at run(), an output transform reading lse,
   against NumPy attention written here.
@@ -137,9 +138,10 @@ def _paged(rng, kv_lens, hkv, d, ps=16):
 
 
 def _rounded_rope(x, pos, d, rounded=True):
-    """x rotated in float64 at positions pos, rounded to bf16 where the kernel keeps the rotated values in shared
-    memory (keys; q on the tensor-core decode kernel and in prefill); the CUDA-core decode kernel keeps its rotated
-    q in float32 registers (``rounded=False``)."""
+    """x rotated in float64 at positions pos, rounded to bf16 where the kernel keeps the rotated values as bf16 (keys;
+    q on the tensor-core decode kernel and in prefill: in shared memory, or the tensor-core decode kernel's MMA
+    fragments rotated in registers, rounded the same way); the CUDA-core decode kernel keeps its rotated q in float32
+    registers (``rounded=False``)."""
     inv = ref_variants.llama31_inv_freq(d, **LLAMA31)
     out = ref_variants.rotate_half(np.asarray(x, np.float64), np.asarray(pos)[:, None, None], inv)
     return out.astype(BF16) if rounded else out

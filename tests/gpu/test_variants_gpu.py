@@ -185,3 +185,54 @@ def test_custom_mask_in_decode(rng, fw, tensor_cores, packed):
     qo = np.arange(lens.size + 1, dtype=np.int32)
     ref_o, ref_lse = reference.batch_prefill_paged(q, cache, qo, indptr, indices, last, custom_mask=mask)
     _check(fw.to_numpy(out), fw.to_numpy(lse), ref_o, ref_lse, "decode with a custom mask")
+
+
+# A user key transform with a per-position state and no pos_advance: k[dim] scaled by 2^(pos * rate) with a rate per
+# dimension pair (an xPos-like decay). The tensor-core decode kernel applies it to its K fragments in registers
+# (variant::FragStates: both keys of a thread's fragment get an exact pos_state), the CUDA-core one in shared memory;
+# both round the scaled keys to bf16, as the reference does.
+KEY_DECAY = Variant(
+    name="test_key_decay_gpu",
+    dim_state="state.rate = -float(dim + 1) * 2e-6f;",
+    state_fields="float rate;",
+    pos_fields="float scale;",
+    pos_state="kpos.scale = fmath::ex2(float(pos) * state.rate);",
+    key_transform="x * kpos.scale",
+)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("tensor_cores", [True, False], ids=["tc", "cc"])
+def test_a_key_transform_without_pos_advance_in_decode(rng, fw, tensor_cores, d):
+    from cuinfer.decode import BatchDecode
+
+    hq, hkv, ps = 32, 8, 16
+    lens = np.array([1, 17, 300, 4097])
+    pages = (lens + ps - 1) // ps
+    indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+    num_pages = int(indptr[-1]) + 2
+    indices = rng.permutation(num_pages)[: indptr[-1]].astype(np.int32)
+    last = (lens - (pages - 1) * ps).astype(np.int32)
+    cache = rng.standard_normal((num_pages, 2, ps, hkv, d), dtype=np.float32).astype(BF16)
+    q = (2 * rng.standard_normal((lens.size, hq, d), dtype=np.float32)).astype(BF16)
+    w = BatchDecode(use_tensor_cores=tensor_cores)
+    w.plan(indptr, indices, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=ps, q_dtype="bfloat16",
+           variant=(KEY_DECAY,), fixed_split_size=512)  # fmt: skip
+    out = fw.asarray(np.full(q.shape, np.nan, BF16))
+    lse = fw.asarray(np.full(q.shape[:2], np.nan, np.float32))
+    w.run(fw.asarray(q), fw.asarray(cache), out=out, lse=lse)
+    o, lse = fw.to_numpy(out), fw.to_numpy(lse)
+    pair = np.arange(d) % (d // 2)
+    for b, n in enumerate(lens):
+        rows = np.arange(n)
+        pg = indices[indptr[b] : indptr[b + 1]]
+        k, v = cache[pg[rows // ps], 0, rows % ps], cache[pg[rows // ps], 1, rows % ps]
+        scale = np.exp2(rows[:, None] * (-(pair[None, :] + 1.0) * np.float32(2e-6)))  # [n, d]
+        k = (k.astype(np.float64) * scale[:, None, :]).astype(BF16)
+        g = hq // hkv
+        s = np.einsum("hd,jhd->hj", q[b].astype(np.float64), np.repeat(k.astype(np.float64), g, axis=1)) / np.sqrt(d)
+        m = s.max(axis=1, keepdims=True)
+        p = np.exp(s - m)
+        ref_o = np.einsum("hj,jhd->hd", p, np.repeat(v.astype(np.float64), g, axis=1)) / p.sum(axis=1)[:, None]
+        ref_lse = (m[:, 0] + np.log(p.sum(axis=1))) * LOG2E
+        _check(o[b : b + 1], lse[b : b + 1], ref_o[None], ref_lse[None], f"decode request {b} (kv {n}, d {d})")

@@ -36,7 +36,8 @@
 // The attention variant V (variants/contract.cuh; its parameters arrive as the kernel's second argument,
 // VariantParams) shapes the logits (soft cap, ALiBi, ...), masks keys, clips each item's KV range by its key range
 // (a sliding window: at load_items), and transforms q (when an item starts) and each K / V tile in shared memory
-// (RoPE); a sink is folded into each final row (finish_item, merge_split), an output transform applied to it; without
+// (RoPE; the tensor-core kernel with one warp along the dims transforms q and K on their MMA fragments in registers
+// instead: TensorCore::kFrag, variant::FragStates); a sink is folded into each final row (finish_item, merge_split), an output transform applied to it; without
 // softmax (V::kSoftmax false) the keys' weights are summed (tile) and the pieces of a split row add up (merge_split).
 // kLse: the kernel writes lse.
 //
@@ -330,6 +331,10 @@ struct TensorCore {
                 "16-bit KV: 16 tokens per warp; fp8: multiples of 32 tokens and of 32 output dims per warp");
   static constexpr int kChunks = D / 8;       // 16-byte chunks of a 16-bit row (q)
   static constexpr int kChunks8 = D / 16;     // ... of an fp8 row (K, V)
+  // q / k transforms on the mma fragments in registers (variant::FragStates: K rotated after ldmatrix, q after its
+  // ldmatrix at the item's start) when one warp spans the dims (every warp reads only its own 16 keys, each K fragment
+  // once); else in shared memory (variant::KeyStates, then a barrier).
+  static constexpr bool kFrag = !kFp8 && kWarpsD == 1 && (V::kKeyTransform || V::kQueryTransform);
 
   // The row of query head qo_head of the item (a padding row, past the group, takes the group's last head).
   static __device__ __forceinline__ variant::Index row(const TileSlot<T>* cur, int qo_head) {
@@ -339,13 +344,14 @@ struct TensorCore {
 
   // The item's query tile into shared memory (swizzled; rows >= G zero; transformed at qpos), then this warp's A
   // fragments.
-  template <class VP>
+  // qst: the transform's states, variant::FragStates (kFrag: q is transformed on its fragments) or this thread's
+  // KeyStates::s.
+  template <class VP, class QS>
   static __device__ __forceinline__ void load_q(const DecodeParams& p, const VP& v, const TileSlot<T>* cur, Q* qs,
-                                                u32 (&qf)[D / 16][4], float (&qsc)[2],
-                                                const typename V::DimState (&qst)[8]) {
+                                                u32 (&qf)[D / 16][4], float (&qsc)[2], const QS& qst) {
     const int row0 = cur->qo_tile * 16;  // packed row of the tile's row 0 = head in group
     const Q* qb = reinterpret_cast<const Q*>(p.q) + i64(cur->req) * p.q_stride_b + i64(cur->kv_head * G) * p.q_stride_h;
-    if constexpr (V::kQueryTransform) {
+    if constexpr (V::kQueryTransform && !kFrag) {
       for (int u = threadIdx.x; u < 16 * (kChunks / 2); u += kThreads) {
         const int r = u / (kChunks / 2), c = u % (kChunks / 2);
         Vec<Q, 8> lo, hi;
@@ -420,17 +426,24 @@ struct TensorCore {
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
         mma::ldmatrix_x4(qf[kk], qbase + Swizzle<kChunks>::byte_offset(lane % 16, 2 * kk + lane / 16));
+      if constexpr (kFrag && V::kQueryTransform) {
+        const int h0 = cur->kv_head * G + row0 + lane / 4;  // query heads of this thread's rows: h0, h0 + 8
+        const variant::Index ix[2] = {row(cur, h0), row(cur, h0 + 8)};
+        qst.template queries<Q>(v, ix, qf, lane % 4);
+      }
     }
   }
 
   // S = Q K^T for this warp's 16 tokens, the online softmax (softmax(); without softmax the variant's weights, summed)
   // on rows gid (e = 0, 1) and gid + 8 (e = 2, 3) (a row is spread over the 4 lanes of a quad), O += P V over this
   // warp's output dims.
-  template <class VP>
+  // fs: kFrag's FragStates (K rotated in registers between its ldmatrix and the MMAs).
+  template <class VP, class FS>
   static __device__ __forceinline__ void tile(const DecodeParams& p, const VP& v, const TileSlot<T>* cur,
                                               const KV* ks, const KV* vs, int start, int n_valid,
                                               const u32 (&qf)[D / 16][4], const float (&qsc)[2],
-                                              float (&oacc)[DW / 8][4], float (&m)[2], float (&dsum)[2]) {
+                                              float (&oacc)[DW / 8][4], float (&m)[2], float (&dsum)[2],
+                                              FS& fs) {
     if constexpr (kFp8) {
       tile_fp8(p, v, cur, ks, vs, start, n_valid, qf, qsc, oacc, m, dsum);
       return;
@@ -443,11 +456,23 @@ struct TensorCore {
     for (int nt = 0; nt < 2; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
     const u32 kbase = mma::smem_addr(ks);
     const int krow = wkv * 16 + lane % 8 + 8 * (lane / 16);
+    if constexpr (kFrag && V::kKeyTransform) {
+      // the warp's 16 keys whole (all k-steps), rotated in registers, then Q·K^T in the same k-step order
+      u32 b[D / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      u32 b[4];
-      mma::ldmatrix_x4(b, kbase + Swizzle<kChunks>::byte_offset(krow, 2 * kk + (lane / 8) % 2));
-      mma::mma_m16n16k16<Q>(s[0], s[1], qf[kk], b);
+      for (int kk = 0; kk < D / 16; ++kk) {
+        mma::ldmatrix_x4(b[kk], kbase + Swizzle<kChunks>::byte_offset(krow, 2 * kk + (lane / 8) % 2));
+      }
+      fs.template keys<KV>(v, row(cur, cur->kv_head * G), b, start + wkv * 16 + gid, lane % 4);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) mma::mma_m16n16k16<Q>(s[0], s[1], qf[kk], b[kk]);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        u32 b[4];
+        mma::ldmatrix_x4(b, kbase + Swizzle<kChunks>::byte_offset(krow, 2 * kk + (lane / 8) % 2));
+        mma::mma_m16n16k16<Q>(s[0], s[1], qf[kk], b);
+      }
     }
     const int h0 = cur->kv_head * G + cur->qo_tile * 16 + gid;  // query heads of this thread's rows: h0, h0 + 8
     const variant::Index ix[2] = {row(cur, h0), row(cur, h0 + 8)};
@@ -766,11 +791,25 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
   pipe.start(p, v, smem);
   CUINFER_DECODE_STAMP(2);
 
-  // The key transform's states of this thread's dims (RoPE frequencies). With one warp along the dims and no value
-  // transform each warp rotates the 16 keys only it reads, and a warp barrier replaces the block's.
+  // The q / k transforms' states of this thread's dims (RoPE frequencies): on the mma fragments (K::kFrag: one warp
+  // along the dims, no barrier) or in shared memory, where with one warp along the dims and no value transform each
+  // warp rotates the 16 keys only it reads, and a warp barrier replaces the block's.
   constexpr bool kWarpKeys = kWarpsD == 1 && !V::kValueTransform;
   variant::KeyStates<V, D, kWarpKeys ? 32 : K::kThreads, kWarpKeys ? 16 : T> kst;
-  if constexpr (V::kKeyTransform || V::kQueryTransform) kst.init(v, threadIdx.x);
+  using Frag = variant::FragStates<V, D, T>;
+  Frag fst;
+  if constexpr (K::kFrag) {
+    __shared__ typename Frag::Entry frag_tab[D / 2];
+    typename Frag::Move* frag_mov = nullptr;
+    if constexpr (Frag::kCarry) {
+      __shared__ typename Frag::Move frag_mov_tab[D / 2];
+      frag_mov = frag_mov_tab;
+    }
+    fst.init(v, frag_tab, frag_mov, threadIdx.x, K::kThreads);
+    __syncthreads();
+  } else if constexpr (V::kKeyTransform || V::kQueryTransform) {
+    kst.init(v, threadIdx.x);
+  }
 
   u32 qf[D / 16][4];
   float qsc[2] = {1.f, 1.f};  // fp8: the rows' inverse q scales (load_q)
@@ -793,14 +832,19 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
     KV* vs = pipe.v_stage(n);
 
     if (flags & kFirst) {
-      K::load_q(p, v, cur, qs, qf, qsc, kst.s);
+      if constexpr (K::kFrag) {
+        K::load_q(p, v, cur, qs, qf, qsc, fst);
+      } else {
+        K::load_q(p, v, cur, qs, qf, qsc, kst.s);
+      }
       m[0] = m[1] = neg_inf();
       dsum[0] = dsum[1] = 0.f;
 #pragma unroll
       for (int j = 0; j < K::DW / 8; ++j) oacc[j][0] = oacc[j][1] = oacc[j][2] = oacc[j][3] = 0.f;
     }
+    CUINFER_DECODE_TILE_BEGIN();
     if constexpr (V::kKeyTransform || V::kValueTransform) {
-      if constexpr (V::kKeyTransform) {
+      if constexpr (V::kKeyTransform && !K::kFrag) {
         const int w = kWarpKeys ? threadIdx.x / 32 : 0;  // (keys 16w.. of the tile: warp w's)
         kst.transform_tile(v, K::row(cur, cur->kv_head * G), ks + w * 16 * D, start + 16 * w, n_valid - 16 * w,
                            kWarpKeys ? threadIdx.x % 32 : threadIdx.x);
@@ -809,13 +853,16 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
         const variant::Index vix{cur->req, -1, -1, -1, cur->kv_head, 1, cur->kv_len, D};  // (no query: see contract)
         variant::value_transform_tile<V, D, K::kThreads>(v, vix, vs, start, n_valid, threadIdx.x);
       }
-      if constexpr (kWarpKeys) {
+      if constexpr (K::kFrag && !V::kValueTransform) {
+        // (keys rotate in registers inside tile(): nothing written here)
+      } else if constexpr (kWarpKeys) {
         __syncwarp();
       } else {
         __syncthreads();
       }
     }
-    K::tile(p, v, cur, ks, vs, start, n_valid, qf, qsc, oacc, m, dsum);
+    K::tile(p, v, cur, ks, vs, start, n_valid, qf, qsc, oacc, m, dsum, fst);
+    CUINFER_DECODE_TILE_END();
     pipe.finish(p, n);
     if (flags & kLast) {
       CUINFER_DECODE_STAMP(4);
