@@ -15,6 +15,8 @@ from __future__ import annotations
 import functools
 import os
 import secrets
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -128,3 +130,17 @@ def rng(request: pytest.FixtureRequest) -> np.random.Generator:
     print(f"rng seed: {seed} (replay with CUINFER_SEED={seed})")
     request.node.user_properties.append(("rng_seed", seed))
     return np.random.default_rng(seed)
+
+
+def run_canary(script: str, what: str, cases: str) -> None:
+    """Run a GPU test module as a child process (its ``__main__``: a few small cases) and fail the module with the
+    child's output if it exits non-zero: a kernel fault there cannot poison this process's CUDA context. ``what``
+    names the module's tests ("decode"), ``cases`` what the child runs ("one small case per kernel")."""
+    r = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        pytest.fail(
+            f"the {what} canary (a child process running {cases}) failed with exit code {r.returncode}; the {what} "
+            f"GPU tests are not run so that a kernel fault cannot poison this process's CUDA context.\n"
+            f"stdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}",
+            pytrace=False,
+        )

@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from cuinfer.interop.dtypes import DType, as_dtype
+from test_decode_errors import _table
 from test_variant_reference import attend as attend64  # (float64 attention written in that test, head by head)
 from test_wrapper_lifecycle import HEADS, _cuda, _page_table, gpu  # noqa: F401  (gpu: the stand-in GPU fixture)
 
@@ -26,20 +27,10 @@ from cuinfer.variants import Variant
 E4M3, E5M2, BF16 = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.bfloat16
 
 
-def _table(rng, lens, ps):
-    lens = np.asarray(lens)
-    pages = (lens + ps - 1) // ps
-    indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
-    num = int(indptr[-1]) + 2
-    indices = rng.permutation(num)[: indptr[-1]].astype(np.int32)
-    last = np.where(pages > 0, lens - (pages - 1) * ps, 1).astype(np.int32)
-    return indptr, indices, last, num
-
-
 @pytest.fixture
 def case(rng):
     hq, hkv, d, ps = 8, 2, 64, 16
-    indptr, indices, last, num = _table(rng, [3, 40, 17], ps)
+    indptr, indices, last, num = _table(rng, [3, 40, 17], ps, extra_pages=2)
     cache = rng.standard_normal((num, 2, ps, hkv, d)).astype(E4M3)
     q = rng.standard_normal((3, hq, d)).astype(BF16)
     kw = dict(num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=ps, q_dtype="bfloat16")
@@ -192,7 +183,7 @@ def test_prefill_numpy_paths(rng, fmt):
     hq, hkv, d = 8, 2, 64
     qo = np.array([0, 5, 9], np.int32)
     q = rng.standard_normal((9, hq, d)).astype(BF16)
-    indptr, indices, last, num = _table(rng, [30, 7], 16)
+    indptr, indices, last, num = _table(rng, [30, 7], 16, extra_pages=2)
     cache = rng.standard_normal((num, 2, 16, hkv, d)).astype(fmt)
     kvd = np.dtype(fmt).name
     w = BatchPrefill(paged=True)
@@ -368,7 +359,7 @@ def test_prefill_fp8_with_sigmoid_and_scales_on_numpy_inputs(rng, paged):
     ks, vs = np.array([0.25, 1.5]), 3.0
     w = BatchPrefill(paged=paged)
     if paged:
-        indptr, indices, last, num = _table(rng, lens, 16)
+        indptr, indices, last, num = _table(rng, lens, 16, extra_pages=2)
         cache = rng.standard_normal((num, 2, 16, hkv, d)).astype(E5M2)
         w.plan(qo, indptr, indices, last, page_size=16, **kw)
         o, lse = w.run(q, cache.view(np.uint8), k_scale=ks, v_scale=vs, return_lse=True)

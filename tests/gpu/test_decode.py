@@ -19,8 +19,6 @@ crashes, this module errors with its output and the rest of the GPU suite still 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from dataclasses import dataclass, field
 
 import ml_dtypes
@@ -385,14 +383,9 @@ def test_gpu_errors_before_launch(rng):
 
 @pytest.fixture(scope="module", autouse=True)
 def _canary():
-    r = subprocess.run([sys.executable, __file__], capture_output=True, text=True, timeout=900)
-    if r.returncode != 0:
-        pytest.fail(
-            f"the decode canary (a child process running one small case per kernel) failed with exit code "
-            f"{r.returncode}; the decode GPU tests are not run so that a kernel fault cannot poison this process's "
-            f"CUDA context.\nstdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}",
-            pytrace=False,
-        )
+    from conftest import run_canary
+
+    run_canary(__file__, "decode", "one small case per kernel")
 
 
 def _canary_main() -> None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
 import sys
 from dataclasses import dataclass, field
 
@@ -543,14 +542,9 @@ def test_gpu_errors_before_launch(rng):
 
 @pytest.fixture(scope="module", autouse=True)
 def _canary():
-    r = subprocess.run([sys.executable, __file__], capture_output=True, text=True, timeout=900)
-    if r.returncode != 0:
-        pytest.fail(
-            f"the prefill canary (a child process running one small case per kernel family) failed with exit code "
-            f"{r.returncode}; the prefill GPU tests are not run so that a kernel fault cannot poison this process's "
-            f"CUDA context.\nstdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}",
-            pytrace=False,
-        )
+    from conftest import run_canary
+
+    run_canary(__file__, "prefill", "one small case per kernel family")
 
 
 def _canary_main() -> None:
