@@ -214,22 +214,6 @@ template <typename KV, int D, int T, int kStages, int kThreads, class V, int kG,
     const KV* vb = reinterpret_cast<const KV*>(p.v);
     KV* ks = k_stage(n);
     KV* vs = v_stage(n);
-    if constexpr (sizeof(KV) == 1 && T % kRowsPerPass == 0 && kRowsPerPass % 8 == 0 && kChunks >= 8) {
-      // fp8: a pass moves whole rows by a multiple of 8, which keeps each row's chunk XOR (row % 8), so every pass
-      // writes this thread's first slot plus an immediate (the 16-bit path computes the swizzle per pass; its code is
-      // kept as it was).
-      const int r = threadIdx.x / kChunks;
-      const int dst = Swizzle<kChunks>::slot(r, c) * kVec;
-#pragma unroll
-      for (int r0 = 0; r0 < T; r0 += kRowsPerPass) {
-        const bool ok = r0 + r < n_valid;
-        const i64 ko = ok ? s->k_off[r0 + r] : 0;
-        const i64 vo = ok ? s->v_off[r0 + r] : 0;
-        cp_async_16(ks + dst + r0 * D, kb + ko + c * kVec, ok, l2_policy);
-        cp_async_16(vs + dst + r0 * D, vb + vo + c * kVec, ok, l2_policy);
-      }
-      return;
-    }
 #pragma unroll
     for (int r0 = 0; r0 < T; r0 += kRowsPerPass) {
       const int r = r0 + threadIdx.x / kChunks;
