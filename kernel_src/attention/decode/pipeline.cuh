@@ -205,6 +205,9 @@ template <typename KV, int D, int T, int kStages, int kThreads, class V, int kG,
   __device__ __forceinline__ ItemInfo* items() const { return reinterpret_cast<ItemInfo*>(smem + kItemsOffset); }
 
   // cp.async the K and V rows of tile n into its stage (swizzled 16-byte chunks); nothing for a null tile.
+  // (Each pass computes its swizzled slot. A form that wrote every fp8 pass at the thread's first slot plus an
+  // immediate made NVRTC 13's ptxas emit LDGSTS [R+UR0], desc[UR1] with UR0 / UR1 never written: an illegal
+  // instruction on the H200, CHANGELOG 2026-12-02.)
   __device__ __forceinline__ void issue(const DecodeParams& p, int n) const {
     const TileSlot<T>* s = slot(n);
     if (s->flags & kNull) return;
