@@ -26,7 +26,7 @@ and the CTAs per SM above stay as they are and every number of tokens doubles (`
   Each KV byte now carries one element, so the math per byte doubles and the conversions come on top. The tensor-core
   kernel runs the fp8 products in float16 for either q type (common/fp8.cuh: V by f16s_pairs, 6 integer ops per 4
   e4m3 bytes, 2 per 4 e5m2 bytes; e4m3 K by k_pairs, one cvt per 2 bytes on sm_89+; no multiply) with a lazy
-  softmax max, so its whole hot loop costs ~0.093 instructions per KV byte (D10: 763 per warp and 128-token tile on
+  softmax max, so its whole hot loop costs ~0.096 instructions per KV byte (D10: ~785 per warp and 128-token tile on
   the tiles whose max does not move; D6's bf16 loop: 622, ~0.076), where f16s_pairs for K too cost ~0.125 (1023).
   Bytes in flight per SM (stage bytes x (stages - 1) x CTAs per SM, the copies pending while the CTAs compute):
   128 KB for D10 as for bf16 D6; at head dim 64 the 128-token tiles' 16-byte descriptors cost fp8 its 4th stage
