@@ -18,6 +18,8 @@ enum InfoField : int { kIKvBase, kIKvHead, kIQShift, kIKvLen, kIRow0, kIReq, kIN
 //   kWKvBase, kWKvHead: kv_base and kvh for this warp's copies (readable before a barrier: its lane 0 wrote them);
 //   kWKScale, kWVScale (fp8 K/V): the item's factors of the k / v scale arrays (float bits, 1 without arrays);
 //   kWItem (fp8 K/V converted by the CTA, Traits::kConvert): the item being run (kernel.cuh run_item).
+//   A logits variant's exact-path flag (kernel.cuh kStickyExact) takes kWKScale's int with 16-bit K/V and the int
+//   after kWItem with fp8 converted by the CTA.
 enum WarpField : int { kWUpper, kWSkip, kWLower, kWBelow, kWKvBase, kWKvHead, kWKScale, kWVScale, kWItem };
 
 template <class C> struct Cta {

@@ -254,6 +254,17 @@ constexpr bool kFoldKScale = C::kKV8 && C::kConvert && C::Variant::kSoftmax && !
 // fragments take the exact path.
 template <class C> constexpr bool kMaxFreeTiles = kMaxFree && (!C::kKV8 || (C::kConvert && C::kGroups == 1));
 
+// Logits variants give up the max-free path for the rest of an item once it failed for the warp (a tile whose
+// exponentials climbed far above the reference max is computed twice: Q·K^T, the logits and the exponentials again on
+// the exact path). Logits that climb tile after tile, as ALiBi's toward the diagonal (slope·64 keys is up to ~54
+// natural units a tile), fail on almost every tile; bounded ones (the soft cap) almost never do. The plain kernels
+// keep their code (a failure there is rare). The flag is an int of the warp's in shared memory (kWExactSlot: 16-bit
+// K/V use the fp8 scale's slot, CTA-converted fp8 the 10th of its 12 ints): in a register across the loop it spilled
+// the soft-capped 128 x 64 tile (12-24 bytes). Lane 0 clears it at the item's start (run_item) and sets it on a
+// failure; the warp reads it after the next tile's block barrier.
+template <class C> constexpr bool kStickyExact = kMaxFreeTiles<C> && C::Variant::kLogits && C::Variant::kSoftmax;
+template <class C> constexpr int kWExactSlot = C::kKV8 ? kWItem + 1 : kWKScale;
+
 // kHalfQK (traits.cuh), at an item's first KV tile, after the cp.async wait that lands its Q rows: this warp's Q rows
 // (the staged-epilogue copy mapping of loader.cuh load_q: rows lane / 8 + 4 i, chunks lane % 8 + 8 c of the warp's
 // rows, so each lane reads only what it copied) from bfloat16 to float16 in place, times the power of two 2^s that
@@ -425,7 +436,8 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
   bool fast = false;  // max-free (softmax_max_free): every row of the warp has a finite reference max
   // (fp8 K/V: the tiles the CTA converts (kConvert) only, see kMaxFreeTiles)
   if constexpr (kMaxFreeTiles<C>) {
-    fast = true;
+    static_assert(!kStickyExact<C> || !C::kKV8 || C::kWarpInts > kWItem + 1, "a free warp int for the flag");
+    fast = !kStickyExact<C> || lds_volatile(c.warp_ints() + kWExactSlot<C>) == 0;
 #pragma unroll
     for (int mq = 0; mq < MMA_Q; ++mq) fast = fast && row_max[mq][0] != neg_inf() && row_max[mq][1] != neg_inf();
     fast = __all_sync(0xffffffffu, fast);
@@ -471,6 +483,9 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
         break;
       }
       fast = false;  // recompute this tile on the exact path
+      if constexpr (kStickyExact<C>) {
+        if (c.lane == 0) c.warp_ints()[kWExactSlot<C>] = 1;  // (the failure is warp-uniform: an __any_sync)
+      }
       continue;
     }
     softmax_exact<C>(s, o, row_max, row_sum, x_scale);
@@ -590,6 +605,9 @@ __device__ __forceinline__ void run_item(const P& p, const VP& v, const Cta<C>& 
   // re-read below: one register fewer across the loop (Traits::kWarpInts)
   if constexpr (C::kConvert) {
     if (c.lane == 0) c.warp_ints()[kWItem] = item;
+  }
+  if constexpr (kStickyExact<C>) {
+    if (c.lane == 0) c.warp_ints()[kWExactSlot<C>] = 0;  // (published by write_warp_bounds' __syncwarp too)
   }
   write_warp_bounds<C>(p, v, c, f, packed_rows, q_shift);
   // kHalfQK: this warp's Q rows to float16 (before the accumulators are live), q_inv joins the logits' scale below
