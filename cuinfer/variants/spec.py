@@ -61,6 +61,12 @@ never inferred.
 splits the KV of such a plan, nor of one with an output transform (the merge kernel of split pieces knows neither);
 decode merges split pieces inside its kernel (by adding, without softmax).
 
+``rising_logits=True`` says the ``logits`` snippet makes a row's logits climb along the keys by much more than the
+raw scores vary (ALiBi's bias toward the diagonal: up to ~54 natural units per 64 keys). The prefill kernel's
+max-free softmax (a tile's exponentials taken against the reference max of earlier tiles, the tile computed again
+on the exact path when they climb too far) then fails on almost every tile, so with the flag a warp keeps the exact
+path for the rest of an item once it failed. Explicit, never inferred; results are the same either way.
+
 Parameters (``Param``) are scalars given at plan() (``variant_params={variant: {param: value}}``) or, with ``per=``,
 arrays given at run() (``variant_arrays={param: array}``): one element per query head (``"qo_head"``), KV head
 (``"kv_head"``) or request (``"request"``), any framework's array on the call's device (NumPy on the CPU path),
@@ -164,6 +170,7 @@ class Variant:
     value_transform: str | None = None
     output_transform: str | None = None
     softmax: bool = True  # False: weights from `logits`, summed without normalisation (sigmoid attention)
+    rising_logits: bool = False  # True: `logits` climb along the keys (ALiBi): prefill keeps the exact softmax
     params: tuple[Param, ...] = ()
     # NumPy functions for the CPU reference backend (name -> callable; see cuinfer.reference); not part of identity
     numpy: dict[str, Callable[..., Any]] | None = field(default=None, compare=False, hash=False)
@@ -198,6 +205,11 @@ class Variant:
             raise ValueError(
                 f"variant {self.name!r} has softmax=False but no logits snippet: without softmax a key's weight is "
                 "what logits returns (e.g. sigmoid attention: logits='fmath::sigmoid(x + params.bias)')"
+            )
+        if self.rising_logits and not self.logits:
+            raise ValueError(
+                f"variant {self.name!r} has rising_logits=True but no logits snippet: the flag describes what "
+                "logits does to x along the keys"
             )
         if not self.softmax and self.sink:
             raise ValueError(f"variant {self.name!r}: a sink joins a softmax denominator; softmax=False has none")

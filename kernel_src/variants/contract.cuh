@@ -79,6 +79,7 @@ struct Identity {
   static constexpr bool kRowState = false;          // row_state() fills a RowState
   static constexpr bool kPosState = false;        // pos_state() gives key_transform() its PosState
   static constexpr bool kPosAdvance = false;      // pos_advance() moves a PosState on by a step's
+  static constexpr bool kRisingLogits = false;    // logits() climb along the keys (ALiBi; Variant.rising_logits)
   struct DimState {};
   struct RowState {};
   struct PosState {};
@@ -142,6 +143,7 @@ template <class A, class... Rest> struct Chain<A, Rest...> {
   static constexpr bool kValueTransform = A::kValueTransform || Tail::kValueTransform;
   static constexpr bool kOutputTransform = A::kOutputTransform || Tail::kOutputTransform;
   static constexpr bool kRowState = A::kRowState || Tail::kRowState;
+  static constexpr bool kRisingLogits = A::kRisingLogits || Tail::kRisingLogits;
   // At most one piece of a chain transforms (the renderer refuses two: rotations do not compose element by element),
   // so the chain's DimState and PosState are that piece's.
   static constexpr bool kHeadTransforms = A::kQueryTransform || A::kKeyTransform;

@@ -52,6 +52,7 @@ def test_registering_a_name_twice_with_another_variant_raises():
         ),  # fmt: skip
         pytest.param(dict(name="rows", logits="x", row_state="row.a = 0;"), "without row_fields", id="row-no-fields"),
         pytest.param(dict(name="rows", logits="x", row_fields="float a;"), "row_fields without", id="row-fields"),
+        pytest.param(dict(name="rise", mask="true", rising_logits=True), "rising_logits=True but no logits", id="rise"),
     ],
 )
 def test_variant_specs_are_validated(kwargs, message):
@@ -225,3 +226,18 @@ def test_missing_numpy_functions_are_listed():
     assert v.missing_numpy() == ["mask"]
     t = Variant(name="np_dim", dim_state="state.a = 0.f;", state_fields="float a;", query_transform="x")
     assert t.missing_numpy() == ["query_transform"], "dim_state needs no NumPy function"
+
+
+def test_rising_logits_is_rendered_for_alibi_only():
+    """ALiBi (and FlashInfer's ALiBi of the drop-in) declare rising logits, which the prefill kernel reads as
+    kRisingLogits (kernel.cuh kStickyExact); the soft cap does not, so its kernels keep their code."""
+    from cuinfer.compat.flashinfer.common import FLASHINFER_ALIBI
+
+    assert lookup("alibi").rising_logits and FLASHINFER_ALIBI.rising_logits
+    assert not any(lookup(n).rising_logits for n in ("soft_cap", "causal", "window", "sinks", "sigmoid"))
+    assert "struct piece_alibi : Identity {" in render((lookup("alibi"),)).preamble()
+    alibi_src = render((lookup("causal"), lookup("alibi"))).preamble()
+    cap_src = render((lookup("causal"), lookup("soft_cap"))).preamble()
+    assert "static constexpr bool kRisingLogits = true;" in alibi_src
+    assert "kRisingLogits" not in cap_src
+    assert Variant(name="a", logits="x") != Variant(name="a", logits="x", rising_logits=True)
