@@ -2,6 +2,9 @@
 
 CI uses it to check that each kernel contains what it is meant to (16-byte loads, HMMA, LDGSTS) and no local-memory
 traffic (LDL/STL). Expectations are regular expressions over opcodes; ``sm_90a:HGMMA`` applies to one arch only.
+``unwritten_uniform_reads`` checks the operands: every uniform register an address or a memory descriptor reads is
+written somewhere in the kernel (NVRTC 13's ptxas once emitted ``LDGSTS [R+UR0], desc[UR1]`` with neither written:
+an illegal instruction on the H200).
 """
 
 from __future__ import annotations
@@ -29,11 +32,21 @@ def find_cuobjdump() -> str | None:
 
 
 _FUNC = re.compile(r"^\s*Function : (\S+)")
-_INSN = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+_INSN = re.compile(r"/\*[0-9a-f]{4,}\*/\s+((?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)[^;]*);")
 
 
 def disassemble(cubin: bytes) -> dict[str, list[str]]:
     """Opcodes (with modifiers, e.g. ``LDG.E.128``) per kernel symbol."""
+    return {sym: [opcode(insn) for insn in insns] for sym, insns in disassemble_instructions(cubin).items()}
+
+
+def opcode(insn: str) -> str:
+    """The opcode of an instruction of disassemble_instructions (its guard skipped)."""
+    return insn.split()[1] if insn.startswith("@") else insn.split()[0]
+
+
+def disassemble_instructions(cubin: bytes) -> dict[str, list[str]]:
+    """Whole instructions (guard, opcode, operands; no address or encoding) per kernel symbol."""
     exe = find_cuobjdump()
     if exe is None:
         raise RuntimeError("cuobjdump not found: pip install nvidia-cuda-cuobjdump (the test extra brings it)")
@@ -50,8 +63,30 @@ def disassemble(cubin: bytes) -> dict[str, list[str]]:
         if m := _FUNC.match(line):
             current = funcs.setdefault(m.group(1), [])
         elif current is not None and (m := _INSN.search(line)):
-            current.append(m.group(1))
+            current.append(m.group(1).strip())
     return funcs
+
+
+_UR_DEST = re.compile(r"^(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s+UR(\d+)\b")
+_BRACKETS = re.compile(r"\[([^\]]*)\]")
+_UR = re.compile(r"\bUR(\d+)\b")
+
+
+def unwritten_uniform_reads(instructions: list[str]) -> list[str]:
+    """Problems: instructions whose address or memory descriptor (``[R1+UR4]``, ``desc[UR6]``) reads a uniform
+    register that no instruction of the kernel writes (a destination is an instruction's first operand; a ``.64``
+    destination writes the pair). Empty for a sound kernel."""
+    written: set[int] = set()
+    for insn in instructions:
+        if m := _UR_DEST.match(insn):
+            n = int(m.group(2))
+            written.update(range(n, n + (2 if ".64" in m.group(1) else 1)))
+    bad = []
+    for insn in instructions:
+        unwritten = sorted({int(u) for b in _BRACKETS.findall(insn) for u in _UR.findall(b)} - written)
+        if unwritten:
+            bad.append(f"{insn!r} reads {', '.join(f'UR{u}' for u in unwritten)}, which nothing in the kernel writes")
+    return bad
 
 
 def _applies(pattern: str, arch: str) -> tuple[bool, str]:

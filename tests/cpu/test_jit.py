@@ -14,7 +14,7 @@ import pytest
 from cuinfer.errors import CompileError
 from cuinfer.jit import KernelSpec, ParamStruct, cache, compile_spec, get_compiled
 from cuinfer.jit.compiler import parse_resources
-from cuinfer.jit.sass import check_sass
+from cuinfer.jit.sass import check_sass, unwritten_uniform_reads
 from cuinfer.merge.specs import merge_spec
 
 P = ParamStruct("TestParams", (("x", "ptr"), ("n", "i32"), ("scale", "f32"), ("big", "i64"), ("k", "u32")))
@@ -200,6 +200,25 @@ def test_check_sass_patterns():
     assert check_sass(ops, "sm_80", ("sm_90a:HGMMA",), ()) == []  # arch-qualified: not for sm_80
     assert check_sass(ops, "sm_90a", ("sm_90a:HGMMA",), ()) != []
     assert "forbidden" in check_sass(ops + ["LDL.64"], "sm_80", (), (r"LDL",))[0]
+
+
+def test_unwritten_uniform_reads_finds_the_miscompiled_copy():
+    """The copies NVRTC 13's ptxas emitted for an fp8 decode copy form (an illegal instruction on the H200): the address
+    and the descriptor read UR0 / UR1, which nothing wrote. The same copies from a sound build read written ones."""
+    bad = [
+        "S2UR UR4, SR_CgaCtaId",
+        "UMOV UR5, 0x400",
+        "ULEA UR5, UR4, UR5, 0x18",
+        "LDS.U8 R5, [UR5+0x1881c]",
+        "@!PT LDS RZ, [RZ]",
+        "LDGSTS.E.BYPASS.LTC128B.128 [R167+UR0], desc[UR1][R8.64], !P0",
+        "LDGSTS.E.BYPASS.LTC128B.128 [R167+UR0+0x4000], desc[UR1][R10.64], !P0",
+    ]
+    problems = unwritten_uniform_reads(bad)
+    assert len(problems) == 2 and all("reads UR0, UR1" in p for p in problems), problems
+    good = ["ULDC.64 UR6, c[0x0][0x208]", "LDGSTS.E.BYPASS.LTC128B.128 [R139+0x4000], desc[UR6][R10.64], !P0"]
+    assert unwritten_uniform_reads(good) == []  # (a .64 destination writes the pair)
+    assert unwritten_uniform_reads(["LDGSTS.E.BYPASS.LTC128B.128 [R139], desc[UR6][R10.64], !P0"]) != []
 
 
 # ---- registry ----------------------------------------------------------------------------------------------------
