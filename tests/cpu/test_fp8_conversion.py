@@ -153,6 +153,31 @@ def test_k_pairs_probe_compiles_to_one_cvt_per_e4m3_pair(arch):
 # ---- the decode tensor-core kernel's float16 fragments --------------------------------------------------------------
 
 WORDS = CODES.astype(np.uint32) * 0x01010101  # every code in all four bytes
+# byte b of word j carries code j - b (mod 256): the 4 bytes of a word differ, which catches a wrong byte
+MIXED = (
+    CODES.astype(np.uint32)
+    | (np.roll(CODES, 1).astype(np.uint32) << 8)
+    | (np.roll(CODES, 2).astype(np.uint32) << 16)
+    | (np.roll(CODES, 3).astype(np.uint32) << 24)
+)
+
+
+def _check_bytes(got: list, k: int, fmt: str, nan_as_480: bool) -> None:
+    """got[b]: the converted byte b of every MIXED word, times 2^-k: each finite code exact (signed zeros too); the
+    non-finite codes +-480 (the e4m3 integer path's NaN, +-1.875 times 2^8) or as ml_dtypes has them."""
+    for b in range(4):
+        codes_b = np.roll(CODES, b)
+        with np.errstate(invalid="ignore"):  # (NaN codes)
+            w, g = fp8.exact(codes_b, fmt), got[b] * 2.0**k
+        f = np.isfinite(w)
+        np.testing.assert_array_equal(g[f], w[f])
+        np.testing.assert_array_equal(np.signbit(g[f & (w == 0)]), np.signbit(w[f & (w == 0)]))
+        bad = ~f
+        if nan_as_480:
+            np.testing.assert_array_equal(g[bad], 480.0 * np.where(codes_b[bad] & 0x80, -1.0, 1.0))
+        else:
+            np.testing.assert_array_equal(np.isnan(g[bad]), np.isnan(w[bad]))
+            np.testing.assert_array_equal(g[bad & ~np.isnan(w)], w[bad & ~np.isnan(w)])
 
 
 @pytest.mark.parametrize("fmt", fp8.FORMATS)
@@ -162,27 +187,9 @@ def test_f16s_pairs_are_the_codes_times_a_power_of_two(fmt):
     k = fp8.f16s_pow(fmt)
     want = fp8.exact(CODES, fmt)
     fin = np.isfinite(want)
-    # byte i of word j carries a different code: make the 4 bytes differ to catch a wrong byte
-    words = (
-        CODES.astype(np.uint32)
-        | (np.roll(CODES, 1).astype(np.uint32) << 8)
-        | (np.roll(CODES, 2).astype(np.uint32) << 16)
-        | (np.roll(CODES, 3).astype(np.uint32) << 24)
-    )
-    p02, p13 = fp8.f16s_pairs(words, fmt)
+    p02, p13 = fp8.f16s_pairs(MIXED, fmt)
     got = [fp8.halves(p02)[:, 0], fp8.halves(p13)[:, 0], fp8.halves(p02)[:, 1], fp8.halves(p13)[:, 1]]
-    for b in range(4):
-        codes_b = np.roll(CODES, b)
-        with np.errstate(invalid="ignore"):  # (NaN codes)
-            w, g = fp8.exact(codes_b, fmt), got[b] * 2.0**k
-        f = np.isfinite(w)
-        np.testing.assert_array_equal(g[f], w[f])
-        np.testing.assert_array_equal(np.signbit(g[f & (w == 0)]), np.signbit(w[f & (w == 0)]))
-        bad = ~f
-        if fmt == "float8_e4m3fn":
-            np.testing.assert_array_equal(g[bad], 480.0 * np.where(codes_b[bad] & 0x80, -1.0, 1.0))
-        else:
-            np.testing.assert_array_equal(np.isnan(g[bad]), np.isnan(w[bad]))
+    _check_bytes(got, k, fmt, nan_as_480=fmt == "float8_e4m3fn")
     assert fin.sum() == 256 - len(fp8.non_finite_codes(fmt))
     # the identical-bytes words give both halves the same value
     p02, p13 = fp8.f16s_pairs(WORDS, fmt)
@@ -197,27 +204,9 @@ def test_k_pairs_are_the_codes_times_a_power_of_two(fmt, arch):
     cvt and e5m2 keep NaN and inf, sm_80's e4m3fn NaN -> +-1.875 (480 after 2^8)."""
     k = fp8.k_pairs_pow(fmt, arch)
     assert k == (8 if fmt == "float8_e4m3fn" and arch == 80 else 0)
-    words = (
-        CODES.astype(np.uint32)
-        | (np.roll(CODES, 1).astype(np.uint32) << 8)
-        | (np.roll(CODES, 2).astype(np.uint32) << 16)
-        | (np.roll(CODES, 3).astype(np.uint32) << 24)
-    )
-    p01, p23 = fp8.k_pairs(words, fmt, arch)
+    p01, p23 = fp8.k_pairs(MIXED, fmt, arch)
     got = [fp8.halves(p01)[:, 0], fp8.halves(p01)[:, 1], fp8.halves(p23)[:, 0], fp8.halves(p23)[:, 1]]
-    for b in range(4):
-        codes_b = np.roll(CODES, b)
-        with np.errstate(invalid="ignore"):  # (NaN codes)
-            w, g = fp8.exact(codes_b, fmt), got[b] * 2.0**k
-        f = np.isfinite(w)
-        np.testing.assert_array_equal(g[f], w[f])
-        np.testing.assert_array_equal(np.signbit(g[f & (w == 0)]), np.signbit(w[f & (w == 0)]))
-        bad = ~f
-        if fmt == "float8_e4m3fn" and arch == 80:
-            np.testing.assert_array_equal(g[bad], 480.0 * np.where(codes_b[bad] & 0x80, -1.0, 1.0))
-        else:
-            np.testing.assert_array_equal(np.isnan(g[bad]), np.isnan(w[bad]))
-            np.testing.assert_array_equal(g[bad & ~np.isnan(w)], w[bad & ~np.isnan(w)])
+    _check_bytes(got, k, fmt, nan_as_480=fmt == "float8_e4m3fn" and arch == 80)
 
 
 def test_f16s_constants():

@@ -79,12 +79,9 @@ def fw():
     return _load_framework("cupy")
 
 
-@pytest.mark.parametrize("tensor_cores", [True, False], ids=["tc", "cc"])
-def test_user_variants_in_decode(rng, fw, tensor_cores):
-    from cuinfer.decode import BatchDecode
-
-    hq, hkv, d, ps = 32, 8, 128, 16
-    lens = np.array([1, 17, 300, 1000, 4097])
+def _decode_batch(rng, lens, hq, hkv, d, ps):
+    """A paged bf16 decode batch of these KV lengths (pages scattered, two spare): q, cache, indptr, indices, last."""
+    lens = np.asarray(lens)
     pages = (lens + ps - 1) // ps
     indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
     num_pages = int(indptr[-1]) + 2
@@ -92,6 +89,16 @@ def test_user_variants_in_decode(rng, fw, tensor_cores):
     last = (lens - (pages - 1) * ps).astype(np.int32)
     cache = rng.standard_normal((num_pages, 2, ps, hkv, d), dtype=np.float32).astype(BF16)
     q = (2 * rng.standard_normal((lens.size, hq, d), dtype=np.float32)).astype(BF16)
+    return q, cache, indptr, indices, last
+
+
+@pytest.mark.parametrize("tensor_cores", [True, False], ids=["tc", "cc"])
+def test_user_variants_in_decode(rng, fw, tensor_cores):
+    from cuinfer.decode import BatchDecode
+
+    hq, hkv, d, ps = 32, 8, 128, 16
+    lens = np.array([1, 17, 300, 1000, 4097])
+    q, cache, indptr, indices, last = _decode_batch(rng, lens, hq, hkv, d, ps)
     w = BatchDecode(use_tensor_cores=tensor_cores)
     w.plan(indptr, indices, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=ps, q_dtype="bfloat16",
            variant=(RATIONAL, SINKS), variant_params=PARAMS, fixed_split_size=512)  # fmt: skip
@@ -163,13 +170,7 @@ def test_custom_mask_in_decode(rng, fw, tensor_cores, packed):
 
     hq, hkv, d, ps = 32, 8, 128, 16
     lens = np.array([1, 17, 300, 4097, 1000, 33])
-    pages = (lens + ps - 1) // ps
-    indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
-    num_pages = int(indptr[-1]) + 2
-    indices = rng.permutation(num_pages)[: indptr[-1]].astype(np.int32)
-    last = (lens - (pages - 1) * ps).astype(np.int32)
-    cache = rng.standard_normal((num_pages, 2, ps, hkv, d), dtype=np.float32).astype(BF16)
-    q = (2 * rng.standard_normal((lens.size, hq, d), dtype=np.float32)).astype(BF16)
+    q, cache, indptr, indices, last = _decode_batch(rng, lens, hq, hkv, d, ps)
     mask = rng.random(int(lens.sum())) < 0.6
     mask[: lens[0]] = False  # request 0 sees no key: o = 0, lse = -inf
     kw = dict(custom_mask=mask)
@@ -208,13 +209,7 @@ def test_a_key_transform_without_pos_advance_in_decode(rng, fw, tensor_cores, d)
 
     hq, hkv, ps = 32, 8, 16
     lens = np.array([1, 17, 300, 4097])
-    pages = (lens + ps - 1) // ps
-    indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
-    num_pages = int(indptr[-1]) + 2
-    indices = rng.permutation(num_pages)[: indptr[-1]].astype(np.int32)
-    last = (lens - (pages - 1) * ps).astype(np.int32)
-    cache = rng.standard_normal((num_pages, 2, ps, hkv, d), dtype=np.float32).astype(BF16)
-    q = (2 * rng.standard_normal((lens.size, hq, d), dtype=np.float32)).astype(BF16)
+    q, cache, indptr, indices, last = _decode_batch(rng, lens, hq, hkv, d, ps)
     w = BatchDecode(use_tensor_cores=tensor_cores)
     w.plan(indptr, indices, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=ps, q_dtype="bfloat16",
            variant=(KEY_DECAY,), fixed_split_size=512)  # fmt: skip
