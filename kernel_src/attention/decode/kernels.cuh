@@ -493,6 +493,19 @@ struct TensorCore {
     }
   }
 
+  // S -> P in place against the rows' exponent bases (rows gid and gid + 8: e / 2), added to the row sums.
+  template <int NT>
+  static __device__ __forceinline__ void exp_rows(float (&s)[NT][4], const float (&base)[2], float (&dsum)[2]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = fmath::ex2(s[nt][e] - base[e / 2]);
+        dsum[e / 2] += s[nt][e];
+      }
+    }
+  }
+
   // The online softmax of this warp's S (NT n8 tiles: rows gid and gid + 8 of the tile, keys start + wkv *
   // kWarpTokens ...): logits through the variant, max, rescale of o and the row sums, S -> P in place.
   template <int NT, class VP>
@@ -521,14 +534,7 @@ struct TensorCore {
       m[h] = m_new;
       dsum[h] *= scale[h];
     }
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nt][e] = fmath::ex2(s[nt][e] - base[e / 2]);
-        dsum[e / 2] += s[nt][e];
-      }
-    }
+    exp_rows(s, base, dsum);
 #pragma unroll
     for (int j = 0; j < DW / 8; ++j) {
       oacc[j][0] *= scale[0];
@@ -591,14 +597,7 @@ struct TensorCore {
       m[h] = m_new;
       dsum[h] *= alpha[h];
     }
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nt][e] = fmath::ex2(s[nt][e] - base[e / 2]);
-        dsum[e / 2] += s[nt][e];
-      }
-    }
+    exp_rows(s, base, dsum);
     if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
       for (int j = 0; j < DW / 8; ++j) {
