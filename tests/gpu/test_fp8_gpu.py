@@ -32,6 +32,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 Q_DTYPES = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16}
 FORMATS = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
+F8_TYPES = {"float8_e4m3fn": "__nv_fp8_e4m3", "float8_e5m2": "__nv_fp8_e5m2"}  # their CUDA types
 ATOL, RTOL, LSE_TOL = 1e-2, 2e-1, 1e-3
 
 MIX6 = (1, 17, 513, 2049, 0, 77)
@@ -93,26 +94,40 @@ def _device_scales(fw, values: np.ndarray | None):
 # ---- the conversions on all 256 codes -------------------------------------------------------------------------------
 
 
+def _probe(kernel: str, targs: str, n: int, dtype, threads: int) -> np.ndarray:
+    """debug/fp8_probe.cu's `kernel<targs>` run by one block of `threads` threads into n zeros of dtype: the output."""
+    import cupy
+
+    from cuinfer.jit import KernelSpec, get_kernel
+
+    expr = f"cuinfer::{kernel}<{targs}>"
+    spec = KernelSpec(name=f"test/{kernel}/{targs.replace(', ', '/')}", source="debug/fp8_probe.cu", name_exprs=(expr,))
+    out = cupy.zeros(n, dtype=dtype)
+    get_kernel(spec, expr, 0).launch(1, threads, (out,))
+    return out.get()
+
+
+def _device_arch() -> int:
+    from cuinfer.runtime.device import device_info
+
+    cc = device_info(0).compute_capability
+    return cc[0] * 10 + cc[1]
+
+
+# the probes' 32-bit words: thread i converts codes 4i, 4i + 1, 4i + 2, 4i + 3 (bytes 0-3)
+PROBE_WORDS = np.arange(64, dtype=np.uint32) * 0x04040404 + 0x03020100
+
+
 @pytest.mark.parametrize("fmt", FORMATS.values())
 @pytest.mark.parametrize("target", ["float16", "bfloat16"])
 def test_device_conversion_matches_the_emulation(fmt, target):
     """The device's fp8 -> 16-bit pairs (common/fp8.cuh, through debug/fp8_probe.cu) give, for every code in every
     byte position, exactly what the NumPy emulation gives (which the CPU tests pin against ml_dtypes): finite codes
     exactly their value, non-finite codes what the emulation documents."""
-    import cupy
-
-    from cuinfer.jit import KernelSpec, get_kernel
-    from cuinfer.runtime.device import device_info
-
-    cc = device_info(0).compute_capability
-    arch = cc[0] * 10 + cc[1]
+    arch = _device_arch()
     ct = {"float16": "half", "bfloat16": "__nv_bfloat16"}[target]
-    f8 = {"float8_e4m3fn": "__nv_fp8_e4m3", "float8_e5m2": "__nv_fp8_e5m2"}[fmt]
-    expr = f"cuinfer::fp8_probe<{ct}, {f8}>"
-    spec = KernelSpec(name=f"test/fp8_probe/{target}/{fmt}", source="debug/fp8_probe.cu", name_exprs=(expr,))
-    out = cupy.zeros(512, dtype=cupy.uint16)
-    get_kernel(spec, expr, 0).launch(1, 64, (out,))
-    got = out.get().reshape(64, 4, 2)  # [thread i][pair k][half]: codes 4i + (0,1), (2,3), (0,2), (1,3)
+    # [thread i][pair k][half]: codes 4i + (0,1), (2,3), (0,2), (1,3)
+    got = _probe("fp8_probe", f"{ct}, {F8_TYPES[fmt]}", 512, np.uint16, 64).reshape(64, 4, 2)
     t = np.dtype(ml_dtypes.bfloat16) if target == "bfloat16" else np.dtype(np.float16)
     want = fp8_ref.convert(np.arange(256, dtype=np.uint8), fmt, target, arch).view(np.uint16)
     i = np.arange(64)[:, None]
@@ -125,33 +140,20 @@ def test_device_conversion_matches_the_emulation(fmt, target):
     fin = np.isfinite(fp8_ref.exact(codes, fmt))
     np.testing.assert_array_equal(gv[fin], fp8_ref.exact(codes, fmt)[fin])
 
-    fexpr = f"cuinfer::fp8_probe_float<{f8}>"
-    fspec = KernelSpec(name=f"test/fp8_probe_float/{fmt}", source="debug/fp8_probe.cu", name_exprs=(fexpr,))
-    fout = cupy.zeros(256, dtype=cupy.float32)
-    get_kernel(fspec, fexpr, 0).launch(1, 32, (fout,))
+    fout = _probe("fp8_probe_float", F8_TYPES[fmt], 256, np.float32, 32)
     ex = fp8_ref.exact(np.arange(256), fmt)
     fin = np.isfinite(ex)
-    np.testing.assert_array_equal(fout.get()[fin], ex[fin].astype(np.float32))
+    np.testing.assert_array_equal(fout[fin], ex[fin].astype(np.float32))
 
 
 @pytest.mark.parametrize("fmt", FORMATS.values())
 def test_device_f16s_pairs_match_the_emulation(fmt):
     """fp8::f16s_pairs (the decode tensor-core kernel's float16 fragments, through debug/fp8_probe.cu) gives, for every
     code in every byte position, the emulation's bits: finite codes their value times 2^-kPow."""
-    import cupy
-
-    from cuinfer.jit import KernelSpec, get_kernel
-
-    f8 = {"float8_e4m3fn": "__nv_fp8_e4m3", "float8_e5m2": "__nv_fp8_e5m2"}[fmt]
-    expr = f"cuinfer::fp8_probe_f16s<{f8}>"
-    spec = KernelSpec(name=f"test/fp8_probe_f16s/{fmt}", source="debug/fp8_probe.cu", name_exprs=(expr,))
-    out = cupy.zeros(256, dtype=cupy.uint16)
-    get_kernel(spec, expr, 0).launch(1, 64, (out,))
-    i = np.arange(64, dtype=np.uint32)
-    words = (4 * i) | ((4 * i + 1) << 8) | ((4 * i + 2) << 16) | ((4 * i + 3) << 24)
-    p02, p13 = fp8_ref.f16s_pairs(words, fmt)
+    out = _probe("fp8_probe_f16s", F8_TYPES[fmt], 256, np.uint16, 64)
+    p02, p13 = fp8_ref.f16s_pairs(PROBE_WORDS, fmt)
     want = np.stack([p02 & 0xFFFF, p02 >> 16, p13 & 0xFFFF, p13 >> 16], axis=1).astype(np.uint16).reshape(-1)
-    np.testing.assert_array_equal(out.get(), want)
+    np.testing.assert_array_equal(out, want)
 
 
 @pytest.mark.parametrize("fmt", FORMATS.values())
@@ -159,23 +161,10 @@ def test_device_k_pairs_match_the_emulation(fmt):
     """fp8::k_pairs (the decode tensor-core kernel's K fragments: bytes (0, 1) and (2, 3); e4m3 by cvt on sm_89+)
     gives, for every code in every byte position, the emulation's bits (a NaN's payload is the hardware's): finite
     codes their value times 2^-kPowK."""
-    import cupy
-
-    from cuinfer.jit import KernelSpec, get_kernel
-    from cuinfer.runtime.device import device_info
-
-    cc = device_info(0).compute_capability
-    arch = cc[0] * 10 + cc[1]
-    f8 = {"float8_e4m3fn": "__nv_fp8_e4m3", "float8_e5m2": "__nv_fp8_e5m2"}[fmt]
-    expr = f"cuinfer::fp8_probe_kpairs<{f8}>"
-    spec = KernelSpec(name=f"test/fp8_probe_kpairs/{fmt}", source="debug/fp8_probe.cu", name_exprs=(expr,))
-    out = cupy.zeros(256, dtype=cupy.uint16)
-    get_kernel(spec, expr, 0).launch(1, 64, (out,))
-    i = np.arange(64, dtype=np.uint32)
-    words = (4 * i) | ((4 * i + 1) << 8) | ((4 * i + 2) << 16) | ((4 * i + 3) << 24)
-    p01, p23 = fp8_ref.k_pairs(words, fmt, arch)
+    arch = _device_arch()
+    got = _probe("fp8_probe_kpairs", F8_TYPES[fmt], 256, np.uint16, 64)
+    p01, p23 = fp8_ref.k_pairs(PROBE_WORDS, fmt, arch)
     want = np.stack([p01 & 0xFFFF, p01 >> 16, p23 & 0xFFFF, p23 >> 16], axis=1).astype(np.uint16).reshape(-1)
-    got = out.get()
     gv, wv = got.view(np.float16).astype(np.float64), want.view(np.float16).astype(np.float64)
     same = (got == want) | (np.isnan(gv) & np.isnan(wv))
     assert same.all(), f"codes {np.flatnonzero(~same)} differ: got {gv[~same][:8]}, want {wv[~same][:8]}"
