@@ -153,7 +153,7 @@ def _piece(v: Variant) -> list[str]:
         "kRowState": bool(v.row_state),
         "kPosState": bool(v.pos_state),
         "kPosAdvance": bool(v.pos_advance),
-        "kRisingLogits": v.rising_logits,
+        "kRisingLogits": bool(v.rising_logits),
     }
     out = [f"struct piece_{v.name} : Identity {{"]
     out += [f"  static constexpr bool {k} = true;" for k, on in flags.items() if on]
