@@ -227,6 +227,16 @@ constexpr u32 kF16sMask = 0xBF80BF80u;  // bits 7-13 and 15 of each 16-bit lane
 constexpr u32 kF16sSel02 = 0xA280u;     // prmt: [byte 0, sign(byte 0), byte 2, sign(byte 2)]
 constexpr u32 kF16sSel13 = 0xB391u;     // prmt: [byte 1, sign(byte 1), byte 3, sign(byte 3)]
 
+// e4m3's bit path on the byte pairs two prmt selectors pick (kF16sSel02 / kF16sSel13, kF16sSel01 / kF16sSel23): each
+// pair as float16 values times 2^-8.
+template <u32 kSelLo, u32 kSelHi> __device__ __forceinline__ void e4m3_f16s_bits(u32 x, u32& lo, u32& hi) {
+  u32 a, b;  // (prmt's selector nibbles with bit 3 set replicate the selected byte's sign)
+  asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(a) : "r"(x), "n"(kSelLo));
+  asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(b) : "r"(x), "n"(kSelHi));
+  lo = (a << kShiftE4m3F16s) & kF16sMask;
+  hi = (b << kShiftE4m3F16s) & kF16sMask;
+}
+
 // Bytes 0, 2 (p02, byte 0 in the low half) and 1, 3 (p13) of x as float16 values times 2^-F16s<F8>::kPow.
 template <typename F8> __device__ __forceinline__ void f16s_pairs(u32 x, u32& p02, u32& p13) {
   static_assert(IsFp8<F8>::value, "F8 is __nv_fp8_e4m3 or __nv_fp8_e5m2");
@@ -234,11 +244,7 @@ template <typename F8> __device__ __forceinline__ void f16s_pairs(u32 x, u32& p0
     p02 = __byte_perm(x, 0u, 0x2404);  // [0, byte 0, 0, byte 2]
     p13 = x & 0xff00ff00u;
   } else {
-    u32 a, b;  // (prmt's selector nibbles with bit 3 set replicate the selected byte's sign)
-    asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(a) : "r"(x), "n"(kF16sSel02));
-    asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(b) : "r"(x), "n"(kF16sSel13));
-    p02 = (a << kShiftE4m3F16s) & kF16sMask;
-    p13 = (b << kShiftE4m3F16s) & kF16sMask;
+    e4m3_f16s_bits<kF16sSel02, kF16sSel13>(x, p02, p13);
   }
 }
 
@@ -271,11 +277,7 @@ template <typename F8> __device__ __forceinline__ void k_pairs(u32 x, u32& p01, 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     quad<half, F8>(x, p01, p23);
 #else
-    u32 a, b;
-    asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(a) : "r"(x), "n"(kF16sSel01));
-    asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(b) : "r"(x), "n"(kF16sSel23));
-    p01 = (a << kShiftE4m3F16s) & kF16sMask;
-    p23 = (b << kShiftE4m3F16s) & kF16sMask;
+    e4m3_f16s_bits<kF16sSel01, kF16sSel23>(x, p01, p23);
 #endif
   }
 }

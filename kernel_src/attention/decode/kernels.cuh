@@ -506,6 +506,17 @@ struct TensorCore {
     }
   }
 
+  // o's accumulators of rows gid (elements 0, 1) and gid + 8 (2, 3) times the rows' factors.
+  static __device__ __forceinline__ void rescale_o(float (&oacc)[DW / 8][4], const float (&f)[2]) {
+#pragma unroll
+    for (int j = 0; j < DW / 8; ++j) {
+      oacc[j][0] *= f[0];
+      oacc[j][1] *= f[0];
+      oacc[j][2] *= f[1];
+      oacc[j][3] *= f[1];
+    }
+  }
+
   // The online softmax of this warp's S (NT n8 tiles: rows gid and gid + 8 of the tile, keys start + wkv *
   // kWarpTokens ...): logits through the variant, max, rescale of o and the row sums, S -> P in place.
   template <int NT, class VP>
@@ -535,13 +546,7 @@ struct TensorCore {
       dsum[h] *= scale[h];
     }
     exp_rows(s, base, dsum);
-#pragma unroll
-    for (int j = 0; j < DW / 8; ++j) {
-      oacc[j][0] *= scale[0];
-      oacc[j][1] *= scale[0];
-      oacc[j][2] *= scale[1];
-      oacc[j][3] *= scale[1];
-    }
+    rescale_o(oacc, scale);
   }
 
   // softmax() for tile_fp8, with a lazy reference max (as the sm80 prefill's softmax_exact): m moves only when a
@@ -598,15 +603,7 @@ struct TensorCore {
       dsum[h] *= alpha[h];
     }
     exp_rows(s, base, dsum);
-    if (__any_sync(0xffffffffu, moved)) {
-#pragma unroll
-      for (int j = 0; j < DW / 8; ++j) {
-        oacc[j][0] *= alpha[0];
-        oacc[j][1] *= alpha[0];
-        oacc[j][2] *= alpha[1];
-        oacc[j][3] *= alpha[1];
-      }
-    }
+    if (__any_sync(0xffffffffu, moved)) rescale_o(oacc, alpha);
   }
 
   // Without softmax: the variant's weights of this warp's S (NT n8 tiles), in place, summed into the row sums.
