@@ -113,34 +113,38 @@ __device__ __forceinline__ ItemFacts resolve_item(const P& p, const Cta<C>& c, i
 }
 
 // Q + tile 0 (already issued by the previous item on the cross-item path, except at the start of a table), then
-// tiles 1 .. STAGES-2, into the buffers after `stage`. Groups: Q+K0, V0, K1, V1, ...
+// tiles 1 .. STAGES-2 (in TileOrder), into the buffers after `stage`. Groups: Q+K0, V0, K1, V1, ...
 template <class C, class P>
 __device__ __forceinline__ void prologue(const Loader<C, P>& ld, const ItemFacts& f, int valid_rows, int stage,
                                          bool first_tile, int (&pages)[C::kKVRowsPerThread]) {
+  using O = TileOrder<C>;
   if (first_tile) {
+    const int key_first = O::first(f.kv_start, f.kv_end);
     ld.load_q(f.row0, valid_rows, f.qo_base, f.kvh);
     if (f.kv_start < f.kv_end) {
-      if constexpr (C::kPaged) ld.read_pages(f.kv_start, f.kv_base, f.kv_end, pages);
-      ld.load_k(f.kv_start, stage, f.kv_base, f.kvh, f.kv_end, pages);
+      if constexpr (C::kPaged) ld.read_pages(key_first, f.kv_base, f.kv_end, pages);
+      ld.load_k(key_first, stage, f.kv_base, f.kvh, f.kv_end, pages);
     }
     cp_async_commit();
     if (f.kv_start < f.kv_end) {
       i64 offs[C::kKVRowsPerThread];
       ld.own_offsets(offs);
-      ld.load_v(f.kv_start, stage, f.kv_base, f.kvh, f.kv_end, offs);
+      ld.load_v(key_first, stage, f.kv_base, f.kvh, f.kv_end, offs);
     }
     cp_async_commit();
   }
 #pragma unroll
   for (int s = 1; s < C::kStages - 1; ++s) {
     const int st = stage + s >= C::kStages ? stage + s - C::kStages : stage + s;
-    const int key0 = f.kv_start + s * C::kTileKV;
-    if (key0 < f.kv_end) {
+    const int key0 = O::next(O::first(f.kv_start, f.kv_end), s);
+    // (TileOrder::has written out: through the call, ptxas (NVRTC 12.9) scheduled six forward fp8 kernels differently)
+    const bool any = key0 < f.kv_end && (!C::kBackwardTiles || key0 >= f.kv_start);
+    if (any) {
       if constexpr (C::kPaged) ld.read_pages(key0, f.kv_base, f.kv_end, pages);
       ld.load_k(key0, st, f.kv_base, f.kvh, f.kv_end, pages);
     }
     cp_async_commit();
-    if (key0 < f.kv_end) {
+    if (any) {
       i64 offs[C::kKVRowsPerThread];
       ld.own_offsets(offs);
       ld.load_v(key0, st, f.kv_base, f.kvh, f.kv_end, offs);
@@ -496,8 +500,8 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
   if constexpr (!kPackEarly) pack_p<C>(s, pa);
 }
 
-// The KV tiles of one item, by first key (key0) and buffer (stage, which runs on across items); the tile STAGES-1
-// ahead starts at `ahead`.
+// The KV tiles of one item in TileOrder, by first key (key0) and buffer (stage, which runs on across items); the tile
+// STAGES-1 ahead in that order starts at `ahead`.
 template <class C, class P, class VP>
 __device__ __forceinline__ void kv_loop(const P& p, const VP& v, const Cta<C>& c, const Loader<C, P>& ld, int kv_start, int kv_end,
                                         int& stage, int (&pages)[C::kKVRowsPerThread],
@@ -505,9 +509,11 @@ __device__ __forceinline__ void kv_loop(const P& p, const VP& v, const Cta<C>& c
                                         float (&row_sum)[C::kMmaQ][2], float x_scale,
                                         const typename C::Variant::RowState (&rows)[C::kMmaQ][2]) {
   using V = typename C::Variant;
-  constexpr int STAGES = C::kStages, TILE_KV = C::kTileKV, MMA_KV = C::kMmaKV;
-  for (int key0 = kv_start; key0 < kv_end; key0 += TILE_KV) {
-    const int ahead = key0 + (STAGES - 1) * TILE_KV;
+  constexpr int STAGES = C::kStages, MMA_KV = C::kMmaKV;
+  using O = TileOrder<C>;
+  const int key_first = O::first(kv_start, kv_end);
+  for (int key0 = key_first; O::has(key0, kv_start, kv_end); key0 += O::kStep) {
+    const int ahead = O::next(key0, STAGES - 1);
     const int wkey0 = key0 + c.warp_col0;  // first key of this warp's slice
     // This warp's bounds, read before the barrier: the read then overlaps the wait (read after the copies below, it
     // also waited for their address registers, which ptxas reused for it).
@@ -518,12 +524,12 @@ __device__ __forceinline__ void kv_loop(const P& p, const VP& v, const Cta<C>& c
     if constexpr (C::kConvert) convert_tile<C, true, kConvUnrollK>(c, stage);  // (its own copies: see convert_tile)
     c.sync();
     if constexpr (C::kTransforms) {
-      transform_tile<C>(p, v, c, stage, key0, kv_end, key0 == kv_start);
+      transform_tile<C>(p, v, c, stage, key0, kv_end, key0 == key_first);
       c.sync();
     }
-    if (key0 == kv_start) CUINFER_PREFILL_TRACE_STAMP(2);
+    if (key0 == key_first) CUINFER_PREFILL_TRACE_STAMP(2);
     const int st = stage == 0 ? STAGES - 1 : stage - 1;  // buffer of the previous tile == of the tile ahead
-    if (ahead < kv_end) ld.load_k(ahead, st, cp_base, cp_head, kv_end, pages);
+    if (O::has(ahead, kv_start, kv_end)) ld.load_k(ahead, st, cp_base, cp_head, kv_end, pages);
     cp_async_commit();
     // Fully masked for this warp (all keys past every row's limit, or before every row's lower bound): skip the math.
     const bool skip = wkey0 >= wb1 || (V::kLowerBound && wkey0 + MMA_KV * 16 <= wb3);
@@ -540,16 +546,16 @@ __device__ __forceinline__ void kv_loop(const P& p, const VP& v, const Cta<C>& c
         ld.own_offsets(v_offs);
       }
       c.sync();
-      if (ahead < kv_end) ld.load_v(ahead, st, v_base, v_head, kv_end, v_offs);
+      if (O::has(ahead, kv_start, kv_end)) ld.load_v(ahead, st, v_base, v_head, kv_end, v_offs);
       cp_async_commit();
       if constexpr (V::kValueTransform) {
         transform_values<C>(v, c, stage, key0, kv_end);  // (this tile's V landed: the barrier above)
         c.sync();
       }
       if constexpr (C::kPaged) {
-        if (ahead + TILE_KV < kv_end) {
-          ld.read_pages(ahead + TILE_KV, v_base, kv_end, pages);
-        } else if (C::kCrossItem && ahead < kv_end && c.info[kINextSlot]) {
+        if (O::has(O::next(ahead, 1), kv_start, kv_end)) {
+          ld.read_pages(O::next(ahead, 1), v_base, kv_end, pages);
+        } else if (C::kCrossItem && O::has(ahead, kv_start, kv_end) && c.info[kINextSlot]) {
           // The first tile past the end (not the last iteration: thread 0 is still in this item): the next item's
           // first tile, copied after the epilogue.
           ld.read_first_pages(c.info[kINextSlot], pages);
@@ -645,8 +651,9 @@ __device__ __forceinline__ void run_item(const P& p, const VP& v, const Cta<C>& 
   if constexpr (C::kPaged) {
     // Pages of tile STAGES-1, which the first iteration copies; past the item's end (cross-item), those of the next
     // item's first tile instead, which the copies after its epilogue (pages[] is not touched in between).
-    if (f.kv_start + (C::kStages - 1) * C::kTileKV < f.kv_end) {
-      ld.read_pages(f.kv_start + (C::kStages - 1) * C::kTileKV, f.kv_base, f.kv_end, pages);
+    const int key_ahead = TileOrder<C>::next(TileOrder<C>::first(f.kv_start, f.kv_end), C::kStages - 1);
+    if (TileOrder<C>::has(key_ahead, f.kv_start, f.kv_end)) {
+      ld.read_pages(key_ahead, f.kv_base, f.kv_end, pages);
     } else if (XI && has_next) {
       ld.read_first_pages(slot + 1, pages);
     }

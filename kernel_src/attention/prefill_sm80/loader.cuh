@@ -15,6 +15,24 @@ namespace prefill {
 
 enum TableField : int { kFReq, kFRow0, kFKvHead, kFKvStart, kFKvEnd, kFPartial, kFQoBase, kFQoLen, kFKvBase, kFKvLen };
 
+// The KV tiles of an item [kv_start, kv_end) start at kv_start + i * TILE_KV (the last one clipped at kv_end); the
+// kernel runs them in the order of Traits::kBackwardTiles: tile `first` first, then next(key0, 1), ... while has().
+// next(key0, n) is the tile n places later in that order (the copies run STAGES - 1 tiles ahead).
+template <class C> struct TileOrder {
+  static constexpr int kTile = C::kTileKV, kStep = C::kBackwardTiles ? -kTile : kTile;
+  static __device__ __forceinline__ int first(int kv_start, int kv_end) {
+    if constexpr (C::kBackwardTiles) return kv_start + (kv_end - kv_start - 1) / kTile * kTile;
+    return kv_start;
+  }
+  static __device__ __forceinline__ int next(int key0, int n) {
+    return key0 + n * kStep;
+  }
+  // (backward: an empty range's first() is kv_start itself, which key0 < kv_end rejects)
+  static __device__ __forceinline__ bool has(int key0, int kv_start, int kv_end) {
+    return key0 < kv_end && (!C::kBackwardTiles || key0 >= kv_start);
+  }
+};
+
 template <class C, class P> struct Loader {
   using T = typename C::DTypeKV;
   using TQ = typename C::DTypeQ;
@@ -162,14 +180,16 @@ template <class C, class P> struct Loader {
     }
   }
 
-  // Q, then the K and V rows of the tile at `key0` of an item into buffer `st`: commits the group Q + K and leaves
+  // Q, then the K and V rows of the first tile of an item (TileOrder) into buffer `st`: commits the group Q + K and leaves
   // V in the caller's next group (the order the main loop waits in). `pages`: that tile's page numbers (paged).
   __device__ __forceinline__ void issue_q_and_tile(int row0, int valid_rows, int qo_base, int kvh, int kv_base,
-                                                   int key0, int kv_end, int st, const int (&pages)[KR]) const {
+                                                   int kv_start, int kv_end, int st, const int (&pages)[KR]) const {
     load_q(row0, valid_rows, qo_base, kvh);
-    if (key0 < kv_end) load_k(key0, st, kv_base, kvh, kv_end, pages);
+    const int key0 = TileOrder<C>::first(kv_start, kv_end);
+    const bool any = TileOrder<C>::has(key0, kv_start, kv_end);
+    if (any) load_k(key0, st, kv_base, kvh, kv_end, pages);
     cp_async_commit();
-    if (key0 < kv_end) {
+    if (any) {
       i64 offs[KR];
       own_offsets(offs);
       load_v(key0, st, kv_base, kvh, kv_end, offs);
@@ -188,7 +208,7 @@ template <class C, class P> struct Loader {
   // Paged, cross-item: the page numbers of the first tile of the item in table slot `ns`.
   __device__ __forceinline__ void read_first_pages(int ns, int (&pages)[KR]) const {
     const int* e = c.table + ns * NF;
-    read_pages(e[kFKvStart], e[kFKvBase], e[kFKvEnd], pages);
+    read_pages(TileOrder<C>::first(e[kFKvStart], e[kFKvEnd]), e[kFKvBase], e[kFKvEnd], pages);
   }
 };
 

@@ -126,6 +126,11 @@ struct PrefillTraits {
                                   Variant::kSoftmax && !Variant::kLogits;
   using DTypeQK = typename Select<kHalfQK, half, DTypeQ>::type;  // the operand type of Q·K^T
   static constexpr int kTableFields = 10;
+  // The order of an item's KV tiles (loader.cuh TileOrder): descending keys for a softmax whose logits climb along the
+  // keys (Variant.rising_logits: ALiBi, toward the diagonal), so that a warp's first tile holds its largest logits and
+  // the reference max of the max-free softmax (mainloop.cuh) holds on the tiles after it; ascending for every other
+  // variant. The result does not depend on the order (the online softmax is exact either way).
+  static constexpr bool kBackwardTiles = Variant::kRisingLogits && Variant::kSoftmax;
   static constexpr int kTableOff = kInfoOff + (kInfoInts + kWarpInts * kWarpsQ * kWarpsKV) * 4;
   // q / k transforms (RoPE, transform.cuh): each thread's DimStates of its 8 dimension pairs, computed once, kept in
   // smem (the registers are taken by the accumulators), kDimStateBytes each.
