@@ -359,6 +359,18 @@ PCASES = [
         PCase((64, 300), (1000, 300), 16, (32, 8), 128, opts={"logits_soft_cap": 30.0, "window_left": 200}),
         id="paged-softcap-window",
     ),
+    # ALiBi: KV tiles run backwards (prefill loader.cuh TileOrder), by the CTA's conversion and by each warp's
+    pytest.param(
+        PCase((577, 17, 1), (4097, 54, 130), 16, (32, 8), 128, opts={"pos_encoding": "alibi"}), id="paged-alibi"
+    ),
+    pytest.param(
+        PCase((577, 17), (900, 54), 16, (32, 8), 128, tiles=(128, 64, 3, 1, False), opts={"pos_encoding": "alibi"}),
+        id="paged-q128-per-warp-alibi",
+    ),
+    pytest.param(
+        PCase((200, 17, 33), (2048, 54, 33), None, (64, 8), 128, "e5m2", opts={"pos_encoding": "alibi"}),
+        id="ragged-e5m2-alibi",
+    ),
     pytest.param(PCase((1, 1, 1), (513, 17, 2049), 16, (32, 8), 128, tiles=(16,)), id="paged-decode-like-q16"),
     pytest.param(PCase((130, 70), (130, 600), None, (28, 4), 128, tiles=(32,), framework="jax"), id="ragged-q32-g7"),
     # both conversion modes on the tiles whose policy picks the other: per warp on 128-row tiles, by the CTA on 16 rows

@@ -166,6 +166,19 @@ CASES = [
         Case(B12_SHORT, (28, 4), causal=False, dtype="fp16", ramp=6.0, tiles=(64,)), id="rising-logits-fp16-q64"
     ),
     pytest.param(Case(QO_MIX, ramp=6.0, sms=1), id="rising-logits-one-sm-qo>kv-mix"),
+    # --- ALiBi (Variant.rising_logits): an item's KV tiles run backwards (loader.cuh TileOrder), through every path
+    # that places tiles: split items, the cross-item pipeline (next item's first tile and pages), 3 stages, paired
+    # blocks, more queries than keys, a window's lower bound ----------------------------------------------------------
+    pytest.param(Case(B12, split=256, opts={"pos_encoding": "alibi"}), id="alibi-ragged-split256"),
+    pytest.param(
+        Case(QO_MIX, page=5, tiles=(128, 32, 3), sms=1, opts={"pos_encoding": "alibi"}), id="alibi-one-sm-p5-3stages"
+    ),
+    pytest.param(Case(QO_MIX, sms=1, tiles=(128, 64, 2, 2), opts={"pos_encoding": "alibi"}), id="alibi-one-sm-paired"),
+    pytest.param(Case(QO_GT_KV, page=16, tiles=(64,), opts={"pos_encoding": "alibi"}), id="alibi-qo>kv-p16-q64"),
+    pytest.param(
+        Case(B1_LONG, split=1000, opts={"pos_encoding": "alibi", "window_left": 300, "logits_soft_cap": 30.0}, loose=2),
+        id="alibi-window300-softcap-split",
+    ),
 ]
 
 
