@@ -364,7 +364,7 @@ PCASES = [
         PCase((577, 17, 1), (4097, 54, 130), 16, (32, 8), 128, opts={"pos_encoding": "alibi"}), id="paged-alibi"
     ),
     pytest.param(
-        PCase((577, 17), (900, 54), 16, (32, 8), 128, tiles=(128, 64, 3, 1, False), opts={"pos_encoding": "alibi"}),
+        PCase((577, 17), (900, 54), 16, (32, 8), 128, tiles=(128, 32, 3, 1, False), opts={"pos_encoding": "alibi"}),
         id="paged-q128-per-warp-alibi",
     ),
     pytest.param(
