@@ -1,37 +1,66 @@
 #!/usr/bin/env bash
 # Lab: one GPU call that A/Bs the variant bench (P1-P3 causal / soft cap / ALiBi / window / RoPE, D6 RoPE) of this
-# checkout (B) against the tree in $AB_BASE (A, e.g. `git archive` of the commit before), in alternating rounds, then
-# runs the GPU test files in $TESTS until the deadline; FlashInfer's FA2 variant modules compile in the background
-# meanwhile (niced) and, when they are done in time, B runs once more beside FlashInfer FA2. Logs under $OUT.
-#   env: AB_BASE (.ab/base), ROUNDS (2), DEADLINE_S (570), TESTS (test files under tests/gpu), ITERS (30)
+# checkout (B) against the tree in $AB_BASE (A, e.g. `git archive` of the commit before), in alternating rounds;
+# then profiles standard cases with Nsight Compute (ncu --set full, clocks left alone, one launch after three
+# warm-ups; reports, details pages and per-SASS-line source counters) and runs GPU test files until the deadline.
+# Meanwhile, in the background: FlashInfer parity groups (tests/gpu/test_compat_parity.py as a script) and, with
+# FA2=1, FlashInfer's FA2 variant modules, B then running once more beside them if they are ready. Logs under $OUT.
+#   env: AB_BASE (.ab/base), ROUNDS (2), ITERS (30), DEADLINE_S (570), TESTS (test files; none: no tests), TESTS_K (-k),
+#        PROFILE (standard case ids for ncu, e.g. "D10 P4"), PARITY (option names, e.g. "alibi": its decode and
+#        prefill parity cases), FA2 (1: FlashInfer FA2 beside B)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 t0=$(date +%s); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 left() { echo $(( ${DEADLINE_S:-570} - ($(date +%s) - t0) )); }
+at() { echo "$(( $(date +%s) - t0 )) s"; }
 AB_BASE=${AB_BASE:-.ab/base}
 python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/install_b.log" 2>&1 || { tail "$OUT/install_b.log"; exit 1; }
 python3 -m pip install -q --target /tmp/site-a --no-build-isolation --no-deps "$AB_BASE" > "$OUT/install_a.log" 2>&1 ||
   { tail "$OUT/install_a.log"; exit 1; }
 python3 -m pip install -q --no-index --no-deps --target /tmp/peers .peers/*.whl > /dev/null 2>&1
+export FLASHINFER_CUDA_ARCH_LIST=9.0a
 mkdir -p /tmp/run-a /tmp/run-b; ln -sfn "$(cd "$AB_BASE" && pwd)/bench" /tmp/run-a/bench; ln -sfn "$PWD/bench" /tmp/run-b/bench
-( cd /tmp/run-b && PYTHONPATH=/tmp/peers FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=8 CUINFER_CACHE_DIR=/tmp/cc-fi \
-    nice -n 19 python3 -m bench.lab.variant_bench --peers fa2 --iters 1 > "$OUT/fi_warm.txt" 2>&1; touch /tmp/fi.done ) &
+for o in ${PARITY:-}; do
+  ( CUINFER_CACHE_DIR=/tmp/cc-parity MAX_JOBS=6 timeout $(( $(left) - 20 )) nice -n 10 python3 tests/gpu/test_compat_parity.py \
+      --peers /tmp/peers --cases decode-tc0-$o,prefill_paged-causal-$o,prefill_ragged-causal-$o,decode-tc1-$o \
+      > "$OUT/parity_$o.txt" 2>&1; echo "exit $? at $(at)" >> "$OUT/parity_$o.txt" ) &
+done
+if [ "${FA2:-0}" = 1 ]; then
+  ( cd /tmp/run-b && PYTHONPATH=/tmp/peers MAX_JOBS=8 CUINFER_CACHE_DIR=/tmp/cc-fi \
+      nice -n 19 python3 -m bench.lab.variant_bench --peers fa2 --iters 1 > "$OUT/fi_warm.txt" 2>&1; touch /tmp/fi.done ) &
+fi
 vb() {  # side round
   local pp=""; [ "$1" = a ] && pp=/tmp/site-a
   (cd /tmp/run-$1 && PYTHONPATH=$pp CUINFER_CACHE_DIR=/tmp/cc-$1 timeout 200 python3 -m bench.lab.variant_bench \
     --iters "${ITERS:-30}" > "$OUT/variant_$1_r$2.txt" 2>&1)
-  echo "== variant_bench side $1 round $2 (at $(( $(date +%s) - t0 )) s)"; sed -n '/^case /,$p' "$OUT/variant_$1_r$2.txt"
+  echo "== variant_bench side $1 round $2 (at $(at))"; sed -n '/^case /,$p' "$OUT/variant_$1_r$2.txt"
 }
 for r in $(seq 1 "${ROUNDS:-2}"); do
   if [ $((r % 2)) -eq 1 ]; then vb a $r; vb b $r; else vb b $r; vb a $r; fi
 done
-CUINFER_CACHE_DIR=/tmp/cc-suite timeout $(( $(left) - 70 )) python3 -m pytest ${TESTS:-tests/gpu} -n 8 -q -p no:cacheprovider \
-  -rfE --ignore tests/gpu/test_compat_parity.py > "$OUT/gpu_tests.txt" 2>&1
-echo "tests exit $? at $(( $(date +%s) - t0 )) s"; grep -E "passed|failed|error|FAILED|ERROR" "$OUT/gpu_tests.txt" | tail -30
-if [ -f /tmp/fi.done ] && [ "$(left)" -gt 60 ]; then
-  (cd /tmp/run-b && PYTHONPATH=/tmp/peers FLASHINFER_CUDA_ARCH_LIST=9.0a CUINFER_CACHE_DIR=/tmp/cc-b timeout $(( $(left) - 5 )) \
-    python3 -m bench.lab.variant_bench --peers fa2 --iters "${ITERS:-30}" > "$OUT/variant_b_fa2.txt" 2>&1)
-  echo "== variant_bench side b with FlashInfer FA2"; sed -n '/^case /,$p' "$OUT/variant_b_fa2.txt"
-else
-  echo "FlashInfer FA2 modules not ready: $(tail -c 300 "$OUT/fi_warm.txt")"
+for c in ${PROFILE:-}; do
+  case $c in D*) k=batch_decode;; *) k=batch_prefill;; esac
+  CUINFER_CACHE_DIR=/tmp/cc-b timeout 150 ncu --clock-control none --kernel-name regex:$k --launch-skip 3 --launch-count 1 \
+    --set full --import-source yes --export "$OUT/ncu_$c" -f python3 -m bench.lab.ncu_case "$c" > "$OUT/ncu_$c.log" 2>&1
+  echo "ncu $c: exit $? at $(at)"
+  ncu -i "$OUT/ncu_$c.ncu-rep" --page details > "$OUT/ncu_${c}_details.txt" 2>&1
+  ncu -i "$OUT/ncu_$c.ncu-rep" --page source --print-source sass --csv > "$OUT/ncu_${c}_sass.csv" 2>&1
+  grep -E "^ +(Duration|DRAM Throughput|Issue Slots Busy|Issued Ipc Active|No Eligible|Achieved Occupancy|Warp Cycles Per Issued)" \
+    "$OUT/ncu_${c}_details.txt" | head -10
+done
+if [ -n "${TESTS:-}" ]; then
+  CUINFER_CACHE_DIR=/tmp/cc-suite timeout $(( $(left) - 40 )) python3 -m pytest $TESTS ${TESTS_K:+-k "$TESTS_K"} -n 8 -q -p no:cacheprovider -rfE \
+    --ignore tests/gpu/test_compat_parity.py > "$OUT/gpu_tests.txt" 2>&1
+  echo "tests exit $? at $(at)"; grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu_tests.txt" | tail -20
 fi
+if [ "${FA2:-0}" = 1 ]; then
+  if [ -f /tmp/fi.done ] && [ "$(left)" -gt 60 ]; then
+    (cd /tmp/run-b && PYTHONPATH=/tmp/peers CUINFER_CACHE_DIR=/tmp/cc-b timeout $(( $(left) - 30 )) \
+      python3 -m bench.lab.variant_bench --peers fa2 --iters "${ITERS:-30}" > "$OUT/variant_b_fa2.txt" 2>&1)
+    echo "== variant_bench side b with FlashInfer FA2"; sed -n '/^case /,$p' "$OUT/variant_b_fa2.txt"
+  else
+    echo "FlashInfer FA2 modules not ready: $(tail -c 300 "$OUT/fi_warm.txt")"
+  fi
+fi
+wait
+for o in ${PARITY:-}; do echo "== parity $o"; grep -v "^ok\| ok " "$OUT/parity_$o.txt" | tail -15; done
