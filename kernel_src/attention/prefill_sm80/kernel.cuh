@@ -270,13 +270,6 @@ template <class C>
 constexpr bool kStickyExact = kMaxFreeTiles<C> && C::Variant::kRisingLogits && C::Variant::kSoftmax;
 template <class C> constexpr int kWExactSlot = C::kKV8 ? kWItem + 1 : kWKScale;
 
-// Variants with a lower key bound (a sliding window): the 16-key slices of a tile wholly below the lower bound of
-// every row of the warp (its first row's, kWBelow) are skipped like those past the causal boundary (qk_tile / pv_tile
-// [first, live)). 16-bit math only: the fp8 fragment kernels (each warp converting) load keys two slices at a time.
-// Their count, `first`, is written out where it is used (a helper returning 0 through `if constexpr` changed the
-// SASS of kernels without a lower bound; NVRTC 12.9).
-template <class C> constexpr bool kTrimBelow = C::Variant::kLowerBound && (!C::kKV8 || C::kConvert);
-
 // kHalfQK (traits.cuh), at an item's first KV tile, after the cp.async wait that lands its Q rows: this warp's Q rows
 // (the staged-epilogue copy mapping of loader.cuh load_q: rows lane / 8 + 4 i, chunks lane % 8 + 8 c of the warp's
 // rows, so each lane reads only what it copied) from bfloat16 to float16 in place, times the power of two 2^s that
@@ -444,8 +437,6 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
   const bool need_mask = V::kMask || wkey0 + MMA_KV * 16 > wb0 || (V::kLowerBound && wkey0 < wb2);
   // 16-key slices holding a key that some row of this warp may see (wb1 > wkey0 here: >= 1)
   const int live = min(MMA_KV, (wb1 - wkey0 + 15) >> 4);
-  // 16-key slices wholly below the lower bound of every row of the warp (kTrimBelow; 0 without)
-  const int first = kTrimBelow<C> ? max(0, (c.warp_ints()[kWBelow] - wkey0) >> 4) : 0;
   float s[MMA_Q][2 * MMA_KV][4];
   bool fast = false;  // max-free (softmax_max_free): every row of the warp has a finite reference max
   // (fp8 K/V: the tiles the CTA converts (kConvert) only, see kMaxFreeTiles)
@@ -473,10 +464,10 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
       } else {
         qk_tile_fp8<C, false>(s, c.q8_lane, k_stage, live);
       }
-    } else if (live < MMA_KV || first > 0) {
-      qk_tile<C, true>(s, c.q_lane, k_stage, first, live);
+    } else if (live < MMA_KV) {
+      qk_tile<C, true>(s, c.q_lane, k_stage, live);
     } else {
-      qk_tile<C, false>(s, c.q_lane, k_stage, first, live);
+      qk_tile<C, false>(s, c.q_lane, k_stage, live);
     }
     if constexpr (C::kKV8 && !kFoldKScale<C>) scale_scores<C>(s, __int_as_float(c.warp_ints()[kWKScale]));
     // Two copies of the variant's logits: interior tiles (most of them) compute no key bounds at all, and the
@@ -575,17 +566,16 @@ __device__ __forceinline__ void kv_loop(const P& p, const VP& v, const Cta<C>& c
       const u32 v_stage = c.v_lane + (C::kConvert ? 0 : stage * C::kVBytes);  // (kConvert: the one 16-bit V tile)
       // (recomputed rather than kept across the barrier; only this warp writes its bounds)
       const int live = min(MMA_KV, (c.warp_ints()[kWSkip] - wkey0 + 15) >> 4);
-      const int first = kTrimBelow<C> ? max(0, (c.warp_ints()[kWBelow] - wkey0) >> 4) : 0;
       if constexpr (C::kKV8 && !C::kConvert) {
         if (live < MMA_KV) {
           pv_tile_fp8<C, true>(o, pa, v_stage, live);
         } else {
           pv_tile_fp8<C, false>(o, pa, v_stage, live);
         }
-      } else if (live < MMA_KV || first > 0) {
-        pv_tile<C, true>(o, pa, v_stage, first, live);
+      } else if (live < MMA_KV) {
+        pv_tile<C, true>(o, pa, v_stage, live);
       } else {
-        pv_tile<C, false>(o, pa, v_stage, first, live);
+        pv_tile<C, false>(o, pa, v_stage, live);
       }
     }
     stage = stage + 1 == STAGES ? 0 : stage + 1;

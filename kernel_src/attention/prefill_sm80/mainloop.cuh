@@ -38,12 +38,11 @@ constexpr bool kMaxFree = true;
 #endif
 constexpr float kMaxFreeSum = 4096.f;
 
-// S (+)= Q K^T for one KV tile: MMA_Q row blocks x MMA_KV 16-key slices of this warp. GUARD: slices outside
-// [first, live) hold only keys masked in every row of the warp (below a window's lower bound, or past the causal
-// boundary) and are skipped; their scores stay 0 and the mask turns them into -inf.
+// S (+)= Q K^T for one KV tile: MMA_Q row blocks x MMA_KV 16-key slices of this warp. GUARD: slices >= `live` hold
+// only keys masked in every row of the warp (causal boundary tile) and are skipped; their scores stay 0 and the
+// mask turns them into -inf.
 template <class C, bool GUARD>
-__device__ __forceinline__ void qk_tile(float (&s)[C::kMmaQ][2 * C::kMmaKV][4], u32 q_lane, u32 k_stage, int first,
-                                        int live) {
+__device__ __forceinline__ void qk_tile(float (&s)[C::kMmaQ][2 * C::kMmaKV][4], u32 q_lane, u32 k_stage, int live) {
   using T = typename C::DTypeQK;  // (q's type, or float16 for fp8 K with kHalfQK: traits.cuh)
   using LdQK = LdmatrixAddr<C::kChunksQK>;
 #pragma unroll
@@ -53,7 +52,7 @@ __device__ __forceinline__ void qk_tile(float (&s)[C::kMmaQ][2 * C::kMmaKV][4], 
     for (int mq = 0; mq < C::kMmaQ; ++mq) mma::ldmatrix_x4(a[mq], LdQK::at(q_lane, kk, mq * 16));
 #pragma unroll
     for (int nn = 0; nn < C::kMmaKV; ++nn) {
-      if (!GUARD || (nn >= first && nn < live)) {
+      if (!GUARD || nn < live) {
         u32 bk[4];
         mma::ldmatrix_x4(bk, LdQK::at(k_stage, kk, nn * 16));
 #pragma unroll
@@ -63,15 +62,15 @@ __device__ __forceinline__ void qk_tile(float (&s)[C::kMmaQ][2 * C::kMmaKV][4], 
   }
 }
 
-// O += P V for one KV tile; GUARD: slices outside [first, live) have P = 0 exactly (masked) and are skipped.
+// O += P V for one KV tile; GUARD: slices >= `live` have P = 0 exactly (masked) and are skipped.
 template <class C, bool GUARD>
 __device__ __forceinline__ void pv_tile(float (&o)[C::kMmaQ][C::kHeadDimVO / 8][4],
-                                        const u32 (&pa)[C::kMmaQ][C::kMmaKV][4], u32 v_stage, int first, int live) {
+                                        const u32 (&pa)[C::kMmaQ][C::kMmaKV][4], u32 v_stage, int live) {
   using T = typename C::DTypePV;  // (q's type, or float16 for fp8 V converted to float16: traits.cuh)
   using LdVO = LdmatrixAddr<C::kChunksVMma>;
 #pragma unroll
   for (int kk = 0; kk < C::kMmaKV; ++kk) {
-    if (!GUARD || (kk >= first && kk < live)) {
+    if (!GUARD || kk < live) {
 #pragma unroll
       for (int dn = 0; dn < C::kHeadDimVO / 16; ++dn) {
         u32 bv[4];
