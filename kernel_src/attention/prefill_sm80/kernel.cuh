@@ -137,7 +137,7 @@ __device__ __forceinline__ void prologue(const Loader<C, P>& ld, const ItemFacts
   for (int s = 1; s < C::kStages - 1; ++s) {
     const int st = stage + s >= C::kStages ? stage + s - C::kStages : stage + s;
     const int key0 = O::next(O::first(f.kv_start, f.kv_end), s);
-    // (TileOrder::has written out: through the call, ptxas (NVRTC 12.9) scheduled six forward fp8 kernels differently)
+    // (TileOrder::has written out: through the call, ptxas (NVRTC 12.9) scheduled 7 forward fp8 kernels differently)
     const bool any = key0 < f.kv_end && (!C::kBackwardTiles || key0 >= f.kv_start);
     if (any) {
       if constexpr (C::kPaged) ld.read_pages(key0, f.kv_base, f.kv_end, pages);
