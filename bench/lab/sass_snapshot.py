@@ -8,7 +8,11 @@ normalised, so a reordered or extended parameter struct alone does not count as 
     python -m bench.lab.sass_snapshot diff DIR_A DIR_B
 
 ``take`` writes one file per (arch, spec, instance) named after the spec (stable across template-signature changes)
-plus ``index.json`` with registers, spills and instruction counts. Use a fresh ``CUINFER_CACHE_DIR`` per tree.
+plus ``index.json`` with registers, spills and instruction counts, and ``source.json``: the kernel_src directory and
+digest it compiled. Use a fresh ``CUINFER_CACHE_DIR`` per tree. Another tree is not reached by ``PYTHONPATH`` under
+an editable install (its finder maps ``cuinfer.kernel_src`` to this checkout whatever comes first on the path): run
+from a git worktree with the finder's ``MAPPING`` pointed there (a ``sitecustomize.py``); ``diff`` warns when both
+snapshots compiled the same sources.
 """
 
 from __future__ import annotations
@@ -84,6 +88,11 @@ def take(out: Path, archs: list[str], jobs: int, group: str | None = None, match
     if match:
         todo = [s for s in todo if re.search(match, s.name)]
     out.mkdir(parents=True, exist_ok=True)
+    from cuinfer.jit.spec import kernel_src_digest, kernel_src_dir
+
+    source = {"kernel_src": kernel_src_dir(), "digest": kernel_src_digest()}
+    (out / "source.json").write_text(json.dumps(source, indent=1))
+    print(f"kernel_src {source['kernel_src']} (digest {source['digest'][:16]})", flush=True)
     index = {}
 
     def one(spec, arch):
@@ -114,6 +123,11 @@ def take(out: Path, archs: list[str], jobs: int, group: str | None = None, match
 def diff(a: Path, b: Path) -> int:
     ia = json.loads((a / "index.json").read_text())
     ib = json.loads((b / "index.json").read_text())
+    if (a / "source.json").exists() and (b / "source.json").exists():
+        sa, sb = (json.loads((x / "source.json").read_text()) for x in (a, b))
+        if sa["digest"] == sb["digest"]:
+            print(f"warning: both snapshots compiled the same kernel_src ({sa['kernel_src']}, digest "
+                  f"{sa['digest'][:16]})")  # fmt: skip
     common = set(ia) & set(ib)
     if common and len(common) < max(len(ia), len(ib)):  # one side took a single group: compare that group
         ia = {k: v for k, v in ia.items() if k in common}
