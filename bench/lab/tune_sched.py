@@ -13,8 +13,9 @@ dtrace   --cases (D1-D5), the decode kernel built with -DCUINFER_DECODE_TRACE: p
          alternating rounds; plus the floors of the timer (near-empty kernel, torch.sum over the case's bytes).
 dab      --cases (D1-D9): the default decode kernel against a build with --defines (the switches of a kernel change
          under test; the shipped kernels have none), same plans, alternating rounds.
-dcfg     --cases (D1-D9): decode configurations --dcfg ("default;wkv,wd,stages[,cap];...": tile, stages, a cap on the
-         CTAs per SM), "lanecut" (the lane cut on every batch), "ctacut" (equal stretches of KV tiles per CTA).
+dcfg     --cases (D1-D10): decode configurations --dcfg ("default;wkv,wd,stages[,cap];...": tile, stages, a cap on the
+         CTAs per SM; "fp8:wkv,wd,stages[,cap]" for the fp8 cases), "lanecut" (the lane cut on every batch), "ctacut"
+         (equal stretches of KV tiles per CTA).
 pool     --cases (P1-P6): each shared-tail share of --shares beside FlashInfer fa2 when importable, alternating rounds.
 prefill  --cases (P1-P6): the planner's assignment against list schedules of its items (--assign: default, list,
          lpt, lptfit), and P2/P5 with half the heads.
@@ -98,12 +99,16 @@ def dtrace_variant(name: str, defines: tuple[str, ...] = ()) -> dict:
 
 def decode_variant(spec: str):
     """A decode configuration from ``"warps_kv,warps_d,stages[,ctas_per_sm_cap]"`` (the tensor-core kernel at the
-    Llama shape): a ``DecodeConfig`` whose ``min_blocks`` (the CTAs per SM the kernel is compiled and the grid sized
-    for) honours the cap, or None for ``"default"``."""
+    Llama shape; ``"fp8:..."`` the same for an fp8 cache: FP8_WARP_TOKENS tokens per warp): a ``DecodeConfig`` whose
+    ``min_blocks`` (the CTAs per SM the kernel is compiled and the grid sized for) honours the cap, or None for
+    ``"default"`` (the policy's, for the case's KV type)."""
     from cuinfer.decode import policy as pol
 
     if spec == "default":
         return None
+    fp8 = spec.startswith("fp8:")
+    if fp8:
+        spec = spec[len("fp8:") :]
     parts = [int(x) for x in spec.split(",")]
     if len(parts) == 5:
         raise ValueError(
@@ -121,9 +126,10 @@ def decode_variant(spec: str):
             m = super().min_blocks
             return min(m, cap) if cap else m
 
-    base = pol.decode_config(4, 128, use_tensor_cores=True)
+    base = pol.decode_config(4, 128, use_tensor_cores=True, kv_itemsize=1 if fp8 else 2)
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
-    fields.update(threads=32 * wkv * wd, tile_kv=16 * wkv, stages=stages, warps_kv=wkv, warps_d=wd)
+    tile = (pol.FP8_WARP_TOKENS if fp8 else 16) * wkv
+    fields.update(threads=32 * wkv * wd, tile_kv=tile, stages=stages, warps_kv=wkv, warps_d=wd)
     return Capped(**fields)
 
 

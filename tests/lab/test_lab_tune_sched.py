@@ -84,11 +84,15 @@ def test_dtrace_variants():
         ts.dtrace_variant("fence")
 
 
-@pytest.mark.parametrize(("spec", "threads", "tile", "per_sm"), [("2,2,3", 128, 32, 3), ("4,1,2,2", 128, 64, 2)])
+@pytest.mark.parametrize(
+    ("spec", "threads", "tile", "per_sm"),
+    [("2,2,3", 128, 32, 3), ("4,1,2,2", 128, 64, 2), ("fp8:4,1,3", 128, 128, 2), ("fp8:2,1,3", 64, 64, 3)],
+)
 def test_decode_variant_sizes(spec, threads, tile, per_sm):
     """``dcfg`` configurations: tile and threads from the warps, the cap bounds the CTAs per SM."""
     c = ts.decode_variant(spec)
     assert (c.threads, c.tile_kv) == (threads, tile)
+    assert c.kv_itemsize == (1 if spec.startswith("fp8:") else 2)
     assert min(ctas_per_sm(c, smem_per_sm=REFERENCE_SMEM_PER_SM), c.min_blocks) == per_sm
     assert ts.decode_variant("default") is None
     with pytest.raises(ValueError, match="item chunk"):
