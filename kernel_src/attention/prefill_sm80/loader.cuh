@@ -24,9 +24,7 @@ template <class C> struct TileOrder {
     if constexpr (C::kBackwardTiles) return kv_start + (kv_end - kv_start - 1) / kTile * kTile;
     return kv_start;
   }
-  static __device__ __forceinline__ int next(int key0, int n) {
-    return key0 + n * kStep;
-  }
+  static __device__ __forceinline__ int next(int key0, int n) { return key0 + n * kStep; }
   // (backward: an empty range's first() is kv_start itself, which key0 < kv_end rejects)
   static __device__ __forceinline__ bool has(int key0, int kv_start, int kv_end) {
     return key0 < kv_end && (!C::kBackwardTiles || key0 >= kv_start);
@@ -180,8 +178,8 @@ template <class C, class P> struct Loader {
     }
   }
 
-  // Q, then the K and V rows of the first tile of an item (TileOrder) into buffer `st`: commits the group Q + K and leaves
-  // V in the caller's next group (the order the main loop waits in). `pages`: that tile's page numbers (paged).
+  // Q, then the K and V rows of the first tile of an item (TileOrder) into buffer `st`: commits the group Q + K and
+  // leaves V in the caller's next group (the order the main loop waits in). `pages`: that tile's page numbers (paged).
   __device__ __forceinline__ void issue_q_and_tile(int row0, int valid_rows, int qo_base, int kvh, int kv_base,
                                                    int kv_start, int kv_end, int st, const int (&pages)[KR]) const {
     load_q(row0, valid_rows, qo_base, kvh);
