@@ -64,8 +64,9 @@ decode merges split pieces inside its kernel (by adding, without softmax).
 ``rising_logits=True`` says the ``logits`` snippet makes a row's logits climb along the keys by much more than the
 raw scores vary (ALiBi's bias toward the diagonal: up to ~54 natural units per 64 keys). The prefill kernel's
 max-free softmax (a tile's exponentials taken against the reference max of earlier tiles, the tile computed again
-on the exact path when they climb too far) then fails on almost every tile, so with the flag a warp keeps the exact
-path for the rest of an item once it failed. Explicit, never inferred; results are the same either way.
+on the exact path when they climb too far) would fail on almost every tile, so with the flag prefill runs an item's
+KV tiles in descending key order (the largest logits first) and a warp that still fails keeps the exact path for the
+rest of the item. Explicit, never inferred; results are the same either way.
 
 Parameters (``Param``) are scalars given at plan() (``variant_params={variant: {param: value}}``) or, with ``per=``,
 arrays given at run() (``variant_arrays={param: array}``): one element per query head (``"qo_head"``), KV head
@@ -170,7 +171,7 @@ class Variant:
     value_transform: str | None = None
     output_transform: str | None = None
     softmax: bool = True  # False: weights from `logits`, summed without normalisation (sigmoid attention)
-    rising_logits: bool = False  # True: `logits` climb along the keys (ALiBi): prefill keeps the exact softmax
+    rising_logits: bool = False  # True: `logits` climb along the keys (ALiBi): prefill runs the KV tiles backwards
     params: tuple[Param, ...] = ()
     # NumPy functions for the CPU reference backend (name -> callable; see cuinfer.reference); not part of identity
     numpy: dict[str, Callable[..., Any]] | None = field(default=None, compare=False, hash=False)

@@ -230,7 +230,8 @@ def test_missing_numpy_functions_are_listed():
 
 def test_rising_logits_is_rendered_for_alibi_only():
     """ALiBi (and FlashInfer's ALiBi of the drop-in) declare rising logits, which the prefill kernel reads as
-    kRisingLogits (kernel.cuh kStickyExact); the soft cap does not, so its kernels keep their code."""
+    kRisingLogits (traits.cuh kBackwardTiles, kernel.cuh kStickyExact); the soft cap does not, so its kernels keep
+    their code."""
     from cuinfer.compat.flashinfer.common import FLASHINFER_ALIBI
 
     assert lookup("alibi").rising_logits and FLASHINFER_ALIBI.rising_logits

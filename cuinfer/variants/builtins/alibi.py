@@ -12,7 +12,7 @@ ALIBI = register(
         row_fields="float slope;",
         logits="x + row.slope * kv_dist",
         params=(Param("num_qo_heads", "i32"),),
-        rising_logits=True,  # the bias climbs toward the diagonal: prefill keeps the exact softmax (Variant)
+        rising_logits=True,  # the bias climbs toward the diagonal: prefill runs the KV tiles backwards (Variant)
         doc=__doc__,
     )
 )

@@ -259,9 +259,10 @@ constexpr bool kFoldKScale = C::kKV8 && C::kConvert && C::Variant::kSoftmax && !
 template <class C> constexpr bool kMaxFreeTiles = kMaxFree && (!C::kKV8 || (C::kConvert && C::kGroups == 1));
 
 // Variants whose logits climb along the keys (Variant.rising_logits: ALiBi toward the diagonal, slope·64 keys is up to
-// ~54 natural units a tile) fail the max-free path on almost every tile, and a failed tile is computed twice (Q·K^T,
-// the logits and the exponentials again on the exact path): their warps keep the exact path for the rest of an item
-// once it failed. Other kernels keep their code: a failure there is rare, and for the soft cap (bounded logits) the
+// ~54 natural units a tile) run an item's tiles backwards (Traits::kBackwardTiles), so the max-free path mostly holds;
+// where it still fails, a failed tile is computed twice (Q·K^T, the logits and the exponentials again on the exact
+// path), so their warps keep the exact path for the rest of the item. Other kernels keep their code: a failure there
+// is rare, and for the soft cap (bounded logits) the
 // sticky flag cost 4-5 % on P1-P3 (H200, 2026-12-02). The flag is an int of the warp's in shared memory (kWExactSlot: 16-bit
 // K/V use the fp8 scale's slot, CTA-converted fp8 the 10th of its 12 ints): in a register across the loop it spilled
 // the soft-capped 128 x 64 tile (12-24 bytes). Lane 0 clears it at the item's start (run_item) and sets it on a
