@@ -462,14 +462,17 @@ def test_pv_with_float16_p_is_within_the_documented_bound(rng, n_keys):
     """traits.cuh kHalfPV (docs/fp8.md): with bf16 q and fp8 V converted by the CTA, P·V takes P in float16. V is exact
     in float16 (every e4m3 code); P = 2^(x - m) <= 2^8 rounds to 11 significant bits, and p < 2^-24 flushes to 0.
     Against the float64 product, the float16 P error stays within the bound (2^-11 relative per p, plus n_keys x
-    2^-24 of the row sum for the flushed / subnormal ones) and below bfloat16 P's error, on rows whose p span 2^8 ..
-    2^-40 (logit gaps far larger than real rows have)."""
+    2^-24 of the row sum for the flushed / subnormal ones) and, summed over every output, below bfloat16 P's error, on
+    rows whose p span 2^8 .. 2^-40 (logit gaps far larger than real rows have). (The largest single error is not always
+    smaller: with 64 keys a few p near 2^8 dominate a column, and bfloat16 happened to round them closer for ~1.3 % of
+    seeds; the sums compared held for 2000 of 2000.)"""
     import ml_dtypes
 
     codes = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
     finite = codes[np.isfinite(codes)]
     assert np.array_equal(finite.astype(np.float16).astype(np.float64), finite)  # V exact in float16
     v = rng.choice(finite, (n_keys, 16))
+    err_half = err_bf16 = 0.0
     for _ in range(4):
         x = rng.uniform(-40, 8, n_keys)  # base-2 logits relative to the reference max m
         p = np.exp2(x)
@@ -479,7 +482,9 @@ def test_pv_with_float16_p_is_within_the_documented_bound(rng, n_keys):
         scale = np.abs(p) @ np.abs(v)
         bound = 2.0**-11 * scale + n_keys * 2.0**-24 * np.abs(v).max(axis=0)
         assert np.all(np.abs(half - exact) <= bound)
-        assert np.abs(half - exact).max() <= np.abs(bf16 - exact).max()
+        err_half += np.abs(half - exact).sum()
+        err_bf16 += np.abs(bf16 - exact).sum()
+    assert err_half < err_bf16
 
 
 @pytest.mark.parametrize(
