@@ -7,7 +7,7 @@ fixed offsets of a ``PlanLayout`` (docs/internals.md, "Work plans").
 """
 
 from .assign import Assignment, assign_items, cta_loads
-from .cost import DEFAULT_COST, CostModel
+from .cost import DEFAULT_COST, FP8_COST, CostModel, kv_itemsize_cost
 from .decode_plan import DecodePlanner, decode_planner
 from .lanes import Lanes, lanes_of
 from .layout import (
@@ -34,6 +34,7 @@ __all__ = [
     "DEFAULT_COST",
     "DEFAULT_MIN_CHUNK",
     "DecodePlanner",
+    "FP8_COST",
     "HEADER_WORDS",
     "Lanes",
     "PLAN_MAGIC",
@@ -48,6 +49,7 @@ __all__ = [
     "choose_chunk_size",
     "cta_loads",
     "decode_planner",
+    "kv_itemsize_cost",
     "kv_lens_from_pages",
     "lanes_of",
     "pack",

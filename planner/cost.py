@@ -23,7 +23,7 @@ which CTA gets which item), never correctness.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -74,3 +74,25 @@ class CostModel:
 
 #: The default cost model (immutable, shared).
 DEFAULT_COST = CostModel()
+
+
+def kv_itemsize_cost(kv_itemsize: int, base: CostModel = DEFAULT_COST) -> CostModel:
+    """``base`` for K/V elements of ``kv_itemsize`` bytes (2: float16 / bfloat16, 1: fp8). The unit stays one KV token
+    streamed through a CTA, which with 1-byte elements takes half the time of a 2-byte token, while an item's fixed
+    latency, a query row's traffic and a partial state's stay what they were: every term but ``beta`` counts
+    ``2 / kv_itemsize`` times the tokens (fp8: gamma 128). Decode plans use it; prefill, compute bound, does not.
+
+    >>> kv_itemsize_cost(1).gamma, kv_itemsize_cost(2) is DEFAULT_COST
+    (128.0, True)
+    """
+    if kv_itemsize == 2 and base is DEFAULT_COST:
+        return DEFAULT_COST
+    if kv_itemsize not in (1, 2):
+        raise ValueError(f"kv_itemsize must be 1 (fp8) or 2 (float16 / bfloat16), got {kv_itemsize!r}")
+    f = 2.0 / kv_itemsize
+    return replace(base, alpha=base.alpha * f, gamma=base.gamma * f, partial_row=base.partial_row * f,
+                   split_fixed=base.split_fixed * f)  # fmt: skip
+
+
+#: The cost model of decode plans over fp8 K/V (``kv_itemsize_cost(1)``; immutable, shared).
+FP8_COST = kv_itemsize_cost(1)

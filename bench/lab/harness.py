@@ -229,7 +229,7 @@ def planned_prefill(inp: Any, *, tile_sizes: tuple | None = None, **lab: Any) ->
     (``bench.inputs.prefill_inputs``), ``tile_sizes`` forced when given, and its ``run()`` on them."""
     case, s = inp.case, inp.case.shape
     kw = dict(num_qo_heads=s.num_qo_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim, causal=case.causal,
-              q_dtype=s.dtype, kv_dtype=s.dtype, tile_sizes=tile_sizes)  # fmt: skip
+              q_dtype=s.dtype, kv_dtype=case.kv_dtype or s.dtype, tile_sizes=tile_sizes)  # fmt: skip
     paged = case.layout == "paged"
     w = LabPrefill(paged=paged, kv_layout=s.kv_layout, backend="fa2", **lab)
     if paged:

@@ -41,7 +41,15 @@ FI_MARKER = "/tmp/cuinfer-tune-fi-warm.done"
 
 
 def _name(variant: str, tiles: tuple) -> str:
-    return f"{variant} q{tiles[0]}k{tiles[1]}s{tiles[2]}" + (f"g{tiles[3]}" if len(tiles) > 3 else "")
+    cv = {0: "", 1: "cv", 2: "nocv"}[tiles[4]] if len(tiles) > 4 else ""
+    return f"{variant} q{tiles[0]}k{tiles[1]}s{tiles[2]}" + (f"g{tiles[3]}" if len(tiles) > 3 else "") + cv
+
+
+def _tile_sizes(tiles: tuple) -> tuple:
+    """plan()'s tile_sizes of a configuration: a fifth entry 1 / 2 forces fp8's CTA conversion on / off (0: the
+    policy's)."""
+    convert = {1: True, 2: False}.get(tiles[4]) if len(tiles) > 4 else None
+    return tiles[:4] + ((convert,) if convert is not None else ())
 
 
 def spec_for(key, variant: str, defines: tuple[str, ...] = ()):
@@ -59,7 +67,7 @@ def spec_for(key, variant: str, defines: tuple[str, ...] = ()):
 
 def keys(tiles: tuple) -> list:
     """The causal bf16 d128 kernel keys of P1-P6 (ragged, paged) with these tiles: the CTAs per block of the tiles'
-    fourth entry, else the policy's."""
+    fourth entry, else the policy's (a fifth entry, fp8's conversion: none; those compile when first run)."""
     from cuinfer.prefill.policy import block_groups
     from cuinfer.prefill.specs import PrefillKernelKey
     from cuinfer.prefill.tiles import tile_config
@@ -67,6 +75,8 @@ def keys(tiles: tuple) -> list:
 
     chain = render((lookup("causal"),))
     out = []
+    if len(tiles) > 4:
+        return []
     for paged in (False, True):
         cfg = tile_config(tiles[0], tiles[1], 128, *tiles[2:])
         if len(tiles) < 4:
@@ -103,8 +113,8 @@ def configs(text: str | None = None) -> list[tuple[str, tuple]]:
         if variant not in ("new", "ab") and not (variant.startswith("win") and variant[3:].isdigit()):
             raise ValueError(f"configuration {c!r}: the variant is one of {', '.join(VARIANTS)}")
         t = tuple(int(x) for x in tiles.split(","))
-        if len(t) not in (3, 4):
-            raise ValueError(f"configuration {c!r}: give variant:query_tile,kv_tile,stages[,ctas_per_block]")
+        if len(t) not in (3, 4, 5):
+            raise ValueError(f"configuration {c!r}: give variant:query_tile,kv_tile,stages[,ctas_per_block[,cv]]")
         out.append((variant, t))
     return out
 
@@ -157,7 +167,9 @@ def _cuinfer_runner(inp, variant: str, tiles: tuple, defines: tuple[str, ...] = 
     from bench.lab.harness import planned_prefill
 
     work = window_work(int(variant[3:])) if variant.startswith("win") else None
-    w, run = planned_prefill(inp, tile_sizes=tiles, spec_of=lambda key: spec_for(key, variant, defines), work=work)
+    w, run = planned_prefill(
+        inp, tile_sizes=_tile_sizes(tiles), spec_of=lambda key: spec_for(key, variant, defines), work=work
+    )
     wp = w._plan.work
     info = f"{wp.num_ctas} CTAs, {wp.n_items} items ({wp.assign_mode}), {wp.n_merge} merged rows"
     return run, info
@@ -276,6 +288,12 @@ def fi(case_ids: list[str] | None, wait_s: float) -> None:
         inputs.free()
 
 
+def _case_id(text: str) -> str:
+    """A case id as PREFILL_CASES spells it, from any case ("p4-E4M3" -> "P4-e4m3")."""
+    ids = {c.id.upper(): c.id for c in PREFILL_CASES}
+    return ids.get(text.strip().upper(), text.strip())
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.lab.tune_prefill", description=__doc__.splitlines()[0])
     ap.add_argument("--fi", action="store_true", help="time FlashInfer fa2 instead of the cuinfer configurations")
@@ -291,7 +309,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="-D options of the ab variant, as --defines='-DNAME[=value] ...' ($CUINFER_TUNE_DEFINES)",
     )
     args = ap.parse_args(argv)
-    args.cases = None if args.cases is None else [c.strip().upper() for c in args.cases.split(",")]
+    args.cases = None if args.cases is None else [_case_id(c) for c in args.cases.split(",")]
     args.defines = tuple(args.defines.split())
     try:
         args.configs = configs(args.configs)

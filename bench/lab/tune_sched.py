@@ -15,7 +15,8 @@ dab      --cases (D1-D9): the default decode kernel against a build with --defin
          under test; the shipped kernels have none), same plans, alternating rounds.
 dcfg     --cases (D1-D10): decode configurations --dcfg ("default;wkv,wd,stages[,cap];...": tile, stages, a cap on the
          CTAs per SM; "fp8:wkv,wd,stages[,cap]" for the fp8 cases), "lanecut" (the lane cut on every batch), "ctacut"
-         (equal stretches of KV tiles per CTA).
+         (equal stretches of KV tiles per CTA), "bf16cost" / "costx<f>" (planned under the cost model with every term
+         but beta times f = 1 (bf16's), 2 (fp8's), 3, 4, 6).
 pool     --cases (P1-P6): each shared-tail share of --shares beside FlashInfer fa2 when importable, alternating rounds.
 prefill  --cases (P1-P6): the planner's assignment against list schedules of its items (--assign: default, list,
          lpt, lptfit), and P2/P5 with half the heads.
@@ -153,10 +154,35 @@ def lane_cut_work(plan, num_ctas: int, default):
     return default() if work is None else work
 
 
+def cost_work(factor: float):
+    """A ``WorkFn``: the decode planner under ``DEFAULT_COST`` with every term but beta times ``factor`` (1: the bf16
+    model, which the policy uses for 16-bit K/V; 2: ``FP8_COST``, the policy's for fp8); the default plan where the
+    planner gives none."""
+
+    def work(plan, num_ctas: int, default):
+        from cuinfer.planner import DEFAULT_COST, CostModel, decode_planner
+
+        d = DEFAULT_COST
+        cost = CostModel(alpha=d.alpha * factor, beta=d.beta, gamma=d.gamma * factor,
+                         partial_row=d.partial_row * factor, split_fixed=d.split_fixed * factor)  # fmt: skip
+        g = plan.num_qo_heads // plan.num_kv_heads
+        c = plan.config
+        planner = decode_planner(plan.num_kv_heads, g, c.rows_per_tile, num_ctas, c.tile_kv, -1, cost=cost)
+        work = planner.plan(plan.kv_lens) if plan.batch else None
+        return default() if work is None else work
+
+    return work
+
+
 def cta_cut_work(plan, num_ctas: int, default):
     """A ``WorkFn``: ``cta_cut_plan`` of the batch."""
     g = plan.num_qo_heads // plan.num_kv_heads
     return cta_cut_plan(np.asarray(plan.kv_lens, np.int64), plan.num_kv_heads, g, num_ctas, plan.config.tile_kv)
+
+
+# dcfg's plan variants: name -> WorkFn
+WORK_VARIANTS = {"lanecut": lane_cut_work, "ctacut": cta_cut_work, "bf16cost": cost_work(1.0)}
+WORK_VARIANTS.update({f"costx{f}": cost_work(float(f)) for f in (1, 2, 3, 4, 6)})
 
 
 def cta_cut_plan(kv: np.ndarray, h: int, g: int, p: int, gr: int):
@@ -475,8 +501,8 @@ def decode_configs(case_ids: list[str], variants: list[str], rounds: int = 3) ->
         runs = []
         for name in variants:
             try:
-                if name in ("lanecut", "ctacut"):
-                    w, run = planned_decode(inp, work=lane_cut_work if name == "lanecut" else cta_cut_work)
+                if name in WORK_VARIANTS:
+                    w, run = planned_decode(inp, work=WORK_VARIANTS[name])
                 else:
                     w, run = planned_decode(inp, config=decode_variant(name))
                 run()  # (compiles the configuration's kernel)

@@ -37,6 +37,46 @@ VARIANTS = {
 }
 
 
+def _lab_variants() -> dict:
+    """Lab-only variants (--lab): the soft cap through MUFU.TANH (FlashInfer's formula: ``cap * tanh.approx(x /
+    cap)``, relative error ~2^-11) and through MUFU.RCP (``cap - 2 cap * rcp(1 + ex2(x * 2 log2 e / cap))``: two MUFU
+    ops, no Newton steps) against the accurate built-in (one MUFU op and five FFMAs); both on the built-in's tiles."""
+    import importlib
+
+    import cuinfer
+    from cuinfer.variants.builtins import soft_cap
+
+    # registered and counted with the built-in soft cap among the chains that keep the plain 128 x 64 tiles (a user
+    # variant's policy tiles are narrower): this compares the logits code alone
+    render = importlib.import_module("cuinfer.variants.render")
+    render.WIDE_LOGITS = (*render.WIDE_LOGITS, "lab_soft_cap_rcp", "lab_soft_cap_approx")
+
+    approx = cuinfer.register_variant(
+        cuinfer.Variant(
+            name="lab_soft_cap_approx",
+            logits="params.cap * fmath::tanh_approx(x * params.inv_cap)",
+            params=(cuinfer.Param("cap", "f32"), cuinfer.Param("inv_cap", "f32")),
+        )
+    )
+    rcp = cuinfer.register_variant(
+        cuinfer.Variant(
+            name="lab_soft_cap_rcp",
+            logits="fmaf(params.neg_two_cap, fmath::rcp(1.f + fmath::ex2(x * params.ex2_scale)), params.cap)",
+            params=soft_cap.SOFT_CAP.params,
+        )
+    )
+    return {
+        "soft cap 30 (rcp)": {
+            "variant": rcp,
+            "variant_params": {"lab_soft_cap_rcp": soft_cap.values(30.0)},
+        },
+        "soft cap 30 (tanh.approx)": {
+            "variant": approx,
+            "variant_params": {"lab_soft_cap_approx": {"cap": 30.0, "inv_cap": 1 / 30.0}},
+        },
+    }
+
+
 def _fi_kwargs(opts: dict) -> dict:
     kw = {}
     if "logits_soft_cap" in opts:
@@ -48,7 +88,9 @@ def _fi_kwargs(opts: dict) -> dict:
     return kw
 
 
-def prefill_rows(timer, torch, iters: int, peers: list[str], case_ids: list[str]) -> list[tuple]:
+def prefill_rows(
+    timer, torch, iters: int, peers: list[str], case_ids: list[str], variants: dict | None = None
+) -> list[tuple]:
     """Ragged causal prefill on the P1-P3 shapes of bench/cases.py (lengths drawn with the case's seed), every
     variant of VARIANTS on cuinfer and, for those FlashInfer has, on each peer backend."""
     import cuinfer
@@ -65,7 +107,7 @@ def prefill_rows(timer, torch, iters: int, peers: list[str], case_ids: list[str]
         k = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda", generator=g)
         v = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda", generator=g)
         label = f"prefill {case.id}"
-        for name, opts in VARIANTS.items():
+        for name, opts in (variants or VARIANTS).items():
             w = cuinfer.BatchPrefill(paged=False)
             w.plan(indptr, indptr, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, causal=True, q_dtype="bfloat16",
                    **opts)  # fmt: skip
@@ -79,8 +121,8 @@ def prefill_rows(timer, torch, iters: int, peers: list[str], case_ids: list[str]
                 import flashinfer
             except ImportError:
                 break
-            for name, opts in VARIANTS.items():
-                if name.startswith("rope"):
+            for name, opts in (variants or VARIANTS).items():
+                if name.startswith("rope") or "variant" in opts:
                     continue
                 ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
                 fi = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=backend)
@@ -166,13 +208,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peers", default="", help="FlashInfer prefill backends to run too, e.g. fa2,fa3")
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--cases", default="P1,P2,P3", help="prefill cases of bench/cases.py (ragged, causal)")
+    p.add_argument("--variants", default="", help="names of VARIANTS (and, with --lab, the lab variants) to run")
+    p.add_argument("--lab", action="store_true", help="add the lab variants (_lab_variants)")
+    p.add_argument("--no-decode", action="store_true", help="prefill rows only")
     args = p.parse_args(argv)
     from bench.timing import CudaTimer, cuda_torch
 
     torch = cuda_torch()
     timer = CudaTimer()
-    rows = prefill_rows(timer, torch, args.iters, [b for b in args.peers.split(",") if b], args.cases.split(","))
-    rows += decode_rows(timer, torch, args.iters)
+    variants = dict(VARIANTS, **(_lab_variants() if args.lab else {}))
+    if args.variants:
+        variants = {k: variants[k] for k in args.variants.split(",")}
+    peers = [b for b in args.peers.split(",") if b]
+    rows = prefill_rows(timer, torch, args.iters, peers, args.cases.split(","), variants)
+    if not args.no_decode:
+        rows += decode_rows(timer, torch, args.iters)
     print(f"\n{'case':12s} {'variant':28s} {'impl':18s} {'us':>10s} {'rate':>9s}  note")
     for case, name, impl, us, rate, note in rows:
         print(f"{case:12s} {name:28s} {impl:18s} {us:10.1f} {rate:9.1f}  {note}")

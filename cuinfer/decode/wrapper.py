@@ -28,6 +28,7 @@ from cuinfer.formats.paged import check_cache_matches, check_pages_in_cache, pag
 from cuinfer.interop import validate
 from cuinfer.interop.arrays import Tensor
 from cuinfer.planner import layout as plan_layout
+from cuinfer.planner.cost import kv_itemsize_cost
 from cuinfer.planner.decode_plan import decode_planner
 from cuinfer.planner.work import WorkPlan, plan_work
 from cuinfer.reference import variants as ref_variants
@@ -190,7 +191,7 @@ class BatchDecode(PlanRunWrapper):
         if g <= plan.config.rows_per_tile:
             planner = decode_planner(
                 plan.num_kv_heads, g, plan.config.rows_per_tile, num_ctas, plan.config.tile_kv,
-                plan.options.window_left,
+                plan.options.window_left, cost=kv_itemsize_cost(plan.config.kv_itemsize),
             )  # fmt: skip
         route = (num_ctas, planner)
         self._route_memo = (plan.config, plan.options, num_sms, device_id, route)
@@ -213,6 +214,7 @@ class BatchDecode(PlanRunWrapper):
             tile_rows=plan.config.rows_per_tile, num_ctas=num_ctas, kv_granule=granule,
             window_left=plan.options.window_left,
             fixed_split_size=None if fixed_split_size is None else int(fixed_split_size), kv_range=plan.kv_range,
+            cost=kv_itemsize_cost(plan.config.kv_itemsize),
         )  # fmt: skip
         work.merge_in_kernel = True
         return work

@@ -216,3 +216,43 @@ def test_route_follows_the_head_configuration():
         a, r = w._plan.work, ref._plan.work
         assert (a.num_ctas, a.num_kv_heads, a.assign_mode) == (r.num_ctas, r.num_kv_heads, r.assign_mode), cfg
         np.testing.assert_array_equal(w._pack_host(), ref._pack_host(), err_msg=str(cfg))
+
+
+def test_fp8_cost_model_counts_fixed_terms_in_fp8_tokens():
+    """An fp8 token streams in half a bf16 token's time, so the fixed terms count twice the tokens (hand-written)."""
+    from cuinfer.planner import DEFAULT_COST, FP8_COST, kv_itemsize_cost
+
+    assert kv_itemsize_cost(2) is DEFAULT_COST
+    got = (FP8_COST.alpha, FP8_COST.beta, FP8_COST.gamma, FP8_COST.partial_row, FP8_COST.split_fixed)
+    assert got == (2.0, 1.0, 128.0, 4.0, 256.0)
+    with pytest.raises(ValueError, match="kv_itemsize must be 1"):
+        kv_itemsize_cost(4)
+
+
+def test_fp8_decode_plans_balance_in_fp8_tokens():
+    """BatchDecode over an fp8 cache plans with FP8_COST (the plan equals the decode planner's under it, and differs
+    from the bf16 model's on a skewed batch), and its worst CTA load, counted in fp8 tokens (KV tokens plus 128 per
+    item), is lower than the bf16 model's plan of the same batch."""
+    from cuinfer.planner import DEFAULT_COST, FP8_COST, decode_planner
+
+    rng = np.random.default_rng(9)
+    lens = np.minimum(rng.zipf(1.5, 128) * 64, 70000).astype(np.int32)  # D9-like: most short, a few very long
+    w = BatchDecode()
+    w.plan(*_page_table(lens, 16, 1), num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=16,
+           q_dtype="bfloat16", kv_dtype="float8_e4m3fn")  # fmt: skip
+    cfg, work = w._plan.config, w._plan.work
+
+    def plan(cost):
+        return decode_planner(8, 4, cfg.rows_per_tile, work.num_ctas, cfg.tile_kv, cost=cost).plan(lens)
+
+    def worst(wp):
+        loads = np.zeros(wp.num_ctas)
+        cta = np.repeat(np.arange(wp.num_ctas), np.diff(wp.work_indptr))
+        np.add.at(loads, cta, wp.item_kv_end - wp.item_kv_start + 128)
+        return loads.max()
+
+    fp8, bf16 = plan(FP8_COST), plan(DEFAULT_COST)
+    np.testing.assert_array_equal(work.item_kv_start, fp8.item_kv_start)
+    np.testing.assert_array_equal(work.work_indptr, fp8.work_indptr)
+    assert not np.array_equal(fp8.work_indptr, bf16.work_indptr) or fp8.n_items != bf16.n_items
+    assert worst(fp8) < worst(bf16)
