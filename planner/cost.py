@@ -23,7 +23,7 @@ which CTA gets which item), never correctness.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -76,23 +76,24 @@ class CostModel:
 DEFAULT_COST = CostModel()
 
 
-def kv_itemsize_cost(kv_itemsize: int, base: CostModel = DEFAULT_COST) -> CostModel:
-    """``base`` for K/V elements of ``kv_itemsize`` bytes (2: float16 / bfloat16, 1: fp8). The unit stays one KV token
-    streamed through a CTA, which with 1-byte elements takes half the time of a 2-byte token, while an item's fixed
-    latency, a query row's traffic and a partial state's stay what they were: every term but ``beta`` counts
-    ``2 / kv_itemsize`` times the tokens (fp8: gamma 128). Decode plans use it; prefill, compute bound, does not.
+#: The cost model of decode plans over fp8 K/V (1-byte elements), in the same unit (one KV token streamed through a
+#: CTA): such a token streams in half a bf16 token's time, so a query row's traffic, a partial state and the split's
+#: fixed price count twice the tokens (alpha 2, partial_row 4, split_fixed 256), and an item's fixed latency four
+#: times (gamma 256: calibrated on the H200, where 128 (twice bf16's) left D9's zipf batch over an e4m3 cache 13 %
+#: slower and the other decode shapes within 2 %; docs/results/lab-findings.md). Prefill, compute bound, keeps
+#: DEFAULT_COST.
+FP8_COST = CostModel(alpha=2.0, gamma=256.0, partial_row=4.0, split_fixed=256.0)
+
+
+def kv_itemsize_cost(kv_itemsize: int) -> CostModel:
+    """The decode planner's cost model for K/V elements of ``kv_itemsize`` bytes: DEFAULT_COST for 2 (float16 /
+    bfloat16), FP8_COST for 1 (fp8).
 
     >>> kv_itemsize_cost(1).gamma, kv_itemsize_cost(2) is DEFAULT_COST
-    (128.0, True)
+    (256.0, True)
     """
-    if kv_itemsize == 2 and base is DEFAULT_COST:
+    if kv_itemsize == 2:
         return DEFAULT_COST
-    if kv_itemsize not in (1, 2):
-        raise ValueError(f"kv_itemsize must be 1 (fp8) or 2 (float16 / bfloat16), got {kv_itemsize!r}")
-    f = 2.0 / kv_itemsize
-    return replace(base, alpha=base.alpha * f, gamma=base.gamma * f, partial_row=base.partial_row * f,
-                   split_fixed=base.split_fixed * f)  # fmt: skip
-
-
-#: The cost model of decode plans over fp8 K/V (``kv_itemsize_cost(1)``; immutable, shared).
-FP8_COST = kv_itemsize_cost(1)
+    if kv_itemsize == 1:
+        return FP8_COST
+    raise ValueError(f"kv_itemsize must be 1 (fp8) or 2 (float16 / bfloat16), got {kv_itemsize!r}")

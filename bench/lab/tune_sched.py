@@ -16,7 +16,8 @@ dab      --cases (D1-D9): the default decode kernel against a build with --defin
 dcfg     --cases (D1-D10): decode configurations --dcfg ("default;wkv,wd,stages[,cap];...": tile, stages, a cap on the
          CTAs per SM; "fp8:wkv,wd,stages[,cap]" for the fp8 cases), "lanecut" (the lane cut on every batch), "ctacut"
          (equal stretches of KV tiles per CTA), "bf16cost" / "costx<f>" (planned under the cost model with every term
-         but beta times f = 1 (bf16's), 2 (fp8's), 3, 4, 6).
+         but beta times f = 1 (bf16's), 2, 3, 4, 6), "gammax<f>" (those times 2, gamma times f = 3, 4 (fp8's), 6,
+         8); a case id with "-e4m3" added runs that case over an e4m3 cache.
 pool     --cases (P1-P6): each shared-tail share of --shares beside FlashInfer fa2 when importable, alternating rounds.
 prefill  --cases (P1-P6): the planner's assignment against list schedules of its items (--assign: default, list,
          lpt, lptfit), and P2/P5 with half the heads.
@@ -154,16 +155,17 @@ def lane_cut_work(plan, num_ctas: int, default):
     return default() if work is None else work
 
 
-def cost_work(factor: float):
+def cost_work(factor: float, gamma_factor: float | None = None):
     """A ``WorkFn``: the decode planner under ``DEFAULT_COST`` with every term but beta times ``factor`` (1: the bf16
-    model, which the policy uses for 16-bit K/V; 2: ``FP8_COST``, the policy's for fp8); the default plan where the
-    planner gives none."""
+    model, which the policy uses for 16-bit K/V), gamma times ``gamma_factor`` when given (2 and 4: ``FP8_COST``, the
+    policy's for fp8); the default plan where the planner gives none."""
+    gf = factor if gamma_factor is None else gamma_factor
 
     def work(plan, num_ctas: int, default):
         from cuinfer.planner import DEFAULT_COST, CostModel, decode_planner
 
         d = DEFAULT_COST
-        cost = CostModel(alpha=d.alpha * factor, beta=d.beta, gamma=d.gamma * factor,
+        cost = CostModel(alpha=d.alpha * factor, beta=d.beta, gamma=d.gamma * gf,
                          partial_row=d.partial_row * factor, split_fixed=d.split_fixed * factor)  # fmt: skip
         g = plan.num_qo_heads // plan.num_kv_heads
         c = plan.config
@@ -183,6 +185,7 @@ def cta_cut_work(plan, num_ctas: int, default):
 # dcfg's plan variants: name -> WorkFn
 WORK_VARIANTS = {"lanecut": lane_cut_work, "ctacut": cta_cut_work, "bf16cost": cost_work(1.0)}
 WORK_VARIANTS.update({f"costx{f}": cost_work(float(f)) for f in (1, 2, 3, 4, 6)})
+WORK_VARIANTS.update({f"gammax{f}": cost_work(2.0, float(f)) for f in (3, 4, 6, 8)})  # fp8's model, gamma times f
 
 
 def cta_cut_plan(kv: np.ndarray, h: int, g: int, p: int, gr: int):
@@ -423,6 +426,9 @@ def _decode_input(cid: str):
     from bench import cases, inputs
 
     by_id = {c.id: c for c in cases.DECODE_CASES + SMALL_DECODE_CASES}
+    if cid not in by_id and cid.endswith("-e4m3"):  # any case over an e4m3 cache (the lab's own, e.g. D8-e4m3)
+        base = by_id[cid[: -len("-e4m3")]]
+        by_id[cid] = dataclasses.replace(base, id=cid, kv_dtype="float8_e4m3fn", compare_to=base.id)
     return inputs.decode_inputs(by_id[cid])
 
 

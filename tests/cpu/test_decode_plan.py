@@ -219,20 +219,21 @@ def test_route_follows_the_head_configuration():
 
 
 def test_fp8_cost_model_counts_fixed_terms_in_fp8_tokens():
-    """An fp8 token streams in half a bf16 token's time, so the fixed terms count twice the tokens (hand-written)."""
+    """An fp8 token streams in half a bf16 token's time: the fixed terms count twice the tokens, an item's latency four
+    times (the H200 calibration; hand-written)."""
     from cuinfer.planner import DEFAULT_COST, FP8_COST, kv_itemsize_cost
 
     assert kv_itemsize_cost(2) is DEFAULT_COST
     got = (FP8_COST.alpha, FP8_COST.beta, FP8_COST.gamma, FP8_COST.partial_row, FP8_COST.split_fixed)
-    assert got == (2.0, 1.0, 128.0, 4.0, 256.0)
+    assert got == (2.0, 1.0, 256.0, 4.0, 256.0)
     with pytest.raises(ValueError, match="kv_itemsize must be 1"):
         kv_itemsize_cost(4)
 
 
 def test_fp8_decode_plans_balance_in_fp8_tokens():
     """BatchDecode over an fp8 cache plans with FP8_COST (the plan equals the decode planner's under it, and differs
-    from the bf16 model's on a skewed batch), and its worst CTA load, counted in fp8 tokens (KV tokens plus 128 per
-    item), is lower than the bf16 model's plan of the same batch."""
+    from the bf16 model's on a skewed batch), and its worst CTA load, counted in fp8 tokens (KV tokens plus 256 per
+    item, the fixed cost measured on the H200), is lower than the bf16 model's plan of the same batch."""
     from cuinfer.planner import DEFAULT_COST, FP8_COST, decode_planner
 
     rng = np.random.default_rng(9)
@@ -248,7 +249,7 @@ def test_fp8_decode_plans_balance_in_fp8_tokens():
     def worst(wp):
         loads = np.zeros(wp.num_ctas)
         cta = np.repeat(np.arange(wp.num_ctas), np.diff(wp.work_indptr))
-        np.add.at(loads, cta, wp.item_kv_end - wp.item_kv_start + 128)
+        np.add.at(loads, cta, wp.item_kv_end - wp.item_kv_start + 256)
         return loads.max()
 
     fp8, bf16 = plan(FP8_COST), plan(DEFAULT_COST)
