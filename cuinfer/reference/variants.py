@@ -173,7 +173,21 @@ def user(variant: Any, params: dict[str, Any]) -> Step:
     """A user's ``cuinfer.Variant`` through its NumPy functions (``variant.numpy``); ``params`` its values (arrays
     as NumPy arrays)."""
     fns = dict(variant.numpy or {})
+    if "slope" in fns:  # a linear key bias: logits x + slope * kv_dist
+        fns["logits"] = _slope_logits(fns.pop("slope"))
     return Step(variant.name, softmax=variant.softmax, params=SimpleNamespace(**params), **fns)
+
+
+def _slope_logits(slope: Callable[..., Any]) -> Callable[..., Any]:
+    """The logits of a ``slope`` NumPy function: ``x + slope(...) * kv_dist`` (``slope`` called with the index names
+    its signature declares)."""
+
+    def logits(x, kv_dist, batch, qo_idx, qpos, qo_head, kv_head, qo_len, kv_len, head_dim, params):
+        names = dict(batch=batch, qo_idx=qo_idx, qpos=qpos, qo_head=qo_head, kv_head=kv_head, qo_len=qo_len,
+                     kv_len=kv_len, head_dim=head_dim, params=params)  # fmt: skip
+        return x + call(slope, names) * kv_dist
+
+    return logits
 
 
 # ---- one request ---------------------------------------------------------------------------------------------------

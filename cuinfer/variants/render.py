@@ -44,14 +44,14 @@ class Rendered:
 
     @property
     def has_logits(self) -> bool:
-        return any(p.logits for p in self.pieces)
+        return any(p.has_logits for p in self.pieces)
 
     @property
     def register_heavy(self) -> bool:
         """Per-element work that takes registers the plain kernels give to wider tiles (a logits transform, a value
         transform): the prefill tile policy picks narrower KV tiles for it (no spills at 255 registers), except for
         ``wide_logits`` chains, and runs one CTA per block."""
-        return any(p.logits or p.value_transform for p in self.pieces)
+        return any(p.has_logits or p.value_transform for p in self.pieces)
 
     @property
     def wide_logits(self) -> bool:
@@ -59,8 +59,8 @@ class Rendered:
         unpaired and with 16-bit K/V: the soft cap or ALiBi, alone or after causal (WIDE_LOGITS; compiled spill-free
         with NVRTC 12.9 for sm_90a and sm_80, ragged and paged, bf16 and fp16: tests/cpu/test_variant_tiles.py).
         Their combinations with each other or with a window spilled (8-72 bytes) and keep the narrower tiles."""
-        heavy = [p for p in self.pieces if p.logits or p.value_transform]
-        rest = [p for p in self.pieces if not (p.logits or p.value_transform)]
+        heavy = [p for p in self.pieces if p.has_logits or p.value_transform]
+        rest = [p for p in self.pieces if not (p.has_logits or p.value_transform)]
         return (
             len(heavy) == 1
             and heavy[0].name in WIDE_LOGITS
@@ -141,7 +141,8 @@ def _functor(v: Variant, name: str, signature: str, snippet: str, index: str | N
 
 def _piece(v: Variant) -> list[str]:
     flags = {
-        "kLogits": bool(v.logits),
+        "kLogits": v.has_logits,
+        "kSlope": bool(v.slope),
         "kMask": bool(v.mask),
         "kUpperBound": bool(v.key_hi),
         "kLowerBound": bool(v.key_lo),
@@ -163,9 +164,13 @@ def _piece(v: Variant) -> list[str]:
         out.append(f"  struct RowState {{ {v.row_fields} }};")
         out += _functor(v, "row_state", "RowState row_state(const VP& v_, const Index& ix_)", v.row_state, "ix_",
                         statements=True, prologue=("RowState row;",), epilogue=("return row;",))  # fmt: skip
+    sig = "float logits(const VP& v_, const Index& ix_, const RowState& row, int kv_idx, float kv_dist, float x)"
     if v.logits:
-        sig = "float logits(const VP& v_, const Index& ix_, const RowState& row, int kv_idx, float kv_dist, float x)"
         out += _functor(v, "logits", sig, v.logits, "ix_")
+    if v.slope:  # (and its logits: x + slope * kv_dist, wherever the kernel does not fold the bias into Q·K^T)
+        out += _functor(v, "slope", "float slope(const VP& v_, const Index& ix_, const RowState& row)", v.slope, "ix_")
+        out += ["  template <class VP>", f"  __device__ __forceinline__ static {sig} {{",
+                "    return x + slope(v_, ix_, row) * kv_dist;", "  }"]  # fmt: skip
     if v.mask:
         out += _functor(v, "mask", "bool mask(const VP& v_, const Index& ix_, int kv_idx)", v.mask, "ix_")
     if v.key_hi or v.key_lo:

@@ -22,8 +22,14 @@ Per snippet:
                         per logit from a per-tile base, where ``static_cast<float>(kv_idx - qpos)`` costs an integer
                         add and a conversion, a quarter-rate op), ``row`` (the row's state, when the variant has a
                         ``row_state``) -> the new natural logit (with ``softmax=False``: the key's weight)
+  ``slope``             -> the row's slope ``a`` of a linear key bias (``row``, the index names; not ``x``, ``kv_idx``):
+                        the variant's logit is ``x + a * kv_dist`` (ALiBi: ``row.slope``). Written as a slope (and not
+                        as that ``logits``) the bias is the same, but prefill folds it into the Q·K^T accumulators'
+                        initial values, one FFMA per logit, when every piece before it in the chain has no logits
+                        (elsewhere, and in decode, it is applied as that ``logits``). A variant has ``slope`` or
+                        ``logits``, not both
   ``row_state``         -> fills ``row`` (fields declared by ``row_fields``), once per query row (token and query head)
-                        before the KV loop, not per key: per-row constants of ``logits`` (ALiBi's slope of
+                        before the KV loop, not per key: per-row constants of ``logits`` / ``slope`` (ALiBi's slope of
                         ``qo_head``: ``row.slope = fmath::alibi_slope(qo_head, params.num_qo_heads);``)
   ``mask``              ``kv_idx`` -> bool (False drops the key); applied on every tile
   ``key_hi``            -> an exclusive upper bound on the keys of the row (e.g. causal: ``qpos + 1``); tiles past
@@ -91,7 +97,7 @@ PARAM_KINDS = ("i32", "u32", "i64", "f32", "f64", "ptr")
 ARRAY_KINDS = ("i32", "i64", "f32", "f64")  # element kinds of an array parameter (per=...)
 PER = ("qo_head", "kv_head", "request")  # what an array parameter has one element of
 SNIPPETS = (
-    "logits", "mask", "key_hi", "key_lo", "sink", "dim_state", "row_state", "query_transform", "key_transform",
+    "logits", "slope", "mask", "key_hi", "key_lo", "sink", "dim_state", "row_state", "query_transform", "key_transform",
     "pos_state", "pos_advance", "value_transform", "output_transform",
 )  # fmt: skip
 # The NumPy functions of a variant (``Variant.numpy``): one per snippet but dim_state and row_state (NumPy transforms
@@ -100,6 +106,7 @@ SNIPPETS = (
 _INDEX = ("batch", "qo_idx", "qpos", "qo_head", "kv_head", "qo_len", "kv_len", "head_dim", "params")
 NUMPY_NAMES: dict[str, tuple[str, ...]] = {
     "logits": ("x", "kv_idx", "kv_dist", *_INDEX),
+    "slope": _INDEX,
     "mask": ("kv_idx", *_INDEX),
     "key_hi": _INDEX,
     "key_lo": _INDEX,
@@ -155,6 +162,7 @@ class Variant:
 
     name: str
     logits: str | None = None
+    slope: str | None = None  # a linear key bias: logits x + slope * kv_dist, which prefill may fold into Q·K^T
     mask: str | None = None
     key_hi: str | None = None
     key_lo: str | None = None
@@ -190,8 +198,13 @@ class Variant:
             raise ValueError(f"variant {self.name!r}: dim_state is only used by query_transform / key_transform")
         if self.state_fields and not self.dim_state:
             raise ValueError(f"variant {self.name!r}: state_fields without a dim_state snippet that fills them")
-        if self.row_state and not self.logits:
-            raise ValueError(f"variant {self.name!r}: row_state is only read by logits (as row.<field>)")
+        if self.slope and self.logits:
+            raise ValueError(
+                f"variant {self.name!r} has both slope and logits: a slope's logits are x + slope * kv_dist; write "
+                "the other transform as a variant of its own, after this one in the chain"
+            )
+        if self.row_state and not (self.logits or self.slope):
+            raise ValueError(f"variant {self.name!r}: row_state is only read by logits / slope (as row.<field>)")
         if self.row_state and not self.row_fields:
             raise ValueError(f"variant {self.name!r}: row_state without row_fields that declare what it fills")
         if self.row_fields and not self.row_state:
@@ -207,10 +220,10 @@ class Variant:
                 f"variant {self.name!r} has softmax=False but no logits snippet: without softmax a key's weight is "
                 "what logits returns (e.g. sigmoid attention: logits='fmath::sigmoid(x + params.bias)')"
             )
-        if self.rising_logits and not self.logits:
+        if self.rising_logits and not (self.logits or self.slope):
             raise ValueError(
-                f"variant {self.name!r} has rising_logits=True but no logits snippet: the flag describes what "
-                "logits does to x along the keys"
+                f"variant {self.name!r} has rising_logits=True but no logits or slope snippet: the flag describes "
+                "what they do to x along the keys"
             )
         if not self.softmax and self.sink:
             raise ValueError(f"variant {self.name!r}: a sink joins a softmax denominator; softmax=False has none")
@@ -230,6 +243,11 @@ class Variant:
     @property
     def transforms(self) -> bool:
         return bool(self.query_transform or self.key_transform)
+
+    @property
+    def has_logits(self) -> bool:
+        """Whether the variant changes the logits (a ``logits`` or a ``slope`` snippet)."""
+        return bool(self.logits or self.slope)
 
     def snippet_items(self) -> list[tuple[str, str]]:
         return [(s, getattr(self, s)) for s in SNIPPETS if getattr(self, s)]

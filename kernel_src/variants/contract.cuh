@@ -9,6 +9,10 @@
 //   logits(v, ix, row, kv, x)       the logit of query row ix and key kv: x is the natural logit q·k·sm_scale (only
 //                                   called when kLogits; otherwise the kernels fold sm_scale into a base-2 softmax);
 //                                   row is the row's RowState
+//   slope(v, ix, row)               a linear key bias (kSlope; ALiBi): the piece's logits() is x + slope · kv_dist,
+//                                   so where every piece before it has no logits, the prefill kernel puts the bias
+//                                   into the Q·K^T accumulators' initial values (one FFMA per logit; kFoldSlope,
+//                                   slope_lead, logits_rest below) instead of running it per logit after the MMA
 //   row_state(v, ix)                per-row state of query row ix (its token and query head) for logits(), computed
 //                                   once per row outside the KV loop (kRowState; e.g. an ALiBi slope)
 //   mask(v, ix, kv)                 false drops the key (only when kMask; applied on every tile)
@@ -80,6 +84,9 @@ struct Identity {
   static constexpr bool kPosState = false;        // pos_state() gives key_transform() its PosState
   static constexpr bool kPosAdvance = false;      // pos_advance() moves a PosState on by a step's
   static constexpr bool kRisingLogits = false;    // logits() climb along the keys (ALiBi; Variant.rising_logits)
+  static constexpr bool kSlope = false;           // logits() is x + slope() · kv_dist (a piece's; also kLogits)
+  static constexpr bool kLeadSlope = false;       // (chains) slope pieces before any other logits: slope_lead()
+  static constexpr bool kLogitsRest = false;      // (chains) logits beyond the leading slopes: logits_rest()
   struct DimState {};
   struct RowState {};
   struct PosState {};
@@ -93,6 +100,16 @@ struct Identity {
   __device__ __forceinline__ static void pos_advance(const VP&, const DimState&, int, PosState&, const PosState&) {}
   template <class VP>
   __device__ __forceinline__ static float logits(const VP&, const Index&, const RowState&, int, float, float x) {
+    return x;
+  }
+  template <class VP> __device__ __forceinline__ static float slope(const VP&, const Index&, const RowState&) {
+    return 0.f;
+  }
+  template <class VP> __device__ __forceinline__ static float slope_lead(const VP&, const Index&, const RowState&) {
+    return 0.f;
+  }
+  template <class VP>
+  __device__ __forceinline__ static float logits_rest(const VP&, const Index&, const RowState&, int, float, float x) {
     return x;
   }
   template <class VP> __device__ __forceinline__ static bool mask(const VP&, const Index&, int) { return true; }
@@ -144,6 +161,11 @@ template <class A, class... Rest> struct Chain<A, Rest...> {
   static constexpr bool kOutputTransform = A::kOutputTransform || Tail::kOutputTransform;
   static constexpr bool kRowState = A::kRowState || Tail::kRowState;
   static constexpr bool kRisingLogits = A::kRisingLogits || Tail::kRisingLogits;
+  // The leading slopes: slope pieces with no other logits piece before them (pieces without logits, e.g. causal,
+  // may come between). Their biases add up (slope_lead); logits_rest runs the chain's logits without them.
+  static constexpr bool kSkipsA = A::kSlope || !A::kLogits;  // A adds nothing to logits_rest
+  static constexpr bool kLeadSlope = A::kSlope || (!A::kLogits && Tail::kLeadSlope);
+  static constexpr bool kLogitsRest = kSkipsA ? Tail::kLogitsRest : true;
   // At most one piece of a chain transforms (the renderer refuses two: rotations do not compose element by element),
   // so the chain's DimState and PosState are that piece's.
   static constexpr bool kHeadTransforms = A::kQueryTransform || A::kKeyTransform;
@@ -192,6 +214,22 @@ template <class A, class... Rest> struct Chain<A, Rest...> {
     if constexpr (A::kLogits) x = A::logits(v, ix, row.a, kv, dist, x);
     if constexpr (Tail::kLogits) x = Tail::logits(v, ix, row.tail, kv, dist, x);
     return x;
+  }
+  template <class VP>
+  __device__ __forceinline__ static float slope_lead(const VP& v, const Index& ix, const RowState& row) {
+    float a = 0.f;
+    if constexpr (A::kSlope) a = A::slope(v, ix, row.a);
+    if constexpr (kSkipsA && Tail::kLeadSlope) a += Tail::slope_lead(v, ix, row.tail);
+    return a;
+  }
+  template <class VP>
+  __device__ __forceinline__ static float logits_rest(const VP& v, const Index& ix, const RowState& row, int kv,
+                                                     float dist, float x) {
+    if constexpr (kSkipsA) {
+      return Tail::logits_rest(v, ix, row.tail, kv, dist, x);
+    } else {
+      return logits(v, ix, row, kv, dist, x);
+    }
   }
   template <class VP> __device__ __forceinline__ static bool mask(const VP& v, const Index& ix, int kv) {
     bool keep = true;
@@ -251,6 +289,11 @@ template <class V, class VP> __device__ __forceinline__ float sink_log2(const VP
     return neg_inf();
   }
 }
+
+// A kernel that folds the leading slopes' bias into Q·K^T (prefill) runs logits_rest on the tiles, and only when
+// kTileLogits; chains without softmax keep logits() whole (their weights are what logits() returns).
+template <class V> constexpr bool kFoldSlope = V::kLeadSlope && V::kSoftmax;
+template <class V> constexpr bool kTileLogits = kFoldSlope<V> ? V::kLogitsRest : V::kLogits;
 
 }  // namespace variant
 }  // namespace cuinfer

@@ -175,6 +175,27 @@ def test_soft_cap_and_alibi_add_no_mufu_op_per_logit_but_the_soft_caps_exp2():
 
 
 @pytest.mark.compile
+def test_alibi_as_a_slope_costs_prefill_at_most_two_float_ops_per_logit():
+    """Issue 17: ALiBi is a slope, whose bias the prefill kernels put into Q·K^T's initial accumulators (one FFMA per
+    logit; kFoldSlope). At the policy's 128 x 64 tiles (64 logits per thread and tile) the ragged and paged kernels have
+    at most 128 more FMUL + FADD + FFMA than plain causal's (2 per logit; as a logits transform, scaled score, key
+    distance and FFMA, it was 377 more), spill-free, sm_90a."""
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump not found")
+
+    def fops(kind, *names):
+        mod = compile_spec(_specs(render(tuple(lookup(n) for n in names)))[kind], "sm_90a")
+        (sym,) = mod.lowered.values()
+        r = next(iter(mod.resources.values()))
+        assert r.spill_stores == 0 and r.spill_loads == 0, f"{names} {kind}: {r}"
+        return sum(1 for o in disassemble(mod.cubin)[sym] if o.split(".")[0].split()[0] in ("FMUL", "FADD", "FFMA"))
+
+    for kind in ("prefill-ragged", "prefill-paged"):
+        extra = fops(kind, "causal", "alibi") - fops(kind, "causal")
+        assert extra <= 128, f"{kind}: ALiBi adds {extra} float instructions to causal's"
+
+
+@pytest.mark.compile
 def test_a_typo_in_an_output_transform_names_the_functor_and_the_line():
     typo = Variant(name="typo_out", output_transform="const float y = x + lse;\nreturn y * params.gian;",
                    params=(Param("gain"),))  # fmt: skip

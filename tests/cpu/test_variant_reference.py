@@ -332,6 +332,25 @@ def test_kv_dist_is_the_keys_distance_to_the_query(rng, paged):
     _check(o, lse, ref_o, ref_lse)
 
 
+SLOPE = Variant(
+    name="test_host_slope",
+    slope="params.a * (1.f + qo_head)",
+    params=(Param("a"),),
+    numpy={"slope": lambda qo_head, params: params.a * (1 + qo_head)},
+)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["ragged", "paged"])
+def test_a_slope_runs_on_numpy_inputs_as_its_linear_bias(rng, paged):
+    """A ``slope`` NumPy function gives the logits ``x + slope * kv_dist`` (the reference written here)."""
+    w, q, args, kv, qo_indptr = _prefill(rng, paged, causal=True, variant=SLOPE,
+                                         variant_params={"test_host_slope": {"a": 0.0625}})  # fmt: skip
+    o, lse = w.run(q, *args, return_lse=True)
+    ref_o, ref_lse = _prefill_ref(q, kv, qo_indptr, causal=True,
+                                  logit=lambda s, h, qpos, j: s + 0.0625 * (1 + h) * (j - qpos))  # fmt: skip
+    _check(o, lse, ref_o, ref_lse)
+
+
 def test_a_user_variant_without_numpy_functions_raises_on_numpy_inputs(rng):
     bare = Variant(name="test_host_bare", logits="2.f * x", output_transform="x", numpy={"logits": lambda x: 2 * x})
     w, q, cache, _ = _decode(rng, variant=bare)

@@ -53,6 +53,7 @@ def test_registering_a_name_twice_with_another_variant_raises():
         pytest.param(dict(name="rows", logits="x", row_state="row.a = 0;"), "without row_fields", id="row-no-fields"),
         pytest.param(dict(name="rows", logits="x", row_fields="float a;"), "row_fields without", id="row-fields"),
         pytest.param(dict(name="rise", mask="true", rising_logits=True), "rising_logits=True but no logits", id="rise"),
+        pytest.param(dict(name="both", logits="x", slope="1.f"), "has both slope and logits", id="slope-and-logits"),
     ],
 )
 def test_variant_specs_are_validated(kwargs, message):
@@ -85,7 +86,7 @@ def test_rendering_a_chain_of_builtins():
     assert "using Variant = ::cuinfer::variant::Chain<::cuinfer::variant::piece_causal," in src
     # each snippet between #line markers that name the variant and its functor
     for marker in ("variant causal.key_range", "variant window.key_range", "variant custom_mask.mask",
-                   "variant alibi.row_state", "variant alibi.logits", "variant soft_cap.logits"):  # fmt: skip
+                   "variant alibi.row_state", "variant alibi.slope", "variant soft_cap.logits"):  # fmt: skip
         assert f'#line 1 "{marker}"' in src
     # expression snippets become a return, bounds an intersection; a row state is filled once per row
     assert "return (fmath::soft_cap(x, params.cap, params.neg_two_cap, params.ex2_scale));" in src
@@ -242,3 +243,16 @@ def test_rising_logits_is_rendered_for_alibi_only():
     assert "static constexpr bool kRisingLogits = true;" in alibi_src
     assert "kRisingLogits" not in cap_src
     assert Variant(name="a", logits="x") != Variant(name="a", logits="x", rising_logits=True)
+
+
+def test_a_slope_renders_its_logits_and_the_chain_folds_leading_slopes():
+    """A slope piece is a logits piece (kLogits, its logits x + slope · kv_dist, for decode and for chains where a
+    logits piece comes first) that also says kSlope, which the chain's kLeadSlope / logits_rest read (contract.cuh)."""
+    src = render((lookup("causal"), lookup("alibi"), lookup("soft_cap"))).preamble()
+    alibi = src[src.index("struct piece_alibi") : src.index("struct piece_soft_cap")]
+    assert "static constexpr bool kLogits = true;" in alibi and "static constexpr bool kSlope = true;" in alibi
+    assert "return (row.slope);" in alibi and "return x + slope(v_, ix_, row) * kv_dist;" in alibi
+    assert "kSlope" not in src[src.index("struct piece_soft_cap") :].split("};")[0]
+    lin = Variant(name="lin", slope="params.a", params=(Param("a"),))
+    assert lin.has_logits and render((lin,)).has_logits and render((lin,)).register_heavy
+    assert Variant(name="lin", slope="params.a", row_state="row.b = 1.f;", row_fields="float b;").row_state

@@ -231,3 +231,84 @@ def test_a_key_transform_without_pos_advance_in_decode(rng, fw, tensor_cores, d)
         ref_o = np.einsum("hj,jhd->hd", p, np.repeat(v.astype(np.float64), g, axis=1)) / p.sum(axis=1)[:, None]
         ref_lse = (m[:, 0] + np.log(p.sum(axis=1))) * LOG2E
         _check(o[b : b + 1], lse[b : b + 1], ref_o[None], ref_lse[None], f"decode request {b} (kv {n}, d {d})")
+
+
+# A linear key bias written as a slope (per query head, an array given at run()): logit + a[h] * (kv_idx - qpos).
+HEAD_SLOPE = Variant(name="test_head_slope", slope="params.a[qo_head]", params=(Param("a", "f32", per="qo_head"),))
+
+
+def _attend_slope(q, k, v, qo_len: int, a: np.ndarray, cap_first: bool, sm_scale: float):
+    """float64, causal: the slope's bias and (cap_first: before it, else after it) the rational cap."""
+    lq, hq, d = q.shape
+    lkv, hkv, _ = k.shape
+    g = hq // hkv
+    o = np.zeros((lq, hq, d))
+    lse = np.zeros((lq, hq))
+    qpos = np.arange(lq) + lkv - qo_len
+    dist = np.arange(lkv)[None, :] - qpos[:, None]
+    for h in range(hq):
+        s = q[:, h].astype(np.float64) @ k[:, h // g].astype(np.float64).T * sm_scale
+        if cap_first:
+            s = s / (1 + np.abs(s) / CAP) + a[h] * dist
+        else:
+            s = s + a[h] * dist
+            s = s / (1 + np.abs(s) / CAP)
+        s = np.where(dist <= 0, s, -np.inf)
+        m = s.max(axis=1, keepdims=True)
+        p = np.exp(s - m)
+        o[:, h] = (p @ v[:, h // g].astype(np.float64)) / p.sum(axis=1)[:, None]
+        lse[:, h] = (m[:, 0] + np.log(p.sum(axis=1))) * LOG2E
+    return o, lse
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["ragged", "paged"])
+@pytest.mark.parametrize("cap_first", [False, True], ids=["slope-lead", "slope-after-logits"])
+def test_a_slope_variant_in_prefill(rng, fw, paged, cap_first):
+    """A slope first in the chain is folded into Q·K^T's accumulators (kFoldSlope); after a logits piece it runs as
+    that piece's logits (x + slope * kv_dist in place). Both against the float64 formula, the rows' keys crossing
+    many KV tiles (interior tiles carry the bias) and the long requests split (pieces merged)."""
+    from cuinfer.prefill import BatchPrefill
+
+    hq, hkv, d, ps = 32, 8, 128, 16
+    qo = np.array([1, 37, 300, 129])
+    kv = np.array([17, 100, 700, 1000])
+    qo_indptr = np.concatenate([[0], np.cumsum(qo)]).astype(np.int32)
+    q = (2 * rng.standard_normal((int(qo.sum()), hq, d), dtype=np.float32)).astype(BF16)
+    a = (0.05 * rng.random(hq)).astype(np.float32)  # ALiBi-like slopes, one per head
+    chain = ("causal", RATIONAL, HEAD_SLOPE) if cap_first else ("causal", HEAD_SLOPE, RATIONAL)
+    w = BatchPrefill(paged=paged)
+    kw = dict(num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, causal=False, q_dtype="bfloat16", variant=chain,
+              variant_params={"test_rational_cap": {"inv_cap": 1.0 / CAP}}, fixed_split_size=256)  # fmt: skip
+    if paged:
+        pages = (kv + ps - 1) // ps
+        indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+        num_pages = int(indptr[-1]) + 2
+        indices = rng.permutation(num_pages)[: indptr[-1]].astype(np.int32)
+        last = (kv - (pages - 1) * ps).astype(np.int32)
+        cache = rng.standard_normal((num_pages, 2, ps, hkv, d), dtype=np.float32).astype(BF16)
+        w.plan(qo_indptr, indptr, indices, last, page_size=ps, **kw)
+        ks, vs = [], []
+        for b, n in enumerate(kv):
+            rows = np.arange(n)
+            pg = indices[indptr[b] : indptr[b + 1]]
+            ks.append(cache[pg[rows // ps], 0, rows % ps])
+            vs.append(cache[pg[rows // ps], 1, rows % ps])
+        args = (fw.asarray(cache),)
+    else:
+        kv_indptr = np.concatenate([[0], np.cumsum(kv)]).astype(np.int32)
+        k = rng.standard_normal((int(kv.sum()), hkv, d), dtype=np.float32).astype(BF16)
+        v = rng.standard_normal((int(kv.sum()), hkv, d), dtype=np.float32).astype(BF16)
+        w.plan(qo_indptr, kv_indptr, **kw)
+        ks = [k[kv_indptr[b] : kv_indptr[b + 1]] for b in range(kv.size)]
+        vs = [v[kv_indptr[b] : kv_indptr[b + 1]] for b in range(kv.size)]
+        args = (fw.asarray(k), fw.asarray(v))
+    out = fw.asarray(np.full(q.shape, np.nan, BF16))
+    lse = fw.asarray(np.full(q.shape[:2], np.nan, np.float32))
+    assert w._plan.work.num_partial_rows > 0, "the long requests are split"
+    w.run(fw.asarray(q), *args, out=out, lse=lse, variant_arrays={"a": fw.asarray(a)})
+    o, lse = fw.to_numpy(out), fw.to_numpy(lse)
+    for b in range(qo.size):
+        sl = slice(qo_indptr[b], qo_indptr[b + 1])
+        ref_o, ref_lse = _attend_slope(q[sl], ks[b], vs[b], int(qo[b]), a.astype(np.float64), cap_first,
+                                       1 / np.sqrt(d))  # fmt: skip
+        _check(o[sl], lse[sl], ref_o, ref_lse, f"prefill request {b} (qo {qo[b]}, kv {kv[b]})")

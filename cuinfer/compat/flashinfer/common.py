@@ -126,6 +126,7 @@ OPTION_NAMES = ("pos_encoding_mode", "window_left", "logits_soft_cap", "sm_scale
 FLASHINFER_ALIBI = dataclasses.replace(
     alibi.ALIBI,
     name="flashinfer_alibi",
+    slope=None,
     logits="x + row.slope * static_cast<float>(kv_idx - qo_idx)",
     numpy={"logits": lambda x, kv_idx, qo_idx, qo_head, params: (
         x + alibi_slopes(params.num_qo_heads)[qo_head] * (kv_idx - qo_idx))},

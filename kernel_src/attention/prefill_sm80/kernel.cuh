@@ -250,7 +250,8 @@ template <class C, bool kIsK, int kUnroll> __device__ __forceinline__ void conve
 // only ever used as s * x_scale there (their max included, and the lse in the epilogue), so nothing multiplies each
 // score of each tile (scale_scores) and no register holds the factor across the loop.
 template <class C>
-constexpr bool kFoldKScale = C::kKV8 && C::kConvert && C::Variant::kSoftmax && !C::Variant::kLogits;
+constexpr bool kFoldKScale =
+    C::kKV8 && C::kConvert && C::Variant::kSoftmax && !variant::kTileLogits<typename C::Variant>;
 
 // Max-free softmax tiles (softmax_max_free, sm_90+): 16-bit K/V, and fp8 K/V converted by the CTA (kConvert: with the
 // k scale folded (kFoldKScale) and the item index kept in shared memory across the loop (run_item) the paged 128 x 64
@@ -434,7 +435,7 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
   // With a logits transform, P is packed on each softmax path before they join (the float S is not live at the join):
   // fewer registers live there, which kept the soft-capped ragged 128 x 64 tile from spilling (8 bytes). The plain
   // kernels pack after the join (their code unchanged).
-  constexpr bool kPackEarly = V::kLogits && V::kSoftmax;
+  constexpr bool kPackEarly = variant::kTileLogits<V> && V::kSoftmax;
   const bool need_mask = V::kMask || wkey0 + MMA_KV * 16 > wb0 || (V::kLowerBound && wkey0 < wb2);
   // 16-key slices holding a key that some row of this warp may see (wb1 > wkey0 here: >= 1)
   const int live = min(MMA_KV, (wb1 - wkey0 + 15) >> 4);
@@ -448,14 +449,26 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
     for (int mq = 0; mq < MMA_Q; ++mq) fast = fast && row_max[mq][0] != neg_inf() && row_max[mq][1] != neg_inf();
     fast = __all_sync(0xffffffffu, fast);
   }
+  // Leading slopes (kFoldSlope): accumulator units per natural logit unit, for slope_scores. The scores of a tile are
+  // natural logits times sm_scale when the chain has more logits (logits_and_mask), else base-2 logits times x_scale;
+  // either way times the k scale where scale_scores applies it after the MMAs.
+  float inv_nat = 1.f;
+  if constexpr (variant::kFoldSlope<V>) {
+    inv_nat = variant::kTileLogits<V> ? fmath::rcp(p.sm_scale) : kLog2e * fmath::rcp(x_scale);
+    if constexpr (C::kKV8 && !kFoldKScale<C>) inv_nat *= fmath::rcp(__int_as_float(c.warp_ints()[kWKScale]));
+  }
 #pragma unroll 1
   while (true) {
+    if constexpr (variant::kFoldSlope<V>) {
+      slope_scores<C>(p, v, c, s, wkey0, inv_nat, rows);
+    } else {
 #pragma unroll
-    for (int mq = 0; mq < MMA_Q; ++mq) {
+      for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
-      for (int j = 0; j < 2 * MMA_KV; ++j) {
+        for (int j = 0; j < 2 * MMA_KV; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[mq][j][e] = 0.f;
+          for (int e = 0; e < 4; ++e) s[mq][j][e] = 0.f;
+        }
       }
     }
     const u32 k_stage = c.k_lane + (C::kConvert ? 0 : stage * C::kKBytes);  // (kConvert: the one 16-bit K tile)
@@ -476,7 +489,7 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
     // one copy and a runtime need_mask, 16 with two).
     if (need_mask) {
       logits_and_mask<C>(p, v, c, s, wkey0, kv_end, true, rows);
-    } else if constexpr (V::kLogits) {
+    } else if constexpr (variant::kTileLogits<V>) {
       logits_and_mask<C>(p, v, c, s, wkey0, kv_end, false, rows);
     }
     if constexpr (!V::kSoftmax) {
@@ -644,7 +657,7 @@ __device__ __forceinline__ void run_item(const P& p, const VP& v, const Cta<C>& 
     }
   }
   // x = q.k (scaled at the exp) in the plain case; with a logits transform x is the final natural logit.
-  float x_scale = C::Variant::kLogits ? kLog2e : p.sm_scale_log2;
+  float x_scale = variant::kTileLogits<typename C::Variant> ? kLog2e : p.sm_scale_log2;
   // (fp8 K/V with plain softmax logits: the item's factor of the k scale array folded in, kFoldKScale; lane 0 of the
   // warp wrote it in write_warp_bounds, before its __syncwarp)
   if constexpr (kFoldKScale<C>) x_scale *= __int_as_float(c.warp_ints()[kWKScale]);

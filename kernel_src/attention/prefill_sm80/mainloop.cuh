@@ -233,8 +233,13 @@ __device__ __forceinline__ void logits_and_mask(const P& p, const VP& v, const C
         for (int e = 2 * h; e < 2 * h + 2; ++e) {
           const int key = wkey0 + j * 8 + 2 * (c.lane % 4) + (e % 2);
           float x = s[mq][j][e];
-          if constexpr (V::kLogits) {
-            x = V::logits(v, ix, row, key, dist0 + static_cast<float>(j * 8 + e % 2), x * p.sm_scale);
+          if constexpr (variant::kTileLogits<V>) {  // (the leading slopes' bias is in S already: kFoldSlope)
+            const float dist = dist0 + static_cast<float>(j * 8 + e % 2);
+            if constexpr (variant::kFoldSlope<V>) {
+              x = V::logits_rest(v, ix, row, key, dist, x * p.sm_scale);
+            } else {
+              x = V::logits(v, ix, row, key, dist, x * p.sm_scale);
+            }
           }
           if (need_mask) {
             bool keep = key < hi;
@@ -246,6 +251,40 @@ __device__ __forceinline__ void logits_and_mask(const P& p, const VP& v, const C
           }
           s[mq][j][e] = x;
         }
+      }
+    }
+  }
+}
+
+// Leading slopes (variant::kFoldSlope: ALiBi): S starts as the rows' linear key bias in accumulator units, so Q·K^T
+// adds the scores to it and no instruction per logit applies the bias after the MMAs. Element (mq, h, j, e) (rows and
+// keys as logits_and_mask's) gets a · (dist0 + 8 j + e % 2) as fmaf(a, 8 j + e % 2, a · dist0), one FFMA, with a the
+// row's slope_lead times `inv_nat` (accumulator units per natural logit unit) and dist0 its first key's kv_dist.
+template <class C, class P, class VP>
+__device__ __forceinline__ void slope_scores(const P& p, const VP& v, const Cta<C>& c,
+                                             float (&s)[C::kMmaQ][2 * C::kMmaKV][4], int wkey0, float inv_nat,
+                                             const typename C::Variant::RowState (&rows)[C::kMmaQ][2]) {
+  using V = typename C::Variant;
+  const int q_shift = c.info[kIQShift];
+  const int thread_row0 = c.info[kIRow0] + c.warp_row0 + c.lane / 4;
+#pragma unroll
+  for (int mq = 0; mq < C::kMmaQ; ++mq) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const variant::Index ix =
+          row_index<C>(p, thread_row0 + mq * 16 + 8 * h, q_shift, c.info[kIKvHead], c.info[kIReq], c.info[kIKvLen]);
+      typename V::RowState row;
+      if constexpr (C::kRowStateSmem) {
+        row = *row_slot<C>(c, mq, h);
+      } else {
+        row = rows[mq][h];
+      }
+      const float a = V::slope_lead(v, ix, row) * inv_nat;
+      const float b = a * static_cast<float>(wkey0 + 2 * (c.lane % 4) - ix.qpos);
+#pragma unroll
+      for (int j = 0; j < 2 * C::kMmaKV; ++j) {
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; ++e) s[mq][j][e] = fmaf(a, static_cast<float>(j * 8 + e % 2), b);
       }
     }
   }

@@ -123,7 +123,7 @@ struct PrefillTraits {
   // K; q is exact within 2^28 of the warp's largest |q| (bfloat16's 8 significant bits), smaller ones keep an absolute
   // error <= 2^-25 of the scaled value (2^-39 of that largest |q|): docs/fp8.md.
   static constexpr bool kHalfQK = kStagedEpi && kConvert && is_same<DTypeQ, __nv_bfloat16>::value &&
-                                  Variant::kSoftmax && !Variant::kLogits;
+                                  Variant::kSoftmax && !variant::kTileLogits<Variant>;
   using DTypeQK = typename Select<kHalfQK, half, DTypeQ>::type;  // the operand type of Q·K^T
   static constexpr int kTableFields = 10;
   // The order of an item's KV tiles (loader.cuh TileOrder): descending keys for a softmax whose logits climb along the
