@@ -115,19 +115,16 @@ def test_user_variants_in_decode(rng, fw, tensor_cores):
         _check(o[b : b + 1], lse[b : b + 1], ref_o, ref_lse, f"decode request {b} (kv {n})")
 
 
-@pytest.mark.parametrize("paged", [False, True], ids=["ragged", "paged"])
-def test_user_variants_in_prefill(rng, fw, paged):
+def _prefill_batch(rng, fw, paged: bool, qo, kv, **plan_kw):
+    """A bf16 prefill batch (32 / 8 heads, d128; pages of 16 scattered, two spare, when paged) planned with
+    ``plan_kw``: (wrapper, q, the run() K/V arguments, per-request k and v, qo_indptr)."""
     from cuinfer.prefill import BatchPrefill
 
     hq, hkv, d, ps = 32, 8, 128, 16
-    qo = np.array([1, 37, 300, 5, 129])
-    kv = np.array([17, 100, 700, 5, 1000])
     qo_indptr = np.concatenate([[0], np.cumsum(qo)]).astype(np.int32)
     q = (2 * rng.standard_normal((int(qo.sum()), hq, d), dtype=np.float32)).astype(BF16)
     w = BatchPrefill(paged=paged)
-    kw = dict(num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, causal=True, q_dtype="bfloat16",
-              variant=(RATIONAL, SINKS), variant_params=PARAMS)  # fmt: skip
-    ks, vs = [], []
+    kw = dict(num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, q_dtype="bfloat16", **plan_kw)
     if paged:
         pages = (kv + ps - 1) // ps
         indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
@@ -136,27 +133,35 @@ def test_user_variants_in_prefill(rng, fw, paged):
         last = (kv - (pages - 1) * ps).astype(np.int32)
         cache = rng.standard_normal((num_pages, 2, ps, hkv, d), dtype=np.float32).astype(BF16)
         w.plan(qo_indptr, indptr, indices, last, page_size=ps, **kw)
+        ks, vs = [], []
         for b, n in enumerate(kv):
             rows = np.arange(n)
             pg = indices[indptr[b] : indptr[b + 1]]
             ks.append(cache[pg[rows // ps], 0, rows % ps])
             vs.append(cache[pg[rows // ps], 1, rows % ps])
-        args = (fw.asarray(cache),)
-    else:
-        kv_indptr = np.concatenate([[0], np.cumsum(kv)]).astype(np.int32)
-        k = rng.standard_normal((int(kv.sum()), hkv, d), dtype=np.float32).astype(BF16)
-        v = rng.standard_normal((int(kv.sum()), hkv, d), dtype=np.float32).astype(BF16)
-        w.plan(qo_indptr, kv_indptr, **kw)
-        ks = [k[kv_indptr[b] : kv_indptr[b + 1]] for b in range(kv.size)]
-        vs = [v[kv_indptr[b] : kv_indptr[b + 1]] for b in range(kv.size)]
-        args = (fw.asarray(k), fw.asarray(v))
+        return w, q, (fw.asarray(cache),), ks, vs, qo_indptr
+    kv_indptr = np.concatenate([[0], np.cumsum(kv)]).astype(np.int32)
+    k = rng.standard_normal((int(kv.sum()), hkv, d), dtype=np.float32).astype(BF16)
+    v = rng.standard_normal((int(kv.sum()), hkv, d), dtype=np.float32).astype(BF16)
+    w.plan(qo_indptr, kv_indptr, **kw)
+    ks = [k[kv_indptr[b] : kv_indptr[b + 1]] for b in range(kv.size)]
+    vs = [v[kv_indptr[b] : kv_indptr[b + 1]] for b in range(kv.size)]
+    return w, q, (fw.asarray(k), fw.asarray(v)), ks, vs, qo_indptr
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["ragged", "paged"])
+def test_user_variants_in_prefill(rng, fw, paged):
+    qo = np.array([1, 37, 300, 5, 129])
+    kv = np.array([17, 100, 700, 5, 1000])
+    w, q, args, ks, vs, qo_indptr = _prefill_batch(rng, fw, paged, qo, kv, causal=True, variant=(RATIONAL, SINKS),
+                                                   variant_params=PARAMS)  # fmt: skip
     out = fw.asarray(np.full(q.shape, np.nan, BF16))
     lse = fw.asarray(np.full(q.shape[:2], np.nan, np.float32))
     w.run(fw.asarray(q), *args, out=out, lse=lse)
     o, lse = fw.to_numpy(out), fw.to_numpy(lse)
     for b in range(qo.size):
         sl = slice(qo_indptr[b], qo_indptr[b + 1])
-        ref_o, ref_lse = _attend(q[sl], ks[b], vs[b], int(qo[b]), True, 1 / np.sqrt(d))
+        ref_o, ref_lse = _attend(q[sl], ks[b], vs[b], int(qo[b]), True, 1 / np.sqrt(q.shape[2]))
         _check(o[sl], lse[sl], ref_o, ref_lse, f"prefill request {b} (qo {qo[b]}, kv {kv[b]})")
 
 
@@ -267,41 +272,14 @@ def test_a_slope_variant_in_prefill(rng, fw, paged, cap_first):
     """A slope first in the chain is folded into Q·K^T's accumulators (kFoldSlope); after a logits piece it runs as
     that piece's logits (x + slope * kv_dist in place). Both against the float64 formula, the rows' keys crossing
     many KV tiles (interior tiles carry the bias) and the long requests split (pieces merged)."""
-    from cuinfer.prefill import BatchPrefill
-
-    hq, hkv, d, ps = 32, 8, 128, 16
     qo = np.array([1, 37, 300, 129])
     kv = np.array([17, 100, 700, 1000])
-    qo_indptr = np.concatenate([[0], np.cumsum(qo)]).astype(np.int32)
-    q = (2 * rng.standard_normal((int(qo.sum()), hq, d), dtype=np.float32)).astype(BF16)
-    a = (0.05 * rng.random(hq)).astype(np.float32)  # ALiBi-like slopes, one per head
+    a = (0.05 * rng.random(32)).astype(np.float32)  # ALiBi-like slopes, one per query head
     chain = ("causal", RATIONAL, HEAD_SLOPE) if cap_first else ("causal", HEAD_SLOPE, RATIONAL)
-    w = BatchPrefill(paged=paged)
-    kw = dict(num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, causal=False, q_dtype="bfloat16", variant=chain,
-              variant_params={"test_rational_cap": {"inv_cap": 1.0 / CAP}}, fixed_split_size=256)  # fmt: skip
-    if paged:
-        pages = (kv + ps - 1) // ps
-        indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
-        num_pages = int(indptr[-1]) + 2
-        indices = rng.permutation(num_pages)[: indptr[-1]].astype(np.int32)
-        last = (kv - (pages - 1) * ps).astype(np.int32)
-        cache = rng.standard_normal((num_pages, 2, ps, hkv, d), dtype=np.float32).astype(BF16)
-        w.plan(qo_indptr, indptr, indices, last, page_size=ps, **kw)
-        ks, vs = [], []
-        for b, n in enumerate(kv):
-            rows = np.arange(n)
-            pg = indices[indptr[b] : indptr[b + 1]]
-            ks.append(cache[pg[rows // ps], 0, rows % ps])
-            vs.append(cache[pg[rows // ps], 1, rows % ps])
-        args = (fw.asarray(cache),)
-    else:
-        kv_indptr = np.concatenate([[0], np.cumsum(kv)]).astype(np.int32)
-        k = rng.standard_normal((int(kv.sum()), hkv, d), dtype=np.float32).astype(BF16)
-        v = rng.standard_normal((int(kv.sum()), hkv, d), dtype=np.float32).astype(BF16)
-        w.plan(qo_indptr, kv_indptr, **kw)
-        ks = [k[kv_indptr[b] : kv_indptr[b + 1]] for b in range(kv.size)]
-        vs = [v[kv_indptr[b] : kv_indptr[b + 1]] for b in range(kv.size)]
-        args = (fw.asarray(k), fw.asarray(v))
+    w, q, args, ks, vs, qo_indptr = _prefill_batch(
+        rng, fw, paged, qo, kv, causal=False, variant=chain, fixed_split_size=256,
+        variant_params={"test_rational_cap": {"inv_cap": 1.0 / CAP}},
+    )  # fmt: skip
     out = fw.asarray(np.full(q.shape, np.nan, BF16))
     lse = fw.asarray(np.full(q.shape[:2], np.nan, np.float32))
     assert w._plan.work.num_partial_rows > 0, "the long requests are split"
@@ -310,5 +288,5 @@ def test_a_slope_variant_in_prefill(rng, fw, paged, cap_first):
     for b in range(qo.size):
         sl = slice(qo_indptr[b], qo_indptr[b + 1])
         ref_o, ref_lse = _attend_slope(q[sl], ks[b], vs[b], int(qo[b]), a.astype(np.float64), cap_first,
-                                       1 / np.sqrt(d))  # fmt: skip
+                                       1 / np.sqrt(q.shape[2]))  # fmt: skip
         _check(o[sl], lse[sl], ref_o, ref_lse, f"prefill request {b} (qo {qo[b]}, kv {kv[b]})")

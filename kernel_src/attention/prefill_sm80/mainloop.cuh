@@ -196,6 +196,17 @@ __device__ __forceinline__ variant::Index row_index(const P& p, int pr, int q_sh
   return ix;
 }
 
+// The RowState of this thread's row (mq, h): from its shared-memory slot (Traits::kRowStateSmem), else from `rows`.
+template <class C>
+__device__ __forceinline__ typename C::Variant::RowState row_state_of(
+    const Cta<C>& c, const typename C::Variant::RowState (&rows)[C::kMmaQ][2], int mq, int h) {
+  if constexpr (C::kRowStateSmem) {
+    return *row_slot<C>(c, mq, h);
+  } else {
+    return rows[mq][h];
+  }
+}
+
 // The variant's logits transform and the tile's masks on this warp's S: the element of row (mq, h) and n8 tile j,
 // component e, is the logit of packed row row0 + warp_row0 + lane/4 + 16 mq + 8 h and key wkey0 + 8 j + 2 (lane % 4)
 // + e % 2. Keys outside the row's key range [lo, hi) (the variant's key_range clipped to the item's kv_end) and keys
@@ -221,12 +232,7 @@ __device__ __forceinline__ void logits_and_mask(const P& p, const VP& v, const C
       // kv_dist of the row's first key in this tile: each element's is this plus a constant, exactly (integers below
       // 2^24), one FADD instead of an integer add and a conversion per logit.
       const float dist0 = static_cast<float>(wkey0 + 2 * (c.lane % 4) - ix.qpos);
-      typename V::RowState row;
-      if constexpr (C::kRowStateSmem) {
-        row = *row_slot<C>(c, mq, h);
-      } else {
-        row = rows[mq][h];
-      }
+      const typename V::RowState row = row_state_of<C>(c, rows, mq, h);
 #pragma unroll
       for (int j = 0; j < 2 * C::kMmaKV; ++j) {
 #pragma unroll
@@ -273,12 +279,7 @@ __device__ __forceinline__ void slope_scores(const P& p, const VP& v, const Cta<
     for (int h = 0; h < 2; ++h) {
       const variant::Index ix =
           row_index<C>(p, thread_row0 + mq * 16 + 8 * h, q_shift, c.info[kIKvHead], c.info[kIReq], c.info[kIKvLen]);
-      typename V::RowState row;
-      if constexpr (C::kRowStateSmem) {
-        row = *row_slot<C>(c, mq, h);
-      } else {
-        row = rows[mq][h];
-      }
+      const typename V::RowState row = row_state_of<C>(c, rows, mq, h);
       const float a = V::slope_lead(v, ix, row) * inv_nat;
       const float b = a * static_cast<float>(wkey0 + 2 * (c.lane % 4) - ix.qpos);
 #pragma unroll
