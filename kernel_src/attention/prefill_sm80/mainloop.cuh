@@ -270,23 +270,18 @@ template <class C, class P, class VP>
 __device__ __forceinline__ void slope_scores(const P& p, const VP& v, const Cta<C>& c,
                                              float (&s)[C::kMmaQ][2 * C::kMmaKV][4], int wkey0, float inv_nat,
                                              const typename C::Variant::RowState (&rows)[C::kMmaQ][2]) {
-  using V = typename C::Variant;
-  const int q_shift = c.info[kIQShift];
-  const int thread_row0 = c.info[kIRow0] + c.warp_row0 + c.lane / 4;
+  const int first_row = c.info[kIRow0] + c.warp_row0 + c.lane / 4;  // (packed row of element mq = 0, h = 0)
 #pragma unroll
-  for (int mq = 0; mq < C::kMmaQ; ++mq) {
+  for (int r = 0; r < 2 * C::kMmaQ; ++r) {  // this thread's rows (mq, h) = (r / 2, r % 2)
+    const int mq = r / 2, h = r % 2;
+    const variant::Index ix = row_index<C>(p, first_row + mq * 16 + 8 * h, c.info[kIQShift], c.info[kIKvHead],
+                                           c.info[kIReq], c.info[kIKvLen]);
+    const float a = C::Variant::slope_lead(v, ix, row_state_of<C>(c, rows, mq, h)) * inv_nat;
+    const float b = a * static_cast<float>(wkey0 + 2 * (c.lane % 4) - ix.qpos);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const variant::Index ix =
-          row_index<C>(p, thread_row0 + mq * 16 + 8 * h, q_shift, c.info[kIKvHead], c.info[kIReq], c.info[kIKvLen]);
-      const typename V::RowState row = row_state_of<C>(c, rows, mq, h);
-      const float a = V::slope_lead(v, ix, row) * inv_nat;
-      const float b = a * static_cast<float>(wkey0 + 2 * (c.lane % 4) - ix.qpos);
+    for (int j = 0; j < 2 * C::kMmaKV; ++j) {
 #pragma unroll
-      for (int j = 0; j < 2 * C::kMmaKV; ++j) {
-#pragma unroll
-        for (int e = 2 * h; e < 2 * h + 2; ++e) s[mq][j][e] = fmaf(a, static_cast<float>(j * 8 + e % 2), b);
-      }
+      for (int e = 2 * h; e < 2 * h + 2; ++e) s[mq][j][e] = fmaf(a, static_cast<float>(j * 8 + e % 2), b);
     }
   }
 }
