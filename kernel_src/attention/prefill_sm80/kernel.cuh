@@ -263,11 +263,10 @@ template <class C> constexpr bool kMaxFreeTiles = kMaxFree && (!C::kKV8 || (C::k
 // ~54 natural units a tile) run an item's tiles backwards (Traits::kBackwardTiles), so the max-free path mostly holds;
 // where it still fails, a failed tile is computed twice (Q·K^T, the logits and the exponentials again on the exact
 // path), so their warps keep the exact path for the rest of the item. Other kernels keep their code: a failure there
-// is rare, and for the soft cap (bounded logits) the
-// sticky flag cost 4-5 % on P1-P3 (H200, 2026-12-02). The flag is an int of the warp's in shared memory (kWExactSlot: 16-bit
-// K/V use the fp8 scale's slot, CTA-converted fp8 the 10th of its 12 ints): in a register across the loop it spilled
-// the soft-capped 128 x 64 tile (12-24 bytes). Lane 0 clears it at the item's start (run_item) and sets it on a
-// failure; the warp reads it after the next tile's block barrier.
+// is rare, and for the soft cap (bounded logits) the sticky flag cost 4-5 % on P1-P3 (H200, 2026-12-02). The flag is
+// an int of the warp's in shared memory (kWExactSlot: 16-bit K/V use the fp8 scale's slot, CTA-converted fp8 the 10th
+// of its 12 ints): in a register across the loop it spilled the soft-capped 128 x 64 tile (12-24 bytes). Lane 0 clears
+// it at the item's start (run_item) and sets it on a failure; the warp reads it after the next tile's block barrier.
 template <class C>
 constexpr bool kStickyExact = kMaxFreeTiles<C> && C::Variant::kRisingLogits && C::Variant::kSoftmax;
 template <class C> constexpr int kWExactSlot = C::kKV8 ? kWItem + 1 : kWKScale;
@@ -449,9 +448,9 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
     for (int mq = 0; mq < MMA_Q; ++mq) fast = fast && row_max[mq][0] != neg_inf() && row_max[mq][1] != neg_inf();
     fast = __all_sync(0xffffffffu, fast);
   }
-  // Leading slopes (kFoldSlope): accumulator units per natural logit unit, for slope_scores. The scores of a tile are
-  // natural logits times sm_scale when the chain has more logits (logits_and_mask), else base-2 logits times x_scale;
-  // either way times the k scale where scale_scores applies it after the MMAs.
+  // Leading slopes (kFoldSlope): accumulator units per natural logit unit, for slope_scores. A tile's scores times
+  // sm_scale are natural logits when the chain has more logits (logits_and_mask), else its scores times x_scale are
+  // base-2 logits; either way after scale_scores' k scale where that applies it after the MMAs.
   float inv_nat = 1.f;
   if constexpr (variant::kFoldSlope<V>) {
     inv_nat = variant::kTileLogits<V> ? fmath::rcp(p.sm_scale) : kLog2e * fmath::rcp(x_scale);
