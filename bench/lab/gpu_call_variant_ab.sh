@@ -5,7 +5,8 @@
 # warm-ups; reports, details pages and per-SASS-line source counters) and runs GPU test files until the deadline.
 # Meanwhile, in the background: FlashInfer parity groups (tests/gpu/test_compat_parity.py as a script) and, with
 # FA2=1, FlashInfer's FA2 variant modules, B then running once more beside them if they are ready. Logs under $OUT.
-#   env: AB_BASE (.ab/base), ROUNDS (2), ITERS (30), DEADLINE_S (570), TESTS (test files; none: no tests), TESTS_K (-k),
+#   env: AB_BASE (.ab/base), ROUNDS (2), ITERS (30), VB_ARGS (more variant_bench options, e.g. "--no-decode
+#        --variants causal,alibi"), DEADLINE_S (570), TESTS (test files; none: no tests), TESTS_K (-k),
 #        PROFILE (standard case ids for ncu, e.g. "D10 P4"), PARITY (option names, e.g. "alibi": its decode and
 #        prefill parity cases), FA2 (1: FlashInfer FA2 beside B)
 set -uo pipefail
@@ -32,7 +33,7 @@ fi
 vb() {  # side round
   local pp=""; [ "$1" = a ] && pp=/tmp/site-a
   (cd /tmp/run-$1 && PYTHONPATH=$pp CUINFER_CACHE_DIR=/tmp/cc-$1 timeout 200 python3 -m bench.lab.variant_bench \
-    --iters "${ITERS:-30}" > "$OUT/variant_$1_r$2.txt" 2>&1)
+    --iters "${ITERS:-30}" ${VB_ARGS:-} > "$OUT/variant_$1_r$2.txt" 2>&1)
   echo "== variant_bench side $1 round $2 (at $(at))"; sed -n '/^case /,$p' "$OUT/variant_$1_r$2.txt"
 }
 for r in $(seq 1 "${ROUNDS:-2}"); do
