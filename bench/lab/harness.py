@@ -135,8 +135,7 @@ class LabPrefill(BatchPrefill):
 
         cfg, key = plan.config, plan.key(self.paged)
         kernel = get_kernel(self.lab_spec_of(key), key.name_expr(), device_id)
-        smem = block_smem_bytes(cfg, plan.head_dim, plan.head_dim_vo, self.paged, transforms=plan.variant.transforms,
-                                row_state=plan.variant.row_state)  # fmt: skip
+        smem = block_smem_bytes(cfg, plan.head_dim, plan.head_dim_vo, self.paged, variant=plan.variant)
         per_sm = max(1, kernel.max_active_blocks(cfg.block_threads, smem)) * cfg.groups
         return per_sm * (device_info(device_id).sm_count if num_sms is None else int(num_sms))
 

@@ -47,9 +47,7 @@ class PrefillLaunch:
         # A paired block (cfg.groups == 2) runs two CTAs of the plan: half the blocks, twice the threads and smem.
         self.num_ctas, self.threads = work.num_ctas // cfg.groups, cfg.block_threads
         dvo = plan.head_dim_vo
-        self.smem_bytes = block_smem_bytes(
-            cfg, plan.head_dim, dvo, paged, transforms=key.variant.transforms, row_state=key.variant.row_state
-        )
+        self.smem_bytes = block_smem_bytes(cfg, plan.head_dim, dvo, paged, variant=key.variant)
         partial_o, partial_lse = buf.partial_pointers(dvo)
         g = plan.num_qo_heads // plan.num_kv_heads
         g_mul, g_shift = fast_div_magic(g)

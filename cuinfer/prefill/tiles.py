@@ -5,6 +5,10 @@ is built for, how warps cover a tile, and the shared memory a CTA and a launched
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cuinfer.variants.render import Rendered
 
 QUERY_TILES = (16, 32, 64, 128)
 KV_TILES = (32, 64, 128)
@@ -95,17 +99,19 @@ TABLE_ITEMS, TABLE_FIELDS = 16, 10  # PrefillTraits::kTableItems / kTableFields 
 
 DIM_STATE_BYTES = 8  # PrefillTraits::kDimStateBytes: a variant's per-dimension state (RoPE frequencies)
 ROW_STATE_BYTES = 16  # PrefillTraits::kRowStateBytes: a variant's per-row state (ALiBi slopes), per row and thread
+SLOPE_ROW_BYTES = 8  # mainloop.cuh SlopeRow: a leading slope's per-row units and query position, per row and thread
 
 
 def smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool, elem_bytes: int = 2,
-               transforms: bool = False, row_state: bool = False) -> int:  # fmt: skip
+               variant: Rendered | None = None) -> int:  # fmt: skip
     """Dynamic shared memory of one CTA; mirrors PrefillTraits::kSmemBytes.
 
     One warp per row block (``warps_kv == 1``) runs the cross-item pipeline: no epilogue staging, an item table;
-    otherwise the epilogue stages every warp's state over the tile buffers. ``transforms``: the variant transforms q
-    / k (RoPE), whose per-thread states of 8 dimension pairs live in shared memory; ``row_state``: the variant has a
-    row state (ALiBi), kept in shared memory per row of each thread (``ROW_STATE_BYTES``). ``elem_bytes``: q's element,
-    ``cfg.kv_itemsize`` K/V's (fp8 rows of 64 bytes are copied by 4 threads each, so a thread copies twice the rows).
+    otherwise the epilogue stages every warp's state over the tile buffers. ``variant`` (the rendered chain; None:
+    plain attention) may take more, per thread: the states of 8 dimension pairs when it transforms q / k (RoPE), a row
+    state per row (ALiBi, ``ROW_STATE_BYTES``) and a slope row per row when its leading slopes start the scores
+    (``slope_rows``: ALiBi, ``SLOPE_ROW_BYTES``). ``elem_bytes``: q's element, ``cfg.kv_itemsize`` K/V's (fp8 rows of
+    64 bytes are copied by 4 threads each, so a thread copies twice the rows).
     """
     cross = cfg.warps_kv == 1
     q = cfg.tile_q * head_dim_qk * elem_bytes
@@ -121,14 +127,15 @@ def smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool,
     warp_ints = 12 if cfg.kv_convert else 8  # PrefillTraits::kWarpInts (kv_convert: + the item index, kWItem)
     info = (12 + warp_ints * cfg.warps_q * cfg.warps_kv) * 4  # kInfoInts + kWarpInts per warp
     table = TABLE_ITEMS * TABLE_FIELDS * 4 if cross else 0
-    states = cfg.threads * 8 * DIM_STATE_BYTES if transforms else 0
-    rows = cfg.threads * cfg.mma_q * 2 * ROW_STATE_BYTES if row_state else 0
-    return max(main, epi) + info + table + states + rows
+    states = cfg.threads * 8 * DIM_STATE_BYTES if variant is not None and variant.transforms else 0
+    rows = cfg.threads * cfg.mma_q * 2 * ROW_STATE_BYTES if variant is not None and variant.row_state else 0
+    slopes = cfg.threads * cfg.mma_q * 2 * SLOPE_ROW_BYTES if variant is not None and variant.slope_rows else 0
+    return max(main, epi) + info + table + states + rows + slopes
 
 
 def block_smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool,
-                     transforms: bool = False, row_state: bool = False) -> int:  # fmt: skip
+                     variant: Rendered | None = None) -> int:  # fmt: skip
     """Dynamic shared memory of one launched block: each group's ``smem_bytes`` at a 128-byte aligned offset
     (PrefillTraits::kGroupBytes); one group's size when unpaired."""
-    one = smem_bytes(cfg, head_dim_qk, head_dim_vo, paged, transforms=transforms, row_state=row_state)
+    one = smem_bytes(cfg, head_dim_qk, head_dim_vo, paged, variant=variant)
     return one if cfg.groups == 1 else cfg.groups * (-(-one // 128) * 128)

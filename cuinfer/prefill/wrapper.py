@@ -144,9 +144,7 @@ class BatchPrefill(PlanRunWrapper):
 
                 k = plan.key(self.paged)
                 kernel = get_kernel(prefill_spec(k), k.name_expr(), device_id)
-                smem = block_smem_bytes(cfg, plan.head_dim, plan.head_dim_vo, self.paged,
-                                        transforms=plan.variant.transforms,
-                                        row_state=plan.variant.row_state)  # fmt: skip
+                smem = block_smem_bytes(cfg, plan.head_dim, plan.head_dim_vo, self.paged, variant=plan.variant)
                 # (a paired block holds cfg.groups CTAs of the plan)
                 per_sm = max(1, kernel.max_active_blocks(cfg.block_threads, smem)) * cfg.groups
                 sms = device_info(device_id).sm_count

@@ -105,15 +105,23 @@ def test_cpp_traits_agree_with_python_smem_sizes():
 
     nvrtc = nvrtc_module()
     rope = render((lookup("rope"),))  # a transforming variant: its states take shared memory too
-    alibi = render((lookup("alibi"),))  # a variant with a row state: ... and its row states
+    alibi = render((lookup("alibi"),))  # a variant with a row state and a leading slope: ... and their rows
+    capped = render((lookup("soft_cap"), lookup("alibi")))  # a slope after a logits piece: a row state only
+    assert alibi.slope_rows and not capped.slope_rows
+    # (one source defines each piece once: the capped chain's, with both chains' last lines)
+    alibi_line = alibi.source.splitlines()[-1].replace("using Variant =", "using AlibiVariant =")
     lines = [PrefillParams.c_decl(), '#include "attention/prefill_sm80/traits.cuh"',
              rope.source.replace("using Variant =", "using RopeVariant ="),
-             alibi.source.replace("using Variant =", "using AlibiVariant =")]  # fmt: skip
+             capped.source.replace("using Variant =", "using CappedVariant ="), alibi_line]  # fmt: skip
     n = 0
-    combos = itertools.product(HEAD_DIMS, QUERY_TILES, KV_TILES, (0, 1), (2, 3), (1, 2), ("", "rope", "alibi"))
+    combos = itertools.product(
+        HEAD_DIMS, QUERY_TILES, KV_TILES, (0, 1), (2, 3), (1, 2), ("", "rope", "alibi", "capped")
+    )
     for (dqk, dvo), tq, tkv, paged, stages, groups, states in combos:
-        transforms, row_state = states == "rope", states == "alibi"
-        vname = {"rope": "RopeVariant", "alibi": "AlibiVariant"}.get(states, "cuinfer::variant::Identity")
+        chain = {"rope": rope, "alibi": alibi, "capped": capped}.get(states)
+        vname = {"rope": "RopeVariant", "alibi": "AlibiVariant", "capped": "CappedVariant"}.get(
+            states, "cuinfer::variant::Identity"
+        )
         try:
             cfg = tile_config(tq, tkv, dvo, stages, groups)
         except ValueError:
@@ -123,12 +131,12 @@ def test_cpp_traits_agree_with_python_smem_sizes():
             f"{cfg.mma_kv}, {stages}, {'true' if paged else 'false'}, "
             f"{vname}, {groups}>"
         )
-        want = smem_bytes(cfg, dqk, dvo, bool(paged), transforms=transforms, row_state=row_state)
+        want = smem_bytes(cfg, dqk, dvo, bool(paged), variant=chain)
         tag = f"{dqk} {dvo} {tq} {tkv} {paged} {stages} {groups}"
         lines.append(f'static_assert({t}::kSmemBytes == {want}, "smem {tag}");')
         lines.append(f'static_assert({t}::kThreads == {cfg.threads}, "threads {tag}");')
         lines.append(f'static_assert({t}::kBlockThreads == {cfg.block_threads}, "block threads {tag}");')
-        block = block_smem_bytes(cfg, dqk, dvo, bool(paged), transforms=transforms, row_state=row_state)
+        block = block_smem_bytes(cfg, dqk, dvo, bool(paged), variant=chain)
         lines.append(f'static_assert({t}::kGroups * {t}::kGroupBytes == {block} || {groups} == 1, "block {tag}");')
         n += 1
     src = "\n".join(lines).encode()
