@@ -78,29 +78,31 @@ extern "C" __global__ void __launch_bounds__(256) stream_read(const uint4* __res
   if (acc == 0x9e3779b9u) sink[blockIdx.x] = acc;  // (never true for the random data: keeps the loads alive)
 }
 
-// A decode step's pattern: 32 KB pages (16 tokens x 8 heads x 256 B) in a random order; CTA c reads a contiguous
-// run of the page list, either one head's slices (head c % 8, lanes of 8 CTAs over the same pages: 4 KB per page)
-// or whole pages. UNROLL passes of 4 KB in flight per CTA.
+// A decode step's pattern: pages of 16 tokens x 8 heads x ROW_BYTES (a K or V row of one head: 256 B for 16-bit head
+// dim 128, 128 B for fp8) in a random order; CTA c reads a contiguous run of the page list, either one head's slices
+// (head c % 8, lanes of 8 CTAs over the same pages: 16 rows per page) or whole pages. A pass of the 256 threads reads
+// SLICES = 256 / (16 x CHUNKS) consecutive slices of the run (16-byte chunks per row: CHUNKS); UNROLL passes in flight.
 extern "C" __global__ void __launch_bounds__(256) page_read(const uint4* __restrict__ src,
                                                             const int* __restrict__ pages, int n_pages, int whole,
                                                             unsigned* __restrict__ sink) {
+  constexpr int CHUNKS = ROW_BYTES / 16, SLICES = 256 / (16 * CHUNKS), PAGE16 = 16 * 8 * CHUNKS;
   const unsigned long long pol = l2_policy();
   const int lanes = whole ? gridDim.x : gridDim.x / 8;
   const int lane = whole ? blockIdx.x : blockIdx.x / 8, head = blockIdx.x % 8;
   const int per = (n_pages + lanes - 1) / lanes;
   const int lo = per * lane, hi = min(n_pages, lo + per);
   const int passes = whole ? 8 : 1;
-  const int tok = threadIdx.x / 16, chunk = threadIdx.x % 16;
+  const int sub = threadIdx.x / (16 * CHUNKS), tok = threadIdx.x / CHUNKS % 16, chunk = threadIdx.x % CHUNKS;
   unsigned acc = 0;
-  const int total = (hi - lo) * passes;
-  for (int u0 = 0; u0 < total; u0 += UNROLL) {
+  const int total = (hi - lo) * passes;  // slices of the run
+  for (int u0 = 0; u0 < total; u0 += UNROLL * SLICES) {
     uint4 v[UNROLL];
 #pragma unroll
     for (int j = 0; j < UNROLL; ++j) {
-      const int u = min(u0 + j, total - 1);
+      const int u = min(u0 + j * SLICES + sub, total - 1);
       const int pg = pages[lo + u / passes];
       const int h = whole ? u % passes : head;
-      v[j] = load_hinted(src + (long long)pg * 2048 + tok * 128 + h * 16 + chunk, pol);
+      v[j] = load_hinted(src + (long long)pg * PAGE16 + tok * 8 * CHUNKS + h * CHUNKS + chunk, pol);
     }
 #pragma unroll
     for (int j = 0; j < UNROLL; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
@@ -110,19 +112,22 @@ extern "C" __global__ void __launch_bounds__(256) page_read(const uint4* __restr
 """
 
 
-def kernel_options(policy: str, unroll: int, order: str) -> tuple[str, ...]:
+def kernel_options(policy: str, unroll: int, order: str, row_bytes: int = 256) -> tuple[str, ...]:
     """The NVRTC options of one read kernel: its L2 policy (``normal`` / ``first``), loads in flight per thread and
-    order (``grid`` / ``block``)."""
+    order (``grid`` / ``block``); ``row_bytes``: a page's row of one head (page_read: 256 for 16-bit head dim 128, 128
+    for fp8)."""
     if policy not in ("normal", "first") or order not in ("grid", "block") or unroll < 1:
         raise ValueError(f"policy normal|first, order grid|block, unroll >= 1; got {policy!r}, {order!r}, {unroll}")
+    if row_bytes not in (128, 256):
+        raise ValueError(f"row_bytes is 128 or 256; got {row_bytes}")
     return (f"-DUNROLL={unroll}", f"-DPOLICY_FIRST={int(policy == 'first')}", f"-DORDER_BLOCK={int(order == 'block')}",
-            "-std=c++17")  # fmt: skip
+            f"-DROW_BYTES={row_bytes}", "-std=c++17")  # fmt: skip
 
 
-def _kernel(policy: str, unroll: int, order: str, name: str = "stream_read"):
+def _kernel(policy: str, unroll: int, order: str, name: str = "stream_read", row_bytes: int = 256):
     import cupy as cp
 
-    return cp.RawKernel(_SRC, name, options=kernel_options(policy, unroll, order))
+    return cp.RawKernel(_SRC, name, options=kernel_options(policy, unroll, order, row_bytes))
 
 
 def main(want: list[str]) -> None:
@@ -168,12 +173,14 @@ def main(want: list[str]) -> None:
                   f"{order:5s} {per_sm} CTA/SM x unroll {unroll} = {fly:4d} KB in flight per SM")  # fmt: skip
         worst = rows[-1]
         print(f"{cid}  worst dirty {worst[0]:.1f} us ({worst[2]} {worst[3]} {worst[4]}x{worst[5]})", flush=True)
-        # The decode pattern over the same bytes: 32 KB pages in a random order, per head (lanes of 8 CTAs) or whole.
-        n_pages = nbytes // 32768
+        # The decode pattern over the same bytes: pages of 16 tokens x 8 heads (32 KB; 16 KB of fp8) in a random
+        # order, per head (lanes of 8 CTAs) or whole.
+        row_bytes = case.shape.head_dim * cases.ITEMSIZE[case.kv_dtype or case.shape.dtype]
+        n_pages = nbytes // (16 * 8 * row_bytes)
         perm = cp.asarray(np.random.default_rng(case.seed).permutation(n_pages).astype(np.int32))
         prow = []
         for policy, whole, per_sm, unroll in itertools.product(("normal", "first"), (0, 1), (2, 4), (2, 4, 8)):
-            k = _kernel(policy, unroll, "grid", "page_read")
+            k = _kernel(policy, unroll, "grid", "page_read", row_bytes)
             grid, args = sms * per_sm, (buf, perm, np.int32(n_pages), np.int32(whole), sink)
 
             def run(k=k, grid=grid, args=args):
