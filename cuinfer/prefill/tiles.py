@@ -99,7 +99,6 @@ TABLE_ITEMS, TABLE_FIELDS = 16, 10  # PrefillTraits::kTableItems / kTableFields 
 
 DIM_STATE_BYTES = 8  # PrefillTraits::kDimStateBytes: a variant's per-dimension state (RoPE frequencies)
 ROW_STATE_BYTES = 16  # PrefillTraits::kRowStateBytes: a variant's per-row state (ALiBi slopes), per row and thread
-SLOPE_ROW_BYTES = 8  # mainloop.cuh SlopeRow: a leading slope's per-row units and query position, per row and thread
 
 
 def smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool, elem_bytes: int = 2,
@@ -108,10 +107,9 @@ def smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool,
 
     One warp per row block (``warps_kv == 1``) runs the cross-item pipeline: no epilogue staging, an item table;
     otherwise the epilogue stages every warp's state over the tile buffers. ``variant`` (the rendered chain; None:
-    plain attention) may take more, per thread: the states of 8 dimension pairs when it transforms q / k (RoPE), a row
-    state per row (ALiBi, ``ROW_STATE_BYTES``) and a slope row per row when its leading slopes start the scores
-    (``slope_rows``: ALiBi, ``SLOPE_ROW_BYTES``). ``elem_bytes``: q's element, ``cfg.kv_itemsize`` K/V's (fp8 rows of
-    64 bytes are copied by 4 threads each, so a thread copies twice the rows).
+    plain attention) may take more, per thread: the states of 8 dimension pairs when it transforms q / k (RoPE) and a
+    row state per row (ALiBi, ``ROW_STATE_BYTES``). ``elem_bytes``: q's element, ``cfg.kv_itemsize`` K/V's (fp8 rows
+    of 64 bytes are copied by 4 threads each, so a thread copies twice the rows).
     """
     cross = cfg.warps_kv == 1
     q = cfg.tile_q * head_dim_qk * elem_bytes
@@ -129,8 +127,7 @@ def smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool,
     table = TABLE_ITEMS * TABLE_FIELDS * 4 if cross else 0
     states = cfg.threads * 8 * DIM_STATE_BYTES if variant is not None and variant.transforms else 0
     rows = cfg.threads * cfg.mma_q * 2 * ROW_STATE_BYTES if variant is not None and variant.row_state else 0
-    slopes = cfg.threads * cfg.mma_q * 2 * SLOPE_ROW_BYTES if variant is not None and variant.slope_rows else 0
-    return max(main, epi) + info + table + states + rows + slopes
+    return max(main, epi) + info + table + states + rows
 
 
 def block_smem_bytes(cfg: TileConfig, head_dim_qk: int, head_dim_vo: int, paged: bool,

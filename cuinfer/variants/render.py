@@ -74,18 +74,6 @@ class Rendered:
         return any(p.row_state for p in self.pieces)
 
     @property
-    def slope_rows(self) -> bool:
-        """Whether the chain's leading slopes start the prefill scores (a slope piece before any other piece with
-        logits, and softmax; contract.cuh kFoldSlope): per-row slope slots in the prefill kernel's shared memory
-        (tiles.SLOPE_ROW_BYTES)."""
-        for p in self.pieces:
-            if p.slope:
-                return self.softmax
-            if p.has_logits:
-                return False
-        return False
-
-    @property
     def softmax(self) -> bool:
         """False when a piece sets softmax=False: weights summed without normalisation."""
         return all(p.softmax for p in self.pieces)

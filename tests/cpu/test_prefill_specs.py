@@ -105,9 +105,8 @@ def test_cpp_traits_agree_with_python_smem_sizes():
 
     nvrtc = nvrtc_module()
     rope = render((lookup("rope"),))  # a transforming variant: its states take shared memory too
-    alibi = render((lookup("alibi"),))  # a variant with a row state and a leading slope: ... and their rows
-    capped = render((lookup("soft_cap"), lookup("alibi")))  # a slope after a logits piece: a row state only
-    assert alibi.slope_rows and not capped.slope_rows
+    alibi = render((lookup("alibi"),))  # a variant with a row state: ... and its row states
+    capped = render((lookup("soft_cap"), lookup("alibi")))  # a row state after a logits piece
     # (one source defines each piece once: the capped chain's, with both chains' last lines)
     alibi_line = alibi.source.splitlines()[-1].replace("using Variant =", "using AlibiVariant =")
     lines = [PrefillParams.c_decl(), '#include "attention/prefill_sm80/traits.cuh"',

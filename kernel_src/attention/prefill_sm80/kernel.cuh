@@ -448,10 +448,18 @@ __device__ __forceinline__ void tile_scores(const P& p, const VP& v, const Cta<C
     for (int mq = 0; mq < MMA_Q; ++mq) fast = fast && row_max[mq][0] != neg_inf() && row_max[mq][1] != neg_inf();
     fast = __all_sync(0xffffffffu, fast);
   }
+  // Leading slopes (kFoldSlope): accumulator units per natural logit unit, for slope_scores. A tile's scores times
+  // sm_scale are natural logits when the chain has more logits (logits_and_mask), else its scores times x_scale are
+  // base-2 logits; either way after scale_scores' k scale where that applies it after the MMAs.
+  float inv_nat = 1.f;
+  if constexpr (variant::kFoldSlope<V>) {
+    inv_nat = variant::kTileLogits<V> ? fmath::rcp(p.sm_scale) : kLog2e * fmath::rcp(x_scale);
+    if constexpr (C::kKV8 && !kFoldKScale<C>) inv_nat *= fmath::rcp(__int_as_float(c.warp_ints()[kWKScale]));
+  }
 #pragma unroll 1
   while (true) {
     if constexpr (variant::kFoldSlope<V>) {
-      slope_scores<C>(c, s, wkey0);
+      slope_scores<C>(p, v, c, s, wkey0, inv_nat, rows);
     } else {
 #pragma unroll
       for (int mq = 0; mq < MMA_Q; ++mq) {
@@ -587,16 +595,6 @@ __device__ __forceinline__ void kv_loop(const P& p, const VP& v, const Cta<C>& c
   }
 }
 
-// Leading slopes (kFoldSlope): accumulator units per natural logit unit for an item (slope_rows). A tile's scores times
-// sm_scale are natural logits when the chain has more logits (logits_and_mask), else its scores times x_scale are
-// base-2 logits; either way after scale_scores' k scale where that applies it after the MMAs.
-template <class C, class P> __device__ __forceinline__ float slope_units(const P& p, const Cta<C>& c, float x_scale) {
-  using V = typename C::Variant;
-  float inv_nat = variant::kTileLogits<V> ? fmath::rcp(p.sm_scale) : kLog2e * fmath::rcp(x_scale);
-  if constexpr (C::kKV8 && !kFoldKScale<C>) inv_nat *= fmath::rcp(__int_as_float(c.warp_ints()[kWKScale]));
-  return inv_nat;
-}
-
 // One item: its facts, the prologue, the KV tiles and the epilogue.
 template <class C, class P, class VP>
 __device__ __forceinline__ void run_item(const P& p, const VP& v, const Cta<C>& c, const Loader<C, P>& ld, int& item,
@@ -677,9 +675,6 @@ __device__ __forceinline__ void run_item(const P& p, const VP& v, const Cta<C>& 
   // The variant's per-row state (an ALiBi slope, ...): once per item, not per KV tile.
   typename C::Variant::RowState rows[MMA_Q][2];
   row_states<C>(p, v, c, f.row0, q_shift, f.kvh, f.b, f.kv_len, rows);
-  if constexpr (C::kSlopeRows) {
-    slope_rows<C>(p, v, c, f.row0, q_shift, f.kvh, f.b, f.kv_len, slope_units<C>(p, c, x_scale), rows);
-  }
   kv_loop<C>(p, v, c, ld, f.kv_start, f.kv_end, stage, pages, o, row_max, row_sum, x_scale, rows);
   if constexpr (C::kConvert) item = lds_volatile(c.warp_ints() + kWItem);
   if constexpr (C::kKV8) finish_fp8_o<C>(c, o);

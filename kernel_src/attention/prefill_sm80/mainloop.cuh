@@ -262,55 +262,26 @@ __device__ __forceinline__ void logits_and_mask(const P& p, const VP& v, const C
   }
 }
 
-// Leading slopes (variant::kFoldSlope: ALiBi), per row (mq, h) of this thread: a, the row's slope_lead in accumulator
-// units (times slope_rows' inv_nat), and q, its query's kv position minus the thread's key offset 2 (lane % 4), so that
-// the row's first key of a tile starting at wkey0 is at kv_dist wkey0 - q. Fixed for an item: slope_rows writes them
-// once into this thread's slots (Traits::kSlopeRowsOff; only this thread reads them, no barrier), slope_scores reads
-// them per KV tile (one 8-byte load a row instead of the row's index, state and units again).
-struct SlopeRow {
-  float a;
-  int q;
-};
-
-template <class C> __device__ __forceinline__ SlopeRow* slope_row_slot(const Cta<C>& c, int mq, int h) {
-  return reinterpret_cast<SlopeRow*>(c.smem + C::kSlopeRowsOff + ((2 * mq + h) * C::kThreads + c.tid) * 8);
-}
-
-// The SlopeRows of this thread's rows for an item (row0 its first packed row, `rows` its RowStates: row_states, which
-// runs first), `inv_nat` accumulator units per natural logit unit (kernel.cuh slope_units).
-template <class C, class P, class VP>
-__device__ __forceinline__ void slope_rows(const P& p, const VP& v, const Cta<C>& c, int row0, int q_shift, int kv_head,
-                                           int batch, int kv_len, float inv_nat,
-                                           const typename C::Variant::RowState (&rows)[C::kMmaQ][2]) {
-#pragma unroll
-  for (int mq = 0; mq < C::kMmaQ; ++mq) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int pr = row0 + c.warp_row0 + c.lane / 4 + mq * 16 + 8 * h;
-      const variant::Index ix = row_index<C>(p, pr, q_shift, kv_head, batch, kv_len);
-      SlopeRow r;
-      r.a = C::Variant::slope_lead(v, ix, row_state_of<C>(c, rows, mq, h)) * inv_nat;
-      r.q = ix.qpos - 2 * (c.lane % 4);
-      *slope_row_slot<C>(c, mq, h) = r;
-    }
-  }
-}
-
 // Leading slopes (variant::kFoldSlope: ALiBi): S starts as the rows' linear key bias in accumulator units, so Q·K^T
 // adds the scores to it and no instruction per logit applies the bias after the MMAs. Element (mq, h, j, e) (rows and
-// keys as logits_and_mask's) gets a · (dist0 + 8 j + e % 2) as fmaf(a, 8 j + e % 2, a · dist0), one FFMA, with a and
-// dist0 = wkey0 - q (exact: integers below 2^24) from the row's SlopeRow.
-template <class C>
-__device__ __forceinline__ void slope_scores(const Cta<C>& c, float (&s)[C::kMmaQ][2 * C::kMmaKV][4], int wkey0) {
+// keys as logits_and_mask's) gets a · (dist0 + 8 j + e % 2) as fmaf(a, 8 j + e % 2, a · dist0), one FFMA, with a the
+// row's slope_lead times `inv_nat` (accumulator units per natural logit unit) and dist0 its first key's kv_dist.
+template <class C, class P, class VP>
+__device__ __forceinline__ void slope_scores(const P& p, const VP& v, const Cta<C>& c,
+                                             float (&s)[C::kMmaQ][2 * C::kMmaKV][4], int wkey0, float inv_nat,
+                                             const typename C::Variant::RowState (&rows)[C::kMmaQ][2]) {
+  const int first_row = c.info[kIRow0] + c.warp_row0 + c.lane / 4;  // (packed row of element mq = 0, h = 0)
 #pragma unroll
   for (int r = 0; r < 2 * C::kMmaQ; ++r) {  // this thread's rows (mq, h) = (r / 2, r % 2)
     const int mq = r / 2, h = r % 2;
-    const SlopeRow row = *slope_row_slot<C>(c, mq, h);
-    const float b = row.a * static_cast<float>(wkey0 - row.q);
+    const variant::Index ix = row_index<C>(p, first_row + mq * 16 + 8 * h, c.info[kIQShift], c.info[kIKvHead],
+                                           c.info[kIReq], c.info[kIKvLen]);
+    const float a = C::Variant::slope_lead(v, ix, row_state_of<C>(c, rows, mq, h)) * inv_nat;
+    const float b = a * static_cast<float>(wkey0 + 2 * (c.lane % 4) - ix.qpos);
 #pragma unroll
     for (int j = 0; j < 2 * C::kMmaKV; ++j) {
 #pragma unroll
-      for (int e = 2 * h; e < 2 * h + 2; ++e) s[mq][j][e] = fmaf(row.a, static_cast<float>(j * 8 + e % 2), b);
+      for (int e = 2 * h; e < 2 * h + 2; ++e) s[mq][j][e] = fmaf(a, static_cast<float>(j * 8 + e % 2), b);
     }
   }
 }

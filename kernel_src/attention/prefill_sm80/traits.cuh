@@ -145,12 +145,7 @@ struct PrefillTraits {
   static constexpr bool kRowStateSmem =
       Variant::kRowState && sizeof(typename Variant::RowState) <= kRowStateBytes;
   static constexpr int kRowsOff = kStatesOff + (kTransforms ? kThreads * 8 * kDimStateBytes : 0);
-  // Leading slopes (variant::kFoldSlope: ALiBi): each row's slope in accumulator units and its query's kv position,
-  // computed once per item (mainloop.cuh slope_rows) and read back on every KV tile (slope_scores), one 8-byte
-  // SlopeRow per row at the row states' slot order.
-  static constexpr bool kSlopeRows = variant::kFoldSlope<Variant>;
-  static constexpr int kSlopeRowsOff = kRowsOff + (Variant::kRowState ? kThreads * kMmaQ * 2 * kRowStateBytes : 0);
-  static constexpr int kSmemBytes = kSlopeRowsOff + (kSlopeRows ? kThreads * kMmaQ * 2 * 8 : 0);
+  static constexpr int kSmemBytes = kRowsOff + (Variant::kRowState ? kThreads * kMmaQ * 2 * kRowStateBytes : 0);
   // Paired blocks (GROUPS = 2, cross-item tiles only): two groups of kThreads per block, each one CTA of the plan
   // with kSmemBytes of its own at a 128-byte aligned offset (see Cta in cta.cuh).
   static constexpr int kGroups = GROUPS_;
