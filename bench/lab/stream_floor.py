@@ -1,6 +1,7 @@
 """The floor of a small decode step: how fast can *any* kernel read a case's K/V bytes by the benchmark method? (Lab.)
 
-python -m bench.lab.stream_floor [--cases D1,D2,D4]   (GPU machine; default $CUINFER_FLOOR_CASES, else D1,D2,D4)
+python -m bench.lab.stream_floor [--cases D1,D2,D4] [--quick]   (GPU machine; default $CUINFER_FLOOR_CASES, else
+                                                                 D1,D2,D4; --quick: evict-normal loads only)
 python -m bench.lab.stream_floor plot OUT.png DECODE.json FLOOR.txt [FLOOR.txt ...]   (anywhere: the plot of a record)
 
 A decode step must read every K/V byte once. This probe times plain read kernels over a buffer of each case's bytes
@@ -130,22 +131,23 @@ def _kernel(policy: str, unroll: int, order: str, name: str = "stream_read", row
     return cp.RawKernel(_SRC, name, options=kernel_options(policy, unroll, order, row_bytes))
 
 
-def main(want: list[str]) -> None:
+def main(want: list[str], quick: bool = False) -> None:
     import cupy as cp
     import torch
 
     from bench import cases
     from bench.timing import CudaTimer
 
-    by_id = {c.id: c for c in cases.DECODE_CASES}
+    by_id = {c.id.upper(): c for c in cases.DECODE_CASES}
     dirty, clean = CudaTimer(), CudaTimer(clean_flush=True)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)  # (CuPy 14 warns: deprecated)
     sink = cp.zeros(1 << 16, dtype=cp.uint32)
     t = dirty.time(lambda: torch.cuda._sleep(1), iters=30, warmup=3)
     print(f"near-empty kernel {t.us:.2f} us ({sms} SMs)", flush=True)
-    for cid in want:
-        case = by_id[cid]
+    for want_id in want:
+        case = by_id[want_id]
+        cid = case.id
         nbytes = cases.decode_bytes(case.lengths.draw(case.seed), case.shape, case.kv_dtype)
         buf = cp.random.randint(0, 2**31 - 1, size=nbytes // 4, dtype=cp.int32)
         n16 = nbytes // 16
@@ -154,7 +156,8 @@ def main(want: list[str]) -> None:
         print(f"{cid} {nbytes / 1e6:.0f} MB: torch.sum {ts.us:.1f} us", flush=True)
         del flat
         rows = []
-        for policy, order, per_sm, unroll in itertools.product(("normal", "first"), ("grid", "block"), (1, 2, 4, 8),
+        policies = ("normal",) if quick else ("normal", "first")  # (evict-normal is best from D5's size on)
+        for policy, order, per_sm, unroll in itertools.product(policies, ("grid", "block"), (1, 2, 4, 8),
                                                                (1, 2, 4, 8)):  # fmt: skip
             k = _kernel(policy, unroll, order)
             grid, args = sms * per_sm, (buf, cp.int64(n16), sink)
@@ -179,7 +182,7 @@ def main(want: list[str]) -> None:
         n_pages = nbytes // (16 * 8 * row_bytes)
         perm = cp.asarray(np.random.default_rng(case.seed).permutation(n_pages).astype(np.int32))
         prow = []
-        for policy, whole, per_sm, unroll in itertools.product(("normal", "first"), (0, 1), (2, 4), (2, 4, 8)):
+        for policy, whole, per_sm, unroll in itertools.product(policies, (0, 1), (2, 4), (2, 4, 8)):
             k = _kernel(policy, unroll, "grid", "page_read", row_bytes)
             grid, args = sms * per_sm, (buf, perm, np.int32(n_pages), np.int32(whole), sink)
 
@@ -270,6 +273,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sub = ap.add_subparsers(dest="command")
     ap.add_argument("--cases", default=os.environ.get("CUINFER_FLOOR_CASES", "D1,D2,D4"),
                     help="decode cases to probe ($CUINFER_FLOOR_CASES; default D1,D2,D4)")  # fmt: skip
+    ap.add_argument("--quick", action="store_true", help="evict-normal loads only (half the rows)")
     p = sub.add_parser("plot", help="a record's decode step times against the floors of its logs (any machine)")
     p.add_argument("png", help="the PNG to write")
     p.add_argument("decode_json", help="a decode suite's JSON (python -m bench decode)")
@@ -284,4 +288,4 @@ if __name__ == "__main__":
     if args.command == "plot":
         plot(args.png, args.decode_json, args.floors)
     else:
-        main(args.cases)
+        main(args.cases, args.quick)
