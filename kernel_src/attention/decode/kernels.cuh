@@ -390,7 +390,7 @@ struct TensorCore {
     const int lane = threadIdx.x % 32;
     if constexpr (kFp8) {
       // float16 fragments in the head-dim order of fp8::k_pairs' K (common/fp8.cuh), each row times the power of
-      // two that puts its largest |q| in [2^14, 2^15) (qsc: the inverse, for the logits). Lane (g, t) reads dims
+      // two that puts its largest |q| in [2^14, 2^15) (qsc: the inverse, in the logits' scale). Lane (g, t) reads dims
       // 4t .. 4t+3 of each k-step of rows g and g + 8 (raw 16-bit pairs in qf first); the 4 lanes of a quad cover a
       // row.
       const int g = lane / 4, t = lane % 4;
@@ -412,6 +412,13 @@ struct TensorCore {
       float sc[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) fp8::q_f16_scale(mma::quad_max(amax[h]), sc[h], qsc[h]);
+      // The rows' logit scales, fixed for the item (tile_fp8 multiplies each logit by them): the KV head's k scale,
+      // 2^kPowK, the inverse q scale and, without a logits transform, sm_scale·log2 e, in that order (as tile_fp8
+      // once formed them per tile: the same floats). Per tile that was a global load of the k scale and 4 multiplies.
+      const float ksc = head_scale(p.k_scales, p.k_scales_stride, cur->kv_head) * float(1 << kPowK);
+      const float ls = V::kSoftmax && !V::kLogits ? p.logits_scale : 1.f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) qsc[h] = ksc * qsc[h] * ls;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         const Q* r0 = reinterpret_cast<const Q*>(&qf[kk][0]);
@@ -624,7 +631,8 @@ struct TensorCore {
 
   // tile() for fp8 K/V, in float16 whatever Q is: S for this warp's kWarpTokens tokens (kNT n8 tiles; K fragments from
   // one ldmatrix per 32 keys and k-step, fp8::k_pairs: the keys times 2^-kPowK against load_q's float16 Q rows
-  // times 2^qe) times the KV head's k scale, 2^kPowK and the rows' 2^-qe (qsc) (and sm_scale·log2 e: one multiply
+  // times 2^qe) times the KV head's k scale, 2^kPowK and the rows' 2^-qe (qsc, from load_q) (and sm_scale·log2 e: one
+  // multiply
   // per logit), the online softmax (softmax_fp8) or the weights as in tile(), then P·V a 16-token k-step at a time
   // with P in float16 (V fragments from one ldmatrix.trans per 16 tokens and 32 output dims, fp8::f16s_pairs: times
   // 2^-kPow, which the kernel takes back with the v scale at the item's end; the accumulators in the even / odd order
@@ -662,12 +670,11 @@ struct TensorCore {
     }
     const int h0 = cur->kv_head * G + cur->qo_tile * 16 + gid;  // query heads of this thread's rows: h0, h0 + 8
     const variant::Index ix[2] = {row(cur, h0), row(cur, h0 + 8)};
-    const float ksc = head_scale(p.k_scales, p.k_scales_stride, cur->kv_head) * float(1 << kPowK);
     // Without a logits transform the base-2 logit is raw · (k scale · 2^kPowK · 2^-qe · sm_scale · log2 e): one
-    // multiply per logit (the scales are powers of two but the k scale and sm_scale, so with numbers for the scales
-    // the product is the 16-bit kernels' raw · logits_scale exactly).
-    const float ls = V::kSoftmax && !V::kLogits ? p.logits_scale : 1.f;
-    const float rs0 = ksc * qsc[0] * ls, rs1 = ksc * qsc[1] * ls;
+    // multiply per logit by the row's scale, formed once per item by load_q (the scales are powers of two but the k
+    // scale and sm_scale, so with numbers for the scales the product is the 16-bit kernels' raw · logits_scale
+    // exactly).
+    const float rs0 = qsc[0], rs1 = qsc[1];
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) s[nt][0] *= rs0, s[nt][1] *= rs0, s[nt][2] *= rs1, s[nt][3] *= rs1;
     if constexpr (V::kSoftmax) {
@@ -808,7 +815,7 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
   }
 
   u32 qf[D / 16][4];
-  float qsc[2] = {1.f, 1.f};  // fp8: the rows' inverse q scales (load_q)
+  float qsc[2] = {1.f, 1.f};  // fp8: the rows' logit scales, the inverse q scales among them (load_q)
   float oacc[K::DW / 8][4];
   float m[2] = {neg_inf(), neg_inf()}, dsum[2] = {0.f, 0.f};
 
