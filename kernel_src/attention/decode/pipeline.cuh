@@ -163,13 +163,17 @@ struct TileProducer {
     return tok_out;
   }
 
-  // Store the offsets of a token resolved by produce().
+  // Store the offsets of a token resolved by produce(). fp8 tiles (kPow2Pages) store 0 for every other row of the
+  // tile too, so that every row of a slot holds an offset the copies may use (Pipeline::issue).
   static __device__ __forceinline__ void finish(const DecodeParams& p, TileSlot<T>* slot, const PendingToken& t) {
     if (t.valid) {
       slot->k_off[threadIdx.x] = i64(t.page) * p.k_stride_page + i64(t.slot_in_page) * p.k_stride_slot +
                                  i64(t.head) * p.k_stride_head;
       slot->v_off[threadIdx.x] = i64(t.page) * p.v_stride_page + i64(t.slot_in_page) * p.v_stride_slot +
                                  i64(t.head) * p.v_stride_head;
+    } else if (kPow2Pages && static_cast<int>(threadIdx.x) < T) {
+      slot->k_off[threadIdx.x] = 0;
+      slot->v_off[threadIdx.x] = 0;
     }
   }
 };
@@ -204,11 +208,12 @@ template <typename KV, int D, int T, int kStages, int kThreads, class V, int kG,
   }
   __device__ __forceinline__ ItemInfo* items() const { return reinterpret_cast<ItemInfo*>(smem + kItemsOffset); }
 
-  // cp.async the K and V rows of tile n into its stage (swizzled 16-byte chunks); nothing for a null tile.
-  // (Each pass computes its swizzled slot. A form that wrote every fp8 pass at the thread's first slot plus an
-  // immediate made NVRTC 13's ptxas emit LDGSTS [R+UR0], desc[UR1] with UR0 / UR1 never written: an illegal
-  // instruction on the H200, CHANGELOG 2026-12-02.)
-  __device__ __forceinline__ void issue(const DecodeParams& p, int n) const {
+  // cp.async the K and V rows of tile n into its stage (swizzled 16-byte chunks); nothing for a null tile. kByPass:
+  // one pass of rows at a time, each pass computing its swizzled slot (the 16-bit tiles always; the prologue's
+  // copies, whose stages are constants, always: a form that wrote every fp8 pass at the thread's first slot plus an
+  // immediate made NVRTC 13's ptxas emit LDGSTS [R+UR0], desc[UR1] with UR0 / UR1 never written for those copies, an
+  // illegal instruction on the H200, CHANGELOG 2026-12-02; tests/compile checks every kernel for such reads).
+  template <bool kByPass = false> __device__ __forceinline__ void issue(const DecodeParams& p, int n) const {
     const TileSlot<T>* s = slot(n);
     if (s->flags & kNull) return;
     const int n_valid = s->n_valid;
@@ -217,6 +222,31 @@ template <typename KV, int D, int T, int kStages, int kThreads, class V, int kG,
     const KV* vb = reinterpret_cast<const KV*>(p.v);
     KV* ks = k_stage(n);
     KV* vs = v_stage(n);
+    if constexpr (!kByPass && sizeof(KV) == 1 && T % kRowsPerPass == 0 && kRowsPerPass % 8 == 0) {
+      // fp8 tiles in the loop: every row of the slot holds an offset (TileProducer::finish: 0 past n_valid, where the
+      // copy reads nothing and zero-fills), so all of the thread's offsets are read first, unconditionally, and then
+      // all of its copies issued: an LDGSTS right after an LDS takes ptxas's 3 dummy LDS (a hazard guard) per pass,
+      // this order once per tile. The thread's rows are kRowsPerPass apart, a multiple of 8, so they share the
+      // swizzle: the thread's first slot plus an immediate per pass. (70 instructions fewer per warp and tile on
+      // D10.)
+      constexpr int kPasses = T / kRowsPerPass;
+      const int r0 = threadIdx.x / kChunks;
+      i64 ko[kPasses], vo[kPasses];
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i) {
+        ko[i] = s->k_off[r0 + i * kRowsPerPass];
+        vo[i] = s->v_off[r0 + i * kRowsPerPass];
+      }
+      const int dst = Swizzle<kChunks>::slot(r0, c) * kVec;
+      const int left = n_valid - r0;  // (each pass compares it with an immediate)
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i) {
+        const bool ok = i * kRowsPerPass < left;
+        cp_async_16(ks + dst + i * kRowsPerPass * D, kb + ko[i] + c * kVec, ok, l2_policy);
+        cp_async_16(vs + dst + i * kRowsPerPass * D, vb + vo[i] + c * kVec, ok, l2_policy);
+      }
+      return;
+    }
 #pragma unroll
     for (int r0 = 0; r0 < T; r0 += kRowsPerPass) {
       const int r = r0 + threadIdx.x / kChunks;
@@ -257,7 +287,7 @@ template <typename KV, int D, int T, int kStages, int kThreads, class V, int kG,
     CUINFER_DECODE_STAMP(10);
 #pragma unroll
     for (int m = 0; m < kStages - 1; ++m) {
-      issue(p, m);
+      issue<true>(p, m);
       cp_async_commit();
     }
   }
