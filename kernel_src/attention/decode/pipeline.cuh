@@ -79,20 +79,27 @@ struct PendingToken {
 };
 
 // kG: the GQA group (query heads per KV head); kRows: the query rows of one work item (the tensor-core kernel's 16-row
-// tile, the CUDA-core kernel's whole group); kQRowBytes: a query row's bytes (16-bit q). kPow2Pages (fp8 tiles): a page
-// size that is a power of two splits a token into page and slot by a shift and a mask instead of an integer division
-// (~20 instructions per tile and thread; the 16-bit tiles keep their code).
-template <int T, int kThreads, class V, int kG, int kRows, int kQRowBytes, bool kPow2Pages = false>
+// tile, the CUDA-core kernel's whole group); kQRowBytes: a query row's bytes (16-bit q). kFp8Tiles (fp8 K/V: the tiles
+// whose per-tile instructions were trimmed; the 16-bit tiles keep their code): a page size that is a power of two
+// splits a token into page and slot by a shift and a mask found once per CTA (page_shift, page_mask) instead of an
+// integer division (~20 instructions per tile and thread); the offsets are formed from the non-negative page, slot
+// and head as unsigned 32-bit factors (the same 64 bits as the signed products, without their sign extensions); and
+// finish() writes 0 to the rows past n_valid (Pipeline::issue reads every row).
+template <int T, int kThreads, class V, int kG, int kRows, int kQRowBytes, bool kFp8Tiles = false>
 struct TileProducer {
   int item, item_end, chunk_base, pos;
+  int page_shift, page_mask;  // (kFp8Tiles) a power-of-two page size's log2 and size - 1; else -1, 0
   bool fresh;
 
-  __device__ __forceinline__ void init(int begin, int end) {
+  __device__ __forceinline__ void init(const DecodeParams& p, int begin, int end) {
     item = begin;
     item_end = end;
     chunk_base = begin;
     pos = 0;
     fresh = true;
+    const int ps = p.page_size;
+    page_shift = (ps & (ps - 1)) == 0 ? __ffs(ps) - 1 : -1;
+    page_mask = page_shift >= 0 ? ps - 1 : 0;
   }
 
   // Describe the next tile of the stream in `slot`. All threads call it with identical state (block-uniform).
@@ -142,13 +149,18 @@ struct TileProducer {
     if (static_cast<int>(threadIdx.x) < n_valid) {
       const int tok = pos + threadIdx.x;
       int pi;
-      if constexpr (kPow2Pages) {
-        const int ps = p.page_size;
-        pi = (ps & (ps - 1)) == 0 ? tok >> (__ffs(ps) - 1) : tok / ps;  // (tok >= 0)
+      if constexpr (kFp8Tiles) {
+        if (page_shift >= 0) {  // (tok >= 0)
+          pi = tok >> page_shift;
+          tok_out.slot_in_page = tok & page_mask;
+        } else {
+          pi = tok / p.page_size;
+          tok_out.slot_in_page = tok - pi * p.page_size;
+        }
       } else {
         pi = tok / p.page_size;
+        tok_out.slot_in_page = tok - pi * p.page_size;
       }
-      tok_out.slot_in_page = tok - pi * p.page_size;
       tok_out.page = reinterpret_cast<const int*>(p.page_indices)[x.page_begin + pi];
       tok_out.head = x.kv_head;
       tok_out.valid = true;
@@ -163,15 +175,25 @@ struct TileProducer {
     return tok_out;
   }
 
-  // Store the offsets of a token resolved by produce(). fp8 tiles (kPow2Pages) store 0 for every other row of the
+  // Store the offsets of a token resolved by produce(). fp8 tiles (kFp8Tiles) store 0 for every other row of the
   // tile too, so that every row of a slot holds an offset the copies may use (Pipeline::issue).
   static __device__ __forceinline__ void finish(const DecodeParams& p, TileSlot<T>* slot, const PendingToken& t) {
-    if (t.valid) {
+    if (kFp8Tiles && t.valid) {
+      // (page, slot and head are >= 0: the validated page indices, tok % page_size and a KV head, so their unsigned
+      // products with the strides are the signed ones' 64 bits, whatever the strides' signs)
+      const u64 page = static_cast<u32>(t.page), sl = static_cast<u32>(t.slot_in_page), h = static_cast<u32>(t.head);
+      slot->k_off[threadIdx.x] = static_cast<i64>(page * static_cast<u64>(p.k_stride_page) +
+                                                  sl * static_cast<u64>(p.k_stride_slot) +
+                                                  h * static_cast<u64>(p.k_stride_head));
+      slot->v_off[threadIdx.x] = static_cast<i64>(page * static_cast<u64>(p.v_stride_page) +
+                                                  sl * static_cast<u64>(p.v_stride_slot) +
+                                                  h * static_cast<u64>(p.v_stride_head));
+    } else if (t.valid) {
       slot->k_off[threadIdx.x] = i64(t.page) * p.k_stride_page + i64(t.slot_in_page) * p.k_stride_slot +
                                  i64(t.head) * p.k_stride_head;
       slot->v_off[threadIdx.x] = i64(t.page) * p.v_stride_page + i64(t.slot_in_page) * p.v_stride_slot +
                                  i64(t.head) * p.v_stride_head;
-    } else if (kPow2Pages && static_cast<int>(threadIdx.x) < T) {
+    } else if (kFp8Tiles && static_cast<int>(threadIdx.x) < T) {
       slot->k_off[threadIdx.x] = 0;
       slot->v_off[threadIdx.x] = 0;
     }
@@ -272,7 +294,7 @@ template <typename KV, int D, int T, int kStages, int kThreads, class V, int kG,
     for (int l = blockIdx.x + threadIdx.x * gridDim.x; l < lines; l += kThreads * gridDim.x)
       prefetch_l2(reinterpret_cast<const unsigned char*>(p.plan_words) + i64(l) * 128);
     l2_policy = p.kv_evict_first ? l2_evict_first_policy() : l2_evict_normal_policy();
-    prod.init(plan::range_begin(p, blockIdx.x), plan::range_end(p, blockIdx.x));
+    prod.init(p, plan::range_begin(p, blockIdx.x), plan::range_end(p, blockIdx.x));
     if (prod.item_end != -12345) CUINFER_DECODE_STAMP(8);  // (a branch on the loaded value: stamped once it landed)
     load_items<kThreads, V>(p, v, items(), prod.chunk_base, prod.item_end);
     __syncthreads();
