@@ -88,11 +88,12 @@ def fp8_sass_expect(kv_dtype: str, convert_to: str) -> list[str]:
     elements to ``convert_to`` (float16: one F2FP per pair on sm_90a, with no byte permute where the pair is a
     register's 16-bit half (fp8::quad, prefill's whole-tile conversion); on sm_80 the byte permutes and, for e4m3, the
     bit path's HFMA2; bfloat16: the bit path's byte permutes and HFMA2.BF16 multiplies on both; "f16s": the decode
-    tensor-core kernel's float16 fragments scaled by a power of two, masks and shifts only, and float16 mma whatever
-    q's type: V by byte permutes and masks, e4m3 K by one F2FP per pair on sm_90a)."""
+    tensor-core kernel's float16 fragments scaled by a power of two, no multiply, and float16 mma whatever q's type:
+    e4m3 K by one F2FP per pair on sm_90a, e4m3 V by a byte permute and one F2FP per pair there, byte permutes and
+    masks elsewhere)."""
     if not kv_dtype.startswith("float8"):
         return []
-    if convert_to == "f16s":  # the tensor-core kernel's fragments (fp8::f16s_pairs, fp8::k_pairs): float16 mma
+    if convert_to == "f16s":  # the tensor-core kernel's fragments (fp8::v_pairs, fp8::k_pairs): float16 mma
         return [r"PRMT", r"HMMA\.16816\.F32$", *([r"sm_90a:F2FP\.F16\.E4M3"] if "e4m3" in kv_dtype else [])]
     if convert_to == "float16":
         return [r"sm_90a:F2FP\.F16\.E[45]M[23]", r"sm_80:PRMT", *([r"sm_80:HFMA2|HMUL2"] if "e4m3" in kv_dtype else [])]
@@ -109,7 +110,8 @@ def decode_spec(key: DecodeKernelKey) -> KernelSpec:
     expect += fp8_sass_expect(key.kv_dtype, "f16s" if key.config.tensor_cores else "float16")
     forbid = [r"LDL", r"STL"]
     if key.config.tensor_cores and key.kv_dtype.startswith("float8"):
-        # no multiply per fp8 pair; the only fp8 cvt is e4m3 K's on sm_90a (fp8::k_pairs), e5m2 is byte permutes
+        # no multiply per fp8 pair; the only fp8 cvts are e4m3 K's and V's on sm_90a (fp8::k_pairs, fp8::v_pairs),
+        # e5m2 is byte permutes
         forbid += [r"HMUL2", r"F2FP\.F16\.E5M2", *([r"sm_80:F2FP\.F16\.E4M3"] if "e4m3" in key.kv_dtype else [])]
     return KernelSpec(
         name=key.spec_name(),

@@ -121,6 +121,21 @@ def k_pairs(words: np.ndarray, fmt: str, arch: int = 90) -> tuple[np.ndarray, np
     return p01.astype(np.uint32), p23.astype(np.uint32)
 
 
+def v_pairs_pow(fmt: str, arch: int = 90) -> int:
+    """fp8::F16sV<F8>::kPow: the decode tensor-core kernel's V fragments hold the values times 2^-kPow (e4m3: 0 on
+    sm_89+, where cvt converts, 8 below, the bit path of f16s_pairs; e5m2: 0)."""
+    return f16s_pow(fmt) if fmt == "float8_e4m3fn" and arch < 89 else 0
+
+
+def v_pairs(words: np.ndarray, fmt: str, arch: int = 90) -> tuple[np.ndarray, np.ndarray]:
+    """fp8::v_pairs on 32-bit words: the float16x2 words of bytes (0, 2) and (1, 3) (byte 0 / 1 in the low half),
+    times 2^-v_pairs_pow: e4m3 on sm_89+ the header's kVPairsSel byte permute ([b0, b2, b1, b3]) and the cvt of each
+    16-bit half (k_pairs' conversion), elsewhere f16s_pairs."""
+    if fmt == "float8_e5m2" or arch < 89:
+        return f16s_pairs(words, fmt)
+    return k_pairs(prmt(np.asarray(words, dtype=np.uint32), header_constants()["kVPairsSel"]), fmt, arch)
+
+
 def prmt(x: np.ndarray, sel: int) -> np.ndarray:
     """PTX prmt.b32 d, x, 0, sel (default mode): result byte n is byte (sel_n & 7) of (x, 0), or that byte's sign bit
     replicated when sel_n & 8."""

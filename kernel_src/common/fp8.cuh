@@ -282,6 +282,35 @@ template <typename F8> __device__ __forceinline__ void k_pairs(u32 x, u32& p01, 
   }
 }
 
+// V of the decode tensor-core kernel: bytes (0, 2) and (1, 3) of an ldmatrix.trans register (dim 2g, resp. 2g+1, at
+// tokens 2t, 2t+1: the b0 / b1 of the even and odd n8 tiles, as v_frag) as float16 values times 2^-F16sV<F8>::kPow.
+// e4m3 on sm_89+: one byte permute puts the pairs in the register's 16-bit halves ([b0, b2, b1, b3]), then one
+// cvt.rn.f16x2.e4m3x2 per pair on the halves in place (exact, NaN kept; kPow 0): 3 instructions per register where
+// f16s_pairs' integer path takes 6. Everywhere else f16s_pairs (e5m2: a byte permute and a mask; sm_80 e4m3: the bit
+// path, kPow 8).
+template <typename F8> struct F16sV {  // (e5m2)
+  static constexpr int kPow = 0;
+};
+template <> struct F16sV<__nv_fp8_e4m3> {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  static constexpr int kPow = 0;
+#else
+  static constexpr int kPow = F16s<__nv_fp8_e4m3>::kPow;
+#endif
+};
+constexpr u32 kVPairsSel = 0x3120u;  // prmt: [byte 0, byte 2, byte 1, byte 3]
+
+template <typename F8> __device__ __forceinline__ void v_pairs(u32 x, u32& p02, u32& p13) {
+  static_assert(IsFp8<F8>::value, "F8 is __nv_fp8_e4m3 or __nv_fp8_e5m2");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if constexpr (is_same<F8, __nv_fp8_e4m3>::value) {
+    quad<half, F8>(__byte_perm(x, 0u, kVPairsSel), p02, p13);
+    return;
+  }
+#endif
+  f16s_pairs<F8>(x, p02, p13);
+}
+
 // The Q fragment of one m16 x k16 block in the order k_pairs() gives K (b0 = dims 4t, 4t+1; b1 = 4t+2, 4t+3), from
 // this lane's 4 q values of rows g (lo = [q 4t, q 4t+1], hi = [q 4t+2, q 4t+3], as floats) and g + 8, times `sc`
 // (the row's power of two): a0 = (4t, 4t+1) of row g, a1 = of row g + 8, a2 = (4t+2, 4t+3) of row g, a3 = of g + 8.

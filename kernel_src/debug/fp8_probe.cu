@@ -10,6 +10,8 @@
 // (the decode tensor-core kernel's float16 fragments, times 2^-F16s<F8>::kPow).
 // fp8_probe_kpairs<F8>: thread i < 64, the same register: out[4 i + 0..1] = k_pairs' bytes (0, 1), [2..3] = (2, 3)
 // (the decode tensor-core kernel's K fragments, times 2^-F16sK<F8>::kPow).
+// fp8_probe_vpairs<F8>: thread i < 64, the same register: out[4 i + 0..1] = v_pairs' bytes (0, 2), [2..3] = (1, 3)
+// (the decode tensor-core kernel's V fragments, times 2^-F16sV<F8>::kPow).
 #include "common/fp8.cuh"
 
 namespace cuinfer {
@@ -61,6 +63,18 @@ template <typename F8> __global__ void fp8_probe_kpairs(unsigned short* out) {
   out[4 * i + 1] = static_cast<unsigned short>(p01 >> 16);
   out[4 * i + 2] = static_cast<unsigned short>(p23 & 0xffffu);
   out[4 * i + 3] = static_cast<unsigned short>(p23 >> 16);
+}
+
+template <typename F8> __global__ void fp8_probe_vpairs(unsigned short* out) {
+  const u32 i = threadIdx.x;
+  if (i >= 64) return;
+  const u32 x = (4 * i) | ((4 * i + 1) << 8) | ((4 * i + 2) << 16) | ((4 * i + 3) << 24);
+  u32 p02, p13;
+  fp8::v_pairs<F8>(x, p02, p13);
+  out[4 * i + 0] = static_cast<unsigned short>(p02 & 0xffffu);
+  out[4 * i + 1] = static_cast<unsigned short>(p02 >> 16);
+  out[4 * i + 2] = static_cast<unsigned short>(p13 & 0xffffu);
+  out[4 * i + 3] = static_cast<unsigned short>(p13 >> 16);
 }
 
 }  // namespace cuinfer

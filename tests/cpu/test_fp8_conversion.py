@@ -150,6 +150,32 @@ def test_k_pairs_probe_compiles_to_one_cvt_per_e4m3_pair(arch):
             assert not check_sass(ops, arch, (r"PRMT",), forbid)
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_v_pairs_probe_compiles_to_a_permute_and_one_cvt_per_e4m3_pair(arch):
+    """fp8::v_pairs: e4m3 on sm_90a is a byte permute and one F2FP.F16.E4M3 per pair on the permuted register's
+    halves (2 per register, no multiply); e4m3 on sm_80 f16s_pairs' integer path (no cvt, no multiply); e5m2 a byte
+    permute and a mask."""
+    from cuinfer.jit import KernelSpec, get_compiled
+    from cuinfer.jit.sass import check_sass, disassemble, find_cuobjdump
+
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump wheel not installed")
+    for fmt, f8 in (("float8_e4m3fn", "__nv_fp8_e4m3"), ("float8_e5m2", "__nv_fp8_e5m2")):
+        expr = f"cuinfer::fp8_probe_vpairs<{f8}>"
+        mod = get_compiled(KernelSpec(f"test/fp8_probe_vpairs/{fmt}", "debug/fp8_probe.cu", (expr,)), arch)
+        (sym,) = mod.lowered.values()
+        ops = disassemble(mod.cubin)[sym]
+        n_cvt = sum(1 for op in ops if op.startswith("F2FP.F16.E"))
+        forbid = (r"LDL", r"STL", r"F2F\.", r"HMUL2", r"HFMA2")
+        if fmt == "float8_e4m3fn" and arch == "sm_90a":
+            assert n_cvt == 2, f"{n_cvt} F2FP for the 2 pairs of a register"
+            assert not check_sass(ops, arch, (r"F2FP\.F16\.E4M3", r"PRMT"), forbid)
+        else:
+            assert n_cvt == 0
+            assert not check_sass(ops, arch, (r"PRMT",), forbid)
+
+
 # ---- the decode tensor-core kernel's float16 fragments --------------------------------------------------------------
 
 WORDS = CODES.astype(np.uint32) * 0x01010101  # every code in all four bytes
@@ -209,6 +235,22 @@ def test_k_pairs_are_the_codes_times_a_power_of_two(fmt, arch):
     _check_bytes(got, k, fmt, nan_as_480=fmt == "float8_e4m3fn" and arch == 80)
 
 
+@pytest.mark.parametrize("arch", (80, 90))
+@pytest.mark.parametrize("fmt", fp8.FORMATS)
+def test_v_pairs_are_the_codes_times_a_power_of_two(fmt, arch):
+    """fp8::v_pairs (the decode tensor-core kernel's V): bytes (0, 2) and (1, 3) as float16 values times 2^-kPow
+    (e4m3: 0 on sm_89+, a byte permute and the cvt; 8 on sm_80, f16s_pairs' integer path; e5m2: 0), exact for every
+    finite code; non-finite: the cvt and e5m2 keep NaN and inf, sm_80's e4m3fn NaN -> +-1.875 (480 after 2^8)."""
+    k = fp8.v_pairs_pow(fmt, arch)
+    assert k == (8 if fmt == "float8_e4m3fn" and arch == 80 else 0)
+    p02, p13 = fp8.v_pairs(MIXED, fmt, arch)
+    got = [fp8.halves(p02)[:, 0], fp8.halves(p13)[:, 0], fp8.halves(p02)[:, 1], fp8.halves(p13)[:, 1]]
+    _check_bytes(got, k, fmt, nan_as_480=fmt == "float8_e4m3fn" and arch == 80)
+    if arch == 80 or fmt == "float8_e5m2":  # (f16s_pairs itself there)
+        for a, b in zip(fp8.v_pairs(MIXED, fmt, arch), fp8.f16s_pairs(MIXED, fmt), strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_f16s_constants():
     c = fp8.header_constants()
     assert c["kShiftE4m3F16s"] == 7 and c["kF16sMask"] == 0xBF80BF80 and c["kQF16TopExp"] == 14
@@ -218,6 +260,8 @@ def test_f16s_constants():
     # k_pairs' sm_80 selectors: [byte 0, sign, byte 1, sign] and [byte 2, sign, byte 3, sign]
     assert fp8.prmt(np.array([0x3ABA0000], np.uint32), c["kF16sSel23"])[0] == 0x003AFFBA
     assert fp8.prmt(np.array([0x00003ABA], np.uint32), c["kF16sSel01"])[0] == 0x003AFFBA
+    # v_pairs' selector on sm_89+: [byte 0, byte 2, byte 1, byte 3]
+    assert fp8.prmt(np.array([0x44332211], np.uint32), c["kVPairsSel"])[0] == 0x44223311
 
 
 def test_q_f16_scale_puts_each_row_max_in_the_top_binade():

@@ -281,8 +281,9 @@ def test_decode_tensor_core_fp8_fragments(rng, d, warps_kv, warps_d, arch):
     """Each warp of the tensor-core decode kernel: its 32 tokens of a 32 * warps_kv token tile, S through tile_fp8's
     K fragments (fp8::k_pairs: bytes (0, 1) and (2, 3), times 2^-kPowK: e4m3 exact by cvt on sm_90a, times 2^-8 by
     the integer path on sm_80) and load_q's Q fragments (dims (4t, 4t+1) and (4t+2, 4t+3), each row times its power
-    of two q_f16_scale), the logits rescaled by the rows' inverse scales and 2^kPowK, P against V times 2^-8
-    (fp8::f16s_pairs: bytes (0, 2) and (1, 3)) over its DW output dims (o times 2^8 at the end), the exchange of
+    of two q_f16_scale), the logits rescaled by the rows' inverse scales and 2^kPowK, P against V times 2^-kPowV
+    (fp8::v_pairs: bytes (0, 2) and (1, 3); e4m3 exact by a byte permute and cvt on sm_90a, times 2^-8 by
+    f16s_pairs' integer path on sm_80) over its DW output dims (o times 2^kPowV at the end), the exchange of
     finish_item."""
     warp_tokens, tile = 32, 32 * warps_kv
     dw = d // warps_d
@@ -315,7 +316,7 @@ def test_decode_tensor_core_fp8_fragments(rng, d, warps_kv, warps_d, arch):
         for h in range(2):
             x = q_rows[kk, :, h] * sc[:, h : h + 1]
             qf[kk, :, h], qf[kk, :, 2 + h] = x[:, [0, 1]], x[:, [2, 3]]
-    kpow = 2.0 ** fp8.f16s_pow("float8_e4m3fn")  # V's fragments
+    kpow = 2.0 ** fp8.v_pairs_pow("float8_e4m3fn", arch)  # V's fragments
     kpow_k = 2.0 ** fp8.k_pairs_pow("float8_e4m3fn", arch)  # K's
     for warp in range(warps_kv * warps_d):
         wkv, wd = warp % warps_kv, warp // warps_kv
@@ -338,7 +339,7 @@ def test_decode_tensor_core_fp8_fragments(rng, d, warps_kv, warps_d, arch):
             pa = frag_c_to_a(s[2 * st], s[2 * st + 1])
             for cp in range(dw // 32):
                 regs = ldmatrix_bytes(smem, ld_at(va, (wd * dw) // 32 + cp, st * 16, c8), 4, trans=True)
-                e = [pair(regs[:, m], 0, 2) / kpow for m in range(4)]  # f16s_pairs: (0, 2) even, (1, 3) odd
+                e = [pair(regs[:, m], 0, 2) / kpow for m in range(4)]  # v_pairs: (0, 2) even, (1, 3) odd
                 od = [pair(regs[:, m], 1, 3) / kpow for m in range(4)]
                 for j, bb in enumerate(((e[0], e[1]), (od[0], od[1]), (e[2], e[3]), (od[2], od[3]))):
                     oacc[4 * cp + j] = mma(oacc[4 * cp + j], pa, np.stack(bb, axis=1))

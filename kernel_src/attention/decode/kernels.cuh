@@ -45,15 +45,16 @@
 // elements per 16-byte copy, so a stage of the same bytes holds twice the tokens) and the math converts them in
 // registers: the CUDA-core kernel 8 elements at a time to fp32 (through float16), the tensor-core kernel ldmatrix
 // fragments to float16 whatever Q's type (tile_fp8: each warp owns kWarpTokens = 32 tokens of a tile; fp8::k_pairs
-// gives K exactly by one cvt per pair on sm_89+ (e4m3; e5m2 and sm_80 by byte permutes and masks), fp8::f16s_pairs
-// V times 2^-8 (e4m3) or 2^0 (e5m2) with masks and shifts only, no multiply; load_q converts each query row once per
-// item to float16 times a power of two that puts its largest |q| in [2^14, 2^15), in the head-dim order of the K
-// fragments; the logits take back the powers of two with the k scale, o V's 2^-8 with the v scale; the online softmax
-// keeps a lazy reference max (softmax_fp8); the P·V accumulators back in the usual order at the item's end). k_scale
-// and v_scale reach the kernels folded into sm_scale and v_scale, or as per-KV-head arrays (k_scales: the logits of
-// a tile, v_scales: o at the item's end). The variants' logits, masks, sinks, softmax=False and output transforms
-// apply as with 16-bit K/V; q / k and value transforms, which rewrite K / V tiles in shared memory, are refused for fp8
-// tiles (they would round the transformed keys / values back to fp8).
+// gives K exactly by one cvt per pair on sm_89+ (e4m3; e5m2 and sm_80 by byte permutes and masks), fp8::v_pairs V
+// exactly by a byte permute and one cvt per pair on sm_89+ (e4m3; sm_80 times 2^-8 by masks and shifts, e5m2 by a byte
+// permute and a mask), no multiply; load_q converts each query row once per item to float16 times a power of two that
+// puts its largest |q| in [2^14, 2^15), in the head-dim order of the K fragments; the logits take back the powers of
+// two with the k scale, o V's with the v scale; the online softmax keeps a lazy reference max (softmax_fp8); the P·V
+// accumulators back in the usual order at the item's end). k_scale and v_scale reach the kernels folded into sm_scale
+// and v_scale, or as per-KV-head arrays (k_scales: the logits of a tile, v_scales: o at the item's end). The variants'
+// logits, masks, sinks, softmax=False and output transforms apply as with 16-bit K/V; q / k and value transforms, which
+// rewrite K / V tiles in shared memory, are refused for fp8 tiles (they would round the transformed keys / values back
+// to fp8).
 #pragma once
 #include "attention/decode/math.cuh"
 #include "attention/decode/pipeline.cuh"
@@ -631,13 +632,12 @@ struct TensorCore {
 
   // tile() for fp8 K/V, in float16 whatever Q is: S for this warp's kWarpTokens tokens (kNT n8 tiles; K fragments from
   // one ldmatrix per 32 keys and k-step, fp8::k_pairs: the keys times 2^-kPowK against load_q's float16 Q rows
-  // times 2^qe) times the KV head's k scale, 2^kPowK and the rows' 2^-qe (qsc, from load_q) (and sm_scale·log2 e: one
-  // multiply
-  // per logit), the online softmax (softmax_fp8) or the weights as in tile(), then P·V a 16-token k-step at a time
-  // with P in float16 (V fragments from one ldmatrix.trans per 16 tokens and 32 output dims, fp8::f16s_pairs: times
-  // 2^-kPow, which the kernel takes back with the v scale at the item's end; the accumulators in the even / odd order
-  // of fp8::v_frag).
-  static constexpr int kPow = fp8::F16s<KV>::kPow;    // V's fragments: times 2^-kPow
+  // times 2^qe) times the rows' logit scales (qsc, formed by load_q: the KV head's k scale, 2^kPowK, 2^-qe and
+  // sm_scale·log2 e; one multiply per logit), the online softmax (softmax_fp8) or the weights as in tile(), then P·V
+  // a 16-token k-step at a time with P in float16 (V fragments from one ldmatrix.trans per 16 tokens and 32 output
+  // dims, fp8::v_pairs: times 2^-kPow, which the kernel takes back with the v scale at the item's end; the
+  // accumulators in the even / odd order of fp8::v_frag).
+  static constexpr int kPow = fp8::F16sV<KV>::kPow;   // V's fragments: times 2^-kPow
   static constexpr int kPowK = fp8::F16sK<KV>::kPow;  // K's fragments: times 2^-kPowK
   template <class VP>
   static __device__ __forceinline__ void tile_fp8(const DecodeParams& p, const VP& v, const TileSlot<T>* cur,
@@ -694,10 +694,10 @@ struct TensorCore {
         u32 r[4];
         mma::ldmatrix_x4_trans(r, LdmatrixAddr<kChunks8>::at(va, (wd * DW) / 32 + cp, st * 16));
         u32 e0, o0, e1, o1, e2, o2, e3, o3;
-        fp8::f16s_pairs<KV>(r[0], e0, o0);  // tokens 0-7, chunk 2 cp: bytes (0, 2) even tile, (1, 3) odd tile
-        fp8::f16s_pairs<KV>(r[1], e1, o1);  // tokens 8-15
-        fp8::f16s_pairs<KV>(r[2], e2, o2);  // tokens 0-7, chunk 2 cp + 1
-        fp8::f16s_pairs<KV>(r[3], e3, o3);
+        fp8::v_pairs<KV>(r[0], e0, o0);  // tokens 0-7, chunk 2 cp: bytes (0, 2) even tile, (1, 3) odd tile
+        fp8::v_pairs<KV>(r[1], e1, o1);  // tokens 8-15
+        fp8::v_pairs<KV>(r[2], e2, o2);  // tokens 0-7, chunk 2 cp + 1
+        fp8::v_pairs<KV>(r[3], e3, o3);
         const u32 be[2] = {e0, e1}, bo[2] = {o0, o1}, be2[2] = {e2, e3}, bo2[2] = {o2, o3};
         mma::mma_m16n8k16<half>(oacc[4 * cp + 0], pa, be);
         mma::mma_m16n8k16<half>(oacc[4 * cp + 1], pa, bo);
