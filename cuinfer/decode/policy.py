@@ -24,10 +24,11 @@ and the CTAs per SM above stay as they are and every number of tokens doubles (`
   ldmatrix of 32 keys per k-step) -> 128-token tiles = 128 x 128 x 1 B x 2 = 32 KB per stage, 3 stages, 2 CTAs per
   SM; the merge of the 4 warps' 16 x 128 fp32 states (32 KB) still fits in one stage. MHA: CUDA cores, 64-token tiles.
   Each KV byte now carries one element, so the math per byte doubles and the conversions come on top. The tensor-core
-  kernel runs the fp8 products in float16 for either q type (common/fp8.cuh: V by f16s_pairs, 6 integer ops per 4
-  e4m3 bytes, 2 per 4 e5m2 bytes; e4m3 K by k_pairs, one cvt per 2 bytes on sm_89+; no multiply) with a lazy
-  softmax max, so its whole hot loop costs ~0.096 instructions per KV byte (D10: ~785 per warp and 128-token tile on
-  the tiles whose max does not move; D6's bf16 loop: 622, ~0.076), where f16s_pairs for K too cost ~0.125 (1023).
+  kernel runs the fp8 products in float16 for either q type (common/fp8.cuh: e4m3 K by k_pairs, one cvt per 2 bytes
+  on sm_89+, e4m3 V by v_pairs, a byte permute and one cvt per 2 bytes there; e5m2 by byte permutes and masks; no
+  multiply) with a lazy softmax max, so its whole hot loop costs ~0.071 instructions per KV byte (D10: 583 per warp
+  and 128-token tile on the tiles whose max does not move; D6's bf16 loop: 622, ~0.076), where f16s_pairs for K and
+  V cost ~0.125 (1023) and for V alone ~0.096 (784).
   Bytes in flight per SM (stage bytes x (stages - 1) x CTAs per SM, the copies pending while the CTAs compute):
   128 KB for D10 as for bf16 D6; at head dim 64 the 128-token tiles' 16-byte descriptors cost fp8 its 4th stage
   (96 KB in flight where 16-bit has 144 KB).

@@ -249,7 +249,7 @@ template <typename KV, int D, int T, int kStages, int kThreads, class V, int kG,
       // copy reads nothing and zero-fills), so all of the thread's offsets are read first, unconditionally, and then
       // all of its copies issued: an LDGSTS right after an LDS takes ptxas's 3 dummy LDS (a hazard guard) per pass,
       // this order once per tile. The thread's rows are kRowsPerPass apart, a multiple of 8, so they share the
-      // swizzle: the thread's first slot plus an immediate per pass. (70 instructions fewer per warp and tile on
+      // swizzle: the thread's first slot plus an immediate per pass. (68 instructions fewer per warp and tile on
       // D10.)
       constexpr int kPasses = T / kRowsPerPass;
       const int r0 = threadIdx.x / kChunks;
