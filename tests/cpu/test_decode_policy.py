@@ -93,6 +93,10 @@ def test_smem_matches_the_kernel_layout():
     m = decode_config(2, 64)  # CUDA cores: 8 lanes x 2 heads x 8 slices
     pipe = 4 * (2 * 64 * 64 * 2) + 5 * (16 * 64 + 40) + 64 * 40
     assert m.smem_bytes == -(-pipe // 128) * 128 + 8 * 2 * 2 * 4
+    # fp8 tiles: each slot 16-byte aligned (its K / V address pairs are read 16 bytes at a time), 48 bytes of facts
+    f = decode_config(4, 64, kv_itemsize=1)  # 128-token tiles, 3 stages
+    pipe = 3 * (2 * 128 * 64) + 4 * (16 * 128 + 48) + 64 * 40
+    assert f.smem_bytes == -(-pipe // 128) * 128 + 16 * 64 * 2 + 16 * 4 * 2 * 4
 
 
 def test_unsupported_head_dim_names_the_choices():

@@ -77,6 +77,7 @@ __device__ __forceinline__ float head_scale(const void* a, int stride, int h) {
 // ==================================================================================================================
 template <typename Q, typename KV, typename O, int D, int G, int T, int kThreads, class V, bool kLse>
 struct CudaCore {
+  using Slot = TileSlot<T, sizeof(KV) == 1>;  // (the pipeline's: Pipeline::Slot)
   static constexpr int BDX = D / 8;
   static constexpr int BDZ = kThreads / (BDX * G);
   static_assert(BDX * G * BDZ == kThreads, "kThreads = D/8 x G x BDZ");
@@ -125,7 +126,7 @@ struct CudaCore {
 
   // The row of this thread's query head at the item's first tile, and its 8 dims of q (transformed at qpos).
   template <class VP>
-  static __device__ __forceinline__ variant::Index load_q(const DecodeParams& p, const VP& v, const TileSlot<T>* cur,
+  static __device__ __forceinline__ variant::Index load_q(const DecodeParams& p, const VP& v, const Slot* cur,
                                                           int tx, int ty, float (&q)[8],
                                                           const typename V::DimState (&qst)[8]) {
     const int head = cur->kv_head * G + ty;
@@ -199,7 +200,7 @@ struct CudaCore {
   // reading it), write o / lse or the partial row, and run the split merge when this is the unit's last piece.
   // Without softmax every slice's state is a sum: reference 0, merged with weight 1.
   template <class VP>
-  static __device__ __forceinline__ void finish_item(const DecodeParams& p, const VP& v, const TileSlot<T>* cur,
+  static __device__ __forceinline__ void finish_item(const DecodeParams& p, const VP& v, const Slot* cur,
                                                      KV* ks, float* md, int tx, int ty, int tz, const float (&o)[8],
                                                      float m, float d) {
     const int head = cur->kv_head * G + ty;
@@ -276,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   variant::Index ix{};
 
   for (int n = 0;; ++n) {
-    const TileSlot<T>* cur = pipe.wait(n);
+    const typename K::Slot* cur = pipe.wait(n);
     const int flags = cur->flags;
     if (flags & kNull) break;
     const int start = cur->start, n_valid = cur->n_valid;
@@ -327,6 +328,7 @@ struct TensorCore {
   static constexpr int kThreads = 32 * kWarpsKV * kWarpsD;
   static constexpr int T = kWarpTokens * kWarpsKV;
   static constexpr int DW = D / kWarpsD;  // output dims per warp
+  using Slot = TileSlot<T, kFp8>;         // (the pipeline's: Pipeline::Slot)
   static_assert(DW % 16 == 0, "each warp owns whole 16-dim blocks of the output");
   static_assert(kFp8 ? kWarpTokens % 32 == 0 && DW % 32 == 0 : kWarpTokens == 16,
                 "16-bit KV: 16 tokens per warp; fp8: multiples of 32 tokens and of 32 output dims per warp");
@@ -338,7 +340,7 @@ struct TensorCore {
   static constexpr bool kFrag = !kFp8 && kWarpsD == 1 && (V::kKeyTransform || V::kQueryTransform);
 
   // The row of query head qo_head of the item (a padding row, past the group, takes the group's last head).
-  static __device__ __forceinline__ variant::Index row(const TileSlot<T>* cur, int qo_head) {
+  static __device__ __forceinline__ variant::Index row(const Slot* cur, int qo_head) {
     return variant::Index{cur->req, 0, cur->kv_len - 1, min(qo_head, cur->kv_head * G + G - 1), cur->kv_head, 1,
                           cur->kv_len, D};
   }
@@ -348,7 +350,7 @@ struct TensorCore {
   // qst: the transform's states, variant::FragStates (kFrag: q is transformed on its fragments) or this thread's
   // KeyStates::s.
   template <class VP, class QS>
-  static __device__ __forceinline__ void load_q(const DecodeParams& p, const VP& v, const TileSlot<T>* cur, Q* qs,
+  static __device__ __forceinline__ void load_q(const DecodeParams& p, const VP& v, const Slot* cur, Q* qs,
                                                 u32 (&qf)[D / 16][4], float (&qsc)[2], const QS& qst) {
     const int row0 = cur->qo_tile * 16;  // packed row of the tile's row 0 = head in group
     const Q* qb = reinterpret_cast<const Q*>(p.q) + i64(cur->req) * p.q_stride_b + i64(cur->kv_head * G) * p.q_stride_h;
@@ -447,7 +449,7 @@ struct TensorCore {
   // warp's output dims.
   // fs: kFrag's FragStates (K rotated in registers between its ldmatrix and the MMAs).
   template <class VP, class FS>
-  static __device__ __forceinline__ void tile(const DecodeParams& p, const VP& v, const TileSlot<T>* cur,
+  static __device__ __forceinline__ void tile(const DecodeParams& p, const VP& v, const Slot* cur,
                                               const KV* ks, const KV* vs, int start, int n_valid,
                                               const u32 (&qf)[D / 16][4], const float (&qsc)[2],
                                               float (&oacc)[DW / 8][4], float (&m)[2], float (&dsum)[2],
@@ -640,7 +642,7 @@ struct TensorCore {
   static constexpr int kPow = fp8::F16sV<KV>::kPow;   // V's fragments: times 2^-kPow
   static constexpr int kPowK = fp8::F16sK<KV>::kPow;  // K's fragments: times 2^-kPowK
   template <class VP>
-  static __device__ __forceinline__ void tile_fp8(const DecodeParams& p, const VP& v, const TileSlot<T>* cur,
+  static __device__ __forceinline__ void tile_fp8(const DecodeParams& p, const VP& v, const Slot* cur,
                                                   const KV* ks, const KV* vs, int start, int n_valid,
                                                   const u32 (&qf)[D / 16][4], const float (&qsc)[2],
                                                   float (&oacc)[DW / 8][4], float (&m)[2], float (&dsum)[2]) {
@@ -710,7 +712,7 @@ struct TensorCore {
   // The item's last tile: merge the warps' states through this tile's stage (free once every warp is done reading
   // it), write o / lse or the partial rows, and run the split merge when this is the unit's last piece.
   template <class VP>
-  static __device__ __forceinline__ void finish_item(const DecodeParams& p, const VP& v, const TileSlot<T>* cur,
+  static __device__ __forceinline__ void finish_item(const DecodeParams& p, const VP& v, const Slot* cur,
                                                      KV* ks, float* md, float (&oacc)[DW / 8][4], const float (&m)[2],
                                                      const float (&dsum)[2]) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -820,7 +822,7 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
   float m[2] = {neg_inf(), neg_inf()}, dsum[2] = {0.f, 0.f};
 
   for (int n = 0;; ++n) {
-    const TileSlot<T>* cur = pipe.wait(n);
+    const typename K::Slot* cur = pipe.wait(n);
     const int flags = cur->flags;
     if (n == 0) CUINFER_DECODE_STAMP(3);
     if (flags & kNull) {

@@ -25,11 +25,13 @@ struct ItemInfo {
   int merge, pieces;  // split items: the unit's first partial row and its piece count (merge_split); else -1, 0
 };
 
-// One tile of the CTA's tile stream: the element offsets (page, slot and head resolved) of its tokens in the K and
-// V caches, and the item facts the math needs at the tile.
-template <int T> struct TileSlot {
-  i64 k_off[T];
-  i64 v_off[T];
+// One tile of the CTA's tile stream: where its tokens' K and V rows are (page, slot and head resolved), and the item
+// facts the math needs at the tile. 16-bit tiles: the element offsets in the K and V caches, K's in off[r] and V's in
+// off[T + r]. fp8 tiles (kPairs): the global addresses of row r's K and V side by side, off[2r] and off[2r + 1], so
+// that Pipeline::issue reads both with one 16-byte load (the slot 16-byte aligned: 8 bytes more than the 16-bit one;
+// the host's shared-memory size mirrors it, cuinfer/decode/policy.py).
+template <int T, bool kPairs = false> struct alignas(kPairs ? 16 : 8) TileSlot {
+  i64 off[2 * T];
   int req, kv_head, start, n_valid, partial, qo_tile, kv_len, flags;
   int merge, pieces;
 };
@@ -105,7 +107,7 @@ struct TileProducer {
   // Describe the next tile of the stream in `slot`. All threads call it with identical state (block-uniform).
   template <class VP>
   __device__ __forceinline__ PendingToken produce(const DecodeParams& p, const VP& v, ItemInfo* items,
-                                                  TileSlot<T>* slot) {
+                                                  TileSlot<T, kFp8Tiles>* slot) {
     PendingToken tok_out;
     tok_out.valid = false;
     if (item >= item_end) {
@@ -175,27 +177,30 @@ struct TileProducer {
     return tok_out;
   }
 
-  // Store the offsets of a token resolved by produce(). fp8 tiles (kFp8Tiles) store 0 for every other row of the
-  // tile too, so that every row of a slot holds an offset the copies may use (Pipeline::issue).
-  static __device__ __forceinline__ void finish(const DecodeParams& p, TileSlot<T>* slot, const PendingToken& t) {
-    if (kFp8Tiles && t.valid) {
+  // Store the offsets of a token resolved by produce(). fp8 tiles (kFp8Tiles) store the row's K and V addresses as
+  // one 16-byte pair, and the caches' base addresses for every other row of the tile, so that every row of a slot
+  // holds addresses the copies may use (Pipeline::issue).
+  static __device__ __forceinline__ void finish(const DecodeParams& p, TileSlot<T, kFp8Tiles>* slot,
+                                                const PendingToken& t) {
+    if constexpr (kFp8Tiles) {
       // (page, slot and head are >= 0: the validated page indices, tok % page_size and a KV head, so their unsigned
-      // products with the strides are the signed ones' 64 bits, whatever the strides' signs)
-      const u64 page = static_cast<u32>(t.page), sl = static_cast<u32>(t.slot_in_page), h = static_cast<u32>(t.head);
-      slot->k_off[threadIdx.x] = static_cast<i64>(page * static_cast<u64>(p.k_stride_page) +
-                                                  sl * static_cast<u64>(p.k_stride_slot) +
-                                                  h * static_cast<u64>(p.k_stride_head));
-      slot->v_off[threadIdx.x] = static_cast<i64>(page * static_cast<u64>(p.v_stride_page) +
-                                                  sl * static_cast<u64>(p.v_stride_slot) +
-                                                  h * static_cast<u64>(p.v_stride_head));
+      // products with the strides are the signed ones' 64 bits, whatever the strides' signs; 1-byte elements: the
+      // element offsets are byte offsets)
+      ulonglong2* pair = reinterpret_cast<ulonglong2*>(&slot->off[2 * threadIdx.x]);
+      if (t.valid) {
+        const u64 page = static_cast<u32>(t.page), sl = static_cast<u32>(t.slot_in_page), h = static_cast<u32>(t.head);
+        *pair = make_ulonglong2(reinterpret_cast<u64>(p.k) + page * static_cast<u64>(p.k_stride_page) +
+                                    sl * static_cast<u64>(p.k_stride_slot) + h * static_cast<u64>(p.k_stride_head),
+                                reinterpret_cast<u64>(p.v) + page * static_cast<u64>(p.v_stride_page) +
+                                    sl * static_cast<u64>(p.v_stride_slot) + h * static_cast<u64>(p.v_stride_head));
+      } else if (static_cast<int>(threadIdx.x) < T) {
+        *pair = make_ulonglong2(reinterpret_cast<u64>(p.k), reinterpret_cast<u64>(p.v));
+      }
     } else if (t.valid) {
-      slot->k_off[threadIdx.x] = i64(t.page) * p.k_stride_page + i64(t.slot_in_page) * p.k_stride_slot +
-                                 i64(t.head) * p.k_stride_head;
-      slot->v_off[threadIdx.x] = i64(t.page) * p.v_stride_page + i64(t.slot_in_page) * p.v_stride_slot +
-                                 i64(t.head) * p.v_stride_head;
-    } else if (kFp8Tiles && static_cast<int>(threadIdx.x) < T) {
-      slot->k_off[threadIdx.x] = 0;
-      slot->v_off[threadIdx.x] = 0;
+      slot->off[threadIdx.x] = i64(t.page) * p.k_stride_page + i64(t.slot_in_page) * p.k_stride_slot +
+                               i64(t.head) * p.k_stride_head;
+      slot->off[T + threadIdx.x] = i64(t.page) * p.v_stride_page + i64(t.slot_in_page) * p.v_stride_slot +
+                                   i64(t.head) * p.v_stride_head;
     }
   }
 };
@@ -210,7 +215,10 @@ template <typename KV, int D, int T, int kStages, int kThreads, class V, int kG,
   static constexpr int kRing = kStages + 1;
   static constexpr i64 kStageBytes = 2LL * T * D * sizeof(KV);
   static constexpr i64 kRingOffset = kStages * kStageBytes;
-  static constexpr i64 kItemsOffset = kRingOffset + kRing * sizeof(TileSlot<T>);
+  static constexpr bool kFp8Tiles = sizeof(KV) == 1;
+  using Slot = TileSlot<T, kFp8Tiles>;
+  static_assert(sizeof(Slot) == 16 * T + (kFp8Tiles ? 48 : 40), "cuinfer/decode/policy.py smem_bytes mirrors it");
+  static constexpr i64 kItemsOffset = kRingOffset + kRing * sizeof(Slot);
   // The kernel's own area (query tile, merge scratch) starts here.
   static constexpr i64 kBytes = (kItemsOffset + kItemChunk * sizeof(ItemInfo) + 127) / 128 * 128;
   static_assert(kThreads % kChunks == 0, "the block copies whole rows per pass");
@@ -218,64 +226,88 @@ template <typename KV, int D, int T, int kStages, int kThreads, class V, int kG,
 
   unsigned char* smem;
   u64 l2_policy;  // of the K/V copies: evict-first or normal, as the host chose (cuinfer/decode/policy.py kv_evict_first)
-  TileProducer<T, kThreads, V, kG, kRows, D * 2, sizeof(KV) == 1> prod;
+  TileProducer<T, kThreads, V, kG, kRows, D * 2, kFp8Tiles> prod;
   PendingToken pending;  // the token of tile n+S resolved by advance(n), stored by finish(n)
+  // (fp8 tiles) Every K and V row starts on a multiple of kRowAlign bytes (the caches' bases and strides are), so chunk
+  // c of a row is at its address | 16c: one logic op per copy where the 64-bit add takes two (Pipeline::issue).
+  static constexpr int kRowAlign = kChunks * 16 <= 64 ? 64 : kChunks * 16 <= 128 ? 128 : 256;
+  bool rows_aligned;
 
   __device__ __forceinline__ KV* k_stage(int n) const {
     return reinterpret_cast<KV*>(smem + (n % kStages) * kStageBytes);
   }
   __device__ __forceinline__ KV* v_stage(int n) const { return k_stage(n) + T * D; }
-  __device__ __forceinline__ TileSlot<T>* slot(int n) const {
-    return reinterpret_cast<TileSlot<T>*>(smem + kRingOffset) + (n % kRing);
+  __device__ __forceinline__ Slot* slot(int n) const {
+    return reinterpret_cast<Slot*>(smem + kRingOffset) + (n % kRing);
   }
   __device__ __forceinline__ ItemInfo* items() const { return reinterpret_cast<ItemInfo*>(smem + kItemsOffset); }
 
-  // cp.async the K and V rows of tile n into its stage (swizzled 16-byte chunks); nothing for a null tile. kByPass:
-  // one pass of rows at a time, each pass computing its swizzled slot (the 16-bit tiles always; the prologue's
-  // copies, whose stages are constants, always: a form that wrote every fp8 pass at the thread's first slot plus an
-  // immediate made NVRTC 13's ptxas emit LDGSTS [R+UR0], desc[UR1] with UR0 / UR1 never written for those copies, an
-  // illegal instruction on the H200, CHANGELOG 2026-12-02; tests/compile checks every kernel for such reads).
-  template <bool kByPass = false> __device__ __forceinline__ void issue(const DecodeParams& p, int n) const {
-    const TileSlot<T>* s = slot(n);
+  // cp.async the K and V rows of tile n into its stage (swizzled 16-byte chunks); nothing for a null tile. (NVRTC 13's
+  // ptxas has emitted LDGSTS [R+UR0], desc[UR1] with UR0 / UR1 never written, an illegal instruction on the H200, for
+  // some forms of the prologue's copies, whose stages are constants: CHANGELOG 2026-12-02. tests/compile checks every
+  // kernel for such reads.)
+  __device__ __forceinline__ void issue(const DecodeParams& p, int n) const {
+    const Slot* s = slot(n);
     if (s->flags & kNull) return;
     const int n_valid = s->n_valid;
     const int c = threadIdx.x % kChunks;
-    const KV* kb = reinterpret_cast<const KV*>(p.k);
-    const KV* vb = reinterpret_cast<const KV*>(p.v);
     KV* ks = k_stage(n);
     KV* vs = v_stage(n);
-    if constexpr (!kByPass && sizeof(KV) == 1 && T % kRowsPerPass == 0 && kRowsPerPass % 8 == 0) {
-      // fp8 tiles in the loop: every row of the slot holds an offset (TileProducer::finish: 0 past n_valid, where the
-      // copy reads nothing and zero-fills), so all of the thread's offsets are read first, unconditionally, and then
-      // all of its copies issued: an LDGSTS right after an LDS takes ptxas's 3 dummy LDS (a hazard guard) per pass,
-      // this order once per tile. The thread's rows are kRowsPerPass apart, a multiple of 8, so they share the
-      // swizzle: the thread's first slot plus an immediate per pass. (68 instructions fewer per warp and tile on
-      // D10.)
-      constexpr int kPasses = T / kRowsPerPass;
-      const int r0 = threadIdx.x / kChunks;
-      i64 ko[kPasses], vo[kPasses];
+    if constexpr (kFp8Tiles) {
+      // every row of the slot holds a K and a V address (TileProducer::finish: the caches' bases past n_valid, where
+      // the copy reads nothing and zero-fills)
+      const u64 cb = c * 16;
+      if constexpr (T % kRowsPerPass == 0 && kRowsPerPass % 8 == 0) {
+        // All of the thread's address pairs are read first (one 16-byte load per row), unconditionally, and then all
+        // of its copies issued: an LDGSTS right after an LDS takes ptxas's 3 dummy LDS (a hazard guard) per pass,
+        // this order once per tile. The thread's rows are kRowsPerPass apart, a multiple of 8, so they share the
+        // swizzle: the thread's first slot plus an immediate per pass.
+        constexpr int kPasses = T / kRowsPerPass;
+        const int r0 = threadIdx.x / kChunks;
+        ulonglong2 a[kPasses];
 #pragma unroll
-      for (int i = 0; i < kPasses; ++i) {
-        ko[i] = s->k_off[r0 + i * kRowsPerPass];
-        vo[i] = s->v_off[r0 + i * kRowsPerPass];
+        for (int i = 0; i < kPasses; ++i) {
+          a[i] = *reinterpret_cast<const ulonglong2*>(&s->off[2 * (r0 + i * kRowsPerPass)]);
+        }
+        const int dst = Swizzle<kChunks>::slot(r0, c) * kVec;
+        const int left = n_valid - r0;  // (each pass compares it with an immediate)
+        auto copies = [&](bool aligned) {  // (inlined: one loop per value)
+#pragma unroll
+          for (int i = 0; i < kPasses; ++i) {
+            const bool ok = i * kRowsPerPass < left;
+            const u64 ka = aligned ? a[i].x | cb : a[i].x + cb, va = aligned ? a[i].y | cb : a[i].y + cb;
+            cp_async_16(ks + dst + i * kRowsPerPass * D, reinterpret_cast<const KV*>(ka), ok, l2_policy);
+            cp_async_16(vs + dst + i * kRowsPerPass * D, reinterpret_cast<const KV*>(va), ok, l2_policy);
+          }
+        };
+        if (rows_aligned) {
+          copies(true);
+        } else {
+          copies(false);
+        }
+        return;
       }
-      const int dst = Swizzle<kChunks>::slot(r0, c) * kVec;
-      const int left = n_valid - r0;  // (each pass compares it with an immediate)
 #pragma unroll
-      for (int i = 0; i < kPasses; ++i) {
-        const bool ok = i * kRowsPerPass < left;
-        cp_async_16(ks + dst + i * kRowsPerPass * D, kb + ko[i] + c * kVec, ok, l2_policy);
-        cp_async_16(vs + dst + i * kRowsPerPass * D, vb + vo[i] + c * kVec, ok, l2_policy);
+      for (int r0 = 0; r0 < T; r0 += kRowsPerPass) {
+        const int r = r0 + threadIdx.x / kChunks;
+        if (T % kRowsPerPass == 0 || r < T) {  // a block whose rows per pass do not divide T guards the last pass
+          const ulonglong2 a = *reinterpret_cast<const ulonglong2*>(&s->off[2 * r]);
+          const int dst = Swizzle<kChunks>::slot(r, c) * kVec;
+          cp_async_16(ks + dst, reinterpret_cast<const KV*>(a.x + cb), r < n_valid, l2_policy);
+          cp_async_16(vs + dst, reinterpret_cast<const KV*>(a.y + cb), r < n_valid, l2_policy);
+        }
       }
       return;
     }
+    const KV* kb = reinterpret_cast<const KV*>(p.k);
+    const KV* vb = reinterpret_cast<const KV*>(p.v);
 #pragma unroll
     for (int r0 = 0; r0 < T; r0 += kRowsPerPass) {
       const int r = r0 + threadIdx.x / kChunks;
       if (T % kRowsPerPass == 0 || r < T) {  // a block whose rows per pass do not divide T guards the last pass
         const bool ok = r < n_valid;
-        const i64 ko = ok ? s->k_off[r] : 0;
-        const i64 vo = ok ? s->v_off[r] : 0;
+        const i64 ko = ok ? s->off[r] : 0;
+        const i64 vo = ok ? s->off[T + r] : 0;
         const int dst = Swizzle<kChunks>::slot(r, c) * kVec;
         cp_async_16(ks + dst, kb + ko + c * kVec, ok, l2_policy);
         cp_async_16(vs + dst, vb + vo + c * kVec, ok, l2_policy);
@@ -294,6 +326,13 @@ template <typename KV, int D, int T, int kStages, int kThreads, class V, int kG,
     for (int l = blockIdx.x + threadIdx.x * gridDim.x; l < lines; l += kThreads * gridDim.x)
       prefetch_l2(reinterpret_cast<const unsigned char*>(p.plan_words) + i64(l) * 128);
     l2_policy = p.kv_evict_first ? l2_evict_first_policy() : l2_evict_normal_policy();
+    if constexpr (kFp8Tiles) {
+      const u64 bits = reinterpret_cast<u64>(p.k) | reinterpret_cast<u64>(p.v) | static_cast<u64>(p.k_stride_page) |
+                       static_cast<u64>(p.k_stride_slot) | static_cast<u64>(p.k_stride_head) |
+                       static_cast<u64>(p.v_stride_page) | static_cast<u64>(p.v_stride_slot) |
+                       static_cast<u64>(p.v_stride_head);
+      rows_aligned = (bits & (kRowAlign - 1)) == 0;
+    }
     prod.init(p, plan::range_begin(p, blockIdx.x), plan::range_end(p, blockIdx.x));
     if (prod.item_end != -12345) CUINFER_DECODE_STAMP(8);  // (a branch on the loaded value: stamped once it landed)
     load_items<kThreads, V>(p, v, items(), prod.chunk_base, prod.item_end);
@@ -309,13 +348,13 @@ template <typename KV, int D, int T, int kStages, int kThreads, class V, int kG,
     CUINFER_DECODE_STAMP(10);
 #pragma unroll
     for (int m = 0; m < kStages - 1; ++m) {
-      issue<true>(p, m);
+      issue(p, m);
       cp_async_commit();
     }
   }
 
   // Top of iteration n: wait for tile n and make it visible to the block. Returns its descriptor.
-  __device__ __forceinline__ const TileSlot<T>* wait(int n) const {
+  __device__ __forceinline__ const Slot* wait(int n) const {
     cp_async_wait<kStages - 2>();
     __syncthreads();
     return slot(n);
