@@ -648,7 +648,9 @@ struct TensorCore {
                                                   float (&oacc)[DW / 8][4], float (&m)[2], float (&dsum)[2]) {
     constexpr int kNT = kWarpTokens / 8;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wkv = warp % kWarpsKV, wd = warp / kWarpsKV;
+    // (one warp along the dims: wd is 0, which the compiler cannot see from threadIdx, and with it the V ldmatrix
+    // addresses' swizzle terms fold to constants)
+    const int wkv = warp % kWarpsKV, wd = kWarpsD == 1 ? 0 : warp / kWarpsKV;
     const int gid = lane / 4;
     float s[kNT][4];
 #pragma unroll
