@@ -452,10 +452,10 @@ struct TensorCore {
   static __device__ __forceinline__ void tile(const DecodeParams& p, const VP& v, const Slot* cur,
                                               const KV* ks, const KV* vs, int start, int n_valid,
                                               const u32 (&qf)[D / 16][4], const float (&qsc)[2],
-                                              float (&oacc)[DW / 8][4], float (&m)[2], float (&dsum)[2],
+                                              float (&oacc)[DW / 8][4], float (&m)[2], float (&dsum)[2], float (&mb)[2],
                                               FS& fs) {
     if constexpr (kFp8) {
-      tile_fp8(p, v, cur, ks, vs, start, n_valid, qf, qsc, oacc, m, dsum);
+      tile_fp8(p, v, cur, ks, vs, start, n_valid, qf, qsc, oacc, m, dsum, mb);
       return;
     }
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -569,19 +569,25 @@ struct TensorCore {
   template <int NT, class VP>
   static __device__ __forceinline__ void softmax_fp8(const DecodeParams& p, const VP& v, const variant::Index (&ix)[2],
                                                      float (&s)[NT][4], int start, int n_valid,
-                                                     float (&oacc)[DW / 8][4], float (&m)[2], float (&dsum)[2]) {
+                                                     float (&oacc)[DW / 8][4], float (&m)[2], float (&dsum)[2],
+                                                     float (&mb)[2]) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wkv = warp % kWarpsKV;
     const int tig = lane % 4;
-    float mx[2] = {neg_inf(), neg_inf()};
+    float mx[2];
     if (!V::kLogits && !V::kMask && (wkv + 1) * kWarpTokens <= n_valid) {
-      // (all of the warp's keys are real and nothing masks them: the logits as they are; most tiles)
+      // (all of the warp's keys are real and nothing masks them: the logits as they are; most tiles). The max starts
+      // at the first logits, not at -inf: fmaxf drops a NaN, so the two differ only where all of a thread's logits are
+      // NaN (NaN here, -inf there), and fmaxf(m, quad max) below is m either way.
+      mx[0] = fmaxf(s[0][0], s[0][1]);
+      mx[1] = fmaxf(s[0][2], s[0][3]);
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
+      for (int nt = 1; nt < NT; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
       }
     } else {
+      mx[0] = mx[1] = neg_inf();
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -596,23 +602,24 @@ struct TensorCore {
         }
       }
     }
-    float base[2], alpha[2];
+    float alpha[2];
     bool moved = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float m_old = m[h];
       const float t = fmaxf(m_old, mma::quad_max(mx[h]));
       // A row's first finite max always moves m (inf > slack); a row with no key yet keeps m = -inf (-inf - -inf is
-      // NaN: not moved) and 0 as the exponent base, so ex2 never sees -inf - -inf. A row moving off -inf has o = 0.
+      // NaN: not moved) and 0 as the exponent base mb, so ex2 never sees -inf - -inf. A row moving off -inf has o = 0.
+      // mb is m where m is finite, so it moves with m (a moved m is t > m_old + slack, never -inf) and else stays:
+      // kept beside m, it takes one select instead of a compare and a select per tile.
       const bool row_moved = t - m_old > kRescaleSlack;
-      const float m_new = row_moved ? t : m_old;
-      base[h] = m_new == neg_inf() ? 0.f : m_new;
+      m[h] = row_moved ? t : m_old;
+      mb[h] = row_moved ? t : mb[h];
       moved |= row_moved && m_old != neg_inf();
-      alpha[h] = row_moved ? fmath::ex2(m_old - base[h]) : 1.f;
-      m[h] = m_new;
+      alpha[h] = row_moved ? fmath::ex2(m_old - mb[h]) : 1.f;
       dsum[h] *= alpha[h];
     }
-    exp_rows(s, base, dsum);
+    exp_rows(s, mb, dsum);
     if (__any_sync(0xffffffffu, moved)) rescale_o(oacc, alpha);
   }
 
@@ -645,7 +652,8 @@ struct TensorCore {
   static __device__ __forceinline__ void tile_fp8(const DecodeParams& p, const VP& v, const Slot* cur,
                                                   const KV* ks, const KV* vs, int start, int n_valid,
                                                   const u32 (&qf)[D / 16][4], const float (&qsc)[2],
-                                                  float (&oacc)[DW / 8][4], float (&m)[2], float (&dsum)[2]) {
+                                                  float (&oacc)[DW / 8][4], float (&m)[2], float (&dsum)[2],
+                                                  float (&mb)[2]) {
     constexpr int kNT = kWarpTokens / 8;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     // (one warp along the dims: wd is 0, which the compiler cannot see from threadIdx, and with it the V ldmatrix
@@ -682,7 +690,7 @@ struct TensorCore {
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) s[nt][0] *= rs0, s[nt][1] *= rs0, s[nt][2] *= rs1, s[nt][3] *= rs1;
     if constexpr (V::kSoftmax) {
-      softmax_fp8(p, v, ix, s, start, n_valid, oacc, m, dsum);
+      softmax_fp8(p, v, ix, s, start, n_valid, oacc, m, dsum, mb);
     } else {
       weights(p, v, ix, s, start, n_valid, dsum);
     }
@@ -822,6 +830,7 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
   float qsc[2] = {1.f, 1.f};  // fp8: the rows' logit scales, the inverse q scales among them (load_q)
   float oacc[K::DW / 8][4];
   float m[2] = {neg_inf(), neg_inf()}, dsum[2] = {0.f, 0.f};
+  float mb[2] = {0.f, 0.f};  // fp8: the rows' exponent bases, m or 0 while m is -inf (softmax_fp8)
 
   for (int n = 0;; ++n) {
     const typename K::Slot* cur = pipe.wait(n);
@@ -845,6 +854,7 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
         K::load_q(p, v, cur, qs, qf, qsc, kst.s);
       }
       m[0] = m[1] = neg_inf();
+      mb[0] = mb[1] = 0.f;
       dsum[0] = dsum[1] = 0.f;
 #pragma unroll
       for (int j = 0; j < K::DW / 8; ++j) oacc[j][0] = oacc[j][1] = oacc[j][2] = oacc[j][3] = 0.f;
@@ -868,7 +878,7 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
         __syncthreads();
       }
     }
-    K::tile(p, v, cur, ks, vs, start, n_valid, qf, qsc, oacc, m, dsum, fst);
+    K::tile(p, v, cur, ks, vs, start, n_valid, qf, qsc, oacc, m, dsum, mb, fst);
     CUINFER_DECODE_TILE_END();
     pipe.finish(p, n);
     if (flags & kLast) {
