@@ -148,21 +148,25 @@ struct TileProducer {
       slot->pieces = x.pieces;
       slot->flags = (fresh ? kFirst : 0) | (last ? kLast : 0);
     }
-    if (static_cast<int>(threadIdx.x) < n_valid) {
+    if constexpr (kFp8Tiles) {
+      // Every thread splits its token (past n_valid too: tok >= 0, nothing is read), so that only the page index
+      // load depends on the thread and takes a predicate rather than a branch.
       const int tok = pos + threadIdx.x;
       int pi;
-      if constexpr (kFp8Tiles) {
-        if (page_shift >= 0) {  // (tok >= 0)
-          pi = tok >> page_shift;
-          tok_out.slot_in_page = tok & page_mask;
-        } else {
-          pi = tok / p.page_size;
-          tok_out.slot_in_page = tok - pi * p.page_size;
-        }
+      if (page_shift >= 0) {
+        pi = tok >> page_shift;
+        tok_out.slot_in_page = tok & page_mask;
       } else {
         pi = tok / p.page_size;
         tok_out.slot_in_page = tok - pi * p.page_size;
       }
+      tok_out.head = x.kv_head;
+      tok_out.valid = static_cast<int>(threadIdx.x) < n_valid;
+      if (tok_out.valid) tok_out.page = reinterpret_cast<const int*>(p.page_indices)[x.page_begin + pi];
+    } else if (static_cast<int>(threadIdx.x) < n_valid) {
+      const int tok = pos + threadIdx.x;
+      const int pi = tok / p.page_size;
+      tok_out.slot_in_page = tok - pi * p.page_size;
       tok_out.page = reinterpret_cast<const int*>(p.page_indices)[x.page_begin + pi];
       tok_out.head = x.kv_head;
       tok_out.valid = true;
