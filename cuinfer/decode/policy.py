@@ -26,7 +26,7 @@ and the CTAs per SM above stay as they are and every number of tokens doubles (`
   Each KV byte now carries one element, so the math per byte doubles and the conversions come on top. The tensor-core
   kernel runs the fp8 products in float16 for either q type (common/fp8.cuh: e4m3 K by k_pairs, one cvt per 2 bytes
   on sm_89+, e4m3 V by v_pairs, a byte permute and one cvt per 2 bytes there; e5m2 by byte permutes and masks; no
-  multiply) with a lazy softmax max, so its whole hot loop costs ~0.071 instructions per KV byte (D10: 583 per warp
+  multiply) with a lazy softmax max, so its whole hot loop costs ~0.067 instructions per KV byte (D10: 549 per warp
   and 128-token tile on the tiles whose max does not move; D6's bf16 loop: 622, ~0.076), where f16s_pairs for K and
   V cost ~0.125 (1023) and for V alone ~0.096 (784).
   Bytes in flight per SM (stage bytes x (stages - 1) x CTAs per SM, the copies pending while the CTAs compute):
