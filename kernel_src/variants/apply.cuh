@@ -139,8 +139,19 @@ template <class V, int D, int kTile> struct FragStates {
     typename V::PosState tile;
     typename V::PosState step;
   };
-  const Entry* tab;  // [D / 2], shared memory
-  const Move* mov;   // [D / 2] (with kCarry)
+  // The tables, one shared-memory array: [D / 2] Entries, then (with kCarry) [D / 2] Moves. One base register
+  // addresses both (the Moves at a constant offset from it): with a table of its own the Moves' address was
+  // rebuilt at every carried tile (the CTA's shared window, its offset, a multiply-add: 4 instructions), since the
+  // register-bound kernel does not keep a second base live.
+  struct alignas(16) CarryTables {
+    Entry e[D / 2];
+    Move m[D / 2];
+  };
+  struct alignas(16) SeedTables {  // (no Moves: not a byte more of the CTA's shared memory)
+    Entry e[D / 2];
+  };
+  using Tables = typename PickState<kCarry, CarryTables, SeedTables>::type;
+  const Tables* tab;
   typename V::PosState carry[kPairs];  // the PosStates of key gid at the last tile
   int next, run;  // key gid's position at a tile that continues the last one; tiles since the last exact seed
 
@@ -148,22 +159,20 @@ template <class V, int D, int kTile> struct FragStates {
     return 16 * (i / 4) + 8 * ((i % 4) / 2) + 2 * tig + (i % 2);
   }
 
-  template <class VP>
-  __device__ __forceinline__ void init(const VP& v, Entry* table, Move* moves, int tid, int threads) {
+  template <class VP> __device__ __forceinline__ void init(const VP& v, Tables* tables, int tid, int threads) {
     for (int i = tid; i < D / 2; i += threads) {
       Entry e;
       e.s = V::dim_state(v, i, D);
       if constexpr (V::kPosAdvance) e.step = V::pos_state(v, e.s, i, 8);
-      table[i] = e;
+      tables->e[i] = e;
       if constexpr (kCarry) {
         Move m;
         m.tile = V::pos_state(v, e.s, i, kTile);
         m.step = e.step;
-        moves[i] = m;
+        tables->m[i] = m;
       }
     }
-    tab = table;
-    mov = moves;
+    tab = tables;
     next = -2147483647;
     run = 0;
   }
@@ -222,13 +231,13 @@ template <class V, int D, int kTile> struct FragStates {
           typename V::DimState st;
           typename V::PosState kp, step;
           if constexpr (kSeed) {
-            const Entry en = tab[dim];
+            const Entry en = tab->e[dim];
             st = en.s;
             step = en.step;
             if constexpr (V::kPosState) kp = V::pos_state(v, st, dim, pos);
           } else {
-            const Move mv = mov[dim];
-            st = tab[dim].s;  // (not loaded when the variant's advance and transform do not read it: RoPE)
+            const Move mv = tab->m[dim];
+            st = tab->e[dim].s;  // (not loaded when the variant's advance and transform do not read it: RoPE)
             step = mv.step;
             kp = carry[i];
             V::pos_advance(v, st, dim, kp, mv.tile);  // (RoPE's advance reads no DimState)
@@ -272,7 +281,7 @@ template <class V, int D, int kTile> struct FragStates {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int i = 4 * kk + 2 * r + e, dim = pair(i, tig);
-          const typename V::DimState st = tab[dim].s;
+          const typename V::DimState st = tab->e[dim].s;
           xo[e] = V::query_transform(v, st, ix[row], dim, x[e], y[e]);
           yo[e] = V::query_transform(v, st, ix[row], dim + D / 2, y[e], x[e]);
         }

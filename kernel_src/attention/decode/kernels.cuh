@@ -814,13 +814,8 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
   using Frag = variant::FragStates<V, D, T>;
   Frag fst;
   if constexpr (K::kFrag) {
-    __shared__ typename Frag::Entry frag_tab[D / 2];
-    typename Frag::Move* frag_mov = nullptr;
-    if constexpr (Frag::kCarry) {
-      __shared__ typename Frag::Move frag_mov_tab[D / 2];
-      frag_mov = frag_mov_tab;
-    }
-    fst.init(v, frag_tab, frag_mov, threadIdx.x, K::kThreads);
+    __shared__ typename Frag::Tables frag_tables;
+    fst.init(v, &frag_tables, threadIdx.x, K::kThreads);
     __syncthreads();
   } else if constexpr (V::kKeyTransform || V::kQueryTransform) {
     kst.init(v, threadIdx.x);
