@@ -206,7 +206,7 @@ class Case:
     framework: str = "torch"
     split: int | None = None
     scales: str = "numbers"  # "none", "numbers", "heads" (device arrays, one value per KV head), "one" (array of 1)
-    cache: str = "5d"  # or "tuple"
+    cache: str = "5d"  # or "tuple"; "offset" (torch): the 5-d cache 16 bytes into a larger buffer (rows not aligned)
     opts: dict = field(default_factory=dict)
     ramp: float = 0.0  # keys of a request's i-th of n pages times 1 + ramp * i / n: the rows' max keeps climbing
 
@@ -235,6 +235,10 @@ CASES = [
     # a page size that is no power of two (the fp8 producer's integer division; powers of two take a shift)
     pytest.param(Case(MIX6, 5, (32, 8), 128), id="e4m3-p5-tc"),
     pytest.param(Case(MIX6, 12, (8, 8), 128, "e5m2", "fp16"), id="e5m2-p12-cc"),
+    # a cache whose base is not a multiple of a row's bytes: the tile producer's 64-bit address adds (aligned caches
+    # take a logic op per copy, pipeline.cuh)
+    pytest.param(Case(MIX6, 16, (32, 8), 128, cache="offset"), id="e4m3-tc-unaligned-rows"),
+    pytest.param(Case(MIX6, 16, (32, 8), 128, tensor_cores=False, cache="offset"), id="e4m3-cc-unaligned-rows"),
     pytest.param(Case(LONG1, 16, (32, 8), 128, "e5m2", "fp16", scales="heads", ramp=6.0), id="rising-logits-e5m2-long"),
 ]
 
@@ -290,6 +294,11 @@ def test_batch_decode_fp8(rng, c: Case):
     if c.split is not None:
         assert w._plan.work.num_partial_rows > 0, "the fixed split size must split something"
     kv = (fw.asarray(cache[:, 0]), fw.asarray(cache[:, 1])) if c.cache == "tuple" else fw.asarray(cache)
+    if c.cache == "offset":
+        flat = fw.module.empty(kv.numel() + 16, dtype=kv.dtype, device=kv.device)
+        flat[16:].copy_(kv.reshape(-1))
+        kv = flat[16:].view(kv.shape)
+        assert kv.data_ptr() % (c.head_dim * kv.element_size()) != 0
     run_ks = ks if c.scales in ("none", "numbers") else _device_scales(fw, ks)
     run_vs = vs if c.scales in ("none", "numbers") else _device_scales(fw, vs)
     gq = fw.asarray(q)
