@@ -127,50 +127,29 @@ def test_probe_compiles_with_the_conversion_instructions(arch):
 
 @pytest.mark.compile
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-def test_k_pairs_probe_compiles_to_one_cvt_per_e4m3_pair(arch):
-    """fp8::k_pairs: e4m3 on sm_90a is one F2FP.F16.E4M3 per pair on the register's halves (2 per register, no byte
-    permute, no integer op); e4m3 on sm_80 the integer path (byte permutes, no multiply); e5m2 byte permutes alone."""
+@pytest.mark.parametrize(
+    ("probe", "e4m3_ops"),
+    [("kpairs", (r"F2FP\.F16\.E4M3",)), ("vpairs", (r"F2FP\.F16\.E4M3", r"PRMT"))],
+)
+def test_pair_probes_compile_to_one_cvt_per_e4m3_pair(arch, probe, e4m3_ops):
+    """fp8::k_pairs / fp8::v_pairs: e4m3 on sm_90a is one F2FP.F16.E4M3 per pair on the register's halves (2 per
+    register, no multiply, no integer op; v_pairs first puts its pairs in the halves with one byte permute); e4m3 on
+    sm_80 the integer path (byte permutes, no cvt, no multiply); e5m2 byte permutes (and, for V, a mask) alone."""
     from cuinfer.jit import KernelSpec, get_compiled
     from cuinfer.jit.sass import check_sass, disassemble, find_cuobjdump
 
     if find_cuobjdump() is None:
         pytest.skip("cuobjdump wheel not installed")
     for fmt, f8 in (("float8_e4m3fn", "__nv_fp8_e4m3"), ("float8_e5m2", "__nv_fp8_e5m2")):
-        expr = f"cuinfer::fp8_probe_kpairs<{f8}>"
-        mod = get_compiled(KernelSpec(f"test/fp8_probe_kpairs/{fmt}", "debug/fp8_probe.cu", (expr,)), arch)
+        expr = f"cuinfer::fp8_probe_{probe}<{f8}>"
+        mod = get_compiled(KernelSpec(f"test/fp8_probe_{probe}/{fmt}", "debug/fp8_probe.cu", (expr,)), arch)
         (sym,) = mod.lowered.values()
         ops = disassemble(mod.cubin)[sym]
         n_cvt = sum(1 for op in ops if op.startswith("F2FP.F16.E"))
         forbid = (r"LDL", r"STL", r"F2F\.", r"HMUL2", r"HFMA2")
         if fmt == "float8_e4m3fn" and arch == "sm_90a":
             assert n_cvt == 2, f"{n_cvt} F2FP for the 2 pairs of a register"
-            assert not check_sass(ops, arch, (r"F2FP\.F16\.E4M3",), forbid)
-        else:
-            assert n_cvt == 0
-            assert not check_sass(ops, arch, (r"PRMT",), forbid)
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-def test_v_pairs_probe_compiles_to_a_permute_and_one_cvt_per_e4m3_pair(arch):
-    """fp8::v_pairs: e4m3 on sm_90a is a byte permute and one F2FP.F16.E4M3 per pair on the permuted register's
-    halves (2 per register, no multiply); e4m3 on sm_80 f16s_pairs' integer path (no cvt, no multiply); e5m2 a byte
-    permute and a mask."""
-    from cuinfer.jit import KernelSpec, get_compiled
-    from cuinfer.jit.sass import check_sass, disassemble, find_cuobjdump
-
-    if find_cuobjdump() is None:
-        pytest.skip("cuobjdump wheel not installed")
-    for fmt, f8 in (("float8_e4m3fn", "__nv_fp8_e4m3"), ("float8_e5m2", "__nv_fp8_e5m2")):
-        expr = f"cuinfer::fp8_probe_vpairs<{f8}>"
-        mod = get_compiled(KernelSpec(f"test/fp8_probe_vpairs/{fmt}", "debug/fp8_probe.cu", (expr,)), arch)
-        (sym,) = mod.lowered.values()
-        ops = disassemble(mod.cubin)[sym]
-        n_cvt = sum(1 for op in ops if op.startswith("F2FP.F16.E"))
-        forbid = (r"LDL", r"STL", r"F2F\.", r"HMUL2", r"HFMA2")
-        if fmt == "float8_e4m3fn" and arch == "sm_90a":
-            assert n_cvt == 2, f"{n_cvt} F2FP for the 2 pairs of a register"
-            assert not check_sass(ops, arch, (r"F2FP\.F16\.E4M3", r"PRMT"), forbid)
+            assert not check_sass(ops, arch, e4m3_ops, forbid)
         else:
             assert n_cvt == 0
             assert not check_sass(ops, arch, (r"PRMT",), forbid)

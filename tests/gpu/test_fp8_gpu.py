@@ -157,37 +157,28 @@ def test_device_f16s_pairs_match_the_emulation(fmt):
 
 
 @pytest.mark.parametrize("fmt", FORMATS.values())
-def test_device_k_pairs_match_the_emulation(fmt):
-    """fp8::k_pairs (the decode tensor-core kernel's K fragments: bytes (0, 1) and (2, 3); e4m3 by cvt on sm_89+)
-    gives, for every code in every byte position, the emulation's bits (a NaN's payload is the hardware's): finite
-    codes their value times 2^-kPowK."""
+@pytest.mark.parametrize("probe", ["kpairs", "vpairs"])
+def test_device_pairs_match_the_emulation(fmt, probe):
+    """fp8::k_pairs / fp8::v_pairs (the decode tensor-core kernel's K fragments: bytes (0, 1) and (2, 3), e4m3 by cvt
+    on sm_89+; its V fragments: bytes (0, 2) and (1, 3), e4m3 by a byte permute and cvt on sm_89+) give, for every
+    code in every byte position, the emulation's bits (a NaN's payload is the hardware's): finite codes their value
+    times 2^-kPowK / 2^-kPowV."""
     arch = _device_arch()
-    got = _probe("fp8_probe_kpairs", F8_TYPES[fmt], 256, np.uint16, 64)
-    p01, p23 = fp8_ref.k_pairs(PROBE_WORDS, fmt, arch)
-    want = np.stack([p01 & 0xFFFF, p01 >> 16, p23 & 0xFFFF, p23 >> 16], axis=1).astype(np.uint16).reshape(-1)
+    got = _probe(f"fp8_probe_{probe}", F8_TYPES[fmt], 256, np.uint16, 64)
+    emulate, pow_of = (
+        (fp8_ref.k_pairs, fp8_ref.k_pairs_pow) if probe == "kpairs" else (fp8_ref.v_pairs, fp8_ref.v_pairs_pow)
+    )
+    lo, hi = emulate(PROBE_WORDS, fmt, arch)
+    want = np.stack([lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16], axis=1).astype(np.uint16).reshape(-1)
     gv, wv = got.view(np.float16).astype(np.float64), want.view(np.float16).astype(np.float64)
     same = (got == want) | (np.isnan(gv) & np.isnan(wv))
     assert same.all(), f"codes {np.flatnonzero(~same)} differ: got {gv[~same][:8]}, want {wv[~same][:8]}"
-    ex = fp8_ref.exact(np.arange(256), fmt)
+    codes = np.arange(256)
+    if probe == "vpairs":
+        codes = codes.reshape(-1, 4)[:, [0, 2, 1, 3]].reshape(-1)  # (the outputs' code order)
+    ex = fp8_ref.exact(codes, fmt)
     fin = np.isfinite(ex)
-    np.testing.assert_array_equal(gv[fin] * 2.0 ** fp8_ref.k_pairs_pow(fmt, arch), ex[fin])
-
-
-@pytest.mark.parametrize("fmt", FORMATS.values())
-def test_device_v_pairs_match_the_emulation(fmt):
-    """fp8::v_pairs (the decode tensor-core kernel's V fragments: bytes (0, 2) and (1, 3); e4m3 by a byte permute and
-    cvt on sm_89+) gives, for every code in every byte position, the emulation's bits (a NaN's payload is the
-    hardware's): finite codes their value times 2^-kPowV."""
-    arch = _device_arch()
-    got = _probe("fp8_probe_vpairs", F8_TYPES[fmt], 256, np.uint16, 64)
-    p02, p13 = fp8_ref.v_pairs(PROBE_WORDS, fmt, arch)
-    want = np.stack([p02 & 0xFFFF, p02 >> 16, p13 & 0xFFFF, p13 >> 16], axis=1).astype(np.uint16).reshape(-1)
-    gv, wv = got.view(np.float16).astype(np.float64), want.view(np.float16).astype(np.float64)
-    same = (got == want) | (np.isnan(gv) & np.isnan(wv))
-    assert same.all(), f"codes {np.flatnonzero(~same)} differ: got {gv[~same][:8]}, want {wv[~same][:8]}"
-    ex = fp8_ref.exact(np.arange(256).reshape(-1, 4)[:, [0, 2, 1, 3]].reshape(-1), fmt)  # (the outputs' code order)
-    fin = np.isfinite(ex)
-    np.testing.assert_array_equal(gv[fin] * 2.0 ** fp8_ref.v_pairs_pow(fmt, arch), ex[fin])
+    np.testing.assert_array_equal(gv[fin] * 2.0 ** pow_of(fmt, arch), ex[fin])
 
 
 # ---- batch decode -------------------------------------------------------------------------------------------------
