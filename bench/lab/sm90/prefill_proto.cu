@@ -1,0 +1,253 @@
+// Lab prototype of the Hopper prefill mainloop (wgmma + warp specialisation): ragged K/V, causal (bottom-right) or
+// not, 16-bit q/k/v, head dim 128, one q head per CTA. It answers what the sm90 kernel's core is worth on this GPU
+// before the product kernel is built on the seams of prefill_sm80 (work items, variants, epilogue, paged loader).
+// Run by bench/lab/sm90_proto.py.
+//
+// CTA: 3 warpgroups. Warpgroup 0 (producer, 56 registers) copies the CTA's 128 q rows once and the K and V tiles of
+// 128 keys into a 2-stage ring with cp.async, signalling each tile on an mbarrier (K and V apart, so Q·K^T starts
+// before V has landed). Warpgroups 1 and 2 (consumers, 224 registers) own 64 q rows each: per tile S = Q K^T (8
+// wgmma m64n128k16 from shared memory), the online softmax in registers, O += P V (8 wgmma with P from registers,
+// V MN-major), then they release the stage. The two consumers run independently, so one's softmax overlaps the
+// other's MMAs.
+#include "common/cp_async.cuh"
+#include "common/math.cuh"
+#include "common/mbarrier.cuh"
+#include "common/mma.cuh"
+#include "common/types.cuh"
+#include "common/wgmma.cuh"
+
+using namespace cuinfer;
+using namespace cuinfer::sm90;
+using cuinfer::mma::pack2;
+using cuinfer::mma::quad_max;
+using cuinfer::mma::quad_sum;
+using cuinfer::mma::smem_addr;
+using cuinfer::fmath::ex2;
+using cuinfer::fmath::lg2;
+
+#ifndef PROTO_T
+#define PROTO_T __nv_bfloat16
+#endif
+#ifndef PROTO_STAGES
+#define PROTO_STAGES 2
+#endif
+
+namespace {
+
+constexpr int kD = 128;           // head dim
+constexpr int kBlockM = 128;      // q rows per CTA (64 per consumer warpgroup)
+constexpr int kBlockN = 128;      // keys per tile
+constexpr int kStages = PROTO_STAGES;
+constexpr int kTileBytes = kBlockN * kD * 2;  // one K or V tile
+constexpr int kQBytes = kBlockM * kD * 2;
+constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes;
+
+using T = PROTO_T;
+using Tile = Sw128Tile<kBlockN>;
+using QTile = Sw128Tile<kBlockM>;
+
+struct Bars {
+  u32 base;
+  __device__ u32 q_full() const { return base; }
+  __device__ u32 k_full(int s) const { return base + 8 * (1 + s); }
+  __device__ u32 v_full(int s) const { return base + 8 * (1 + kStages + s); }
+  __device__ u32 empty(int s) const { return base + 8 * (1 + 2 * kStages + s); }
+};
+
+// Keys [0, n_keys) that rows [row0, row0 + kBlockM) of a request attend to.
+__device__ __forceinline__ int keys_for_block(int row0, int qo_len, int kv_len, int causal) {
+  if (!causal) return kv_len;
+  const int last_row = min(row0 + kBlockM, qo_len) - 1;
+  return max(0, min(kv_len, last_row + (kv_len - qo_len) + 1));
+}
+
+// Copies `rows` rows (stride `stride` elements) of 128 16-bit elements from `src` into a swizzled tile, zero-filling
+// rows at and past `valid_rows`. 128 threads: thread t copies chunk t % 16 of rows t / 16 + 8 i, which share the
+// swizzle (r % 8): one shared address plus i * 1024, one global pointer plus i * 8 rows.
+template <int ROWS>
+__device__ __forceinline__ void copy_tile(u32 dst, const T* src, i64 stride, int valid_rows, int tid) {
+  const int c = tid % 16, r0 = tid / 16;
+  const u32 s0 = dst + Sw128Tile<ROWS>::chunk_offset(r0, c);
+  const T* g = src + r0 * stride + c * 8;
+  const u32 step = static_cast<u32>(8 * stride);  // elements between rows r and r + 8 (< 2^31: checked by the host)
+#pragma unroll
+  for (int i = 0; i < ROWS / 8; ++i) {
+    const bool ok = r0 + 8 * i < valid_rows;
+    cp_async_16(s0 + i * 1024, ok ? g : src, ok);
+    g += step;
+  }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+    sm90_prefill_proto(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
+                       float* __restrict__ lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
+                       int num_qo_heads, int num_kv_heads, float scale_log2, int causal) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const u32 smem0 = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  const u32 sq = smem0;
+  const u32 sk = sq + kQBytes;                  // stage s: sk + s * kTileBytes
+  const u32 sv = sk + kStages * kTileBytes;     // stage s: sv + s * kTileBytes
+  const Bars bars{sv + kStages * kTileBytes};
+
+  const int req = blockIdx.z;
+  const int head = blockIdx.y;
+  const int kv_head = head / (num_qo_heads / num_kv_heads);
+  const int q0 = qo_indptr[req], qo_len = qo_indptr[req + 1] - q0;
+  const int k0 = kv_indptr[req], kv_len = kv_indptr[req + 1] - k0;
+  const int n_blocks = (qo_len + kBlockM - 1) / kBlockM;
+  if (static_cast<int>(blockIdx.x) >= n_blocks) return;
+  const int block = n_blocks - 1 - blockIdx.x;  // the longest blocks of a causal request first
+  const int row0 = block * kBlockM;
+  const int n_keys = keys_for_block(row0, qo_len, kv_len, causal);
+  const int n_tiles = (n_keys + kBlockN - 1) / kBlockN;
+
+  const int wg = threadIdx.x / 128;
+  const int tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    mbar_init(bars.q_full(), 128);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(bars.k_full(s), 128);
+      mbar_init(bars.v_full(s), 128);
+      mbar_init(bars.empty(s), 256);
+    }
+  }
+  __syncthreads();
+
+  const i64 q_stride = static_cast<i64>(num_qo_heads) * kD;
+  const i64 kv_stride = static_cast<i64>(num_kv_heads) * kD;
+
+  if (wg == 0) {  // producer
+    setmaxnreg_dec<56>();
+    copy_tile<kBlockM>(sq, q + (q0 + row0) * q_stride + head * kD, q_stride, qo_len - row0, tid);
+    mbar_arrive_cp_async(bars.q_full());
+    const T* kh = k + k0 * kv_stride + kv_head * kD;
+    const T* vh = v + k0 * kv_stride + kv_head * kD;
+    for (int i = 0; i < n_tiles; ++i) {
+      const int s = i % kStages, n = i / kStages;
+      if (n > 0) mbar_wait(bars.empty(s), (n - 1) & 1);
+      const int key0 = i * kBlockN;
+      copy_tile<kBlockN>(sk + s * kTileBytes, kh + key0 * kv_stride, kv_stride, n_keys - key0, tid);
+      mbar_arrive_cp_async(bars.k_full(s));
+      copy_tile<kBlockN>(sv + s * kTileBytes, vh + key0 * kv_stride, kv_stride, n_keys - key0, tid);
+      mbar_arrive_cp_async(bars.v_full(s));
+    }
+    cp_async_wait_all();
+    return;
+  }
+
+  // consumers
+  setmaxnreg_inc<224>();
+  const int cw = wg - 1;          // consumer warpgroup: rows 64 cw .. 64 cw + 63 of the block
+  const int warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int my_row = row0 + cw * 64 + warp * 16 + g;  // rows my_row and my_row + 8 of the request
+  const int diag = kv_len - qo_len;                   // row r attends keys <= r + diag (causal)
+
+  float o_acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o_acc[i] = 0.f;
+  float m[2] = {neg_inf(), neg_inf()};
+  float l[2] = {0.f, 0.f};
+
+  const u32 q_base = sq + cw * 64 * 128;
+  mbar_wait(bars.q_full(), 0);
+
+  for (int i = 0; i < n_tiles; ++i) {
+    const int s = i % kStages, n = i / kStages;
+    const u32 kt = sk + s * kTileBytes, vt = sv + s * kTileBytes;
+    float sc[64];
+    mbar_wait(bars.k_full(s), n & 1);
+    fence_proxy_async();
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const u32 off = (kk % 4) * 32;
+      const u64 da = smem_desc_sw128(q_base + (kk / 4) * QTile::kBlockBytes + off, 16, 1024);
+      const u64 db = smem_desc_sw128(kt + (kk / 4) * Tile::kBlockBytes + off, 16, 1024);
+      wgmma_m64n128k16_ss<T, 0>(sc, da, db, kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(sc);
+
+    const int key0 = i * kBlockN;
+    const bool need_mask = key0 + kBlockN > n_keys || (causal && key0 + kBlockN - 1 > row0 + diag);
+    if (need_mask) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = key0 + 8 * j + 2 * t + (e & 1);
+          const int row = my_row + (e >> 1) * 8;
+          const bool masked = col >= n_keys || (causal && col > row + diag);
+          if (masked) sc[4 * j + e] = neg_inf();
+        }
+      }
+    }
+    // online softmax (base 2): rows g (e = 0, 1) and g + 8 (e = 2, 3)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = m[h];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * h], sc[4 * j + 2 * h + 1]));
+      mx = quad_max(mx);
+      const float ms = mx == neg_inf() ? 0.f : mx * scale_log2;
+      const float corr = ex2(m[h] * scale_log2 - ms);  // m = -inf: 0
+      m[h] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        sc[4 * j + 2 * h] = ex2(fmaf(sc[4 * j + 2 * h], scale_log2, -ms));
+        sc[4 * j + 2 * h + 1] = ex2(fmaf(sc[4 * j + 2 * h + 1], scale_log2, -ms));
+        sum += sc[4 * j + 2 * h] + sc[4 * j + 2 * h + 1];
+      }
+      l[h] = l[h] * corr + sum;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        o_acc[4 * j + 2 * h] *= corr;
+        o_acc[4 * j + 2 * h + 1] *= corr;
+      }
+    }
+    u32 pa[8][4];
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      pa[kk][0] = pack2<T>(sc[8 * kk + 0], sc[8 * kk + 1]);
+      pa[kk][1] = pack2<T>(sc[8 * kk + 2], sc[8 * kk + 3]);
+      pa[kk][2] = pack2<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
+      pa[kk][3] = pack2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
+    }
+    mbar_wait(bars.v_full(s), n & 1);
+    fence_proxy_async();
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const u64 db = smem_desc_sw128(vt + kk * 16 * 128, Tile::kBlockBytes, 1024);
+      wgmma_m64n128k16_rs<T, 1>(o_acc, pa[kk], db);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(o_acc);
+    mbar_arrive(bars.empty(s));
+  }
+
+  // epilogue: O / l to global (16-bit), lse base 2
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float sum = quad_sum(l[h]);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const int row = my_row + 8 * h;
+    if (row < qo_len) {
+      T* orow = o + (q0 + row) * q_stride + head * kD;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        *reinterpret_cast<u32*>(orow + 8 * j + 2 * t) =
+            pack2<T>(o_acc[4 * j + 2 * h] * inv, o_acc[4 * j + 2 * h + 1] * inv);
+      }
+      if (lse != nullptr && t == 0) {
+        lse[(q0 + row) * num_qo_heads + head] = sum > 0.f ? m[h] * scale_log2 + lg2(sum) : neg_inf();
+      }
+    }
+  }
+}

@@ -1,0 +1,245 @@
+"""Lab: the Hopper prefill prototype (bench/lab/sm90/prefill_proto.cu: wgmma, a cp.async producer warpgroup, two
+consumer warpgroups) against the float64 reference, cuinfer's FA2-class kernel and FlashInfer's FA3 path.
+
+    python -m bench.lab.sm90_proto --sass                # no GPU: registers, spills, opcode counts (HGMMA, LDGSTS)
+    python -m bench.lab.sm90_proto --check               # GPU: small cases against the float64 reference
+    python -m bench.lab.sm90_proto --bench [--peers]     # GPU: P1-P3 shapes (causal ragged, bf16, 32/8 heads, d128)
+
+Timings follow docs/benchmarks.md: L2 flushed before each launch, fresh random inputs, medians; TFLOP/s over the
+attended (causal) pairs, 4 * d FLOPs per pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.join(HERE, "sm90", "prefill_proto.cu")
+KERNEL = "sm90_prefill_proto"
+D = 128
+BLOCK_M = 128
+
+
+def smem_bytes(stages: int) -> int:
+    return BLOCK_M * D * 2 + 2 * stages * 128 * D * 2 + 1024 + 8 * (1 + 3 * stages)
+
+
+def compile_cubin(dtype: str = "bf16", stages: int = 2, arch: str = "sm_90a") -> tuple[bytes, str]:
+    from cuinfer.jit.compiler import nvrtc_options
+    from cuinfer.jit.toolchain import nvrtc_module
+
+    nv = nvrtc_module()
+    with open(SOURCE, encoding="utf-8") as fh:
+        src = fh.read()
+    t = "__nv_bfloat16" if dtype == "bf16" else "half"
+    opts = nvrtc_options(arch) + [f"-DPROTO_T={t}", f"-DPROTO_STAGES={stages}"]
+    _, prog = nv.nvrtcCreateProgram(src.encode(), b"prefill_proto.cu", 0, [], [])
+    (res,) = nv.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+    _, size = nv.nvrtcGetProgramLogSize(prog)
+    log = b" " * size
+    nv.nvrtcGetProgramLog(prog, log)
+    log = log.rstrip(b"\0 ").decode(errors="replace")
+    if res != nv.nvrtcResult.NVRTC_SUCCESS:
+        raise RuntimeError(f"prefill_proto.cu does not compile:\n{log}")
+    _, n = nv.nvrtcGetCUBINSize(prog)
+    cubin = b" " * n
+    nv.nvrtcGetCUBIN(prog, cubin)
+    nv.nvrtcDestroyProgram(prog)
+    return bytes(cubin), log
+
+
+def sass_report(dtype: str, stages: int) -> None:
+    from cuinfer.jit.sass import find_cuobjdump
+
+    cubin, log = compile_cubin(dtype, stages)
+    print(log.strip())
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
+        fh.write(cubin)
+        fh.flush()
+        out = subprocess.run([find_cuobjdump(), "-sass", fh.name], capture_output=True, text=True).stdout
+    ops = collections.Counter()
+    for line in out.splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", line)
+        if m:
+            ops[m.group(1).split(".")[0]] += 1
+    print(", ".join(f"{k} {v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])))
+
+
+class Proto:
+    """The compiled prototype on the current GPU (CuPy)."""
+
+    def __init__(self, dtype: str = "bf16", stages: int = 2) -> None:
+        import cupy as cp
+
+        cubin, _ = compile_cubin(dtype, stages)
+        self._dir = tempfile.mkdtemp()
+        path = os.path.join(self._dir, "proto.cubin")
+        with open(path, "wb") as fh:
+            fh.write(cubin)
+        self.mod = cp.RawModule(path=path)
+        self.fn = self.mod.get_function(KERNEL)
+        self.smem = smem_bytes(stages)
+        self.fn.max_dynamic_shared_size_bytes = self.smem
+
+    def __call__(self, q, k, v, o, lse, qo_indptr, kv_indptr, max_qo: int, causal: bool, sm_scale: float) -> None:
+        import cupy as cp
+
+        hq, hk = q.shape[1], k.shape[1]
+        grid = ((max_qo + BLOCK_M - 1) // BLOCK_M, hq, len(qo_indptr) - 1)
+        scale_log2 = np.float32(sm_scale * np.log2(np.e))
+        self.fn(grid, (384,), (q, k, v, o, lse, qo_indptr, kv_indptr, cp.int32(hq), cp.int32(hk), scale_log2,
+                               cp.int32(int(causal))), shared_mem=self.smem)  # fmt: skip
+
+
+def reference(q, k, v, qo_lens, kv_lens, causal, sm_scale):
+    """float64 attention per request (bottom-right causal), o and base-2 lse."""
+    hq, hk = q.shape[1], k.shape[1]
+    grp = hq // hk
+    o = np.zeros(q.shape, np.float64)
+    lse = np.zeros((q.shape[0], hq), np.float64)
+    qs = ks = 0
+    for ql, kl in zip(qo_lens, kv_lens, strict=True):
+        for h in range(hq):
+            qq = q[qs : qs + ql, h].astype(np.float64)
+            kk = k[ks : ks + kl, h // grp].astype(np.float64)
+            vv = v[ks : ks + kl, h // grp].astype(np.float64)
+            s = qq @ kk.T * sm_scale
+            if causal:
+                rows = np.arange(ql)[:, None] + (kl - ql)
+                s = np.where(np.arange(kl)[None, :] > rows, -np.inf, s)
+            mx = s.max(axis=1, keepdims=True)
+            p = np.exp(s - mx)
+            den = p.sum(axis=1, keepdims=True)
+            o[qs : qs + ql, h] = (p / den) @ vv
+            lse[qs : qs + ql, h] = (mx[:, 0] + np.log(den[:, 0])) / np.log(2)
+        qs += ql
+        ks += kl
+    return o, lse
+
+
+def check(dtype: str) -> bool:
+    import cupy as cp
+    import ml_dtypes
+
+    npdt = ml_dtypes.bfloat16 if dtype == "bf16" else np.float16
+    proto = Proto(dtype)
+    rng = np.random.default_rng(7)
+    ok = True
+    cases = [
+        ("1x128 causal", [128], [128], 8, 8, True),
+        ("1x300 causal gqa4", [300], [300], 8, 2, True),
+        ("2 reqs q<kv causal", [77, 200], [333, 450], 4, 1, True),
+        ("3 reqs noncausal gqa8", [129, 1, 255], [129, 513, 100], 8, 1, False),
+        ("1x1000 causal", [1000], [1000], 4, 4, True),
+    ]
+    for name, ql, kl, hq, hk, causal in cases:
+        nq, nk = sum(ql), sum(kl)
+        q = rng.standard_normal((nq, hq, D)).astype(npdt)
+        k = rng.standard_normal((nk, hk, D)).astype(npdt)
+        v = rng.standard_normal((nk, hk, D)).astype(npdt)
+        sm_scale = 1 / np.sqrt(D)
+        ro, rl = reference(q, k, v, ql, kl, causal, sm_scale)
+        dq, dk, dv = (cp.asarray(x.view(np.uint16)) for x in (q, k, v))
+        do = cp.full((nq, hq, D), 0x7FC0, dtype=cp.uint16)  # NaN: an unwritten element fails
+        dl = cp.full((nq, hq), np.nan, dtype=cp.float32)
+        qi = cp.asarray(np.concatenate([[0], np.cumsum(ql)]).astype(np.int32))
+        ki = cp.asarray(np.concatenate([[0], np.cumsum(kl)]).astype(np.int32))
+        proto(dq, dk, dv, do, dl, qi, ki, max(ql), causal, sm_scale)
+        cp.cuda.Device().synchronize()
+        o = cp.asnumpy(do).view(npdt).astype(np.float64)
+        lse = cp.asnumpy(dl).astype(np.float64)
+        err_o = np.nanmax(np.abs(o - ro)) if np.isfinite(o).all() else np.inf
+        err_l = np.max(np.abs(lse - rl)) if np.isfinite(lse).all() else np.inf
+        tol = 2e-2 if dtype == "bf16" else 4e-3
+        good = err_o < tol and err_l < 1e-3
+        ok &= good
+        verdict = "ok  " if good else "FAIL"
+        print(f"{verdict} {name:28s} max|o - ref| {err_o:.2e}  max|lse - ref| {err_l:.2e}", flush=True)
+    return ok
+
+
+def bench(cases: list[str], iters: int, peers: bool) -> None:
+    """P-case shapes (ragged, causal, Llama-8B heads): the prototype, cuinfer's FA2-class kernel and (``peers``)
+    FlashInfer's fa3 backend on the same inputs, timed in this process; the prototype's output against cuinfer's."""
+    import cupy as cp
+
+    from bench import inputs
+    from bench.cases import prefill_flops, select
+    from bench.prefill import prepare_cuinfer, prepare_fi
+    from bench.timing import CudaTimer
+
+    proto = Proto("bf16")
+    timer = CudaTimer()
+    for case in select("prefill", cases):
+        if case.layout != "ragged":
+            print(f"{case.id}: paged (the prototype reads ragged K/V only)", flush=True)
+            continue
+        inp = inputs.prefill_inputs(case)
+        s = case.shape
+        flops = prefill_flops(inp.lens, inp.lens, s, case.causal)
+        q, k, v = (cp.asarray(x.view(torch_u16())) for x in (inp.q, inp.k, inp.v))
+        o = cp.full(q.shape, 0x7FC0, dtype=cp.uint16)
+        lse = cp.empty((q.shape[0], s.num_qo_heads), cp.float32)
+        ind = cp.asarray(np.asarray(inp.qo_indptr, dtype=np.int32))
+        max_len = int(np.max(inp.lens))
+
+        def run_proto(q=q, k=k, v=v, o=o, lse=lse, ind=ind, max_len=max_len, causal=case.causal, d=s.head_dim):
+            proto(q, k, v, o, lse, ind, ind, max_len, causal, d**-0.5)
+
+        rows = {"sm90-proto": timer.time(run_proto, iters=iters, warmup=3)}
+        fa2 = prepare_cuinfer(inp, "fa2")
+        rows["cuinfer fa2"] = timer.time(fa2.run, iters=iters, warmup=3)
+        ref = cp.asarray(fa2.run()).view(cp.uint16)
+        if peers:
+            try:
+                fi = prepare_fi(inp, "fa3")
+                rows["flashinfer fa3"] = timer.time(fi.run, iters=iters, warmup=3)
+            except Exception as ex:  # noqa: BLE001 - report and go on
+                print(f"{case.id}: flashinfer fa3 failed: {type(ex).__name__}: {ex}", flush=True)
+        run_proto()
+        cp.cuda.Device().synchronize()
+        diff = float(cp.max(cp.abs(bf16_to_f32(o) - bf16_to_f32(ref))))
+        base = rows["cuinfer fa2"].us
+        for name, t in rows.items():
+            print(f"{case.id:4s} {name:15s} {t.us:9.1f} us  {flops / t.us / 1e6:7.1f} TFLOP/s  "
+                  f"{base / t.us:5.2f}x fa2", flush=True)  # fmt: skip
+        print(f"{case.id:4s} max|proto - fa2| = {diff:.3e}", flush=True)
+        inputs.free()
+
+
+def torch_u16():
+    import torch
+
+    return torch.uint16 if hasattr(torch, "uint16") else torch.int16
+
+
+def bf16_to_f32(x):
+    import cupy as cp
+
+    return (x.astype(cp.uint32) << 16).view(cp.float32)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sass", action="store_true")
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--peers", action="store_true")
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--stages", type=int, default=2)
+    ap.add_argument("--cases", default="P1,P2,P3")
+    ap.add_argument("--iters", type=int, default=30)
+    args = ap.parse_args()
+    if args.sass:
+        sass_report(args.dtype, args.stages)
+    if args.check:
+        raise SystemExit(0 if check(args.dtype) else 1)
+    if args.bench:
+        bench(args.cases.split(","), args.iters, args.peers)
