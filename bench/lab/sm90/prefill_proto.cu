@@ -28,6 +28,12 @@ using cuinfer::fmath::lg2;
 #ifndef PROTO_T
 #define PROTO_T __nv_bfloat16
 #endif
+#ifndef PROTO_OVERLAP
+#define PROTO_OVERLAP 1
+#endif
+#ifndef PROTO_PINGPONG
+#define PROTO_PINGPONG 0
+#endif
 #ifndef PROTO_STAGES
 #define PROTO_STAGES 2
 #endif
@@ -40,7 +46,6 @@ constexpr int kBlockN = 128;      // keys per tile
 constexpr int kStages = PROTO_STAGES;
 constexpr int kTileBytes = kBlockN * kD * 2;  // one K or V tile
 constexpr int kQBytes = kBlockM * kD * 2;
-constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes;
 
 using T = PROTO_T;
 using Tile = Sw128Tile<kBlockN>;
@@ -83,7 +88,8 @@ __device__ __forceinline__ void copy_tile(u32 dst, const T* src, i64 stride, int
 extern "C" __global__ void __launch_bounds__(384, 1)
     sm90_prefill_proto(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
                        float* __restrict__ lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
-                       int num_qo_heads, int num_kv_heads, float scale_log2, int causal) {
+                       const int* __restrict__ items, int num_qo_heads, int num_kv_heads, float scale_log2,
+                       int causal) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const u32 smem0 = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const u32 sq = smem0;
@@ -91,14 +97,13 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const u32 sv = sk + kStages * kTileBytes;     // stage s: sv + s * kTileBytes
   const Bars bars{sv + kStages * kTileBytes};
 
-  const int req = blockIdx.z;
-  const int head = blockIdx.y;
+  // grid (q heads, work items): items[2 y] = request, items[2 y + 1] = q block, the host's order (heaviest first);
+  // the q heads of one block run side by side and share their K/V tiles in the L2.
+  const int head = blockIdx.x;
+  const int req = items[2 * blockIdx.y], block = items[2 * blockIdx.y + 1];
   const int kv_head = head / (num_qo_heads / num_kv_heads);
   const int q0 = qo_indptr[req], qo_len = qo_indptr[req + 1] - q0;
   const int k0 = kv_indptr[req], kv_len = kv_indptr[req + 1] - k0;
-  const int n_blocks = (qo_len + kBlockM - 1) / kBlockM;
-  if (static_cast<int>(blockIdx.x) >= n_blocks) return;
-  const int block = n_blocks - 1 - blockIdx.x;  // the longest blocks of a causal request first
   const int row0 = block * kBlockM;
   const int n_keys = keys_for_block(row0, qo_len, kv_len, causal);
   const int n_tiles = (n_keys + kBlockN - 1) / kBlockN;
@@ -153,12 +158,11 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 
   const u32 q_base = sq + cw * 64 * 128;
   mbar_wait(bars.q_full(), 0);
-
-  for (int i = 0; i < n_tiles; ++i) {
-    const int s = i % kStages, n = i / kStages;
-    const u32 kt = sk + s * kTileBytes, vt = sv + s * kTileBytes;
-    float sc[64];
-    mbar_wait(bars.k_full(s), n & 1);
+  // S = Q K_i^T for tile i (issued, not waited for)
+  auto issue_qk = [&](float (&sc)[64], int i) {
+    const int s = i % kStages;
+    const u32 kt = sk + s * kTileBytes;
+    mbar_wait(bars.k_full(s), (i / kStages) & 1);
     fence_proxy_async();
     wgmma_fence();
 #pragma unroll
@@ -169,9 +173,24 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       wgmma_m64n128k16_ss<T, 0>(sc, da, db, kk > 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(sc);
-
+  };
+  // O += P V_i (issued, not waited for)
+  auto issue_pv = [&](const u32 (&pa)[8][4], int i) {
+    const int s = i % kStages;
+    const u32 vt = sv + s * kTileBytes;
+    mbar_wait(bars.v_full(s), (i / kStages) & 1);
+    fence_proxy_async();
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const u64 db = smem_desc_sw128(vt + kk * 16 * 128, Tile::kBlockBytes, 1024);
+      wgmma_m64n128k16_rs<T, 1>(o_acc, pa[kk], db);
+    }
+    wgmma_commit();
+  };
+  // masks tile i's scores, moves the running max, turns the scores into P (16-bit A fragments) and returns the
+  // factor the output accumulators take for the new max (per row half)
+  auto softmax = [&](float (&sc)[64], u32 (&pa)[8][4], int i, float (&corr)[2]) {
     const int key0 = i * kBlockN;
     const bool need_mask = key0 + kBlockN > n_keys || (causal && key0 + kBlockN - 1 > row0 + diag);
     if (need_mask) {
@@ -186,7 +205,6 @@ extern "C" __global__ void __launch_bounds__(384, 1)
         }
       }
     }
-    // online softmax (base 2): rows g (e = 0, 1) and g + 8 (e = 2, 3)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float mx = m[h];
@@ -194,7 +212,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * h], sc[4 * j + 2 * h + 1]));
       mx = quad_max(mx);
       const float ms = mx == neg_inf() ? 0.f : mx * scale_log2;
-      const float corr = ex2(m[h] * scale_log2 - ms);  // m = -inf: 0
+      corr[h] = ex2(m[h] * scale_log2 - ms);  // m = -inf: 0
       m[h] = mx;
       float sum = 0.f;
 #pragma unroll
@@ -203,14 +221,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
         sc[4 * j + 2 * h + 1] = ex2(fmaf(sc[4 * j + 2 * h + 1], scale_log2, -ms));
         sum += sc[4 * j + 2 * h] + sc[4 * j + 2 * h + 1];
       }
-      l[h] = l[h] * corr + sum;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        o_acc[4 * j + 2 * h] *= corr;
-        o_acc[4 * j + 2 * h + 1] *= corr;
-      }
+      l[h] = l[h] * corr[h] + sum;
     }
-    u32 pa[8][4];
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
       pa[kk][0] = pack2<T>(sc[8 * kk + 0], sc[8 * kk + 1]);
@@ -218,19 +230,86 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       pa[kk][2] = pack2<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
       pa[kk][3] = pack2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
     }
-    mbar_wait(bars.v_full(s), n & 1);
-    fence_proxy_async();
-    wgmma_fence();
+  };
+  auto rescale = [&](const float (&corr)[2]) {
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const u64 db = smem_desc_sw128(vt + kk * 16 * 128, Tile::kBlockBytes, 1024);
-      wgmma_m64n128k16_rs<T, 1>(o_acc, pa[kk], db);
+    for (int j = 0; j < 16; ++j) {
+      o_acc[4 * j + 0] *= corr[0];
+      o_acc[4 * j + 1] *= corr[0];
+      o_acc[4 * j + 2] *= corr[1];
+      o_acc[4 * j + 3] *= corr[1];
     }
-    wgmma_commit();
+  };
+
+  // PROTO_PINGPONG: the two consumers take turns to issue their MMAs (named barriers 1 and 2), so that one's softmax
+  // runs while the other's MMAs do (FA3's warp scheduling); consumer 1 lets consumer 0 go first.
+  auto my_turn = [&]() {
+    if (PROTO_PINGPONG) named_barrier_sync(1 + cw, 256);
+  };
+  auto their_turn = [&]() {
+    if (PROTO_PINGPONG) named_barrier_arrive(2 - cw, 256);
+  };
+  if (PROTO_PINGPONG && cw == 1) named_barrier_arrive(1, 256);
+
+#if PROTO_OVERLAP
+  // FA3's intra-warpgroup overlap: tile i's Q K^T runs on the tensor cores while tile i - 1's P V is issued behind
+  // it, and the softmax of tile i runs while that P V completes.
+  u32 pa[8][4];
+  if (n_tiles > 0) {  // (none: rows of a causal request with fewer keys than rows that see no key)
+    float sc[64];
+    float corr[2];
+    my_turn();
+    issue_qk(sc, 0);
+    their_turn();
+    wgmma_wait<0>();
+    fence_regs(sc);
+    softmax(sc, pa, 0, corr);
+  }
+  for (int i = 1; i < n_tiles; ++i) {
+    float sc[64];
+    float corr[2];
+    my_turn();
+    issue_qk(sc, i);
+    issue_pv(pa, i - 1);
+    their_turn();
+    wgmma_wait<1>();
+    fence_regs(sc);
+    u32 pn[8][4];
+    softmax(sc, pn, i, corr);
     wgmma_wait<0>();
     fence_regs(o_acc);
-    mbar_arrive(bars.empty(s));
+    mbar_arrive(bars.empty((i - 1) % kStages));
+    rescale(corr);
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pa[kk][e] = pn[kk][e];
+    }
   }
+  if (n_tiles > 0) {
+    my_turn();
+    issue_pv(pa, n_tiles - 1);
+    their_turn();
+    wgmma_wait<0>();
+    fence_regs(o_acc);
+    mbar_arrive(bars.empty((n_tiles - 1) % kStages));
+  }
+#else
+  for (int i = 0; i < n_tiles; ++i) {
+    float sc[64];
+    float corr[2];
+    u32 pa[8][4];
+    issue_qk(sc, i);
+    wgmma_wait<0>();
+    fence_regs(sc);
+    softmax(sc, pa, i, corr);
+    rescale(corr);
+    issue_pv(pa, i);
+    wgmma_wait<0>();
+    fence_regs(o_acc);
+    mbar_arrive(bars.empty(i % kStages));
+  }
+#endif
 
   // epilogue: O / l to global (16-bit), lse base 2
 #pragma unroll
