@@ -20,6 +20,6 @@ if [ "${SM90_PEERS:-1}" = 1 ]; then
   PYTHONPATH=/tmp/peers FLASHINFER_CUDA_ARCH_LIST=9.0a python3 -m bench.lab.sm90_proto --bench --peers \
     --cases "${SM90_CASES:-P1,P2,P3}" ${SM90_BENCH_ARGS:-} > "$OUT/bench.txt" 2>&1
 else
-  python3 -m bench.lab.sm90_proto --bench --cases "${SM90_CASES:-P1,P2,P3}" ${SM90_BENCH_ARGS:-} > "$OUT/bench.txt" 2>&1
+  PYTHONPATH=/tmp/peers python3 -m bench.lab.sm90_proto --bench --cases "${SM90_CASES:-P1,P2,P3}" ${SM90_BENCH_ARGS:-} > "$OUT/bench.txt" 2>&1
 fi
 cat "$OUT/bench.txt"

@@ -55,6 +55,17 @@ __device__ __forceinline__ void fence_regs(float (&d)[64]) {
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// The same for 16-bit A fragments in registers (P for P·V): pins their definitions before the wgmma_fence that
+// starts the MMAs reading them (ptxas serialises every wgmma of a kernel where a non-wgmma instruction defines a
+// wgmma input between the fence and the wait).
+template <int N> __device__ __forceinline__ void fence_regs(u32 (&a)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
+  }
+}
+
 template <typename T> struct WgmmaType;
 template <> struct WgmmaType<__nv_bfloat16> { static constexpr const char* kName = "bf16"; };
 template <> struct WgmmaType<half> { static constexpr const char* kName = "f16"; };

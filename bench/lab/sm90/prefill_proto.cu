@@ -164,6 +164,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     const u32 kt = sk + s * kTileBytes;
     mbar_wait(bars.k_full(s), (i / kStages) & 1);
     fence_proxy_async();
+    fence_regs(sc);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
@@ -175,7 +176,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     wgmma_commit();
   };
   // O += P V_i (issued, not waited for)
-  auto issue_pv = [&](const u32 (&pa)[8][4], int i) {
+  auto issue_pv = [&](u32 (&pa)[8][4], int i) {
     const int s = i % kStages;
     const u32 vt = sv + s * kTileBytes;
     mbar_wait(bars.v_full(s), (i / kStages) & 1);
@@ -188,9 +189,9 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     }
     wgmma_commit();
   };
-  // masks tile i's scores, moves the running max, turns the scores into P (16-bit A fragments) and returns the
-  // factor the output accumulators take for the new max (per row half)
-  auto softmax = [&](float (&sc)[64], u32 (&pa)[8][4], int i, float (&corr)[2]) {
+  // masks tile i's scores, moves the running max, turns the scores into P in place and returns the factor the
+  // output accumulators take for the new max (per row half)
+  auto softmax = [&](float (&sc)[64], int i, float (&corr)[2]) {
     const int key0 = i * kBlockN;
     const bool need_mask = key0 + kBlockN > n_keys || (causal && key0 + kBlockN - 1 > row0 + diag);
     if (need_mask) {
@@ -223,6 +224,9 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       }
       l[h] = l[h] * corr[h] + sum;
     }
+  };
+  // P as the 16-bit A fragments of P·V
+  auto pack_p = [&](const float (&sc)[64], u32 (&pa)[8][4]) {
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
       pa[kk][0] = pack2<T>(sc[8 * kk + 0], sc[8 * kk + 1]);
@@ -252,41 +256,38 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   if (PROTO_PINGPONG && cw == 1) named_barrier_arrive(1, 256);
 
 #if PROTO_OVERLAP
-  // FA3's intra-warpgroup overlap: tile i's Q K^T runs on the tensor cores while tile i - 1's P V is issued behind
-  // it, and the softmax of tile i runs while that P V completes.
+  // FA3's intra-warpgroup overlap: tile i's Q·K^T is issued, then (after the rescale for tile i - 1's max) tile
+  // i - 1's P·V behind it; the softmax of tile i runs while that P·V completes. P is packed only once no MMA is in
+  // flight: ptxas serialises every wgmma of the kernel if registers an issued wgmma reads are written before its wait.
   u32 pa[8][4];
+  float corr[2];
   if (n_tiles > 0) {  // (none: rows of a causal request with fewer keys than rows that see no key)
     float sc[64];
-    float corr[2];
     my_turn();
     issue_qk(sc, 0);
     their_turn();
     wgmma_wait<0>();
     fence_regs(sc);
-    softmax(sc, pa, 0, corr);
+    softmax(sc, 0, corr);
+    pack_p(sc, pa);
   }
   for (int i = 1; i < n_tiles; ++i) {
     float sc[64];
-    float corr[2];
     my_turn();
     issue_qk(sc, i);
+    rescale(corr);
     issue_pv(pa, i - 1);
     their_turn();
     wgmma_wait<1>();
     fence_regs(sc);
-    u32 pn[8][4];
-    softmax(sc, pn, i, corr);
+    softmax(sc, i, corr);
     wgmma_wait<0>();
     fence_regs(o_acc);
     mbar_arrive(bars.empty((i - 1) % kStages));
-    rescale(corr);
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) pa[kk][e] = pn[kk][e];
-    }
+    pack_p(sc, pa);
   }
   if (n_tiles > 0) {
+    rescale(corr);
     my_turn();
     issue_pv(pa, n_tiles - 1);
     their_turn();
@@ -302,7 +303,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     issue_qk(sc, i);
     wgmma_wait<0>();
     fence_regs(sc);
-    softmax(sc, pa, i, corr);
+    softmax(sc, i, corr);
+    pack_p(sc, pa);
     rescale(corr);
     issue_pv(pa, i);
     wgmma_wait<0>();
