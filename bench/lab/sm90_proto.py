@@ -28,7 +28,7 @@ BLOCK_M = 128
 
 
 def smem_bytes(stages: int) -> int:
-    return BLOCK_M * D * 2 + 2 * stages * 128 * D * 2 + 1024 + 8 * (1 + 3 * stages)
+    return BLOCK_M * D * 2 + 2 * stages * 128 * D * 2 + 1024 + 8 * (2 + 3 * stages)
 
 
 def compile_cubin(
@@ -82,7 +82,8 @@ class Proto:
     def __init__(self, dtype: str = "bf16", stages: int = 2, defines: tuple[str, ...] = ()) -> None:
         import cupy as cp
 
-        cubin, _ = compile_cubin(dtype, stages, defines=defines)
+        self.one_cta_per_unit = "GRID_UNITS" in defines  # (host option: a CTA per work unit, not per SM)
+        cubin, _ = compile_cubin(dtype, stages, defines=tuple(d for d in defines if d != "GRID_UNITS"))
         self._dir = tempfile.mkdtemp()
         path = os.path.join(self._dir, "proto.cubin")
         with open(path, "wb") as fh:
@@ -93,8 +94,8 @@ class Proto:
         self.fn.max_dynamic_shared_size_bytes = self.smem
 
     def launcher(self, q, k, v, o, lse, qo_lens, kv_lens, causal: bool, sm_scale: float):
-        """A no-argument launch of the prototype on these arrays: the (request, q block) work items heaviest first
-        (keys attended), the q heads of an item side by side."""
+        """A no-argument launch of the prototype on these arrays: one persistent CTA per SM over the (request, q
+        block) work items, heaviest first (keys attended), the q heads of an item side by side."""
         import cupy as cp
 
         qo_lens, kv_lens = np.asarray(qo_lens, np.int64), np.asarray(kv_lens, np.int64)
@@ -111,9 +112,11 @@ class Proto:
         ki = cp.asarray(np.concatenate([[0], np.cumsum(kv_lens)]).astype(np.int32))
         hq, hk = q.shape[1], k.shape[1]
         assert 8 * hk * D < 2**31 and 8 * hq * D < 2**31
-        grid = (hq, len(items))
+        sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+        grid = (len(items) * hq if self.one_cta_per_unit else min(sms, len(items) * hq),)
         scale_log2 = np.float32(sm_scale * np.log2(np.e))
-        args = (q, k, v, o, lse, qi, ki, items_d, cp.int32(hq), cp.int32(hk), scale_log2, cp.int32(int(causal)))
+        args = (q, k, v, o, lse, qi, ki, items_d, cp.int32(len(items)), cp.int32(hq), cp.int32(hk), scale_log2,
+                cp.int32(int(causal)))  # fmt: skip
 
         def launch():
             self.fn(grid, (384,), args, shared_mem=self.smem)
@@ -272,7 +275,8 @@ if __name__ == "__main__":
     ap.add_argument(
         "--variants",
         default="proto=",
-        help="name=DEFINE[+DEFINE] builds compared in one run, comma-separated (e.g. seq=-DPROTO_OVERLAP=0,ovl=)",
+        help="name=DEFINE[+DEFINE] builds compared in one run, comma-separated (e.g. seq=-DPROTO_OVERLAP=0,ovl=); "
+        "GRID_UNITS: a CTA per work unit instead of one persistent CTA per SM",
     )
     args = ap.parse_args()
     variants = {}

@@ -54,9 +54,10 @@ using QTile = Sw128Tile<kBlockM>;
 struct Bars {
   u32 base;
   __device__ u32 q_full() const { return base; }
-  __device__ u32 k_full(int s) const { return base + 8 * (1 + s); }
-  __device__ u32 v_full(int s) const { return base + 8 * (1 + kStages + s); }
-  __device__ u32 empty(int s) const { return base + 8 * (1 + 2 * kStages + s); }
+  __device__ u32 q_empty() const { return base + 8; }
+  __device__ u32 k_full(int s) const { return base + 8 * (2 + s); }
+  __device__ u32 v_full(int s) const { return base + 8 * (2 + kStages + s); }
+  __device__ u32 empty(int s) const { return base + 8 * (2 + 2 * kStages + s); }
 };
 
 // Keys [0, n_keys) that rows [row0, row0 + kBlockM) of a request attend to.
@@ -88,8 +89,8 @@ __device__ __forceinline__ void copy_tile(u32 dst, const T* src, i64 stride, int
 extern "C" __global__ void __launch_bounds__(384, 1)
     sm90_prefill_proto(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
                        float* __restrict__ lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
-                       const int* __restrict__ items, int num_qo_heads, int num_kv_heads, float scale_log2,
-                       int causal) {
+                       const int* __restrict__ items, int n_items, int num_qo_heads, int num_kv_heads,
+                       float scale_log2, int causal) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const u32 smem0 = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const u32 sq = smem0;
@@ -97,21 +98,15 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const u32 sv = sk + kStages * kTileBytes;     // stage s: sv + s * kTileBytes
   const Bars bars{sv + kStages * kTileBytes};
 
-  // grid (q heads, work items): items[2 y] = request, items[2 y + 1] = q block, the host's order (heaviest first);
-  // the q heads of one block run side by side and share their K/V tiles in the L2.
-  const int head = blockIdx.x;
-  const int req = items[2 * blockIdx.y], block = items[2 * blockIdx.y + 1];
-  const int kv_head = head / (num_qo_heads / num_kv_heads);
-  const int q0 = qo_indptr[req], qo_len = qo_indptr[req + 1] - q0;
-  const int k0 = kv_indptr[req], kv_len = kv_indptr[req + 1] - k0;
-  const int row0 = block * kBlockM;
-  const int n_keys = keys_for_block(row0, qo_len, kv_len, causal);
-  const int n_tiles = (n_keys + kBlockN - 1) / kBlockN;
-
+  // Persistent CTAs: work unit u = (item u / H, q head u % H) for u = blockIdx.x, + gridDim.x, ...; items[2 w] =
+  // request, items[2 w + 1] = q block, in the host's order (heaviest first), so the q heads of one block run side by
+  // side and share their K/V tiles in the L2. The producer runs ahead across units: it loads the next unit's Q once
+  // the consumers release the Q tile (q_empty) and keeps the K/V ring's stage count running.
   const int wg = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
     mbar_init(bars.q_full(), 128);
+    mbar_init(bars.q_empty(), 256);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(bars.k_full(s), 128);
       mbar_init(bars.v_full(s), 128);
@@ -122,21 +117,48 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 
   const i64 q_stride = static_cast<i64>(num_qo_heads) * kD;
   const i64 kv_stride = static_cast<i64>(num_kv_heads) * kD;
+  const int group = num_qo_heads / num_kv_heads;
+  const int n_units = n_items * num_qo_heads;
+  const int diag_sign = causal;
+
+  struct Unit {
+    int head, q0, qo_len, k0, kv_len, row0, n_keys, n_tiles;
+  };
+  auto unit = [&](int u) {
+    Unit w;
+    const int item = u / num_qo_heads;
+    w.head = u - item * num_qo_heads;
+    const int req = items[2 * item];
+    w.q0 = qo_indptr[req];
+    w.qo_len = qo_indptr[req + 1] - w.q0;
+    w.k0 = kv_indptr[req];
+    w.kv_len = kv_indptr[req + 1] - w.k0;
+    w.row0 = items[2 * item + 1] * kBlockM;
+    w.n_keys = keys_for_block(w.row0, w.qo_len, w.kv_len, diag_sign);
+    w.n_tiles = (w.n_keys + kBlockN - 1) / kBlockN;
+    return w;
+  };
 
   if (wg == 0) {  // producer
     setmaxnreg_dec<56>();
-    copy_tile<kBlockM>(sq, q + (q0 + row0) * q_stride + head * kD, q_stride, qo_len - row0, tid);
-    mbar_arrive_cp_async(bars.q_full());
-    const T* kh = k + k0 * kv_stride + kv_head * kD;
-    const T* vh = v + k0 * kv_stride + kv_head * kD;
-    for (int i = 0; i < n_tiles; ++i) {
-      const int s = i % kStages, n = i / kStages;
-      if (n > 0) mbar_wait(bars.empty(s), (n - 1) & 1);
-      const int key0 = i * kBlockN;
-      copy_tile<kBlockN>(sk + s * kTileBytes, kh + key0 * kv_stride, kv_stride, n_keys - key0, tid);
-      mbar_arrive_cp_async(bars.k_full(s));
-      copy_tile<kBlockN>(sv + s * kTileBytes, vh + key0 * kv_stride, kv_stride, n_keys - key0, tid);
-      mbar_arrive_cp_async(bars.v_full(s));
+    int tile = 0;  // K/V tiles loaded so far (all units): ring stage tile % kStages, fill tile / kStages
+    int n_q = 0;   // Q tiles loaded so far
+    for (int u = blockIdx.x; u < n_units; u += gridDim.x, ++n_q) {
+      const Unit w = unit(u);
+      if (n_q > 0) mbar_wait(bars.q_empty(), (n_q - 1) & 1);
+      copy_tile<kBlockM>(sq, q + (w.q0 + w.row0) * q_stride + w.head * kD, q_stride, w.qo_len - w.row0, tid);
+      mbar_arrive_cp_async(bars.q_full());
+      const T* kh = k + w.k0 * kv_stride + (w.head / group) * kD;
+      const T* vh = v + w.k0 * kv_stride + (w.head / group) * kD;
+      for (int i = 0; i < w.n_tiles; ++i, ++tile) {
+        const int s = tile % kStages, n = tile / kStages;
+        if (n > 0) mbar_wait(bars.empty(s), (n - 1) & 1);
+        const int key0 = i * kBlockN;
+        copy_tile<kBlockN>(sk + s * kTileBytes, kh + key0 * kv_stride, kv_stride, w.n_keys - key0, tid);
+        mbar_arrive_cp_async(bars.k_full(s));
+        copy_tile<kBlockN>(sv + s * kTileBytes, vh + key0 * kv_stride, kv_stride, w.n_keys - key0, tid);
+        mbar_arrive_cp_async(bars.v_full(s));
+      }
     }
     cp_async_wait_all();
     return;
@@ -144,106 +166,10 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 
   // consumers
   setmaxnreg_inc<224>();
-  const int cw = wg - 1;          // consumer warpgroup: rows 64 cw .. 64 cw + 63 of the block
+  const int cw = wg - 1;  // consumer warpgroup: rows 64 cw .. 64 cw + 63 of the block
   const int warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const int my_row = row0 + cw * 64 + warp * 16 + g;  // rows my_row and my_row + 8 of the request
-  const int diag = kv_len - qo_len;                   // row r attends keys <= r + diag (causal)
-
-  float o_acc[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) o_acc[i] = 0.f;
-  float m[2] = {neg_inf(), neg_inf()};
-  float l[2] = {0.f, 0.f};
-
   const u32 q_base = sq + cw * 64 * 128;
-  mbar_wait(bars.q_full(), 0);
-  // S = Q K_i^T for tile i (issued, not waited for)
-  auto issue_qk = [&](float (&sc)[64], int i) {
-    const int s = i % kStages;
-    const u32 kt = sk + s * kTileBytes;
-    mbar_wait(bars.k_full(s), (i / kStages) & 1);
-    fence_proxy_async();
-    fence_regs(sc);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const u32 off = (kk % 4) * 32;
-      const u64 da = smem_desc_sw128(q_base + (kk / 4) * QTile::kBlockBytes + off, 16, 1024);
-      const u64 db = smem_desc_sw128(kt + (kk / 4) * Tile::kBlockBytes + off, 16, 1024);
-      wgmma_m64n128k16_ss<T, 0>(sc, da, db, kk > 0);
-    }
-    wgmma_commit();
-  };
-  // O += P V_i (issued, not waited for)
-  auto issue_pv = [&](u32 (&pa)[8][4], int i) {
-    const int s = i % kStages;
-    const u32 vt = sv + s * kTileBytes;
-    mbar_wait(bars.v_full(s), (i / kStages) & 1);
-    fence_proxy_async();
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const u64 db = smem_desc_sw128(vt + kk * 16 * 128, Tile::kBlockBytes, 1024);
-      wgmma_m64n128k16_rs<T, 1>(o_acc, pa[kk], db);
-    }
-    wgmma_commit();
-  };
-  // masks tile i's scores, moves the running max, turns the scores into P in place and returns the factor the
-  // output accumulators take for the new max (per row half)
-  auto softmax = [&](float (&sc)[64], int i, float (&corr)[2]) {
-    const int key0 = i * kBlockN;
-    const bool need_mask = key0 + kBlockN > n_keys || (causal && key0 + kBlockN - 1 > row0 + diag);
-    if (need_mask) {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = key0 + 8 * j + 2 * t + (e & 1);
-          const int row = my_row + (e >> 1) * 8;
-          const bool masked = col >= n_keys || (causal && col > row + diag);
-          if (masked) sc[4 * j + e] = neg_inf();
-        }
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = m[h];
-#pragma unroll
-      for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * h], sc[4 * j + 2 * h + 1]));
-      mx = quad_max(mx);
-      const float ms = mx == neg_inf() ? 0.f : mx * scale_log2;
-      corr[h] = ex2(m[h] * scale_log2 - ms);  // m = -inf: 0
-      m[h] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        sc[4 * j + 2 * h] = ex2(fmaf(sc[4 * j + 2 * h], scale_log2, -ms));
-        sc[4 * j + 2 * h + 1] = ex2(fmaf(sc[4 * j + 2 * h + 1], scale_log2, -ms));
-        sum += sc[4 * j + 2 * h] + sc[4 * j + 2 * h + 1];
-      }
-      l[h] = l[h] * corr[h] + sum;
-    }
-  };
-  // P as the 16-bit A fragments of P·V
-  auto pack_p = [&](const float (&sc)[64], u32 (&pa)[8][4]) {
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      pa[kk][0] = pack2<T>(sc[8 * kk + 0], sc[8 * kk + 1]);
-      pa[kk][1] = pack2<T>(sc[8 * kk + 2], sc[8 * kk + 3]);
-      pa[kk][2] = pack2<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
-      pa[kk][3] = pack2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
-    }
-  };
-  auto rescale = [&](const float (&corr)[2]) {
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      o_acc[4 * j + 0] *= corr[0];
-      o_acc[4 * j + 1] *= corr[0];
-      o_acc[4 * j + 2] *= corr[1];
-      o_acc[4 * j + 3] *= corr[1];
-    }
-  };
 
   // PROTO_PINGPONG: the two consumers take turns to issue their MMAs (named barriers 1 and 2), so that one's softmax
   // runs while the other's MMAs do (FA3's warp scheduling); consumer 1 lets consumer 0 go first.
@@ -255,79 +181,187 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   };
   if (PROTO_PINGPONG && cw == 1) named_barrier_arrive(1, 256);
 
-#if PROTO_OVERLAP
-  // FA3's intra-warpgroup overlap: tile i's Q·K^T is issued, then (after the rescale for tile i - 1's max) tile
-  // i - 1's P·V behind it; the softmax of tile i runs while that P·V completes. P is packed only once no MMA is in
-  // flight: ptxas serialises every wgmma of the kernel if registers an issued wgmma reads are written before its wait.
-  u32 pa[8][4];
-  float corr[2];
-  if (n_tiles > 0) {  // (none: rows of a causal request with fewer keys than rows that see no key)
-    float sc[64];
-    my_turn();
-    issue_qk(sc, 0);
-    their_turn();
-    wgmma_wait<0>();
-    fence_regs(sc);
-    softmax(sc, 0, corr);
-    pack_p(sc, pa);
-  }
-  for (int i = 1; i < n_tiles; ++i) {
-    float sc[64];
-    my_turn();
-    issue_qk(sc, i);
-    rescale(corr);
-    issue_pv(pa, i - 1);
-    their_turn();
-    wgmma_wait<1>();
-    fence_regs(sc);
-    softmax(sc, i, corr);
-    wgmma_wait<0>();
-    fence_regs(o_acc);
-    mbar_arrive(bars.empty((i - 1) % kStages));
-    pack_p(sc, pa);
-  }
-  if (n_tiles > 0) {
-    rescale(corr);
-    my_turn();
-    issue_pv(pa, n_tiles - 1);
-    their_turn();
-    wgmma_wait<0>();
-    fence_regs(o_acc);
-    mbar_arrive(bars.empty((n_tiles - 1) % kStages));
-  }
-#else
-  for (int i = 0; i < n_tiles; ++i) {
-    float sc[64];
-    float corr[2];
-    u32 pa[8][4];
-    issue_qk(sc, i);
-    wgmma_wait<0>();
-    fence_regs(sc);
-    softmax(sc, i, corr);
-    pack_p(sc, pa);
-    rescale(corr);
-    issue_pv(pa, i);
-    wgmma_wait<0>();
-    fence_regs(o_acc);
-    mbar_arrive(bars.empty(i % kStages));
-  }
-#endif
+  int tile0 = 0;  // K/V tiles consumed before this unit
+  int n_q = 0;
+  for (int u = blockIdx.x; u < n_units; u += gridDim.x, ++n_q) {
+    const Unit w = unit(u);
+    const int n_tiles = w.n_tiles, n_keys = w.n_keys, row0 = w.row0;
+    const int my_row = row0 + cw * 64 + warp * 16 + g;  // rows my_row and my_row + 8 of the request
+    const int diag = w.kv_len - w.qo_len;               // row r attends keys <= r + diag (causal)
 
-  // epilogue: O / l to global (16-bit), lse base 2
+    float o_acc[64];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float sum = quad_sum(l[h]);
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    const int row = my_row + 8 * h;
-    if (row < qo_len) {
-      T* orow = o + (q0 + row) * q_stride + head * kD;
+    for (int i = 0; i < 64; ++i) o_acc[i] = 0.f;
+    float m[2] = {neg_inf(), neg_inf()};
+    float l[2] = {0.f, 0.f};
+    mbar_wait(bars.q_full(), n_q & 1);
+
+    // S = Q K_i^T for tile i of the unit (issued, not waited for)
+    auto issue_qk = [&](float (&sc)[64], int i) {
+      const int s = (tile0 + i) % kStages;
+      const u32 kt = sk + s * kTileBytes;
+      mbar_wait(bars.k_full(s), ((tile0 + i) / kStages) & 1);
+      fence_proxy_async();
+      fence_regs(sc);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const u32 off = (kk % 4) * 32;
+        const u64 da = smem_desc_sw128(q_base + (kk / 4) * QTile::kBlockBytes + off, 16, 1024);
+        const u64 db = smem_desc_sw128(kt + (kk / 4) * Tile::kBlockBytes + off, 16, 1024);
+        wgmma_m64n128k16_ss<T, 0>(sc, da, db, kk > 0);
+      }
+      wgmma_commit();
+    };
+    // O += P V_i (issued, not waited for)
+    auto issue_pv = [&](u32 (&pa)[8][4], int i) {
+      const int s = (tile0 + i) % kStages;
+      const u32 vt = sv + s * kTileBytes;
+      mbar_wait(bars.v_full(s), ((tile0 + i) / kStages) & 1);
+      fence_proxy_async();
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        const u64 db = smem_desc_sw128(vt + kk * 16 * 128, Tile::kBlockBytes, 1024);
+        wgmma_m64n128k16_rs<T, 1>(o_acc, pa[kk], db);
+      }
+      wgmma_commit();
+    };
+    auto release = [&](int i) { mbar_arrive(bars.empty((tile0 + i) % kStages)); };
+    // masks tile i's scores, moves the running max, turns the scores into P in place and returns the factor the
+    // output accumulators take for the new max (per row half)
+    auto softmax = [&](float (&sc)[64], int i, float (&corr)[2]) {
+      const int key0 = i * kBlockN;
+      const bool need_mask = key0 + kBlockN > n_keys || (causal && key0 + kBlockN - 1 > row0 + diag);
+      if (need_mask) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = key0 + 8 * j + 2 * t + (e & 1);
+            const int row = my_row + (e >> 1) * 8;
+            const bool masked = col >= n_keys || (causal && col > row + diag);
+            if (masked) sc[4 * j + e] = neg_inf();
+          }
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = m[h];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * h], sc[4 * j + 2 * h + 1]));
+        mx = quad_max(mx);
+        const float ms = mx == neg_inf() ? 0.f : mx * scale_log2;
+        corr[h] = ex2(m[h] * scale_log2 - ms);  // m = -inf: 0
+        m[h] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          sc[4 * j + 2 * h] = ex2(fmaf(sc[4 * j + 2 * h], scale_log2, -ms));
+          sc[4 * j + 2 * h + 1] = ex2(fmaf(sc[4 * j + 2 * h + 1], scale_log2, -ms));
+          sum += sc[4 * j + 2 * h] + sc[4 * j + 2 * h + 1];
+        }
+        l[h] = l[h] * corr[h] + sum;
+      }
+    };
+    // P as the 16-bit A fragments of P·V
+    auto pack_p = [&](const float (&sc)[64], u32 (&pa)[8][4]) {
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        pa[kk][0] = pack2<T>(sc[8 * kk + 0], sc[8 * kk + 1]);
+        pa[kk][1] = pack2<T>(sc[8 * kk + 2], sc[8 * kk + 3]);
+        pa[kk][2] = pack2<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
+        pa[kk][3] = pack2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
+      }
+    };
+    auto rescale = [&](const float (&corr)[2]) {
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
-        *reinterpret_cast<u32*>(orow + 8 * j + 2 * t) =
-            pack2<T>(o_acc[4 * j + 2 * h] * inv, o_acc[4 * j + 2 * h + 1] * inv);
+        o_acc[4 * j + 0] *= corr[0];
+        o_acc[4 * j + 1] *= corr[0];
+        o_acc[4 * j + 2] *= corr[1];
+        o_acc[4 * j + 3] *= corr[1];
       }
-      if (lse != nullptr && t == 0) {
-        lse[(q0 + row) * num_qo_heads + head] = sum > 0.f ? m[h] * scale_log2 + lg2(sum) : neg_inf();
+    };
+
+#if PROTO_OVERLAP
+    // FA3's intra-warpgroup overlap: tile i's Q·K^T is issued, then (after the rescale for tile i - 1's max) tile
+    // i - 1's P·V behind it; the softmax of tile i runs while that P·V completes. P is packed only once no MMA is
+    // in flight: ptxas serialises every wgmma of the kernel if registers an issued wgmma reads are written before
+    // its wait.
+    u32 pa[8][4];
+    float corr[2];
+    if (n_tiles > 0) {  // (none: rows of a causal request with fewer keys than rows that see no key)
+      float sc[64];
+      my_turn();
+      issue_qk(sc, 0);
+      their_turn();
+      wgmma_wait<0>();
+      fence_regs(sc);
+      softmax(sc, 0, corr);
+      pack_p(sc, pa);
+    }
+    for (int i = 1; i < n_tiles; ++i) {
+      float sc[64];
+      my_turn();
+      issue_qk(sc, i);
+      rescale(corr);
+      issue_pv(pa, i - 1);
+      their_turn();
+      wgmma_wait<1>();
+      fence_regs(sc);
+      softmax(sc, i, corr);
+      wgmma_wait<0>();
+      fence_regs(o_acc);
+      release(i - 1);
+      pack_p(sc, pa);
+    }
+    mbar_arrive(bars.q_empty());  // every Q·K^T of the unit has retired
+    if (n_tiles > 0) {
+      rescale(corr);
+      my_turn();
+      issue_pv(pa, n_tiles - 1);
+      their_turn();
+      wgmma_wait<0>();
+      fence_regs(o_acc);
+      release(n_tiles - 1);
+    }
+#else
+    for (int i = 0; i < n_tiles; ++i) {
+      float sc[64];
+      float corr[2];
+      u32 pa[8][4];
+      issue_qk(sc, i);
+      wgmma_wait<0>();
+      fence_regs(sc);
+      softmax(sc, i, corr);
+      pack_p(sc, pa);
+      rescale(corr);
+      issue_pv(pa, i);
+      wgmma_wait<0>();
+      fence_regs(o_acc);
+      release(i);
+    }
+    mbar_arrive(bars.q_empty());
+#endif
+    tile0 += n_tiles;
+
+    // epilogue: O / l to global (16-bit), lse base 2
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float sum = quad_sum(l[h]);
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      const int row = my_row + 8 * h;
+      if (row < w.qo_len) {
+        T* orow = o + (w.q0 + row) * q_stride + w.head * kD;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          *reinterpret_cast<u32*>(orow + 8 * j + 2 * t) =
+              pack2<T>(o_acc[4 * j + 2 * h] * inv, o_acc[4 * j + 2 * h + 1] * inv);
+        }
+        if (lse != nullptr && t == 0) {
+          lse[(w.q0 + row) * num_qo_heads + w.head] = sum > 0.f ? m[h] * scale_log2 + lg2(sum) : neg_inf();
+        }
       }
     }
   }
