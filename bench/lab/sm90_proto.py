@@ -83,7 +83,11 @@ class Proto:
         import cupy as cp
 
         self.one_cta_per_unit = "GRID_UNITS" in defines  # (host option: a CTA per work unit, not per SM)
-        cubin, _ = compile_cubin(dtype, stages, defines=tuple(d for d in defines if d != "GRID_UNITS"))
+        for d in defines:
+            if d.startswith("-DPROTO_STAGES="):
+                stages = int(d.split("=")[1])
+        keep = tuple(d for d in defines if d != "GRID_UNITS" and not d.startswith("-DPROTO_STAGES="))
+        cubin, _ = compile_cubin(dtype, stages, defines=keep)
         self._dir = tempfile.mkdtemp()
         path = os.path.join(self._dir, "proto.cubin")
         with open(path, "wb") as fh:

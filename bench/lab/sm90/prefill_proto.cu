@@ -32,7 +32,10 @@ using cuinfer::fmath::lg2;
 #define PROTO_OVERLAP 1
 #endif
 #ifndef PROTO_PINGPONG
-#define PROTO_PINGPONG 0
+#define PROTO_PINGPONG 1
+#endif
+#ifndef PROTO_PRODUCER_FENCE
+#define PROTO_PRODUCER_FENCE 1
 #endif
 #ifndef PROTO_STAGES
 #define PROTO_STAGES 2
@@ -139,6 +142,10 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     return w;
   };
 
+  // PROTO_PRODUCER_FENCE: a producer thread waits for its own copies (cp.async groups: Q, then K and V of each tile),
+  // fences the generic proxy it wrote through against the async proxy of the consumers' wgmma reads, and arrives
+  // (Q with the unit's first K tile); else its arrival is tied to the copies' completion (cp.async.mbarrier.arrive)
+  // and each consumer fences before its MMAs read the tile.
   if (wg == 0) {  // producer
     setmaxnreg_dec<56>();
     int tile = 0;  // K/V tiles loaded so far (all units): ring stage tile % kStages, fill tile / kStages
@@ -147,7 +154,16 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       const Unit w = unit(u);
       if (n_q > 0) mbar_wait(bars.q_empty(), (n_q - 1) & 1);
       copy_tile<kBlockM>(sq, q + (w.q0 + w.row0) * q_stride + w.head * kD, q_stride, w.qo_len - w.row0, tid);
+#if PROTO_PRODUCER_FENCE
+      cp_async_commit();
+      if (w.n_tiles == 0) {
+        cp_async_wait<0>();
+        fence_proxy_async();
+        mbar_arrive(bars.q_full());
+      }
+#else
       mbar_arrive_cp_async(bars.q_full());
+#endif
       const T* kh = k + w.k0 * kv_stride + (w.head / group) * kD;
       const T* vh = v + w.k0 * kv_stride + (w.head / group) * kD;
       for (int i = 0; i < w.n_tiles; ++i, ++tile) {
@@ -155,9 +171,22 @@ extern "C" __global__ void __launch_bounds__(384, 1)
         if (n > 0) mbar_wait(bars.empty(s), (n - 1) & 1);
         const int key0 = i * kBlockN;
         copy_tile<kBlockN>(sk + s * kTileBytes, kh + key0 * kv_stride, kv_stride, w.n_keys - key0, tid);
+#if PROTO_PRODUCER_FENCE
+        cp_async_commit();
+        copy_tile<kBlockN>(sv + s * kTileBytes, vh + key0 * kv_stride, kv_stride, w.n_keys - key0, tid);
+        cp_async_commit();
+        cp_async_wait<1>();  // (Q and) K landed
+        fence_proxy_async();
+        if (i == 0) mbar_arrive(bars.q_full());
+        mbar_arrive(bars.k_full(s));
+        cp_async_wait<0>();
+        fence_proxy_async();
+        mbar_arrive(bars.v_full(s));
+#else
         mbar_arrive_cp_async(bars.k_full(s));
         copy_tile<kBlockN>(sv + s * kTileBytes, vh + key0 * kv_stride, kv_stride, w.n_keys - key0, tid);
         mbar_arrive_cp_async(bars.v_full(s));
+#endif
       }
     }
     cp_async_wait_all();
@@ -201,7 +230,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       const int s = (tile0 + i) % kStages;
       const u32 kt = sk + s * kTileBytes;
       mbar_wait(bars.k_full(s), ((tile0 + i) / kStages) & 1);
-      fence_proxy_async();
+      if (!PROTO_PRODUCER_FENCE) fence_proxy_async();
       fence_regs(sc);
       wgmma_fence();
 #pragma unroll
@@ -218,7 +247,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       const int s = (tile0 + i) % kStages;
       const u32 vt = sv + s * kTileBytes;
       mbar_wait(bars.v_full(s), ((tile0 + i) / kStages) & 1);
-      fence_proxy_async();
+      if (!PROTO_PRODUCER_FENCE) fence_proxy_async();
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
