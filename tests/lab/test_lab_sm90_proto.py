@@ -1,0 +1,64 @@
+"""The Hopper prefill prototype (bench/lab/sm90/prefill_proto.cu) compiles for sm_90a as designed, without a GPU:
+wgmma from shared-memory descriptors and from registers, no spills, and no serialised wgmma (ptxas C7513, which a
+register written while an issued wgmma may still read triggers; the lab build refuses it). Its float64 reference
+handles rows that see no key."""
+
+from __future__ import annotations
+
+import collections
+import re
+import subprocess
+import tempfile
+
+import numpy as np
+import pytest
+
+from bench.lab import sm90_proto
+
+
+def _sass_ops(cubin: bytes) -> collections.Counter:
+    from cuinfer.jit.sass import find_cuobjdump
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
+        fh.write(cubin)
+        fh.flush()
+        out = subprocess.run([find_cuobjdump(), "-sass", fh.name], capture_output=True, text=True, check=True).stdout
+    ops = collections.Counter()
+    for line in out.splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", line)
+        if m:
+            ops[m.group(1)] += 1
+    return ops
+
+
+@pytest.mark.parametrize(
+    "stages, defines",
+    [
+        pytest.param(2, (), id="overlap-pingpong-s2"),
+        pytest.param(3, (), id="overlap-pingpong-s3"),
+        pytest.param(2, ("-DPROTO_OVERLAP=0", "-DPROTO_PINGPONG=0"), id="sequential"),
+        pytest.param(2, ("-DPROTO_PRODUCER_FENCE=0",), id="consumer-fence"),
+    ],
+)
+def test_prototype_compiles_to_async_wgmma(stages, defines):
+    pytest.importorskip("cuda.bindings")
+    cubin, log = sm90_proto.compile_cubin("bf16", stages, defines=defines)  # raises on C7513
+    assert "0 bytes spill stores, 0 bytes spill loads" in log
+    ops = _sass_ops(cubin)
+    count = lambda prefix: sum(v for k, v in ops.items() if k.startswith(prefix))  # noqa: E731
+    assert count("HGMMA") >= 16, ops  # m64n128k16: the Q·K^T (descriptors) and P·V (registers) bodies
+    assert count("LDGSTS") >= 48, ops  # the producer's cp.async: Q, K, V tiles, 16 each per thread
+    assert count("LDL") == 0 and count("STL") == 0
+    assert any(k.startswith("USETMAXREG") for k in ops)  # the producer gives registers to the consumers
+
+
+def test_reference_rows_without_keys():
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((5, 2, 128))
+    k = rng.standard_normal((3, 1, 128))
+    v = rng.standard_normal((3, 1, 128))
+    o, lse = sm90_proto.reference(q, k, v, [5], [3], True, 0.1)
+    # bottom-right causal with 5 rows and 3 keys: rows 0 and 1 see no key, row 2 sees key 0 only
+    assert np.all(o[:2] == 0) and np.all(np.isneginf(lse[:2]))
+    np.testing.assert_allclose(o[2, 0], v[0, 0], rtol=1e-12)
+    assert lse[2, 0] == pytest.approx(0.1 * (q[2, 0] @ k[0, 0]) / np.log(2))
