@@ -28,7 +28,7 @@ BLOCK_M = 128
 
 
 def smem_bytes(stages: int) -> int:
-    return BLOCK_M * D * 2 + 2 * stages * 128 * D * 2 + 1024 + 8 * (2 + 3 * stages)
+    return BLOCK_M * D * 2 + 2 * stages * 128 * D * 2 + 1024 + 8 * (2 + 4 * stages)
 
 
 def compile_cubin(

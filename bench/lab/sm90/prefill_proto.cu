@@ -37,6 +37,9 @@ using cuinfer::fmath::lg2;
 #ifndef PROTO_PRODUCER_FENCE
 #define PROTO_PRODUCER_FENCE 1
 #endif
+#ifndef PROTO_SPLIT_RELEASE
+#define PROTO_SPLIT_RELEASE 1
+#endif
 #ifndef PROTO_STAGES
 #define PROTO_STAGES 2
 #endif
@@ -60,7 +63,8 @@ struct Bars {
   __device__ u32 q_empty() const { return base + 8; }
   __device__ u32 k_full(int s) const { return base + 8 * (2 + s); }
   __device__ u32 v_full(int s) const { return base + 8 * (2 + kStages + s); }
-  __device__ u32 empty(int s) const { return base + 8 * (2 + 2 * kStages + s); }
+  __device__ u32 k_empty(int s) const { return base + 8 * (2 + 2 * kStages + s); }
+  __device__ u32 v_empty(int s) const { return base + 8 * (2 + 3 * kStages + s); }
 };
 
 // Keys [0, n_keys) that rows [row0, row0 + kBlockM) of a request attend to.
@@ -113,7 +117,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     for (int s = 0; s < kStages; ++s) {
       mbar_init(bars.k_full(s), 128);
       mbar_init(bars.v_full(s), 128);
-      mbar_init(bars.empty(s), 256);
+      mbar_init(bars.k_empty(s), 256);
+      mbar_init(bars.v_empty(s), 256);
     }
   }
   __syncthreads();
@@ -168,23 +173,26 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       const T* vh = v + w.k0 * kv_stride + (w.head / group) * kD;
       for (int i = 0; i < w.n_tiles; ++i, ++tile) {
         const int s = tile % kStages, n = tile / kStages;
-        if (n > 0) mbar_wait(bars.empty(s), (n - 1) & 1);
         const int key0 = i * kBlockN;
+        if (n > 0) mbar_wait(bars.k_empty(s), (n - 1) & 1);
         copy_tile<kBlockN>(sk + s * kTileBytes, kh + key0 * kv_stride, kv_stride, w.n_keys - key0, tid);
 #if PROTO_PRODUCER_FENCE
         cp_async_commit();
-        copy_tile<kBlockN>(sv + s * kTileBytes, vh + key0 * kv_stride, kv_stride, w.n_keys - key0, tid);
-        cp_async_commit();
-        cp_async_wait<1>();  // (Q and) K landed
+        cp_async_wait<0>();  // (Q and) K landed
         fence_proxy_async();
         if (i == 0) mbar_arrive(bars.q_full());
         mbar_arrive(bars.k_full(s));
+#else
+        mbar_arrive_cp_async(bars.k_full(s));
+#endif
+        if (n > 0) mbar_wait(bars.v_empty(s), (n - 1) & 1);
+        copy_tile<kBlockN>(sv + s * kTileBytes, vh + key0 * kv_stride, kv_stride, w.n_keys - key0, tid);
+#if PROTO_PRODUCER_FENCE
+        cp_async_commit();
         cp_async_wait<0>();
         fence_proxy_async();
         mbar_arrive(bars.v_full(s));
 #else
-        mbar_arrive_cp_async(bars.k_full(s));
-        copy_tile<kBlockN>(sv + s * kTileBytes, vh + key0 * kv_stride, kv_stride, w.n_keys - key0, tid);
         mbar_arrive_cp_async(bars.v_full(s));
 #endif
       }
@@ -256,7 +264,15 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       }
       wgmma_commit();
     };
-    auto release = [&](int i) { mbar_arrive(bars.empty((tile0 + i) % kStages)); };
+    // PROTO_SPLIT_RELEASE: a stage's K tile is handed back once its Q·K^T has retired, its V tile once its P·V has
+    // (else both after the P·V)
+    auto release_k = [&](int i) {
+      if (PROTO_SPLIT_RELEASE) mbar_arrive(bars.k_empty((tile0 + i) % kStages));
+    };
+    auto release_v = [&](int i) {
+      if (!PROTO_SPLIT_RELEASE) mbar_arrive(bars.k_empty((tile0 + i) % kStages));
+      mbar_arrive(bars.v_empty((tile0 + i) % kStages));
+    };
     // masks tile i's scores, moves the running max, turns the scores into P in place and returns the factor the
     // output accumulators take for the new max (per row half)
     auto softmax = [&](float (&sc)[64], int i, float (&corr)[2]) {
@@ -327,6 +343,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       their_turn();
       wgmma_wait<0>();
       fence_regs(sc);
+      release_k(0);
       softmax(sc, 0, corr);
       pack_p(sc, pa);
     }
@@ -339,10 +356,11 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       their_turn();
       wgmma_wait<1>();
       fence_regs(sc);
+      release_k(i);
       softmax(sc, i, corr);
       wgmma_wait<0>();
       fence_regs(o_acc);
-      release(i - 1);
+      release_v(i - 1);
       pack_p(sc, pa);
     }
     mbar_arrive(bars.q_empty());  // every Q·K^T of the unit has retired
@@ -353,7 +371,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       their_turn();
       wgmma_wait<0>();
       fence_regs(o_acc);
-      release(n_tiles - 1);
+      release_v(n_tiles - 1);
     }
 #else
     for (int i = 0; i < n_tiles; ++i) {
@@ -363,13 +381,14 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       issue_qk(sc, i);
       wgmma_wait<0>();
       fence_regs(sc);
+      release_k(i);
       softmax(sc, i, corr);
       pack_p(sc, pa);
       rescale(corr);
       issue_pv(pa, i);
       wgmma_wait<0>();
       fence_regs(o_acc);
-      release(i);
+      release_v(i);
     }
     mbar_arrive(bars.q_empty());
 #endif
