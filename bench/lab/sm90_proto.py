@@ -83,6 +83,7 @@ class Proto:
         import cupy as cp
 
         self.one_cta_per_unit = "GRID_UNITS" in defines  # (host option: a CTA per work unit, not per SM)
+        self.tma = "-DPROTO_TMA=1" in defines
         for d in defines:
             if d.startswith("-DPROTO_STAGES="):
                 stages = int(d.split("=")[1])
@@ -119,13 +120,47 @@ class Proto:
         sms = cp.cuda.Device().attributes["MultiProcessorCount"]
         grid = (len(items) * hq if self.one_cta_per_unit else min(sms, len(items) * hq),)
         scale_log2 = np.float32(sm_scale * np.log2(np.e))
+        maps = [tensor_map(x) if self.tma else np.zeros((), TMA_DESC)[()] for x in (q, k, v)]
         args = (q, k, v, o, lse, qi, ki, items_d, cp.int32(len(items)), cp.int32(hq), cp.int32(hk), scale_log2,
-                cp.int32(int(causal)))  # fmt: skip
+                cp.int32(int(causal)), *maps)  # fmt: skip
 
         def launch():
             self.fn(grid, (384,), args, shared_mem=self.smem)
 
         return launch
+
+
+TMA_DESC = np.dtype([("opaque", "<u8", (16,))])  # CUtensorMap: 128 opaque bytes (the kernel's TmaDesc)
+
+
+def tensor_map(x) -> np.void:
+    """TMA map of a [tokens, heads, 128] 16-bit tensor (CuPy) with boxes of 128 tokens x 1 head x 64 columns and the
+    128-byte swizzle, as the kernel's by-value TmaDesc parameter (cuTensorMapEncodeTiled)."""
+    import ctypes
+
+    from cuda.bindings import driver as cu
+
+    tokens, heads, d = x.shape
+    assert d == D and x.dtype.itemsize == 2
+    err, tmap = cu.cuTensorMapEncodeTiled(
+        cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        3,
+        int(x.data.ptr),
+        [d, heads, tokens],
+        [d * 2, heads * d * 2],  # bytes between heads, between tokens
+        [64, 1, 128],
+        [1, 1, 1],
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+    )
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeTiled: {err}")
+    raw = ctypes.string_at(tmap.getPtr(), 128)
+    out = np.zeros((), TMA_DESC)
+    out["opaque"] = np.frombuffer(raw, dtype="<u8")
+    return out[()]
 
 
 def reference(q, k, v, qo_lens, kv_lens, causal, sm_scale):

@@ -28,6 +28,29 @@ __device__ __forceinline__ void mbar_arrive_cp_async(u32 bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
+// Arrives on `bar` (one of its expected count) and adds `bytes` to the transaction count its phase waits for: the
+// bytes that TMA copies signalling `bar` will deliver.
+__device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+// A TMA tensor map (CUtensorMap, encoded on the host by cuTensorMapEncodeTiled) passed by value as a
+// __grid_constant__ kernel parameter.
+struct alignas(64) TmaDesc {
+  u64 opaque[16];
+};
+
+// TMA: the box at coordinates (c0, c1, c2) of the 3-d tensor `map` into shared memory at `dst`, completing on `bar`
+// (its transaction count). The box lands in the map's swizzle.
+__device__ __forceinline__ void tma_load_3d(u32 dst, const TmaDesc* map, u32 bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
 // Blocks until the phase of parity `parity` of `bar` has completed.
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
   asm volatile(

@@ -38,6 +38,7 @@ def _sass_ops(cubin: bytes) -> collections.Counter:
         pytest.param(3, (), id="overlap-pingpong-s3"),
         pytest.param(2, ("-DPROTO_OVERLAP=0", "-DPROTO_PINGPONG=0"), id="sequential"),
         pytest.param(2, ("-DPROTO_PRODUCER_FENCE=0",), id="consumer-fence"),
+        pytest.param(3, ("-DPROTO_TMA=1",), id="tma-s3"),
     ],
 )
 def test_prototype_compiles_to_async_wgmma(stages, defines):
@@ -47,7 +48,10 @@ def test_prototype_compiles_to_async_wgmma(stages, defines):
     ops = _sass_ops(cubin)
     count = lambda prefix: sum(v for k, v in ops.items() if k.startswith(prefix))  # noqa: E731
     assert count("HGMMA") >= 16, ops  # m64n128k16: the Q·K^T (descriptors) and P·V (registers) bodies
-    assert count("LDGSTS") >= 48, ops  # the producer's cp.async: Q, K, V tiles, 16 each per thread
+    if "-DPROTO_TMA=1" in defines:
+        assert count("UTMALDG") >= 6 and count("LDGSTS") == 0, ops  # Q, K, V: two 64-column boxes each
+    else:
+        assert count("LDGSTS") >= 48, ops  # the producer's cp.async: Q, K, V tiles, 16 each per thread
     assert count("LDL") == 0 and count("STL") == 0
     assert any(k.startswith("USETMAXREG") for k in ops)  # the producer gives registers to the consumers
 

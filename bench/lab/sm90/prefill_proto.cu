@@ -40,6 +40,9 @@ using cuinfer::fmath::lg2;
 #ifndef PROTO_SPLIT_RELEASE
 #define PROTO_SPLIT_RELEASE 1
 #endif
+#ifndef PROTO_TMA
+#define PROTO_TMA 0
+#endif
 #ifndef PROTO_STAGES
 #define PROTO_STAGES 2
 #endif
@@ -97,7 +100,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     sm90_prefill_proto(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
                        float* __restrict__ lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
                        const int* __restrict__ items, int n_items, int num_qo_heads, int num_kv_heads,
-                       float scale_log2, int causal) {
+                       float scale_log2, int causal, const __grid_constant__ TmaDesc tm_q,
+                       const __grid_constant__ TmaDesc tm_k, const __grid_constant__ TmaDesc tm_v) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const u32 smem0 = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const u32 sq = smem0;
@@ -112,11 +116,12 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const int wg = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
-    mbar_init(bars.q_full(), 128);
+    constexpr u32 kFillArrivals = PROTO_TMA ? 1 : 128;  // TMA: one elected thread; cp.async: every producer thread
+    mbar_init(bars.q_full(), kFillArrivals);
     mbar_init(bars.q_empty(), 256);
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(bars.k_full(s), 128);
-      mbar_init(bars.v_full(s), 128);
+      mbar_init(bars.k_full(s), kFillArrivals);
+      mbar_init(bars.v_full(s), kFillArrivals);
       mbar_init(bars.k_empty(s), 256);
       mbar_init(bars.v_empty(s), 256);
     }
@@ -151,6 +156,39 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   // fences the generic proxy it wrote through against the async proxy of the consumers' wgmma reads, and arrives
   // (Q with the unit's first K tile); else its arrival is tied to the copies' completion (cp.async.mbarrier.arrive)
   // and each consumer fences before its MMAs read the tile.
+#if PROTO_TMA
+  // PROTO_TMA: one thread of the producer issues every copy as TMA boxes of 128 rows x 64 columns (the maps'
+  // 128-byte swizzle is the wgmma layout); the boxes complete on the stage's barrier by its transaction count. Rows
+  // past a request's end are read from the next request (or zero-filled past the tensor's end) and masked.
+  if (wg == 0) {
+    setmaxnreg_dec<24>();
+    if (tid == 0) {
+      int tile = 0, n_q = 0;
+      for (int u = blockIdx.x; u < n_units; u += gridDim.x, ++n_q) {
+        const Unit w = unit(u);
+        if (n_q > 0) mbar_wait(bars.q_empty(), (n_q - 1) & 1);
+        mbar_arrive_expect_tx(bars.q_full(), kQBytes);
+        tma_load_3d(sq, &tm_q, bars.q_full(), 0, w.head, w.q0 + w.row0);
+        tma_load_3d(sq + QTile::kBlockBytes, &tm_q, bars.q_full(), 64, w.head, w.q0 + w.row0);
+        const int kvh = w.head / group;
+        for (int i = 0; i < w.n_tiles; ++i, ++tile) {
+          const int s = tile % kStages, n = tile / kStages;
+          const int key = w.k0 + i * kBlockN;
+          if (n > 0) mbar_wait(bars.k_empty(s), (n - 1) & 1);
+          mbar_arrive_expect_tx(bars.k_full(s), kTileBytes);
+          tma_load_3d(sk + s * kTileBytes, &tm_k, bars.k_full(s), 0, kvh, key);
+          tma_load_3d(sk + s * kTileBytes + Tile::kBlockBytes, &tm_k, bars.k_full(s), 64, kvh, key);
+          if (n > 0) mbar_wait(bars.v_empty(s), (n - 1) & 1);
+          mbar_arrive_expect_tx(bars.v_full(s), kTileBytes);
+          tma_load_3d(sv + s * kTileBytes, &tm_v, bars.v_full(s), 0, kvh, key);
+          tma_load_3d(sv + s * kTileBytes + Tile::kBlockBytes, &tm_v, bars.v_full(s), 64, kvh, key);
+        }
+      }
+    }
+    return;
+  }
+  setmaxnreg_inc<240>();
+#else
   if (wg == 0) {  // producer
     setmaxnreg_dec<56>();
     int tile = 0;  // K/V tiles loaded so far (all units): ring stage tile % kStages, fill tile / kStages
@@ -200,9 +238,10 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     cp_async_wait_all();
     return;
   }
+  setmaxnreg_inc<224>();
+#endif
 
   // consumers
-  setmaxnreg_inc<224>();
   const int cw = wg - 1;  // consumer warpgroup: rows 64 cw .. 64 cw + 63 of the block
   const int warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
@@ -238,7 +277,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       const int s = (tile0 + i) % kStages;
       const u32 kt = sk + s * kTileBytes;
       mbar_wait(bars.k_full(s), ((tile0 + i) / kStages) & 1);
-      if (!PROTO_PRODUCER_FENCE) fence_proxy_async();
+      if (!PROTO_PRODUCER_FENCE && !PROTO_TMA) fence_proxy_async();
       fence_regs(sc);
       wgmma_fence();
 #pragma unroll
@@ -255,7 +294,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       const int s = (tile0 + i) % kStages;
       const u32 vt = sv + s * kTileBytes;
       mbar_wait(bars.v_full(s), ((tile0 + i) / kStages) & 1);
-      if (!PROTO_PRODUCER_FENCE) fence_proxy_async();
+      if (!PROTO_PRODUCER_FENCE && !PROTO_TMA) fence_proxy_async();
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
