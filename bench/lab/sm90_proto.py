@@ -82,8 +82,9 @@ class Proto:
     def __init__(self, dtype: str = "bf16", stages: int = 2, defines: tuple[str, ...] = ()) -> None:
         import cupy as cp
 
+        self.defines = defines
         self.one_cta_per_unit = "GRID_UNITS" in defines  # (host option: a CTA per work unit, not per SM)
-        self.tma = "-DPROTO_TMA=1" in defines
+        self.tma = "-DPROTO_TMA=0" not in defines
         for d in defines:
             if d.startswith("-DPROTO_STAGES="):
                 stages = int(d.split("=")[1])
@@ -144,12 +145,12 @@ def tensor_map(x) -> np.void:
     assert d == D and x.dtype.itemsize == 2
     err, tmap = cu.cuTensorMapEncodeTiled(
         cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        3,
+        cu.cuuint32_t(3),
         int(x.data.ptr),
-        [d, heads, tokens],
-        [d * 2, heads * d * 2],  # bytes between heads, between tokens
-        [64, 1, 128],
-        [1, 1, 1],
+        [cu.cuuint64_t(n) for n in (d, heads, tokens)],
+        [cu.cuuint64_t(n) for n in (d * 2, heads * d * 2)],  # bytes between heads, between tokens
+        [cu.cuuint32_t(n) for n in (64, 1, 128)],
+        [cu.cuuint32_t(1)] * 3,
         cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
         cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -163,8 +164,40 @@ def tensor_map(x) -> np.void:
     return out[()]
 
 
-def reference(q, k, v, qo_lens, kv_lens, causal, sm_scale):
-    """float64 attention per request (bottom-right causal), o and base-2 lse."""
+def semantics(defines: tuple[str, ...]) -> dict:
+    """The attention variant a build computes (its -DPROTO_SOFTCAP / ALIBI / WINDOW defines)."""
+    out = {"soft_cap": 0.0, "alibi": False, "window": -1}
+    for d in defines:
+        name, _, val = d.removeprefix("-D").partition("=")
+        if name == "PROTO_SOFTCAP":
+            out["soft_cap"] = float(val)
+        elif name == "PROTO_ALIBI":
+            out["alibi"] = val != "0"
+        elif name == "PROTO_WINDOW":
+            out["window"] = int(val)
+    return out
+
+
+def alibi_slopes(n: int) -> np.ndarray:
+    m = 1 << (n.bit_length() - 1)
+    return np.array([2.0 ** (-8 * (h + 1) / m) if h < m else 2.0 ** (-4 * (2 * (h - m) + 1) / m) for h in range(n)])
+
+
+def attended_pairs(lens, causal: bool, window: int) -> int:
+    """(query, key) pairs attended by requests with qo = kv lengths ``lens``."""
+    total = 0
+    for n in (int(x) for x in lens):
+        i = np.arange(n, dtype=np.int64)
+        keys = (i + 1) if causal else np.full(n, n, np.int64)
+        if window >= 0:
+            keys = np.minimum(keys, window + 1)
+        total += int(keys.sum())
+    return total
+
+
+def reference(q, k, v, qo_lens, kv_lens, causal, sm_scale, soft_cap=0.0, alibi=False, window=-1):
+    """float64 attention per request (bottom-right causal), o and base-2 lse; optionally a logits soft cap, ALiBi
+    biases, a sliding window (window_left)."""
     hq, hk = q.shape[1], k.shape[1]
     grp = hq // hk
     o = np.zeros(q.shape, np.float64)
@@ -176,9 +209,16 @@ def reference(q, k, v, qo_lens, kv_lens, causal, sm_scale):
             kk = k[ks : ks + kl, h // grp].astype(np.float64)
             vv = v[ks : ks + kl, h // grp].astype(np.float64)
             s = qq @ kk.T * sm_scale
+            rows = np.arange(ql)[:, None] + (kl - ql)
+            cols = np.arange(kl)[None, :]
+            if alibi:
+                s = s + alibi_slopes(hq)[h] * (cols - rows)
+            if soft_cap > 0:
+                s = soft_cap * np.tanh(s / soft_cap)
             if causal:
-                rows = np.arange(ql)[:, None] + (kl - ql)
-                s = np.where(np.arange(kl)[None, :] > rows, -np.inf, s)
+                s = np.where(cols > rows, -np.inf, s)
+            if window >= 0:
+                s = np.where(cols < rows - window, -np.inf, s)
             mx = s.max(axis=1, keepdims=True)
             empty = ~np.isfinite(mx[:, 0])  # rows that see no key: o = 0, lse = -inf
             mx[empty] = 0
@@ -209,6 +249,7 @@ def check(dtype: str, defines: tuple[str, ...] = ()) -> bool:
         ("1x1000 causal", [1000], [1000], 4, 4, True),
         ("q>kv causal (rows without keys)", [300], [100], 4, 2, True),
         ("4 reqs causal mixed", [513, 64, 1, 700], [513, 1000, 9, 700], 8, 2, True),
+        ("1x2000 causal (window tiles)", [2000], [2000], 2, 1, True),
     ]
     for name, ql, kl, hq, hk, causal in cases:
         nq, nk = sum(ql), sum(kl)
@@ -216,7 +257,7 @@ def check(dtype: str, defines: tuple[str, ...] = ()) -> bool:
         k = rng.standard_normal((nk, hk, D)).astype(npdt)
         v = rng.standard_normal((nk, hk, D)).astype(npdt)
         sm_scale = 1 / np.sqrt(D)
-        ro, rl = reference(q, k, v, ql, kl, causal, sm_scale)
+        ro, rl = reference(q, k, v, ql, kl, causal, sm_scale, **semantics(defines))
         dq, dk, dv = (cp.asarray(x.view(np.uint16)) for x in (q, k, v))
         do = cp.full((nq, hq, D), 0x7FC0, dtype=cp.uint16)  # NaN: an unwritten element fails
         dl = cp.full((nq, hq), np.nan, dtype=cp.float32)
@@ -254,7 +295,7 @@ def bench(cases: list[str], iters: int, peers: bool, variants: dict[str, tuple[s
             continue
         inp = inputs.prefill_inputs(case)
         s = case.shape
-        flops = prefill_flops(inp.lens, inp.lens, s, case.causal)
+        flops = prefill_flops(inp.lens, inp.lens, s, case.causal)  # (plain causal: the peers' rows)
         q, k, v = (cp.asarray(x.view(torch_u16())) for x in (inp.q, inp.k, inp.v))
         o = cp.full(q.shape, 0x7FC0, dtype=cp.uint16)
         lse = cp.empty((q.shape[0], s.num_qo_heads), cp.float32)
@@ -262,9 +303,11 @@ def bench(cases: list[str], iters: int, peers: bool, variants: dict[str, tuple[s
             name: p.launcher(q, k, v, o, lse, inp.lens, inp.lens, case.causal, s.head_dim**-0.5)
             for name, p in protos.items()
         }
-        rows = {}
+        rows, var_flops = {}, {}
         for name, run in runs.items():
             rows[name] = timer.time(run, iters=iters, warmup=3)
+            sem = semantics(protos[name].defines)
+            var_flops[name] = 4 * s.head_dim * s.num_qo_heads * attended_pairs(inp.lens, case.causal, sem["window"])
         fa2 = prepare_cuinfer(inp, "fa2")
         rows["cuinfer fa2"] = timer.time(fa2.run, iters=iters, warmup=3)
         ref = cp.asarray(fa2.run()).view(cp.uint16)
@@ -275,7 +318,10 @@ def bench(cases: list[str], iters: int, peers: bool, variants: dict[str, tuple[s
             except Exception as ex:  # noqa: BLE001 - report and go on
                 print(f"{case.id}: flashinfer fa3 failed: {type(ex).__name__}: {ex}", flush=True)
         diffs = []
-        for run in runs.values():
+        plain = {"soft_cap": 0.0, "alibi": False, "window": -1}
+        for name, run in runs.items():
+            if semantics(protos[name].defines) != plain:
+                continue
             o.fill(0x7FC0)
             run()
             cp.cuda.Device().synchronize()
@@ -283,8 +329,9 @@ def bench(cases: list[str], iters: int, peers: bool, variants: dict[str, tuple[s
         diff = max(diffs)
         base = rows["cuinfer fa2"].us
         for name, t in rows.items():
-            print(f"{case.id:4s} {name:15s} {t.us:9.1f} us  {flops / t.us / 1e6:7.1f} TFLOP/s  "
-                  f"{base / t.us:5.2f}x fa2", flush=True)  # fmt: skip
+            f = var_flops.get(name, flops)
+            print(f"{case.id:4s} {name:15s} {t.us:9.1f} us  {f / t.us / 1e6:7.1f} TFLOP/s  "
+                  f"{base / t.us:5.2f}x fa2 (time)", flush=True)  # fmt: skip
         print(f"{case.id:4s} max|proto - fa2| = {diff:.3e} (NaN: an unwritten element)", flush=True)
         inputs.free()
 

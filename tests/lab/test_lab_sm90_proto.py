@@ -34,11 +34,14 @@ def _sass_ops(cubin: bytes) -> collections.Counter:
 @pytest.mark.parametrize(
     "stages, defines",
     [
-        pytest.param(2, (), id="overlap-pingpong-s2"),
-        pytest.param(3, (), id="overlap-pingpong-s3"),
-        pytest.param(2, ("-DPROTO_OVERLAP=0", "-DPROTO_PINGPONG=0"), id="sequential"),
-        pytest.param(2, ("-DPROTO_PRODUCER_FENCE=0",), id="consumer-fence"),
-        pytest.param(3, ("-DPROTO_TMA=1",), id="tma-s3"),
+        pytest.param(2, (), id="tma-overlap-pingpong-s2"),
+        pytest.param(3, (), id="tma-s3"),
+        pytest.param(2, ("-DPROTO_TMA=0",), id="cp.async-producer-fence"),
+        pytest.param(2, ("-DPROTO_TMA=0", "-DPROTO_OVERLAP=0", "-DPROTO_PINGPONG=0"), id="cp.async-sequential"),
+        pytest.param(2, ("-DPROTO_TMA=0", "-DPROTO_PRODUCER_FENCE=0"), id="cp.async-consumer-fence"),
+        pytest.param(2, ("-DPROTO_SOFTCAP=30",), id="soft-cap"),
+        pytest.param(2, ("-DPROTO_ALIBI=1",), id="alibi"),
+        pytest.param(2, ("-DPROTO_WINDOW=1024",), id="window"),
     ],
 )
 def test_prototype_compiles_to_async_wgmma(stages, defines):
@@ -48,7 +51,7 @@ def test_prototype_compiles_to_async_wgmma(stages, defines):
     ops = _sass_ops(cubin)
     count = lambda prefix: sum(v for k, v in ops.items() if k.startswith(prefix))  # noqa: E731
     assert count("HGMMA") >= 16, ops  # m64n128k16: the Q·K^T (descriptors) and P·V (registers) bodies
-    if "-DPROTO_TMA=1" in defines:
+    if "-DPROTO_TMA=0" not in defines:
         assert count("UTMALDG") >= 6 and count("LDGSTS") == 0, ops  # Q, K, V: two 64-column boxes each
     else:
         assert count("LDGSTS") >= 48, ops  # the producer's cp.async: Q, K, V tiles, 16 each per thread

@@ -41,7 +41,19 @@ using cuinfer::fmath::lg2;
 #define PROTO_SPLIT_RELEASE 1
 #endif
 #ifndef PROTO_TMA
-#define PROTO_TMA 0
+#define PROTO_TMA 1
+#endif
+// Variants (compile-time, lab): PROTO_SOFTCAP (cap; 0 = none): logit = cap tanh(q.k sm_scale / cap); PROTO_ALIBI:
+// logit = q.k sm_scale + slope_h (j - (i + kv_len - qo_len)); PROTO_WINDOW (window_left; -1 = none): key j is kept iff
+// j >= i + kv_len - qo_len - window_left.
+#ifndef PROTO_SOFTCAP
+#define PROTO_SOFTCAP 0
+#endif
+#ifndef PROTO_ALIBI
+#define PROTO_ALIBI 0
+#endif
+#ifndef PROTO_WINDOW
+#define PROTO_WINDOW -1
 #endif
 #ifndef PROTO_STAGES
 #define PROTO_STAGES 2
@@ -135,7 +147,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const int diag_sign = causal;
 
   struct Unit {
-    int head, q0, qo_len, k0, kv_len, row0, n_keys, n_tiles;
+    int head, q0, qo_len, k0, kv_len, row0, n_keys, t_first, n_tiles;  // tiles t_first .. t_first + n_tiles - 1
   };
   auto unit = [&](int u) {
     Unit w;
@@ -148,7 +160,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     w.kv_len = kv_indptr[req + 1] - w.k0;
     w.row0 = items[2 * item + 1] * kBlockM;
     w.n_keys = keys_for_block(w.row0, w.qo_len, w.kv_len, diag_sign);
-    w.n_tiles = (w.n_keys + kBlockN - 1) / kBlockN;
+    w.t_first = PROTO_WINDOW < 0 ? 0 : max(0, w.row0 + (w.kv_len - w.qo_len) - PROTO_WINDOW) / kBlockN;
+    w.n_tiles = max(0, (w.n_keys + kBlockN - 1) / kBlockN - w.t_first);
     return w;
   };
 
@@ -173,7 +186,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
         const int kvh = w.head / group;
         for (int i = 0; i < w.n_tiles; ++i, ++tile) {
           const int s = tile % kStages, n = tile / kStages;
-          const int key = w.k0 + i * kBlockN;
+          const int key = w.k0 + (w.t_first + i) * kBlockN;
           if (n > 0) mbar_wait(bars.k_empty(s), (n - 1) & 1);
           mbar_arrive_expect_tx(bars.k_full(s), kTileBytes);
           tma_load_3d(sk + s * kTileBytes, &tm_k, bars.k_full(s), 0, kvh, key);
@@ -211,7 +224,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       const T* vh = v + w.k0 * kv_stride + (w.head / group) * kD;
       for (int i = 0; i < w.n_tiles; ++i, ++tile) {
         const int s = tile % kStages, n = tile / kStages;
-        const int key0 = i * kBlockN;
+        const int key0 = (w.t_first + i) * kBlockN;
         if (n > 0) mbar_wait(bars.k_empty(s), (n - 1) & 1);
         copy_tile<kBlockN>(sk + s * kTileBytes, kh + key0 * kv_stride, kv_stride, w.n_keys - key0, tid);
 #if PROTO_PRODUCER_FENCE
@@ -246,6 +259,9 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const int warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const u32 q_base = sq + cw * 64 * 128;
+  constexpr float kCap = PROTO_SOFTCAP > 0 ? float(PROTO_SOFTCAP) : 1.f;
+  const float sm_scale = scale_log2 / kLog2e;
+  const float sl2 = (PROTO_SOFTCAP > 0 || PROTO_ALIBI) ? kLog2e : scale_log2;  // logits -> base-2 exponent
 
   // PROTO_PINGPONG: the two consumers take turns to issue their MMAs (named barriers 1 and 2), so that one's softmax
   // runs while the other's MMAs do (FA3's warp scheduling); consumer 1 lets consumer 0 go first.
@@ -261,9 +277,10 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   int n_q = 0;
   for (int u = blockIdx.x; u < n_units; u += gridDim.x, ++n_q) {
     const Unit w = unit(u);
-    const int n_tiles = w.n_tiles, n_keys = w.n_keys, row0 = w.row0;
+    const int n_tiles = w.n_tiles, n_keys = w.n_keys, row0 = w.row0, t_first = w.t_first;
     const int my_row = row0 + cw * 64 + warp * 16 + g;  // rows my_row and my_row + 8 of the request
     const int diag = w.kv_len - w.qo_len;               // row r attends keys <= r + diag (causal)
+    const float slope = PROTO_ALIBI ? fmath::alibi_slope(w.head, num_qo_heads) : 0.f;
 
     float o_acc[64];
 #pragma unroll
@@ -315,8 +332,26 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     // masks tile i's scores, moves the running max, turns the scores into P in place and returns the factor the
     // output accumulators take for the new max (per row half)
     auto softmax = [&](float (&sc)[64], int i, float (&corr)[2]) {
-      const int key0 = i * kBlockN;
-      const bool need_mask = key0 + kBlockN > n_keys || (causal && key0 + kBlockN - 1 > row0 + diag);
+      const int key0 = (t_first + i) * kBlockN;
+      constexpr bool kTransform = PROTO_SOFTCAP > 0 || PROTO_ALIBI;
+      if (kTransform) {  // logits in natural units (scaled), softmax base 2 by log2(e)
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float x = sc[4 * j + e] * sm_scale;
+            if (PROTO_ALIBI) {
+              const int col = key0 + 8 * j + 2 * t + (e & 1);
+              const int row = my_row + (e >> 1) * 8;
+              x = fmaf(slope, static_cast<float>(col - (row + diag)), x);
+            }
+            if (PROTO_SOFTCAP > 0) x = fmath::soft_cap(x, kCap, -2.f * kCap, 2.f * kLog2e / kCap);
+            sc[4 * j + e] = x;
+          }
+        }
+      }
+      const bool need_mask = key0 + kBlockN > n_keys || (causal && key0 + kBlockN - 1 > row0 + diag) ||
+                             (PROTO_WINDOW >= 0 && key0 < row0 + kBlockM - 1 + diag - PROTO_WINDOW);
       if (need_mask) {
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
@@ -324,7 +359,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
           for (int e = 0; e < 4; ++e) {
             const int col = key0 + 8 * j + 2 * t + (e & 1);
             const int row = my_row + (e >> 1) * 8;
-            const bool masked = col >= n_keys || (causal && col > row + diag);
+            const bool masked = col >= n_keys || (causal && col > row + diag) ||
+                                (PROTO_WINDOW >= 0 && col < row + diag - PROTO_WINDOW);
             if (masked) sc[4 * j + e] = neg_inf();
           }
         }
@@ -335,14 +371,14 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 #pragma unroll
         for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * h], sc[4 * j + 2 * h + 1]));
         mx = quad_max(mx);
-        const float ms = mx == neg_inf() ? 0.f : mx * scale_log2;
-        corr[h] = ex2(m[h] * scale_log2 - ms);  // m = -inf: 0
+        const float ms = mx == neg_inf() ? 0.f : mx * sl2;
+        corr[h] = ex2(m[h] * sl2 - ms);  // m = -inf: 0
         m[h] = mx;
         float sum = 0.f;
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
-          sc[4 * j + 2 * h] = ex2(fmaf(sc[4 * j + 2 * h], scale_log2, -ms));
-          sc[4 * j + 2 * h + 1] = ex2(fmaf(sc[4 * j + 2 * h + 1], scale_log2, -ms));
+          sc[4 * j + 2 * h] = ex2(fmaf(sc[4 * j + 2 * h], sl2, -ms));
+          sc[4 * j + 2 * h + 1] = ex2(fmaf(sc[4 * j + 2 * h + 1], sl2, -ms));
           sum += sc[4 * j + 2 * h] + sc[4 * j + 2 * h + 1];
         }
         l[h] = l[h] * corr[h] + sum;
@@ -447,7 +483,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
               pack2<T>(o_acc[4 * j + 2 * h] * inv, o_acc[4 * j + 2 * h + 1] * inv);
         }
         if (lse != nullptr && t == 0) {
-          lse[(w.q0 + row) * num_qo_heads + w.head] = sum > 0.f ? m[h] * scale_log2 + lg2(sum) : neg_inf();
+          lse[(w.q0 + row) * num_qo_heads + w.head] = sum > 0.f ? m[h] * sl2 + lg2(sum) : neg_inf();
         }
       }
     }
