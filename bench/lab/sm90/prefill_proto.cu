@@ -49,6 +49,9 @@ using cuinfer::fmath::lg2;
 #ifndef PROTO_SOFTCAP
 #define PROTO_SOFTCAP 0
 #endif
+#ifndef PROTO_SOFTCAP_FORM  // 0: fmath::soft_cap (the built-in: one MUFU ex2, a Newton reciprocal); 1: ex2 and
+#define PROTO_SOFTCAP_FORM 0  // MUFU rcp; 2: cap tanh.approx(x / cap) (FlashInfer's form, relative error 2^-11)
+#endif
 #ifndef PROTO_ALIBI
 #define PROTO_ALIBI 0
 #endif
@@ -335,17 +338,28 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       const int key0 = (t_first + i) * kBlockN;
       constexpr bool kTransform = PROTO_SOFTCAP > 0 || PROTO_ALIBI;
       if (kTransform) {  // logits in natural units (scaled), softmax base 2 by log2(e)
+        // ALiBi: slope (j - i - diag) = base + slope c(j, e), c a compile-time offset of the element in the tile
+        const float base = slope * static_cast<float>(key0 + 2 * t - my_row - diag);
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            float x = sc[4 * j + e] * sm_scale;
+            float x;
             if (PROTO_ALIBI) {
-              const int col = key0 + 8 * j + 2 * t + (e & 1);
-              const int row = my_row + (e >> 1) * 8;
-              x = fmaf(slope, static_cast<float>(col - (row + diag)), x);
+              const float c = static_cast<float>(8 * j + (e & 1) - 8 * (e >> 1));
+              x = fmaf(sc[4 * j + e], sm_scale, fmaf(slope, c, base));
+            } else {
+              x = sc[4 * j + e] * sm_scale;
             }
-            if (PROTO_SOFTCAP > 0) x = fmath::soft_cap(x, kCap, -2.f * kCap, 2.f * kLog2e / kCap);
+            if (PROTO_SOFTCAP > 0) {
+              if (PROTO_SOFTCAP_FORM == 0) {
+                x = fmath::soft_cap(x, kCap, -2.f * kCap, 2.f * kLog2e / kCap);
+              } else if (PROTO_SOFTCAP_FORM == 1) {
+                x = fmaf(-2.f * kCap, fmath::rcp(1.f + ex2(x * (2.f * kLog2e / kCap))), kCap);
+              } else {
+                x = kCap * fmath::tanh_approx(x * (1.f / kCap));
+              }
+            }
             sc[4 * j + e] = x;
           }
         }
