@@ -32,14 +32,20 @@ def smem_bytes(stages: int) -> int:
 
 
 def compile_cubin(
-    dtype: str = "bf16", stages: int = 2, arch: str = "sm_90a", defines: tuple[str, ...] = ()
+    dtype: str = "bf16",
+    stages: int = 2,
+    arch: str = "sm_90a",
+    defines: tuple[str, ...] = (),
+    chain: tuple[str, ...] = ("causal",),
 ) -> tuple[bytes, str]:
+    """The prototype's cubin for the variant chain ``chain`` (piece names, see ``PIECES``): the rendered chain
+    (``VariantParams``, ``Variant``) starts the translation unit, as in the product kernels."""
     from cuinfer.jit.compiler import nvrtc_options
     from cuinfer.jit.toolchain import nvrtc_module
 
     nv = nvrtc_module()
     with open(SOURCE, encoding="utf-8") as fh:
-        src = fh.read()
+        src = rendered_chain(chain).preamble() + '#line 1 "prefill_proto.cu"\n' + fh.read()
     t = "__nv_bfloat16" if dtype == "bf16" else "half"
     opts = nvrtc_options(arch) + [f"-DPROTO_T={t}", f"-DPROTO_STAGES={stages}", *defines]
     _, prog = nv.nvrtcCreateProgram(src.encode(), b"prefill_proto.cu", 0, [], [])
@@ -51,12 +57,92 @@ def compile_cubin(
     if res != nv.nvrtcResult.NVRTC_SUCCESS:
         raise RuntimeError(f"prefill_proto.cu does not compile:\n{log}")
     if "C7513" in log:  # every wgmma waits for the one before: the timing would say nothing of the design
-        raise RuntimeError(f"ptxas serialised the wgmma instructions ({' '.join(defines)}):\n{log}")
+        raise RuntimeError(f"ptxas serialised the wgmma instructions ({' '.join(defines)} {chain}):\n{log}")
     _, n = nv.nvrtcGetCUBINSize(prog)
     cubin = b" " * n
     nv.nvrtcGetCUBIN(prog, cubin)
     nv.nvrtcDestroyProgram(prog)
     return bytes(cubin), log
+
+
+def _soft_cap_approx():
+    """FlashInfer's soft cap, ``cap·tanh.approx(x / cap)`` (one MUFU op, relative error 2^-11), as a user variant."""
+    from cuinfer.variants.spec import Param, Variant
+
+    return Variant(
+        name="soft_cap_approx",
+        logits="params.cap * fmath::tanh_approx(x * params.inv_cap)",
+        params=(Param("cap", "f32"), Param("inv_cap", "f32")),
+    )
+
+
+# Variant pieces a build may name (``name`` or ``name:value``): the built-ins of cuinfer.variants and one user variant
+PIECES = ("causal", "soft_cap", "soft_cap_approx", "alibi", "window")
+
+
+def rendered_chain(chain: tuple[str, ...]):
+    from cuinfer.variants.registry import lookup
+    from cuinfer.variants.render import render
+
+    pieces = []
+    for token in chain:
+        name = token.partition(":")[0]
+        if name not in PIECES:
+            raise ValueError(f"unknown variant piece {name!r}; known: {', '.join(PIECES)}")
+        pieces.append(_soft_cap_approx() if name == "soft_cap_approx" else lookup(name))
+    return render(tuple(pieces))
+
+
+def chain_values(chain: tuple[str, ...], num_qo_heads: int) -> dict:
+    """``{piece: {param: value}}`` of the chain's scalar parameters (cuinfer.variants.builtins' ``values``)."""
+    from cuinfer.variants.builtins import alibi, soft_cap, window
+
+    out = {}
+    for token in chain:
+        name, _, val = token.partition(":")
+        if name == "soft_cap":
+            out[name] = soft_cap.values(float(val))
+        elif name == "soft_cap_approx":
+            out[name] = {"cap": float(val), "inv_cap": 1.0 / float(val)}
+        elif name == "alibi":
+            out[name] = alibi.values(num_qo_heads)
+        elif name == "window":
+            out[name] = window.values(int(val))
+    return out
+
+
+def semantics(chain: tuple[str, ...]) -> dict:
+    """The chain's attention for the float64 reference."""
+    out = {"causal": False, "soft_cap": 0.0, "alibi": False, "window": -1}
+    for token in chain:
+        name, _, val = token.partition(":")
+        if name == "causal":
+            out["causal"] = True
+        elif name in ("soft_cap", "soft_cap_approx"):
+            out["soft_cap"] = float(val)
+        elif name == "alibi":
+            out["alibi"] = True
+        elif name == "window":
+            out["window"] = int(val)
+    return out
+
+
+Build = tuple[tuple[str, ...], tuple[str, ...]]  # (defines, variant chain): parse_build
+
+
+def parse_build(spec: str) -> Build:
+    """``tok+tok+...`` -> (defines, chain): ``-DNAME=VALUE`` defines, ``GRID_UNITS`` (a CTA per work unit), variant
+    pieces (``causal``, ``soft_cap:30``, ``soft_cap_approx:30``, ``alibi``, ``window:1024``; ``noncausal``: none of
+    them). No piece and no ``noncausal``: ``causal``."""
+    defines, chain = [], []
+    for tok in (t for t in spec.split("+") if t):
+        if tok.startswith("-D") or tok == "GRID_UNITS":
+            defines.append(tok)
+        elif tok != "noncausal":
+            chain.append(tok)
+    if not chain and "noncausal" not in spec.split("+"):
+        chain = ["causal"]
+    return tuple(defines), tuple(chain)
 
 
 def sass_report(dtype: str, stages: int) -> None:
@@ -79,17 +165,20 @@ def sass_report(dtype: str, stages: int) -> None:
 class Proto:
     """The compiled prototype on the current GPU (CuPy)."""
 
-    def __init__(self, dtype: str = "bf16", stages: int = 2, defines: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, dtype: str = "bf16", stages: int = 2, defines: tuple[str, ...] = (), chain: tuple[str, ...] = ("causal",)
+    ) -> None:
         import cupy as cp
 
-        self.defines = defines
+        self.defines, self.chain = defines, chain
+        self.rendered = rendered_chain(chain)
         self.one_cta_per_unit = "GRID_UNITS" in defines  # (host option: a CTA per work unit, not per SM)
         self.tma = "-DPROTO_TMA=0" not in defines
         for d in defines:
             if d.startswith("-DPROTO_STAGES="):
                 stages = int(d.split("=")[1])
         keep = tuple(d for d in defines if d != "GRID_UNITS" and not d.startswith("-DPROTO_STAGES="))
-        cubin, _ = compile_cubin(dtype, stages, defines=keep)
+        cubin, _ = compile_cubin(dtype, stages, defines=keep, chain=chain)
         self._dir = tempfile.mkdtemp()
         path = os.path.join(self._dir, "proto.cubin")
         with open(path, "wb") as fh:
@@ -99,12 +188,13 @@ class Proto:
         self.smem = smem_bytes(stages)
         self.fn.max_dynamic_shared_size_bytes = self.smem
 
-    def launcher(self, q, k, v, o, lse, qo_lens, kv_lens, causal: bool, sm_scale: float):
+    def launcher(self, q, k, v, o, lse, qo_lens, kv_lens, sm_scale: float):
         """A no-argument launch of the prototype on these arrays: one persistent CTA per SM over the (request, q
         block) work items, heaviest first (keys attended), the q heads of an item side by side."""
         import cupy as cp
 
         qo_lens, kv_lens = np.asarray(qo_lens, np.int64), np.asarray(kv_lens, np.int64)
+        causal = semantics(self.chain)["causal"]  # (the work estimate: keys up to the diagonal)
         items, work = [], []
         for r, (ql, kl) in enumerate(zip(qo_lens, kv_lens, strict=True)):
             for b in range((int(ql) + BLOCK_M - 1) // BLOCK_M):
@@ -122,8 +212,9 @@ class Proto:
         grid = (len(items) * hq if self.one_cta_per_unit else min(sms, len(items) * hq),)
         scale_log2 = np.float32(sm_scale * np.log2(np.e))
         maps = [tensor_map(x) if self.tma else np.zeros((), TMA_DESC)[()] for x in (q, k, v)]
+        vp = self.rendered.pack(chain_values(self.chain, hq))
         args = (q, k, v, o, lse, qi, ki, items_d, cp.int32(len(items)), cp.int32(hq), cp.int32(hk), scale_log2,
-                cp.int32(int(causal)), *maps)  # fmt: skip
+                vp, *maps)  # fmt: skip
 
         def launch():
             self.fn(grid, (384,), args, shared_mem=self.smem)
@@ -164,20 +255,6 @@ def tensor_map(x) -> np.void:
     return out[()]
 
 
-def semantics(defines: tuple[str, ...]) -> dict:
-    """The attention variant a build computes (its -DPROTO_SOFTCAP / ALIBI / WINDOW defines)."""
-    out = {"soft_cap": 0.0, "alibi": False, "window": -1}
-    for d in defines:
-        name, _, val = d.removeprefix("-D").partition("=")
-        if name == "PROTO_SOFTCAP":
-            out["soft_cap"] = float(val)
-        elif name == "PROTO_ALIBI":
-            out["alibi"] = val != "0"
-        elif name == "PROTO_WINDOW":
-            out["window"] = int(val)
-    return out
-
-
 def alibi_slopes(n: int) -> np.ndarray:
     m = 1 << (n.bit_length() - 1)
     return np.array([2.0 ** (-8 * (h + 1) / m) if h < m else 2.0 ** (-4 * (2 * (h - m) + 1) / m) for h in range(n)])
@@ -195,7 +272,7 @@ def attended_pairs(lens, causal: bool, window: int) -> int:
     return total
 
 
-def reference(q, k, v, qo_lens, kv_lens, causal, sm_scale, soft_cap=0.0, alibi=False, window=-1):
+def reference(q, k, v, qo_lens, kv_lens, sm_scale, causal=False, soft_cap=0.0, alibi=False, window=-1):
     """float64 attention per request (bottom-right causal), o and base-2 lse; optionally a logits soft cap, ALiBi
     biases, a sliding window (window_left)."""
     hq, hk = q.shape[1], k.shape[1]
@@ -232,36 +309,39 @@ def reference(q, k, v, qo_lens, kv_lens, causal, sm_scale, soft_cap=0.0, alibi=F
     return o, lse
 
 
-def check(dtype: str, defines: tuple[str, ...] = ()) -> bool:
+def check(dtype: str, build: Build) -> bool:
+    """The build (defines, variant chain) against the float64 reference on shapes that cover GQA groups 1 / 4 / 8,
+    q < kv, q > kv (rows that see no key under causal), mixed requests, and tiles a window starts in."""
     import cupy as cp
     import ml_dtypes
 
+    defines, chain = build
     npdt = ml_dtypes.bfloat16 if dtype == "bf16" else np.float16
-    proto = Proto(dtype, defines=defines)
-    print(f"check {dtype} {' '.join(defines) or '(defaults)'}", flush=True)
+    proto = Proto(dtype, defines=defines, chain=chain)
+    print(f"check {dtype} {' '.join(defines) or '(defaults)'} {'+'.join(chain) or 'noncausal'}", flush=True)
     rng = np.random.default_rng(7)
     ok = True
     cases = [
-        ("1x128 causal", [128], [128], 8, 8, True),
-        ("1x300 causal gqa4", [300], [300], 8, 2, True),
-        ("2 reqs q<kv causal", [77, 200], [333, 450], 4, 1, True),
-        ("3 reqs noncausal gqa8", [129, 1, 255], [129, 513, 100], 8, 1, False),
-        ("1x1000 causal", [1000], [1000], 4, 4, True),
-        ("q>kv causal (rows without keys)", [300], [100], 4, 2, True),
-        ("4 reqs causal mixed", [513, 64, 1, 700], [513, 1000, 9, 700], 8, 2, True),
-        ("1x2000 causal (window tiles)", [2000], [2000], 2, 1, True),
+        ("1x128", [128], [128], 8, 8),
+        ("1x300 gqa4", [300], [300], 8, 2),
+        ("2 reqs q<kv", [77, 200], [333, 450], 4, 1),
+        ("3 reqs gqa8", [129, 1, 255], [129, 513, 100], 8, 1),
+        ("1x1000", [1000], [1000], 4, 4),
+        ("q>kv (causal: rows without keys)", [300], [100], 4, 2),
+        ("4 reqs mixed", [513, 64, 1, 700], [513, 1000, 9, 700], 8, 2),
+        ("1x2000 (window tiles)", [2000], [2000], 2, 1),
     ]
-    for name, ql, kl, hq, hk, causal in cases:
+    for name, ql, kl, hq, hk in cases:
         nq, nk = sum(ql), sum(kl)
         q = rng.standard_normal((nq, hq, D)).astype(npdt)
         k = rng.standard_normal((nk, hk, D)).astype(npdt)
         v = rng.standard_normal((nk, hk, D)).astype(npdt)
         sm_scale = 1 / np.sqrt(D)
-        ro, rl = reference(q, k, v, ql, kl, causal, sm_scale, **semantics(defines))
+        ro, rl = reference(q, k, v, ql, kl, sm_scale, **semantics(chain))
         dq, dk, dv = (cp.asarray(x.view(np.uint16)) for x in (q, k, v))
         do = cp.full((nq, hq, D), 0x7FC0, dtype=cp.uint16)  # NaN: an unwritten element fails
         dl = cp.full((nq, hq), np.nan, dtype=cp.float32)
-        proto.launcher(dq, dk, dv, do, dl, ql, kl, causal, sm_scale)()
+        proto.launcher(dq, dk, dv, do, dl, ql, kl, sm_scale)()
         cp.cuda.Device().synchronize()
         o = cp.asnumpy(do).view(npdt).astype(np.float64)
         lse = cp.asnumpy(dl).astype(np.float64)
@@ -273,11 +353,13 @@ def check(dtype: str, defines: tuple[str, ...] = ()) -> bool:
         good = err_o < tol and err_l < 1e-3
         ok &= good
         verdict = "ok  " if good else "FAIL"
-        print(f"{verdict} {name:28s} max|o - ref| {err_o:.2e}  max|lse - ref| {err_l:.2e}", flush=True)
+        print(f"{verdict} {name:34s} max|o - ref| {err_o:.2e}  max|lse - ref| {err_l:.2e}", flush=True)
     return ok
 
 
-def bench(cases: list[str], iters: int, peers: bool, variants: dict[str, tuple[str, ...]]) -> None:
+def bench(
+    cases: list[str], iters: int, peers: bool, builds: dict[str, tuple[tuple[str, ...], tuple[str, ...]]]
+) -> None:
     """P-case shapes (ragged, causal, Llama-8B heads): the prototype, cuinfer's FA2-class kernel and (``peers``)
     FlashInfer's fa3 backend on the same inputs, timed in this process; the prototype's output against cuinfer's."""
     import cupy as cp
@@ -288,7 +370,7 @@ def bench(cases: list[str], iters: int, peers: bool, variants: dict[str, tuple[s
     from bench.timing import CudaTimer
 
     timer = CudaTimer()  # (imports torch first: after NVRTC and CuPy have loaded, its import failed in one run)
-    protos = {name: Proto("bf16", defines=d) for name, d in variants.items()}
+    protos = {name: Proto("bf16", defines=d, chain=c) for name, (d, c) in builds.items()}
     for case in select("prefill", cases):
         if case.layout != "ragged":
             print(f"{case.id}: paged (the prototype reads ragged K/V only)", flush=True)
@@ -299,15 +381,12 @@ def bench(cases: list[str], iters: int, peers: bool, variants: dict[str, tuple[s
         q, k, v = (cp.asarray(x.view(torch_u16())) for x in (inp.q, inp.k, inp.v))
         o = cp.full(q.shape, 0x7FC0, dtype=cp.uint16)
         lse = cp.empty((q.shape[0], s.num_qo_heads), cp.float32)
-        runs = {
-            name: p.launcher(q, k, v, o, lse, inp.lens, inp.lens, case.causal, s.head_dim**-0.5)
-            for name, p in protos.items()
-        }
+        runs = {name: p.launcher(q, k, v, o, lse, inp.lens, inp.lens, s.head_dim**-0.5) for name, p in protos.items()}
         rows, var_flops = {}, {}
         for name, run in runs.items():
             rows[name] = timer.time(run, iters=iters, warmup=3)
-            sem = semantics(protos[name].defines)
-            var_flops[name] = 4 * s.head_dim * s.num_qo_heads * attended_pairs(inp.lens, case.causal, sem["window"])
+            sem = semantics(protos[name].chain)
+            var_flops[name] = 4 * s.head_dim * s.num_qo_heads * attended_pairs(inp.lens, sem["causal"], sem["window"])
         fa2 = prepare_cuinfer(inp, "fa2")
         rows["cuinfer fa2"] = timer.time(fa2.run, iters=iters, warmup=3)
         ref = cp.asarray(fa2.run()).view(cp.uint16)
@@ -318,15 +397,15 @@ def bench(cases: list[str], iters: int, peers: bool, variants: dict[str, tuple[s
             except Exception as ex:  # noqa: BLE001 - report and go on
                 print(f"{case.id}: flashinfer fa3 failed: {type(ex).__name__}: {ex}", flush=True)
         diffs = []
-        plain = {"soft_cap": 0.0, "alibi": False, "window": -1}
+        plain = semantics(("causal",))
         for name, run in runs.items():
-            if semantics(protos[name].defines) != plain:
+            if semantics(protos[name].chain) != plain:  # (the FA2-class row is plain causal)
                 continue
             o.fill(0x7FC0)
             run()
             cp.cuda.Device().synchronize()
             diffs.append(float(cp.max(cp.abs(bf16_to_f32(o) - bf16_to_f32(ref)))))
-        diff = max(diffs)
+        diff = max(diffs, default=float("nan"))
         base = rows["cuinfer fa2"].us
         for name, t in rows.items():
             f = var_flops.get(name, flops)
@@ -361,19 +440,21 @@ if __name__ == "__main__":
     ap.add_argument(
         "--variants",
         default="proto=",
-        help="name=DEFINE[+DEFINE] builds compared in one run, comma-separated (e.g. seq=-DPROTO_OVERLAP=0,ovl=); "
-        "GRID_UNITS: a CTA per work unit instead of one persistent CTA per SM",
+        help="name=TOKEN[+TOKEN] builds compared in one run, comma-separated; tokens: -DNAME=VALUE defines (e.g. "
+        "seq=-DPROTO_OVERLAP=0), GRID_UNITS (a CTA per work unit instead of one persistent CTA per SM), the pieces "
+        "of a variant chain in order: causal, soft_cap:30, soft_cap_approx:30, alibi, window:1024 (no piece: causal; "
+        "noncausal: none; name causal when naming other pieces: causal+soft_cap:30)",
     )
     args = ap.parse_args()
-    variants = {}
+    builds = {}
     for item in args.variants.split(","):
-        name, _, defs = item.partition("=")
-        variants[name] = tuple(d for d in defs.split("+") if d)
+        name, _, spec = item.partition("=")
+        builds[name] = parse_build(spec)
     if args.sass:
         sass_report(args.dtype, args.stages)
     if args.check:
-        ok = all([check(args.dtype, d) for d in variants.values()])
+        ok = all([check(args.dtype, b) for b in builds.values()])
         if not ok:
             raise SystemExit(1)
     if args.bench:
-        bench(args.cases.split(","), args.iters, args.peers, variants)
+        bench(args.cases.split(","), args.iters, args.peers, builds)

@@ -32,21 +32,24 @@ def _sass_ops(cubin: bytes) -> collections.Counter:
 
 
 @pytest.mark.parametrize(
-    "stages, defines",
+    "stages, spec",
     [
-        pytest.param(2, (), id="tma-overlap-pingpong-s2"),
-        pytest.param(3, (), id="tma-s3"),
-        pytest.param(2, ("-DPROTO_TMA=0",), id="cp.async-producer-fence"),
-        pytest.param(2, ("-DPROTO_TMA=0", "-DPROTO_OVERLAP=0", "-DPROTO_PINGPONG=0"), id="cp.async-sequential"),
-        pytest.param(2, ("-DPROTO_TMA=0", "-DPROTO_PRODUCER_FENCE=0"), id="cp.async-consumer-fence"),
-        pytest.param(2, ("-DPROTO_SOFTCAP=30",), id="soft-cap"),
-        pytest.param(2, ("-DPROTO_ALIBI=1",), id="alibi"),
-        pytest.param(2, ("-DPROTO_WINDOW=1024",), id="window"),
+        pytest.param(2, "", id="tma-overlap-pingpong-s2-causal"),
+        pytest.param(3, "", id="tma-s3"),
+        pytest.param(2, "noncausal", id="noncausal"),
+        pytest.param(2, "-DPROTO_TMA=0", id="cp.async-producer-fence"),
+        pytest.param(2, "-DPROTO_TMA=0+-DPROTO_OVERLAP=0+-DPROTO_PINGPONG=0", id="cp.async-sequential"),
+        pytest.param(2, "-DPROTO_TMA=0+-DPROTO_PRODUCER_FENCE=0", id="cp.async-consumer-fence"),
+        pytest.param(2, "causal+soft_cap:30", id="soft-cap"),
+        pytest.param(2, "causal+soft_cap_approx:30", id="soft-cap-approx-user-variant"),
+        pytest.param(2, "causal+alibi", id="alibi"),
+        pytest.param(2, "causal+window:1024", id="window"),
     ],
 )
-def test_prototype_compiles_to_async_wgmma(stages, defines):
+def test_prototype_compiles_to_async_wgmma(stages, spec):
     pytest.importorskip("cuda.bindings")
-    cubin, log = sm90_proto.compile_cubin("bf16", stages, defines=defines)  # raises on C7513
+    defines, chain = sm90_proto.parse_build(spec)
+    cubin, log = sm90_proto.compile_cubin("bf16", stages, defines=defines, chain=chain)  # raises on C7513
     assert "0 bytes spill stores, 0 bytes spill loads" in log
     ops = _sass_ops(cubin)
     count = lambda prefix: sum(v for k, v in ops.items() if k.startswith(prefix))  # noqa: E731
@@ -64,8 +67,22 @@ def test_reference_rows_without_keys():
     q = rng.standard_normal((5, 2, 128))
     k = rng.standard_normal((3, 1, 128))
     v = rng.standard_normal((3, 1, 128))
-    o, lse = sm90_proto.reference(q, k, v, [5], [3], True, 0.1)
+    o, lse = sm90_proto.reference(q, k, v, [5], [3], 0.1, causal=True)
     # bottom-right causal with 5 rows and 3 keys: rows 0 and 1 see no key, row 2 sees key 0 only
     assert np.all(o[:2] == 0) and np.all(np.isneginf(lse[:2]))
     np.testing.assert_allclose(o[2, 0], v[0, 0], rtol=1e-12)
     assert lse[2, 0] == pytest.approx(0.1 * (q[2, 0] @ k[0, 0]) / np.log(2))
+
+
+def test_builds_parse_into_defines_and_chains():
+    assert sm90_proto.parse_build("") == ((), ("causal",))
+    assert sm90_proto.parse_build("noncausal") == ((), ())
+    assert sm90_proto.parse_build("-DPROTO_TMA=0+GRID_UNITS") == (("-DPROTO_TMA=0", "GRID_UNITS"), ("causal",))
+    assert sm90_proto.parse_build("causal+window:1024") == ((), ("causal", "window:1024"))
+    sem = sm90_proto.semantics(("causal", "soft_cap:30", "alibi"))
+    assert sem == {"causal": True, "soft_cap": 30.0, "alibi": True, "window": -1}
+    vals = sm90_proto.chain_values(("causal", "soft_cap:30", "alibi", "window:7"), num_qo_heads=32)
+    assert vals["alibi"] == {"num_qo_heads": 32} and vals["window"] == {"window_left": 7}
+    assert vals["soft_cap"]["cap"] == 30.0
+    with pytest.raises(ValueError, match="unknown variant piece"):
+        sm90_proto.rendered_chain(("sliding",))

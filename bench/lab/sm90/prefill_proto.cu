@@ -1,14 +1,17 @@
-// Lab prototype of the Hopper prefill mainloop (wgmma + warp specialisation): ragged K/V, causal (bottom-right) or
-// not, 16-bit q/k/v, head dim 128, one q head per CTA. It answers what the sm90 kernel's core is worth on this GPU
-// before the product kernel is built on the seams of prefill_sm80 (work items, variants, epilogue, paged loader).
-// Run by bench/lab/sm90_proto.py.
+// Lab prototype of the Hopper prefill kernel (wgmma + TMA + warp specialisation): ragged K/V, 16-bit q/k/v, head dim
+// 128, one q head per work unit, any softmax variant of logits, key ranges and masks (the contract of
+// kernel_src/variants/contract.cuh: the translation unit starts with the rendered chain, `Variant` and
+// `VariantParams`, as the product kernels do). It measures what the sm90 kernel's design is worth before the product
+// kernel is built on the seams of prefill_sm80 (work items, epilogue, paged loader). Run by bench/lab/sm90_proto.py.
 //
-// CTA: 3 warpgroups. Warpgroup 0 (producer, 56 registers) copies the CTA's 128 q rows once and the K and V tiles of
-// 128 keys into a 2-stage ring with cp.async, signalling each tile on an mbarrier (K and V apart, so Q·K^T starts
-// before V has landed). Warpgroups 1 and 2 (consumers, 224 registers) own 64 q rows each: per tile S = Q K^T (8
-// wgmma m64n128k16 from shared memory), the online softmax in registers, O += P V (8 wgmma with P from registers,
-// V MN-major), then they release the stage. The two consumers run independently, so one's softmax overlaps the
-// other's MMAs.
+// Persistent CTAs of 3 warpgroups. Warpgroup 0, the producer (24 registers; 56 with cp.async), loads a unit's 128 q
+// rows and its K and V tiles of 128 keys into a ring of stages (TMA boxes, or cp.async with PROTO_TMA=0), signalling
+// each tile on mbarriers, K and V apart. Warpgroups 1 and 2, the consumers (240 registers; 224), own 64 q rows each:
+// per tile S = Q K^T (8 wgmma m64n128k16 from shared memory), the variant's logits and masks, the online softmax in
+// registers, O += P V (8 wgmma with P from registers, V MN-major); tile i's Q K^T is issued before tile i-1's P V
+// (FA3's intra-warpgroup overlap) and the two consumers take turns to issue (ping-pong), so one's softmax runs while
+// the other's MMAs do. A stage's K is handed back when its Q K^T retires, its V when its P V does. Compile-time
+// switches (PROTO_*) keep the earlier steps for A/B runs.
 #include "common/cp_async.cuh"
 #include "common/math.cuh"
 #include "common/mbarrier.cuh"
@@ -43,21 +46,6 @@ using cuinfer::fmath::lg2;
 #ifndef PROTO_TMA
 #define PROTO_TMA 1
 #endif
-// Variants (compile-time, lab): PROTO_SOFTCAP (cap; 0 = none): logit = cap tanh(q.k sm_scale / cap); PROTO_ALIBI:
-// logit = q.k sm_scale + slope_h (j - (i + kv_len - qo_len)); PROTO_WINDOW (window_left; -1 = none): key j is kept iff
-// j >= i + kv_len - qo_len - window_left.
-#ifndef PROTO_SOFTCAP
-#define PROTO_SOFTCAP 0
-#endif
-#ifndef PROTO_SOFTCAP_FORM  // 0: fmath::soft_cap (the built-in: one MUFU ex2, a Newton reciprocal); 1: ex2 and
-#define PROTO_SOFTCAP_FORM 0  // MUFU rcp; 2: cap tanh.approx(x / cap) (FlashInfer's form, relative error 2^-11)
-#endif
-#ifndef PROTO_ALIBI
-#define PROTO_ALIBI 0
-#endif
-#ifndef PROTO_WINDOW
-#define PROTO_WINDOW -1
-#endif
 #ifndef PROTO_STAGES
 #define PROTO_STAGES 2
 #endif
@@ -85,13 +73,6 @@ struct Bars {
   __device__ u32 v_empty(int s) const { return base + 8 * (2 + 3 * kStages + s); }
 };
 
-// Keys [0, n_keys) that rows [row0, row0 + kBlockM) of a request attend to.
-__device__ __forceinline__ int keys_for_block(int row0, int qo_len, int kv_len, int causal) {
-  if (!causal) return kv_len;
-  const int last_row = min(row0 + kBlockM, qo_len) - 1;
-  return max(0, min(kv_len, last_row + (kv_len - qo_len) + 1));
-}
-
 // Copies `rows` rows (stride `stride` elements) of 128 16-bit elements from `src` into a swizzled tile, zero-filling
 // rows at and past `valid_rows`. 128 threads: thread t copies chunk t % 16 of rows t / 16 + 8 i, which share the
 // swizzle (r % 8): one shared address plus i * 1024, one global pointer plus i * 8 rows.
@@ -115,7 +96,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     sm90_prefill_proto(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
                        float* __restrict__ lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
                        const int* __restrict__ items, int n_items, int num_qo_heads, int num_kv_heads,
-                       float scale_log2, int causal, const __grid_constant__ TmaDesc tm_q,
+                       float scale_log2, const __grid_constant__ VariantParams vp,
+                       const __grid_constant__ TmaDesc tm_q,
                        const __grid_constant__ TmaDesc tm_k, const __grid_constant__ TmaDesc tm_v) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const u32 smem0 = (smem_addr(smem_raw) + 1023u) & ~1023u;
@@ -144,27 +126,43 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   __syncthreads();
 
   const i64 q_stride = static_cast<i64>(num_qo_heads) * kD;
-  const i64 kv_stride = static_cast<i64>(num_kv_heads) * kD;
+  [[maybe_unused]] const i64 kv_stride = static_cast<i64>(num_kv_heads) * kD;  // (cp.async producer)
   const int group = num_qo_heads / num_kv_heads;
   const int n_units = n_items * num_qo_heads;
-  const int diag_sign = causal;
+  using V = Variant;  // (the rendered chain of the preamble: cuinfer/variants/render.py)
+  static_assert(V::kSoftmax && !V::kQueryTransform && !V::kKeyTransform && !V::kValueTransform && !V::kSink &&
+                    !V::kOutputTransform,
+                "the prototype runs softmax variants of logits, key ranges and masks only");
 
+  // A unit's keys: the variant's key ranges of its first and last rows (monotone in the row, as causal and window
+  // are) give the keys it loads, [t_first * kBlockN, key_hi), and the bounds inside which a tile needs no range mask.
   struct Unit {
-    int head, q0, qo_len, k0, kv_len, row0, n_keys, t_first, n_tiles;  // tiles t_first .. t_first + n_tiles - 1
+    int req, head, q0, qo_len, k0, kv_len, row0;
+    int key_hi, mask_lo, mask_hi;  // keys loaded < key_hi; tiles inside [mask_lo, mask_hi) need no range mask
+    int t_first, n_tiles;          // tiles t_first .. t_first + n_tiles - 1
   };
   auto unit = [&](int u) {
     Unit w;
     const int item = u / num_qo_heads;
     w.head = u - item * num_qo_heads;
-    const int req = items[2 * item];
-    w.q0 = qo_indptr[req];
-    w.qo_len = qo_indptr[req + 1] - w.q0;
-    w.k0 = kv_indptr[req];
-    w.kv_len = kv_indptr[req + 1] - w.k0;
+    w.req = items[2 * item];
+    w.q0 = qo_indptr[w.req];
+    w.qo_len = qo_indptr[w.req + 1] - w.q0;
+    w.k0 = kv_indptr[w.req];
+    w.kv_len = kv_indptr[w.req + 1] - w.k0;
     w.row0 = items[2 * item + 1] * kBlockM;
-    w.n_keys = keys_for_block(w.row0, w.qo_len, w.kv_len, diag_sign);
-    w.t_first = PROTO_WINDOW < 0 ? 0 : max(0, w.row0 + (w.kv_len - w.qo_len) - PROTO_WINDOW) / kBlockN;
-    w.n_tiles = max(0, (w.n_keys + kBlockN - 1) / kBlockN - w.t_first);
+    const int diag = w.kv_len - w.qo_len, r_last = min(w.row0 + kBlockM, w.qo_len) - 1;
+    const variant::Index first{w.req, w.row0, w.row0 + diag, w.head, w.head / group, w.qo_len, w.kv_len, kD};
+    const variant::Index last{w.req, r_last, r_last + diag, w.head, w.head / group, w.qo_len, w.kv_len, kD};
+    int lo_f = variant::kNoLowerBound, hi_f = w.kv_len, lo_l = variant::kNoLowerBound, hi_l = w.kv_len;
+    V::key_range(vp, first, lo_f, hi_f);
+    V::key_range(vp, last, lo_l, hi_l);
+    w.key_hi = max(0, min(w.kv_len, max(hi_f, hi_l)));
+    const int key_lo = max(0, min(w.key_hi, min(lo_f, lo_l)));
+    w.mask_lo = max(lo_f, lo_l);
+    w.mask_hi = min(w.key_hi, min(hi_f, hi_l));
+    w.t_first = key_lo / kBlockN;
+    w.n_tiles = max(0, (w.key_hi + kBlockN - 1) / kBlockN - w.t_first);
     return w;
   };
 
@@ -229,7 +227,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
         const int s = tile % kStages, n = tile / kStages;
         const int key0 = (w.t_first + i) * kBlockN;
         if (n > 0) mbar_wait(bars.k_empty(s), (n - 1) & 1);
-        copy_tile<kBlockN>(sk + s * kTileBytes, kh + key0 * kv_stride, kv_stride, w.n_keys - key0, tid);
+        copy_tile<kBlockN>(sk + s * kTileBytes, kh + key0 * kv_stride, kv_stride, w.key_hi - key0, tid);
 #if PROTO_PRODUCER_FENCE
         cp_async_commit();
         cp_async_wait<0>();  // (Q and) K landed
@@ -240,7 +238,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
         mbar_arrive_cp_async(bars.k_full(s));
 #endif
         if (n > 0) mbar_wait(bars.v_empty(s), (n - 1) & 1);
-        copy_tile<kBlockN>(sv + s * kTileBytes, vh + key0 * kv_stride, kv_stride, w.n_keys - key0, tid);
+        copy_tile<kBlockN>(sv + s * kTileBytes, vh + key0 * kv_stride, kv_stride, w.key_hi - key0, tid);
 #if PROTO_PRODUCER_FENCE
         cp_async_commit();
         cp_async_wait<0>();
@@ -262,9 +260,9 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const int warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const u32 q_base = sq + cw * 64 * 128;
-  constexpr float kCap = PROTO_SOFTCAP > 0 ? float(PROTO_SOFTCAP) : 1.f;
   const float sm_scale = scale_log2 / kLog2e;
-  const float sl2 = (PROTO_SOFTCAP > 0 || PROTO_ALIBI) ? kLog2e : scale_log2;  // logits -> base-2 exponent
+  // The softmax's base-2 exponent: logits() returns natural logits (sm_scale applied), else sm_scale folds in here
+  const float sl2 = V::kLogits ? kLog2e : scale_log2;
 
   // PROTO_PINGPONG: the two consumers take turns to issue their MMAs (named barriers 1 and 2), so that one's softmax
   // runs while the other's MMAs do (FA3's warp scheduling); consumer 1 lets consumer 0 go first.
@@ -280,10 +278,21 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   int n_q = 0;
   for (int u = blockIdx.x; u < n_units; u += gridDim.x, ++n_q) {
     const Unit w = unit(u);
-    const int n_tiles = w.n_tiles, n_keys = w.n_keys, row0 = w.row0, t_first = w.t_first;
-    const int my_row = row0 + cw * 64 + warp * 16 + g;  // rows my_row and my_row + 8 of the request
-    const int diag = w.kv_len - w.qo_len;               // row r attends keys <= r + diag (causal)
-    const float slope = PROTO_ALIBI ? fmath::alibi_slope(w.head, num_qo_heads) : 0.f;
+    const int n_tiles = w.n_tiles, t_first = w.t_first;
+    const int my_row = w.row0 + cw * 64 + warp * 16 + g;  // rows my_row and my_row + 8 of the request
+    const int diag = w.kv_len - w.qo_len;               // row r is at kv position r + diag
+    // this thread's two rows (h = 0: my_row, h = 1: my_row + 8): their Index, RowState and key range [lo, hi)
+    variant::Index ix[2];
+    typename V::RowState rs[2] = {};
+    int lo[2], hi[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = my_row + 8 * h;
+      ix[h] = variant::Index{w.req, r, r + diag, w.head, w.head / group, w.qo_len, w.kv_len, kD};
+      if constexpr (V::kRowState) rs[h] = V::row_state(vp, ix[h]);
+      lo[h] = variant::kNoLowerBound, hi[h] = w.kv_len;
+      V::key_range(vp, ix[h], lo[h], hi[h]);
+    }
 
     float o_acc[64];
 #pragma unroll
@@ -336,46 +345,30 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     // output accumulators take for the new max (per row half)
     auto softmax = [&](float (&sc)[64], int i, float (&corr)[2]) {
       const int key0 = (t_first + i) * kBlockN;
-      constexpr bool kTransform = PROTO_SOFTCAP > 0 || PROTO_ALIBI;
-      if (kTransform) {  // logits in natural units (scaled), softmax base 2 by log2(e)
-        // ALiBi: slope (j - i - diag) = base + slope c(j, e), c a compile-time offset of the element in the tile
-        const float base = slope * static_cast<float>(key0 + 2 * t - my_row - diag);
+      // The variant's logits and masks on S: element (j, e) is the logit of row h = e / 2 and key key0 + 8 j + 2 t + e % 2
+      const bool need_mask = V::kMask || key0 + kBlockN > w.mask_hi || key0 < w.mask_lo;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        // kv_dist of the row's first key in this tile; each element's is this plus a constant, exactly
+        const float dist0 = static_cast<float>(key0 + 2 * t - ix[h].qpos);
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float x;
-            if (PROTO_ALIBI) {
-              const float c = static_cast<float>(8 * j + (e & 1) - 8 * (e >> 1));
-              x = fmaf(sc[4 * j + e], sm_scale, fmaf(slope, c, base));
-            } else {
-              x = sc[4 * j + e] * sm_scale;
+          for (int e = 2 * h; e < 2 * h + 2; ++e) {
+            const int key = key0 + 8 * j + 2 * t + (e & 1);
+            float x = sc[4 * j + e];
+            if constexpr (V::kLogits) {
+              x = V::logits(vp, ix[h], rs[h], key, dist0 + static_cast<float>(8 * j + (e & 1)), x * sm_scale);
             }
-            if (PROTO_SOFTCAP > 0) {
-              if (PROTO_SOFTCAP_FORM == 0) {
-                x = fmath::soft_cap(x, kCap, -2.f * kCap, 2.f * kLog2e / kCap);
-              } else if (PROTO_SOFTCAP_FORM == 1) {
-                x = fmaf(-2.f * kCap, fmath::rcp(1.f + ex2(x * (2.f * kLog2e / kCap))), kCap);
-              } else {
-                x = kCap * fmath::tanh_approx(x * (1.f / kCap));
+            if (need_mask) {
+              bool keep = key < hi[h];
+              if constexpr (V::kLowerBound) keep = keep && key >= lo[h];
+              if constexpr (V::kMask) {
+                if (keep) keep = V::mask(vp, ix[h], key);
               }
+              x = keep ? x : neg_inf();
             }
             sc[4 * j + e] = x;
-          }
-        }
-      }
-      const bool need_mask = key0 + kBlockN > n_keys || (causal && key0 + kBlockN - 1 > row0 + diag) ||
-                             (PROTO_WINDOW >= 0 && key0 < row0 + kBlockM - 1 + diag - PROTO_WINDOW);
-      if (need_mask) {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int col = key0 + 8 * j + 2 * t + (e & 1);
-            const int row = my_row + (e >> 1) * 8;
-            const bool masked = col >= n_keys || (causal && col > row + diag) ||
-                                (PROTO_WINDOW >= 0 && col < row + diag - PROTO_WINDOW);
-            if (masked) sc[4 * j + e] = neg_inf();
           }
         }
       }
@@ -425,7 +418,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     // its wait.
     u32 pa[8][4];
     float corr[2];
-    if (n_tiles > 0) {  // (none: rows of a causal request with fewer keys than rows that see no key)
+    if (n_tiles > 0) {  // (none: e.g. rows of a causal request with fewer keys than rows, that see no key)
       float sc[64];
       my_turn();
       issue_qk(sc, 0);
