@@ -67,7 +67,7 @@ def test_reference_rows_without_keys():
     q = rng.standard_normal((5, 2, 128))
     k = rng.standard_normal((3, 1, 128))
     v = rng.standard_normal((3, 1, 128))
-    o, lse = sm90_proto.reference(q, k, v, [5], [3], 0.1, causal=True)
+    o, lse = sm90_proto.reference(q, k, v, [5], [3], 0.1, ("causal",))
     # bottom-right causal with 5 rows and 3 keys: rows 0 and 1 see no key, row 2 sees key 0 only
     assert np.all(o[:2] == 0) and np.all(np.isneginf(lse[:2]))
     np.testing.assert_allclose(o[2, 0], v[0, 0], rtol=1e-12)
@@ -86,3 +86,17 @@ def test_builds_parse_into_defines_and_chains():
     assert vals["soft_cap"]["cap"] == 30.0
     with pytest.raises(ValueError, match="unknown variant piece"):
         sm90_proto.rendered_chain(("sliding",))
+
+
+def test_reference_applies_the_chain_in_order():
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((4, 2, 128))
+    k = rng.standard_normal((6, 2, 128))
+    v = rng.standard_normal((6, 2, 128))
+    _, a = sm90_proto.reference(q, k, v, [4], [6], 0.2, ("alibi", "soft_cap:5"))
+    _, b = sm90_proto.reference(q, k, v, [4], [6], 0.2, ("soft_cap:5", "alibi"))
+    # by hand for row 0 (qpos 2), head 1 of 2: slope 2^(-8 (h + 1) / 2) = 2^-8
+    s = 0.2 * (q[0, 1] @ k[:, 1].T)
+    bias = 2.0**-8 * (np.arange(6) - 2)
+    assert a[0, 1] == pytest.approx(np.log2(np.exp(5 * np.tanh((s + bias) / 5)).sum()))
+    assert b[0, 1] == pytest.approx(np.log2(np.exp(5 * np.tanh(s / 5) + bias).sum()))

@@ -262,7 +262,12 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const u32 q_base = sq + cw * 64 * 128;
   const float sm_scale = scale_log2 / kLog2e;
   // The softmax's base-2 exponent: logits() returns natural logits (sm_scale applied), else sm_scale folds in here
-  const float sl2 = V::kLogits ? kLog2e : scale_log2;
+  // Leading slopes (ALiBi: variant::kFoldSlope) start each tile's Q·K^T accumulators at the rows' linear key bias in
+  // accumulator units (one FFMA per logit before the MMAs), so no instruction per logit applies it after them; only the
+  // chain's other logits pieces (logits_rest) run per logit.
+  constexpr bool kFold = variant::kFoldSlope<V>;
+  constexpr bool kTileLogits = variant::kTileLogits<V>;
+  const float sl2 = kTileLogits ? kLog2e : scale_log2;
 
   // PROTO_PINGPONG: the two consumers take turns to issue their MMAs (named barriers 1 and 2), so that one's softmax
   // runs while the other's MMAs do (FA3's warp scheduling); consumer 1 lets consumer 0 go first.
@@ -285,6 +290,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     variant::Index ix[2];
     typename V::RowState rs[2] = {};
     int lo[2], hi[2];
+    float slope_acc[2] = {0.f, 0.f};  // (kFold) the rows' leading slope in accumulator units (1 / sm_scale each)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = my_row + 8 * h;
@@ -292,6 +298,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       if constexpr (V::kRowState) rs[h] = V::row_state(vp, ix[h]);
       lo[h] = variant::kNoLowerBound, hi[h] = w.kv_len;
       V::key_range(vp, ix[h], lo[h], hi[h]);
+      if constexpr (kFold) slope_acc[h] = V::slope_lead(vp, ix[h], rs[h]) / sm_scale;
     }
 
     float o_acc[64];
@@ -307,6 +314,18 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       const u32 kt = sk + s * kTileBytes;
       mbar_wait(bars.k_full(s), ((tile0 + i) / kStages) & 1);
       if (!PROTO_PRODUCER_FENCE && !PROTO_TMA) fence_proxy_async();
+      if constexpr (kFold) {  // element (j, e) of row h: a (dist0 + 8 j + e % 2), a the slope in accumulator units
+        const int key0 = (t_first + i) * kBlockN;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float b = slope_acc[h] * static_cast<float>(key0 + 2 * t - ix[h].qpos);
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+#pragma unroll
+            for (int e = 2 * h; e < 2 * h + 2; ++e) sc[4 * j + e] = fmaf(slope_acc[h], float(8 * j + (e & 1)), b);
+          }
+        }
+      }
       fence_regs(sc);
       wgmma_fence();
 #pragma unroll
@@ -314,7 +333,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
         const u32 off = (kk % 4) * 32;
         const u64 da = smem_desc_sw128(q_base + (kk / 4) * QTile::kBlockBytes + off, 16, 1024);
         const u64 db = smem_desc_sw128(kt + (kk / 4) * Tile::kBlockBytes + off, 16, 1024);
-        wgmma_m64n128k16_ss<T, 0>(sc, da, db, kk > 0);
+        wgmma_m64n128k16_ss<T, 0>(sc, da, db, kFold || kk > 0);
       }
       wgmma_commit();
     };
@@ -357,8 +376,13 @@ extern "C" __global__ void __launch_bounds__(384, 1)
           for (int e = 2 * h; e < 2 * h + 2; ++e) {
             const int key = key0 + 8 * j + 2 * t + (e & 1);
             float x = sc[4 * j + e];
-            if constexpr (V::kLogits) {
-              x = V::logits(vp, ix[h], rs[h], key, dist0 + static_cast<float>(8 * j + (e & 1)), x * sm_scale);
+            if constexpr (kTileLogits) {
+              const float dist = dist0 + static_cast<float>(8 * j + (e & 1));
+              if constexpr (kFold) {
+                x = V::logits_rest(vp, ix[h], rs[h], key, dist, x * sm_scale);
+              } else {
+                x = V::logits(vp, ix[h], rs[h], key, dist, x * sm_scale);
+              }
             }
             if (need_mask) {
               bool keep = key < hi[h];
