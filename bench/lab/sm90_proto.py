@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import re
-import subprocess
 import tempfile
 
 import numpy as np
@@ -145,20 +143,13 @@ def parse_build(spec: str) -> Build:
     return tuple(defines), tuple(chain)
 
 
-def sass_report(dtype: str, stages: int) -> None:
-    from cuinfer.jit.sass import find_cuobjdump
+def sass_report(dtype: str, stages: int, build: Build = ((), ("causal",))) -> None:
+    """ptxas's resource lines and the opcode counts of one build (no GPU)."""
+    from cuinfer.jit.sass import disassemble
 
-    cubin, log = compile_cubin(dtype, stages)
+    cubin, log = compile_cubin(dtype, stages, defines=build[0], chain=build[1])
     print(log.strip())
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
-        fh.write(cubin)
-        fh.flush()
-        out = subprocess.run([find_cuobjdump(), "-sass", fh.name], capture_output=True, text=True).stdout
-    ops = collections.Counter()
-    for line in out.splitlines():
-        m = re.match(r"\s*/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", line)
-        if m:
-            ops[m.group(1).split(".")[0]] += 1
+    ops = collections.Counter(op.split(".")[0] for insns in disassemble(cubin).values() for op in insns)
     print(", ".join(f"{k} {v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])))
 
 
@@ -456,7 +447,8 @@ if __name__ == "__main__":
         name, _, spec = item.partition("=")
         builds[name] = parse_build(spec)
     if args.sass:
-        sass_report(args.dtype, args.stages)
+        for build in builds.values():
+            sass_report(args.dtype, args.stages, build)
     if args.check:
         ok = all([check(args.dtype, b) for b in builds.values()])
         if not ok:

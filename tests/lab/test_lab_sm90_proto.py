@@ -6,9 +6,6 @@ handles rows that see no key."""
 from __future__ import annotations
 
 import collections
-import re
-import subprocess
-import tempfile
 
 import numpy as np
 import pytest
@@ -17,18 +14,9 @@ from bench.lab import sm90_proto
 
 
 def _sass_ops(cubin: bytes) -> collections.Counter:
-    from cuinfer.jit.sass import find_cuobjdump
+    from cuinfer.jit.sass import disassemble
 
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
-        fh.write(cubin)
-        fh.flush()
-        out = subprocess.run([find_cuobjdump(), "-sass", fh.name], capture_output=True, text=True, check=True).stdout
-    ops = collections.Counter()
-    for line in out.splitlines():
-        m = re.match(r"\s*/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", line)
-        if m:
-            ops[m.group(1)] += 1
-    return ops
+    return collections.Counter(op for insns in disassemble(cubin).values() for op in insns)
 
 
 @pytest.mark.parametrize(
