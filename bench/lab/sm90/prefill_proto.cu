@@ -261,12 +261,13 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const int g = lane / 4, t = lane % 4;
   const u32 q_base = sq + cw * 64 * 128;
   const float sm_scale = scale_log2 / kLog2e;
-  // The softmax's base-2 exponent: logits() returns natural logits (sm_scale applied), else sm_scale folds in here
   // Leading slopes (ALiBi: variant::kFoldSlope) start each tile's Q·K^T accumulators at the rows' linear key bias in
   // accumulator units (one FFMA per logit before the MMAs), so no instruction per logit applies it after them; only the
   // chain's other logits pieces (logits_rest) run per logit.
   constexpr bool kFold = variant::kFoldSlope<V>;
   constexpr bool kTileLogits = variant::kTileLogits<V>;
+  // The softmax's base-2 exponent: per-logit pieces return natural logits (sm_scale applied); otherwise the scores are
+  // in accumulator units and sm_scale folds in here
   const float sl2 = kTileLogits ? kLog2e : scale_log2;
 
   // PROTO_PINGPONG: the two consumers take turns to issue their MMAs (named barriers 1 and 2), so that one's softmax
