@@ -16,8 +16,10 @@ fi
 # every built-in the prototype takes (the variant contract), alone or chained, against float64
 CHECK_DEFAULT="--variants causal=,noncausal=noncausal,softcap=causal+soft_cap:30,alibi=causal+alibi,\
 win1024=causal+window:1024,win100=causal+window:100,alibi_softcap=causal+alibi+soft_cap:30,\
-softcap_alibi=causal+soft_cap:30+alibi,approx=causal+soft_cap_approx:30,cpasync=-DPROTO_TMA=0"
-BENCH_DEFAULT="--variants causal=,softcap=causal+soft_cap:30,alibi=causal+alibi,win1024=causal+window:1024"
+softcap_alibi=causal+soft_cap:30+alibi,approx=causal+soft_cap_approx:30,cpasync=-DPROTO_TMA=0,\
+dynamic=-DPROTO_DYNAMIC=1"
+BENCH_DEFAULT="--variants causal=,dynamic=-DPROTO_DYNAMIC=1,softcap=causal+soft_cap:30,alibi=causal+alibi,\
+win1024=causal+window:1024"
 python3 -m bench.lab.sm90_proto --check ${SM90_CHECK_ARGS:-$CHECK_DEFAULT} > "$OUT/check.txt" 2>&1
 rc=$?
 cat "$OUT/check.txt"

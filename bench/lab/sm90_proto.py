@@ -26,7 +26,7 @@ BLOCK_M = 128
 
 
 def smem_bytes(stages: int) -> int:
-    return BLOCK_M * D * 2 + 2 * stages * 128 * D * 2 + 1024 + 8 * (2 + 4 * stages)
+    return BLOCK_M * D * 2 + 2 * stages * 128 * D * 2 + 1024 + 8 * (2 + 4 * stages) + 8  # (+ the unit slot)
 
 
 def compile_cubin(
@@ -165,6 +165,9 @@ class Proto:
         self.rendered = rendered_chain(chain)
         self.one_cta_per_unit = "GRID_UNITS" in defines  # (host option: a CTA per work unit, not per SM)
         self.tma = "-DPROTO_TMA=0" not in defines
+        self.dynamic = "-DPROTO_DYNAMIC=1" in defines
+        if self.dynamic and not self.tma:
+            raise ValueError("PROTO_DYNAMIC needs the TMA producer (one thread fetches the units)")
         for d in defines:
             if d.startswith("-DPROTO_STAGES="):
                 stages = int(d.split("=")[1])
@@ -204,10 +207,13 @@ class Proto:
         scale_log2 = np.float32(sm_scale * np.log2(np.e))
         maps = [tensor_map(x) if self.tma else np.zeros((), TMA_DESC)[()] for x in (q, k, v)]
         vp = self.rendered.pack(chain_values(self.chain, hq))
-        args = (q, k, v, o, lse, qi, ki, items_d, cp.int32(len(items)), cp.int32(hq), cp.int32(hk), scale_log2,
+        sched = cp.zeros(1, cp.int32)  # (PROTO_DYNAMIC: units handed out after the first gridDim.x)
+        args = (q, k, v, o, lse, qi, ki, items_d, sched, cp.int32(len(items)), cp.int32(hq), cp.int32(hk), scale_log2,
                 vp, *maps)  # fmt: skip
 
         def launch():
+            if self.dynamic:
+                sched.fill(0)
             self.fn(grid, (384,), args, shared_mem=self.smem)
 
         return launch

@@ -32,6 +32,7 @@ def _sass_ops(cubin: bytes) -> collections.Counter:
         pytest.param(2, "causal+soft_cap_approx:30", id="soft-cap-approx-user-variant"),
         pytest.param(2, "causal+alibi", id="alibi"),
         pytest.param(2, "causal+window:1024", id="window"),
+        pytest.param(2, "-DPROTO_DYNAMIC=1", id="dynamic-units"),
     ],
 )
 def test_prototype_compiles_to_async_wgmma(stages, spec):

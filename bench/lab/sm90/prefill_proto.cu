@@ -46,6 +46,9 @@ using cuinfer::fmath::lg2;
 #ifndef PROTO_TMA
 #define PROTO_TMA 1
 #endif
+#ifndef PROTO_DYNAMIC  // 1: units handed out by an atomic counter (heaviest first: LPT), TMA builds only
+#define PROTO_DYNAMIC 0
+#endif
 #ifndef PROTO_STAGES
 #define PROTO_STAGES 2
 #endif
@@ -71,6 +74,9 @@ struct Bars {
   __device__ u32 v_full(int s) const { return base + 8 * (2 + kStages + s); }
   __device__ u32 k_empty(int s) const { return base + 8 * (2 + 2 * kStages + s); }
   __device__ u32 v_empty(int s) const { return base + 8 * (2 + 3 * kStages + s); }
+#if PROTO_DYNAMIC
+  __device__ u32 unit_slot() const { return base + 8 * (2 + 4 * kStages); }  // the unit the producer hands out
+#endif
 };
 
 // Copies `rows` rows (stride `stride` elements) of 128 16-bit elements from `src` into a swizzled tile, zero-filling
@@ -95,7 +101,8 @@ __device__ __forceinline__ void copy_tile(u32 dst, const T* src, i64 stride, int
 extern "C" __global__ void __launch_bounds__(384, 1)
     sm90_prefill_proto(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
                        float* __restrict__ lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
-                       const int* __restrict__ items, int n_items, int num_qo_heads, int num_kv_heads,
+                       const int* __restrict__ items, int* __restrict__ sched, int n_items, int num_qo_heads,
+                       int num_kv_heads,
                        float scale_log2, const __grid_constant__ VariantParams vp,
                        const __grid_constant__ TmaDesc tm_q,
                        const __grid_constant__ TmaDesc tm_k, const __grid_constant__ TmaDesc tm_v) {
@@ -175,12 +182,24 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   // 128-byte swizzle is the wgmma layout); the boxes complete on the stage's barrier by its transaction count. Rows
   // past a request's end are read from the next request (or zero-filled past the tensor's end) and masked.
   if (wg == 0) {
-    setmaxnreg_dec<24>();
+    setmaxnreg_dec<PROTO_DYNAMIC ? 32 : 24>();  // (the unit counter's loop takes a few more)
     if (tid == 0) {
       int tile = 0, n_q = 0;
-      for (int u = blockIdx.x; u < n_units; u += gridDim.x, ++n_q) {
-        const Unit w = unit(u);
+#if PROTO_DYNAMIC
+      // The unit goes to the consumers in a shared-memory slot, written before the Q barrier's arrival (its release);
+      // past the last unit the slot says so and the arrival comes without a copy.
+      for (int u = blockIdx.x;; u = gridDim.x + atomicAdd(sched, 1), ++n_q) {
         if (n_q > 0) mbar_wait(bars.q_empty(), (n_q - 1) & 1);
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(bars.unit_slot()), "r"(u) : "memory");
+        if (u >= n_units) {
+          mbar_arrive(bars.q_full());
+          break;
+        }
+#else
+      for (int u = blockIdx.x; u < n_units; u += gridDim.x, ++n_q) {
+        if (n_q > 0) mbar_wait(bars.q_empty(), (n_q - 1) & 1);
+#endif
+        const Unit w = unit(u);
         mbar_arrive_expect_tx(bars.q_full(), kQBytes);
         tma_load_3d(sq, &tm_q, bars.q_full(), 0, w.head, w.q0 + w.row0);
         tma_load_3d(sq + QTile::kBlockBytes, &tm_q, bars.q_full(), 64, w.head, w.q0 + w.row0);
@@ -201,7 +220,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     }
     return;
   }
-  setmaxnreg_inc<240>();
+  setmaxnreg_inc<PROTO_DYNAMIC ? 232 : 240>();
 #else
   if (wg == 0) {  // producer
     setmaxnreg_dec<56>();
@@ -282,7 +301,15 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 
   int tile0 = 0;  // K/V tiles consumed before this unit
   int n_q = 0;
+#if PROTO_DYNAMIC
+  for (;; ++n_q) {
+    int u;
+    mbar_wait(bars.q_full(), n_q & 1);
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(u) : "r"(bars.unit_slot()) : "memory");
+    if (u >= n_units) break;
+#else
   for (int u = blockIdx.x; u < n_units; u += gridDim.x, ++n_q) {
+#endif
     const Unit w = unit(u);
     const int n_tiles = w.n_tiles, t_first = w.t_first;
     const int my_row = w.row0 + cw * 64 + warp * 16 + g;  // rows my_row and my_row + 8 of the request
@@ -307,7 +334,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     for (int i = 0; i < 64; ++i) o_acc[i] = 0.f;
     float m[2] = {neg_inf(), neg_inf()};
     float l[2] = {0.f, 0.f};
-    mbar_wait(bars.q_full(), n_q & 1);
+    if (!PROTO_DYNAMIC) mbar_wait(bars.q_full(), n_q & 1);
 
     // S = Q K_i^T for tile i of the unit (issued, not waited for)
     auto issue_qk = [&](float (&sc)[64], int i) {
