@@ -26,7 +26,7 @@ BLOCK_M = 128
 
 
 def smem_bytes(stages: int) -> int:
-    return BLOCK_M * D * 2 + 2 * stages * 128 * D * 2 + 1024 + 8 * (2 + 4 * stages) + 8  # (+ the unit slot)
+    return BLOCK_M * D * 2 + 2 * stages * 128 * D * 2 + 1024 + 8 * (2 + 4 * stages) + 48  # (+ the unit slot)
 
 
 def compile_cubin(

@@ -75,7 +75,7 @@ struct Bars {
   __device__ u32 k_empty(int s) const { return base + 8 * (2 + 2 * kStages + s); }
   __device__ u32 v_empty(int s) const { return base + 8 * (2 + 3 * kStages + s); }
 #if PROTO_DYNAMIC
-  __device__ u32 unit_slot() const { return base + 8 * (2 + 4 * kStages); }  // the unit the producer hands out
+  __device__ u32 unit_slot() const { return base + 8 * (2 + 4 * kStages); }  // a Unit (48 bytes)
 #endif
 };
 
@@ -172,6 +172,10 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     w.n_tiles = max(0, (w.key_hi + kBlockN - 1) / kBlockN - w.t_first);
     return w;
   };
+#if PROTO_DYNAMIC
+  // The unit the producer hands out next: written before the Q barrier's arrival (its release), read after the wait
+  Unit* const unit_slot = reinterpret_cast<Unit*>(smem_raw + (bars.unit_slot() - smem_addr(smem_raw)));
+#endif
 
   // PROTO_PRODUCER_FENCE: a producer thread waits for its own copies (cp.async groups: Q, then K and V of each tile),
   // fences the generic proxy it wrote through against the async proxy of the consumers' wgmma reads, and arrives
@@ -186,20 +190,22 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     if (tid == 0) {
       int tile = 0, n_q = 0;
 #if PROTO_DYNAMIC
-      // The unit goes to the consumers in a shared-memory slot, written before the Q barrier's arrival (its release);
-      // past the last unit the slot says so and the arrival comes without a copy.
+      // Units after the first come from the counter in the host's order (heaviest first); each goes to the consumers
+      // in the shared-memory slot; past the last unit the slot says so and the arrival comes without a copy.
       for (int u = blockIdx.x;; u = gridDim.x + atomicAdd(sched, 1), ++n_q) {
         if (n_q > 0) mbar_wait(bars.q_empty(), (n_q - 1) & 1);
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(bars.unit_slot()), "r"(u) : "memory");
         if (u >= n_units) {
+          unit_slot->n_tiles = -1;  // (no unit left)
           mbar_arrive(bars.q_full());
           break;
         }
+        const Unit w = unit(u);
+        *unit_slot = w;  // (the consumers read the unit here instead of from global memory)
 #else
       for (int u = blockIdx.x; u < n_units; u += gridDim.x, ++n_q) {
         if (n_q > 0) mbar_wait(bars.q_empty(), (n_q - 1) & 1);
-#endif
         const Unit w = unit(u);
+#endif
         mbar_arrive_expect_tx(bars.q_full(), kQBytes);
         tma_load_3d(sq, &tm_q, bars.q_full(), 0, w.head, w.q0 + w.row0);
         tma_load_3d(sq + QTile::kBlockBytes, &tm_q, bars.q_full(), 64, w.head, w.q0 + w.row0);
@@ -303,14 +309,13 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   int n_q = 0;
 #if PROTO_DYNAMIC
   for (;; ++n_q) {
-    int u;
     mbar_wait(bars.q_full(), n_q & 1);
-    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(u) : "r"(bars.unit_slot()) : "memory");
-    if (u >= n_units) break;
+    const Unit w = *unit_slot;
+    if (w.n_tiles < 0) break;
 #else
   for (int u = blockIdx.x; u < n_units; u += gridDim.x, ++n_q) {
-#endif
     const Unit w = unit(u);
+#endif
     const int n_tiles = w.n_tiles, t_first = w.t_first;
     const int my_row = w.row0 + cw * 64 + warp * 16 + g;  // rows my_row and my_row + 8 of the request
     const int diag = w.kv_len - w.qo_len;               // row r is at kv position r + diag
