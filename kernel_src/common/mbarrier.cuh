@@ -6,8 +6,10 @@
 // consumer of fill n waits with parity n & 1, and a producer about to write fill n (n >= 1) waits for the consumers'
 // release of fill n - 1 on the stage's "empty" barrier with parity (n - 1) & 1.
 //
-// cp.async writes reach shared memory through the generic proxy, wgmma reads it through the async proxy: a consumer
-// that waited for a stage filled by cp.async fences the proxies (fence_proxy_async) before its wgmma reads it.
+// cp.async writes reach shared memory through the generic proxy, wgmma reads it through the async proxy: either the
+// writing thread fences the proxies (fence_proxy_async) once its copies have landed and before it arrives, or each
+// consumer fences after its wait and before its wgmma reads the stage (the first keeps the fence off the consumers'
+// path). TMA writes through the async proxy and needs neither.
 #pragma once
 #include "common/types.cuh"
 
