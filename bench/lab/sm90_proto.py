@@ -1,5 +1,6 @@
-"""Lab: the Hopper prefill prototype (bench/lab/sm90/prefill_proto.cu: wgmma, a cp.async producer warpgroup, two
-consumer warpgroups) against the float64 reference, cuinfer's FA2-class kernel and FlashInfer's FA3 path.
+"""Lab: the Hopper prefill prototype (bench/lab/sm90/prefill_proto.cu: wgmma, a TMA or cp.async producer warpgroup,
+two consumer warpgroups, variant chains) against the float64 reference, cuinfer's FA2-class kernel and FlashInfer's
+FA3 path.
 
     python -m bench.lab.sm90_proto --sass                # no GPU: registers, spills, opcode counts (HGMMA, LDGSTS)
     python -m bench.lab.sm90_proto --check               # GPU: small cases against the float64 reference
@@ -35,6 +36,7 @@ def compile_cubin(
     arch: str = "sm_90a",
     defines: tuple[str, ...] = (),
     chain: tuple[str, ...] = ("causal",),
+    rendered=None,
 ) -> tuple[bytes, str]:
     """The prototype's cubin for the variant chain ``chain`` (piece names, see ``PIECES``): the rendered chain
     (``VariantParams``, ``Variant``) starts the translation unit, as in the product kernels."""
@@ -43,7 +45,7 @@ def compile_cubin(
 
     nv = nvrtc_module()
     with open(SOURCE, encoding="utf-8") as fh:
-        src = rendered_chain(chain).preamble() + '#line 1 "prefill_proto.cu"\n' + fh.read()
+        src = (rendered or rendered_chain(chain)).preamble() + '#line 1 "prefill_proto.cu"\n' + fh.read()
     t = "__nv_bfloat16" if dtype == "bf16" else "half"
     opts = nvrtc_options(arch) + [f"-DPROTO_T={t}", f"-DPROTO_STAGES={stages}", *defines]
     _, prog = nv.nvrtcCreateProgram(src.encode(), b"prefill_proto.cu", 0, [], [])
@@ -109,20 +111,16 @@ def chain_values(chain: tuple[str, ...], num_qo_heads: int) -> dict:
     return out
 
 
-def semantics(chain: tuple[str, ...]) -> dict:
-    """The chain's attention for the float64 reference."""
-    out = {"causal": False, "soft_cap": 0.0, "alibi": False, "window": -1}
+def key_bounds(chain: tuple[str, ...]) -> tuple[bool, int]:
+    """(causal, window_left or -1) of a chain: what the host's work estimate and the FLOP count need."""
+    causal, window = False, -1
     for token in chain:
         name, _, val = token.partition(":")
         if name == "causal":
-            out["causal"] = True
-        elif name in ("soft_cap", "soft_cap_approx"):
-            out["soft_cap"] = float(val)
-        elif name == "alibi":
-            out["alibi"] = True
+            causal = True
         elif name == "window":
-            out["window"] = int(val)
-    return out
+            window = int(val)
+    return causal, window
 
 
 Build = tuple[tuple[str, ...], tuple[str, ...]]  # (defines, variant chain): parse_build
@@ -172,7 +170,7 @@ class Proto:
             if d.startswith("-DPROTO_STAGES="):
                 stages = int(d.split("=")[1])
         keep = tuple(d for d in defines if d != "GRID_UNITS" and not d.startswith("-DPROTO_STAGES="))
-        cubin, _ = compile_cubin(dtype, stages, defines=keep, chain=chain)
+        cubin, _ = compile_cubin(dtype, stages, defines=keep, chain=chain, rendered=self.rendered)
         self._dir = tempfile.mkdtemp()
         path = os.path.join(self._dir, "proto.cubin")
         with open(path, "wb") as fh:
@@ -188,7 +186,7 @@ class Proto:
         import cupy as cp
 
         qo_lens, kv_lens = np.asarray(qo_lens, np.int64), np.asarray(kv_lens, np.int64)
-        causal = semantics(self.chain)["causal"]  # (the work estimate: keys up to the diagonal)
+        causal = key_bounds(self.chain)[0]  # (the work estimate: keys up to the diagonal)
         items, work = [], []
         for r, (ql, kl) in enumerate(zip(qo_lens, kv_lens, strict=True)):
             for b in range((int(ql) + BLOCK_M - 1) // BLOCK_M):
@@ -252,11 +250,6 @@ def tensor_map(x) -> np.void:
     return out[()]
 
 
-def alibi_slopes(n: int) -> np.ndarray:
-    m = 1 << (n.bit_length() - 1)
-    return np.array([2.0 ** (-8 * (h + 1) / m) if h < m else 2.0 ** (-4 * (2 * (h - m) + 1) / m) for h in range(n)])
-
-
 def attended_pairs(lens, causal: bool, window: int) -> int:
     """(query, key) pairs attended by requests with qo = kv lengths ``lens``."""
     total = 0
@@ -273,8 +266,11 @@ def reference(q, k, v, qo_lens, kv_lens, sm_scale, chain: tuple[str, ...] = ()):
     """float64 attention per request, o and base-2 lse, with the variant chain's pieces applied in order (written
     here from their definitions: bottom-right causal, soft cap ``cap·tanh(x / cap)``, ALiBi ``x + slope_h (j -
     qpos)``, window ``j >= qpos - window_left``)."""
+    from cuinfer.reference.positional import alibi_slopes
+
     hq, hk = q.shape[1], k.shape[1]
     grp = hq // hk
+    slopes = alibi_slopes(hq)
     o = np.zeros(q.shape, np.float64)
     lse = np.zeros((q.shape[0], hq), np.float64)
     qs = ks = 0
@@ -290,7 +286,7 @@ def reference(q, k, v, qo_lens, kv_lens, sm_scale, chain: tuple[str, ...] = ()):
             for token in chain:
                 name, _, val = token.partition(":")
                 if name == "alibi":
-                    s = s + alibi_slopes(hq)[h] * (cols - rows)
+                    s = s + slopes[h] * (cols - rows)
                 elif name in ("soft_cap", "soft_cap_approx"):
                     s = float(val) * np.tanh(s / float(val))
                 elif name == "causal":
@@ -359,9 +355,7 @@ def check(dtype: str, build: Build) -> bool:
     return ok
 
 
-def bench(
-    cases: list[str], iters: int, peers: bool, builds: dict[str, tuple[tuple[str, ...], tuple[str, ...]]]
-) -> None:
+def bench(cases: list[str], iters: int, peers: bool, builds: dict[str, Build]) -> None:
     """P-case shapes (ragged, causal, Llama-8B heads): the prototype, cuinfer's FA2-class kernel and (``peers``)
     FlashInfer's fa3 backend on the same inputs, timed in this process; the prototype's output against cuinfer's."""
     import cupy as cp
@@ -387,8 +381,8 @@ def bench(
         rows, var_flops = {}, {}
         for name, run in runs.items():
             rows[name] = timer.time(run, iters=iters, warmup=3)
-            sem = semantics(protos[name].chain)
-            var_flops[name] = 4 * s.head_dim * s.num_qo_heads * attended_pairs(inp.lens, sem["causal"], sem["window"])
+            pairs = attended_pairs(inp.lens, *key_bounds(protos[name].chain))
+            var_flops[name] = 4 * s.head_dim * s.num_qo_heads * pairs
         fa2 = prepare_cuinfer(inp, "fa2")
         rows["cuinfer fa2"] = timer.time(fa2.run, iters=iters, warmup=3)
         ref = cp.asarray(fa2.run()).view(cp.uint16)
@@ -399,9 +393,8 @@ def bench(
             except Exception as ex:  # noqa: BLE001 - report and go on
                 print(f"{case.id}: flashinfer fa3 failed: {type(ex).__name__}: {ex}", flush=True)
         diffs = []
-        plain = semantics(("causal",))
         for name, run in runs.items():
-            if semantics(protos[name].chain) != plain:  # (the FA2-class row is plain causal)
+            if protos[name].chain != ("causal",):  # (the FA2-class row is plain causal)
                 continue
             o.fill(0x7FC0)
             run()

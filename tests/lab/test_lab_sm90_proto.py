@@ -68,8 +68,8 @@ def test_builds_parse_into_defines_and_chains():
     assert sm90_proto.parse_build("noncausal") == ((), ())
     assert sm90_proto.parse_build("-DPROTO_TMA=0+GRID_UNITS") == (("-DPROTO_TMA=0", "GRID_UNITS"), ("causal",))
     assert sm90_proto.parse_build("causal+window:1024") == ((), ("causal", "window:1024"))
-    sem = sm90_proto.semantics(("causal", "soft_cap:30", "alibi"))
-    assert sem == {"causal": True, "soft_cap": 30.0, "alibi": True, "window": -1}
+    assert sm90_proto.key_bounds(("causal", "soft_cap:30", "alibi")) == (True, -1)
+    assert sm90_proto.key_bounds(("window:1024",)) == (False, 1024)
     vals = sm90_proto.chain_values(("causal", "soft_cap:30", "alibi", "window:7"), num_qo_heads=32)
     assert vals["alibi"] == {"num_qo_heads": 32} and vals["window"] == {"window_left": 7}
     assert vals["soft_cap"]["cap"] == 30.0
