@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("out", type=Path)
     t.add_argument("--arch", default="sm_90a,sm_80")
     t.add_argument("--jobs", type=int, default=2)
-    t.add_argument("--group", default=None, help="one kernel group (merge, decode, prefill, utility)")
+    t.add_argument("--group", default=None, help="one kernel group (merge, decode, prefill, prefill_sm90, utility)")
     t.add_argument("--match", default=None, help="only specs whose name matches this regular expression")
     d = sub.add_parser("diff")
     d.add_argument("a", type=Path)

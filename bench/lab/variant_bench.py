@@ -89,10 +89,11 @@ def _fi_kwargs(opts: dict) -> dict:
 
 
 def prefill_rows(
-    timer, torch, iters: int, peers: list[str], case_ids: list[str], variants: dict | None = None
-) -> list[tuple]:
+    timer, torch, iters: int, peers: list[str], case_ids: list[str], variants: dict | None = None,
+    backends: tuple[str, ...] = ("auto",),
+) -> list[tuple]:  # fmt: skip
     """Ragged causal prefill on the P1-P3 shapes of bench/cases.py (lengths drawn with the case's seed), every
-    variant of VARIANTS on cuinfer and, for those FlashInfer has, on each peer backend."""
+    variant of VARIANTS on cuinfer (each of ``backends``) and, for those FlashInfer has, on each peer backend."""
     import cuinfer
     from bench.cases import PREFILL_CASES
 
@@ -107,14 +108,19 @@ def prefill_rows(
         k = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda", generator=g)
         v = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda", generator=g)
         label = f"prefill {case.id}"
-        for name, opts in (variants or VARIANTS).items():
-            w = cuinfer.BatchPrefill(paged=False)
-            w.plan(indptr, indptr, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, causal=True, q_dtype="bfloat16",
-                   **opts)  # fmt: skip
+        for backend, (name, opts) in ((b, kv) for b in backends for kv in (variants or VARIANTS).items()):
+            impl = "cuinfer" if backend == "auto" else f"cuinfer-{backend}"
+            w = cuinfer.BatchPrefill(paged=False, backend=backend)
+            try:
+                w.plan(indptr, indptr, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, causal=True,
+                       q_dtype="bfloat16", **opts)  # fmt: skip
+            except (ValueError, NotImplementedError) as ex:  # (a backend that does not run the variant: a row)
+                rows.append((label, name, impl, float("nan"), float("nan"), str(ex)[:60]))
+                continue
             t = timer.time(lambda w=w, q=q, k=k, v=v: w.run(q, k, v), iters=iters, warmup=5)
             pairs = _pairs_causal(lens, opts.get("window_left", -1))
-            tiles = f"q{w._plan.config.tile_q}k{w._plan.config.tile_kv}"
-            rows.append((label, name, "cuinfer", t.us, 4 * hq * d * pairs / t.median_s / 1e12, tiles))
+            tiles = "sm90" if backend == "sm90" else f"q{w._plan.config.tile_q}k{w._plan.config.tile_kv}"
+            rows.append((label, name, impl, t.us, 4 * hq * d * pairs / t.median_s / 1e12, tiles))
             print(rows[-1], flush=True)
         for backend in peers:
             try:
@@ -211,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default="", help="names of VARIANTS (and, with --lab, the lab variants) to run")
     p.add_argument("--lab", action="store_true", help="add the lab variants (_lab_variants)")
     p.add_argument("--no-decode", action="store_true", help="prefill rows only")
+    p.add_argument("--backends", default="auto", help="cuinfer prefill backends, e.g. fa2,sm90")
     args = p.parse_args(argv)
     from bench.timing import CudaTimer, cuda_torch
 
@@ -220,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.variants:
         variants = {k: variants[k] for k in args.variants.split(",")}
     peers = [b for b in args.peers.split(",") if b]
-    rows = prefill_rows(timer, torch, args.iters, peers, args.cases.split(","), variants)
+    backends = tuple(b for b in args.backends.split(",") if b)
+    rows = prefill_rows(timer, torch, args.iters, peers, args.cases.split(","), variants, backends)
     if not args.no_decode:
         rows += decode_rows(timer, torch, args.iters)
     print(f"\n{'case':12s} {'variant':28s} {'impl':18s} {'us':>10s} {'rate':>9s}  note")

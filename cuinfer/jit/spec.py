@@ -58,6 +58,9 @@ class KernelSpec:
     # Dynamic shared memory of the launch configuration this spec is compiled for; 0 when the launch decides. Shown
     # by ``cuinfer kernels --report``; not part of the cache key (it cannot change the cubin).
     smem_bytes: int = 0
+    # The targets the kernel is written for (e.g. ``("sm_90a",)`` for wgmma / TMA code); empty: every target. Not part
+    # of the cache key (it selects where a spec compiles, not what).
+    archs: tuple[str, ...] = ()
 
     def render(self) -> str:
         """The full translation unit handed to NVRTC."""
@@ -83,7 +86,7 @@ class KernelSpec:
 
 
 # Fields of a spec that describe how it is launched, not what is compiled: left out of the cache key.
-LAUNCH_ONLY_FIELDS = ("smem_bytes",)
+LAUNCH_ONLY_FIELDS = ("smem_bytes", "archs")
 
 
 def cache_key(spec: KernelSpec, rendered: str, options: list[str], toolchain_id: str, arch: str) -> str:

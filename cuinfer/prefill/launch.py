@@ -40,14 +40,11 @@ class PrefillLaunch:
         from cuinfer.runtime.device import device_info
 
         self.plan, self.device_id, self.dyn, self.params = plan, device_id, None, None
-        off, opts, work, cfg = plan.offsets, plan.options, plan.work, plan.config
+        off, opts = plan.offsets, plan.options
         self.buffers, self.stamp = buf, _stamp(buf)
-        key = plan.key(paged)
-        self.kernel = get_kernel(prefill_spec(key), key.name_expr(), device_id)
-        # A paired block (cfg.groups == 2) runs two CTAs of the plan: half the blocks, twice the threads and smem.
-        self.num_ctas, self.threads = work.num_ctas // cfg.groups, cfg.block_threads
+        self.chain = plan.variant
+        self._configure(plan, paged, device_id)
         dvo = plan.head_dim_vo
-        self.smem_bytes = block_smem_bytes(cfg, plan.head_dim, dvo, paged, variant=key.variant)
         partial_o, partial_lse = buf.partial_pointers(dvo)
         g = plan.num_qo_heads // plan.num_kv_heads
         g_mul, g_shift = fast_div_magic(g)
@@ -61,9 +58,8 @@ class PrefillLaunch:
         )  # fmt: skip
         self.sm_scale = opts.sm_scale
         # the variant's parameters (fixed by the plan; a custom mask's bits are in the plan buffer): the second argument
-        self.chain = key.variant
         self.vvalues = chain_values(
-            key.variant, opts, num_qo_heads=plan.num_qo_heads, user_values=plan.variant_values,
+            self.chain, opts, num_qo_heads=plan.num_qo_heads, user_values=plan.variant_values,
             mask_ptrs=(buf.ptr(off["mask"]), buf.ptr(off["mask_indptr"])), raw=True,
         )  # fmt: skip
         self.vparams = self.chain.pack(self.vvalues)
@@ -81,6 +77,18 @@ class PrefillLaunch:
                 merge_dst_head_ptr=buf.ptr(off["merge_dst_head"]), partial_o_ptr=partial_o,
                 partial_lse_ptr=partial_lse, grid=grid,
             )  # fmt: skip
+
+    def _configure(self, plan: Any, paged: bool, device_id: int) -> None:
+        """The kernel, its grid, block and shared memory: the FA2-class kernel of the plan's tiles. A paired block
+        (cfg.groups == 2) runs two CTAs of the plan: half the blocks, twice the threads and smem."""
+        key, cfg = plan.key(paged), plan.config
+        self.kernel = get_kernel(prefill_spec(key), key.name_expr(), device_id)
+        self.num_ctas, self.threads = plan.work.num_ctas // cfg.groups, cfg.block_threads
+        self.smem_bytes = block_smem_bytes(cfg, plan.head_dim, plan.head_dim_vo, paged, variant=key.variant)
+
+    def _extra_args(self, tq: Tensor, kv: KV) -> tuple:
+        """Kernel arguments after the parameter structs, made when an array pointer or stride changes (none here)."""
+        return ()
 
     def current(self, buf: Buffers, plan: Any, device_id: int) -> bool:
         """Still valid for ``plan`` on this device with the wrapper's current buffers ``buf`` (a grown workspace moves
@@ -113,9 +121,10 @@ class PrefillLaunch:
                 o_stride_n=to.strides[0], o_stride_h=to.strides[1],
                 lse_stride_n=0 if tl is None else tl.strides[0], lse_stride_h=0 if tl is None else tl.strides[1],
             )  # fmt: skip
+            self.extra = self._extra_args(tq, kv)
             self.dyn = dyn
-        self.kernel.launch(self.num_ctas, self.threads, (self.params, self.vparams), smem_bytes=self.smem_bytes,
-                           stream=stream)  # fmt: skip
+        self.kernel.launch(self.num_ctas, self.threads, (self.params, self.vparams, *self.extra),
+                           smem_bytes=self.smem_bytes, stream=stream)  # fmt: skip
         if self.merge is not None:
             from cuinfer.merge import launch_merge_partials
 

@@ -33,6 +33,7 @@ from cuinfer.planner import layout as plan_layout
 from cuinfer.planner.cost import DEFAULT_COST
 from cuinfer.planner.split_kv import DEFAULT_MIN_CHUNK
 from cuinfer.planner.work import WorkPlan, plan_checked, plan_work
+from cuinfer.prefill import sm90
 from cuinfer.prefill.launch import PrefillLaunch
 from cuinfer.prefill.plan import PrefillPlan, host_plan, plan_of, positive
 from cuinfer.prefill.policy import DeviceLimits, ctas_per_sm
@@ -68,8 +69,9 @@ class BatchPrefill(PlanRunWrapper):
 
     ``paged=True``: ``run(q, kv_cache)`` over a paged cache (5-D array or ``(k_cache, v_cache)``, ``kv_layout`` NHD /
     HND); ``paged=False``: ``run(q, k, v)`` over ragged ``k``, ``v`` (``[nnz_kv, num_kv_heads, head_dim]`` NHD,
-    ``[num_kv_heads, nnz_kv, head_dim]`` HND). ``backend``: "fa2" (this kernel, any sm_80+ GPU), "auto" (= "fa2"
-    for now), "sm90" (the Hopper wgmma kernel, a separate issue: raises NotImplementedError).
+    ``[num_kv_heads, nnz_kv, head_dim]`` HND). ``backend``: "fa2" (the FA2-class kernel, any sm_80+ GPU), "auto"
+    (= "fa2" for now), "sm90" (the Hopper wgmma / TMA kernel on an sm_90 GPU: ragged 16-bit K/V, head_dim 128,
+    softmax variants of logits, key ranges and masks; ``cuinfer.prefill.sm90`` lists its limits).
     ``use_cuda_graph``: every device pointer and the grid are fixed by the first ``plan()`` (capacities: twice its
     query tokens and page-table entries, ``max_batch_size`` requests), so a captured ``run()`` stays valid across
     later plans that fit; the tiles of the first plan are kept.
@@ -88,10 +90,15 @@ class BatchPrefill(PlanRunWrapper):
     ) -> None:  # fmt: skip
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)} but is {backend!r}")
-        if backend == "sm90":
+        if backend == "sm90" and paged:
             raise NotImplementedError(
-                "backend='sm90' (the Hopper wgmma/TMA prefill kernel) is not implemented yet (it is its own issue); "
-                "use backend='fa2' or 'auto'"
+                "backend='sm90' (the Hopper wgmma/TMA prefill kernel) runs ragged K/V only so far; use "
+                "BatchPrefill(paged=False) with k and v, or backend='fa2' / 'auto' for a paged cache"
+            )
+        if backend == "sm90" and use_cuda_graph:
+            raise NotImplementedError(
+                "backend='sm90' does not support use_cuda_graph=True yet (its TMA maps are launch arguments); use "
+                "backend='fa2' or 'auto' for CUDA-graph capture"
             )
         self.paged = bool(paged)
         super().__init__(
@@ -131,6 +138,14 @@ class BatchPrefill(PlanRunWrapper):
         return n
 
     def _count_ctas(self, plan: PrefillPlan, num_sms: int | None, device_id: int | None) -> int:
+        if self.backend == "sm90":  # one persistent CTA per SM
+            if num_sms is not None:
+                return positive("num_sms", num_sms)
+            if device_id is None:
+                return _DEFAULT_SMS
+            from cuinfer.runtime.device import device_info
+
+            return device_info(device_id).sm_count
         key = (plan.key(self.paged), num_sms, device_id)
         n = self._ctas.get(key)
         if n is None:
@@ -167,6 +182,8 @@ class BatchPrefill(PlanRunWrapper):
                 "prefill (without softmax, or with an output transform, split pieces do not merge by the softmax "
                 "merge); leave fixed_split_size out"
             )
+        if self.backend == "sm90":
+            return self._work_sm90(plan, num_ctas, fixed_split_size, no_split)
         if qo_lens is None:
             work = plan_work(
                 np.diff(plan.qo_indptr), plan.kv_lens, num_kv_heads=plan.num_kv_heads,
@@ -188,6 +205,23 @@ class BatchPrefill(PlanRunWrapper):
             # its merge unit (item_merge, planner/units.py), into that piece's partial state.
             work.merge_in_kernel = True
         return work
+
+    @staticmethod
+    def _work_sm90(plan: PrefillPlan, num_ctas: int, fixed_split_size: int | None, no_split: bool) -> WorkPlan:
+        """The Hopper kernel's work: items of 128 query rows of one query head (the planner sees num_qo_heads KV heads
+        of group 1), KV granules of 128 keys (cuinfer/prefill/sm90.py)."""
+        if fixed_split_size is not None and fixed_split_size % sm90.TILE_KV:
+            raise ValueError(
+                f"fixed_split_size={fixed_split_size}: backend='sm90' splits KV in multiples of its {sm90.TILE_KV}-key "
+                f"tiles; pass a multiple of {sm90.TILE_KV}"
+            )
+        opts = plan.options
+        return plan_work(
+            np.diff(plan.qo_indptr), plan.kv_lens, num_kv_heads=plan.num_qo_heads, group_size=1,
+            tile_rows=sm90.TILE_Q, num_ctas=num_ctas, kv_granule=sm90.TILE_KV, causal=opts.causal,
+            window_left=opts.window_left, fixed_split_size=fixed_split_size, disable_split=no_split,
+            pool_share=plan_assign.POOL_SHARE,
+        )  # fmt: skip
 
     def _limits(self, device_id: int | None) -> DeviceLimits:
         memo = self._limits_memo
@@ -216,6 +250,8 @@ class BatchPrefill(PlanRunWrapper):
         kw.pop("variant_params")  # (no effect on the workspace)
         plan = self._host_plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, **kw,
                                limits=self._limits(device_id))  # fmt: skip
+        if self.backend == "sm90":
+            self._check_sm90(plan, device_id)
         plan.work = self._work(plan, self._num_ctas(plan, num_sms, device_id), fixed)
         return self._workspace_need(plan)
 
@@ -264,9 +300,17 @@ class BatchPrefill(PlanRunWrapper):
             self._static,
         )  # fmt: skip
         plan.variant_values = check_user_values(plan.variant, variant_params)
+        if self.backend == "sm90":
+            self._check_sm90(plan, device_id)
         plan.work = self._work(plan, self._num_ctas(plan, num_sms, device_id), fixed_split_size)
         # (prefill has only ever checked the workspace of plans it packs for a GPU)
         self._commit(plan, device_id, fit_on_host=False)
+
+    def _check_sm90(self, plan: PrefillPlan, device_id: int | None) -> None:
+        why = sm90.unsupported(plan, self.paged)
+        if why is not None:
+            raise ValueError(f"backend='sm90' does not run {why}; use backend='fa2' or 'auto'")
+        sm90.check_device(device_id)
 
     def _words_layout(self, plan: PrefillPlan, holder: Any = None) -> tuple:
         """``(plan layout, word offsets of the plan arrays and the index arrays, words in use)``. CUDA-graph mode fixes
@@ -447,7 +491,8 @@ class BatchPrefill(PlanRunWrapper):
         if st is None or not st.current(buf, plan, call.device_id):
             # (a graph-mode merge launch is sized for the fixed layout's capacity: it covers every later plan)
             max_merge = self._fixed.layout.capacity.max_merge if self.use_cuda_graph else plan.work.n_merge
-            st = self._launch_state = PrefillLaunch(buf, plan, call.device_id, self.paged, max_merge)
+            kind = sm90.Sm90Launch if self.backend == "sm90" else PrefillLaunch
+            st = self._launch_state = kind(buf, plan, call.device_id, self.paged, max_merge)
         scales = check_scales(plan.kv_dtype, k_scale, v_scale, num_kv_heads=plan.num_kv_heads, call=call, gpu=True)
         st.launch(call.stream, tq, kv, to, tl, scales, call.variant_arrays if st.array_slots else None)
 

@@ -27,6 +27,8 @@ def test_registry_covers_every_group():
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("spec", SPECS, ids=[s.name for s in SPECS])
 def test_compiles_without_spills(spec, arch):
+    if spec.archs and arch not in spec.archs:
+        pytest.skip(f"{spec.name} is written for {', '.join(spec.archs)} only")
     mod = get_compiled(spec, arch)
     assert set(mod.lowered) == set(spec.name_exprs)
     assert mod.cubin, "empty cubin"
@@ -42,6 +44,8 @@ def test_compiles_without_spills(spec, arch):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("spec", SPECS, ids=[s.name for s in SPECS])
 def test_sass_has_expected_instructions(spec, arch):
+    if spec.archs and arch not in spec.archs:
+        pytest.skip(f"{spec.name} is written for {', '.join(spec.archs)} only")
     mod = get_compiled(spec, arch)
     funcs = disassemble_instructions(mod.cubin)
     assert set(funcs) >= set(mod.lowered.values())

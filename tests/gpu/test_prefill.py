@@ -77,6 +77,7 @@ class Case:
     # RoPE in the kernel rotates q and each K tile in shared memory, rounded to the 16-bit type: the reference rotates
     # in float64, rounds to the input dtype, then attends without RoPE (as the decode tests do)
     rope_rounded: bool = False
+    backend: str = "auto"  # BatchPrefill(backend=...)
 
 
 CASES = [
@@ -316,7 +317,7 @@ def _run_case(fw, c: Case, h: dict):
     hq, hkv = c.heads
     dqk, dvo = c.dims
     q = h["q"]
-    w = BatchPrefill(paged=c.page is not None, kv_layout=c.layout)
+    w = BatchPrefill(paged=c.page is not None, kv_layout=c.layout, backend=c.backend)
     kw = dict(
         num_qo_heads=hq, num_kv_heads=hkv, head_dim=dqk, head_dim_vo=dvo, causal=c.causal, q_dtype=dt,
         custom_mask=h.get("mask"), fixed_split_size=c.split, tile_sizes=c.tiles, num_sms=c.sms, **c.opts,
@@ -331,11 +332,12 @@ def _run_case(fw, c: Case, h: dict):
         w.plan(h["qo_indptr"], h["kv_indptr"], h["kv_indices"], h["kv_last_page_len"], page_size=c.page, **kw)
         cache = h["cache"]
         kv = ((fw.asarray(cache[:, 0]), fw.asarray(cache[:, 1])),) if c.cache == "tuple" else (fw.asarray(cache),)
+    fa2_tiles = c.backend != "sm90"  # (the sm90 kernel has its own fixed tiles)
     if c.tiles is not None:
         assert w._plan.config.tile_q == c.tiles[0]
         if len(c.tiles) > 3:
             assert w._plan.config.groups == c.tiles[3]
-    elif c.page is None and c.dims == (128, 128) and w._plan.config.tile_q == 128 and not c.opts:
+    elif c.page is None and c.dims == (128, 128) and w._plan.config.tile_q == 128 and not c.opts and fa2_tiles:
         assert w._plan.config.groups == 2, "the policy pairs the ragged 128 x 64 tiles at head dim 128"
     if c.split is not None and w._plan.work.n_items:
         assert w._plan.work.num_partial_rows > 0, "the fixed split size must split something"

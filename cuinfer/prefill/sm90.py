@@ -1,0 +1,184 @@
+"""The Hopper backend of ``BatchPrefill`` (``backend="sm90"``): wgmma tensor cores, TMA copies and warp
+specialisation on sm_90a (kernel_src/attention/prefill_sm90/).
+
+What it runs (checked at ``plan()``, each limit named in the error): ragged K / V (``paged=False``), q / k / v / o of
+one 16-bit type (float16 or bfloat16), ``head_dim = head_dim_vo = 128``, any GQA group, and the softmax variants of
+logits, key ranges and masks (causal, sliding window, soft cap, ALiBi, custom masks and user variants of those
+kinds); an sm_90 GPU. The rest (paged KV, fp8 K / V, other head dims, RoPE / sinks / sigmoid and other transforms,
+CUDA-graph mode) runs on ``backend="fa2"``.
+
+Its plan is the same plan format as the FA2-class kernel's (cuinfer/planner, read by kernel_src/plan/work.cuh) with
+one difference: an item is 128 query rows of **one query head** (the planner sees ``num_qo_heads`` KV heads of group
+1; the kernel finds the KV head as head // group), over KV granules of 128 keys, on one persistent CTA per SM.
+Split items write partial states that the usual merge kernel combines.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cuinfer.formats.kv import KV
+from cuinfer.interop.arrays import Tensor
+from cuinfer.jit import KernelSpec, get_kernel
+from cuinfer.prefill.launch import PrefillLaunch
+from cuinfer.prefill.specs import CTYPES, PrefillParams
+from cuinfer.variants import Rendered, lookup, render
+
+HEAD_DIM = 128
+TILE_Q = 128  # query rows of an item (64 per consumer warpgroup)
+TILE_KV = 128  # keys of a K / V tile: the planner's KV granule
+STAGES = 2
+THREADS = 384  # producer warpgroup + two consumer warpgroups
+# Q, the K and V rings, 10 mbarriers, the unit slot, the item broadcast, and 1024 bytes to align the tiles
+SMEM_BYTES = 1024 + TILE_Q * HEAD_DIM * 2 + 2 * STAGES * TILE_KV * HEAD_DIM * 2 + 8 * (2 + 4 * STAGES) + 64 + 16
+ARCH = "sm_90a"
+TMA_DESC = np.dtype([("opaque", "<u8", (16,))], align=True)  # CUtensorMap: 128 opaque bytes (the kernel's TmaDesc)
+
+
+@dataclass(frozen=True)
+class Sm90KernelKey:
+    """Everything that selects one compiled specialisation of the Hopper prefill kernel."""
+
+    dtype: str  # q, k, v and o
+    variant: Rendered
+    head_dim: int = HEAD_DIM
+
+    def name_expr(self) -> str:
+        return f"cuinfer::batch_prefill_sm90<{CTYPES[self.dtype]}, {self.head_dim}>"
+
+    def short_name(self) -> str:
+        return f"prefill_sm90/ragged/{self.dtype}/d{self.head_dim}/{self.variant.name}"
+
+
+@functools.cache
+def sm90_spec(key: Sm90KernelKey) -> KernelSpec:
+    return KernelSpec(
+        name=key.short_name(),
+        source="attention/prefill_sm90.cu",
+        name_exprs=(key.name_expr(),),
+        preamble=PrefillParams.c_decl() + key.variant.preamble(),
+        # wgmma, TMA boxes and cp.async (a tile that crosses the last key), the register split of the warpgroups
+        sass_expect=(r"HGMMA", r"UTMALDG", r"LDGSTS", r"USETMAXREG"),
+        archs=(ARCH,),
+        smem_bytes=SMEM_BYTES,
+    )
+
+
+def default_specs() -> list[KernelSpec]:
+    """The specialisations CI compiles (sm_90a only): plain and causal in both 16-bit types, the built-in variants of
+    logits and key ranges, a custom mask."""
+
+    def key(dtype: str, *names: str) -> KernelSpec:
+        return sm90_spec(Sm90KernelKey(dtype, render(tuple(lookup(n) for n in names))))
+
+    return [
+        key("bfloat16", "causal"),
+        key("float16"),
+        key("bfloat16", "causal", "soft_cap"),
+        key("bfloat16", "causal", "alibi"),
+        key("bfloat16", "causal", "window"),
+        key("float16", "causal", "custom_mask"),
+    ]
+
+
+def unsupported(plan: Any, paged: bool) -> str | None:
+    """Why the Hopper kernel cannot run ``plan`` (None when it can): the first limit it meets, as a sentence."""
+    if paged:
+        return "paged KV (it runs ragged K / V: BatchPrefill(paged=False))"
+    if plan.head_dim != HEAD_DIM or plan.head_dim_vo != HEAD_DIM:
+        return f"head_dim={plan.head_dim}, head_dim_vo={plan.head_dim_vo} (it is built for 128)"
+    if plan.q_dtype.value not in ("float16", "bfloat16"):
+        return f"q_dtype={plan.q_dtype.value} (it takes float16 or bfloat16)"
+    if plan.kv_dtype is not plan.q_dtype:
+        return f"kv_dtype={plan.kv_dtype.value} with q_dtype={plan.q_dtype.value} (k and v must have q's dtype)"
+    if plan.o_dtype is not plan.q_dtype:
+        return f"o_dtype={plan.o_dtype.value} with q_dtype={plan.q_dtype.value} (o must have q's dtype)"
+    for piece in plan.variant.pieces:
+        what = [
+            name
+            for name, on in (
+                ("a query transform", piece.query_transform), ("a key transform", piece.key_transform),
+                ("a value transform", piece.value_transform), ("an output transform", piece.output_transform),
+                ("a sink", piece.sink), ("no softmax", not piece.softmax),
+            )
+            if on
+        ]  # fmt: skip
+        if what:
+            kinds = "it runs softmax variants of logits, key ranges and masks"
+            return f"the variant {piece.name!r} ({', '.join(what)}; {kinds})"
+    return None
+
+
+def check_device(device_id: int | None) -> None:
+    """The Hopper kernel needs an sm_90 GPU (wgmma, TMA); ``device_id`` None (no GPU) plans on the host only."""
+    if device_id is None:
+        return
+    from cuinfer.runtime.device import device_info
+
+    arch = device_info(device_id).arch
+    if arch != ARCH:
+        raise ValueError(
+            f"backend='sm90' needs a Hopper GPU (sm_90a: wgmma and TMA) but cuda:{device_id} is {arch}; use "
+            "backend='fa2' or 'auto'"
+        )
+
+
+def tensor_map(ptr: int, dtype: str, rows: int, heads: int, stride_n: int, stride_h: int) -> np.void:
+    """TMA map of a 16-bit ``[rows, heads, 128]`` tensor with element strides ``stride_n`` (rows) and ``stride_h``
+    (heads): boxes of 128 rows x 1 head x 64 columns in the 128-byte swizzle (the wgmma layout), as the kernel's
+    by-value TmaDesc argument (cuTensorMapEncodeTiled; out-of-range rows of a box read as zero)."""
+    from cuda.bindings import driver as cu
+
+    kind = (
+        cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+        if dtype == "bfloat16"
+        else cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+    )
+    err, tmap = cu.cuTensorMapEncodeTiled(
+        kind,
+        cu.cuuint32_t(3),
+        int(ptr),
+        [cu.cuuint64_t(n) for n in (HEAD_DIM, max(1, heads), max(1, rows))],
+        [cu.cuuint64_t(2 * n) for n in (stride_h, stride_n)],  # bytes between heads, between rows
+        [cu.cuuint32_t(n) for n in (64, 1, TILE_KV)],
+        [cu.cuuint32_t(1)] * 3,
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+    )
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(
+            f"cuTensorMapEncodeTiled failed ({err}) for a [{rows}, {heads}, {HEAD_DIM}] {dtype} tensor with strides "
+            f"({stride_n}, {stride_h}, 1) at 0x{int(ptr):x}"
+        )
+    out = np.zeros((), TMA_DESC)
+    out["opaque"] = np.frombuffer(ctypes.string_at(tmap.getPtr(), 128), dtype="<u8")
+    return out[()]
+
+
+class Sm90Launch(PrefillLaunch):
+    """What run() launches for one plan on the Hopper kernel: the FA2-class launch state (parameter struct, variant
+    parameters, merge of split plans) with the sm90 kernel, one CTA per planned CTA, and the TMA maps of q, k and v
+    as extra arguments (re-encoded when a pointer or stride changes)."""
+
+    def _configure(self, plan: Any, paged: bool, device_id: int) -> None:
+        key = Sm90KernelKey(plan.q_dtype.value, plan.variant)
+        self.kernel = get_kernel(sm90_spec(key), key.name_expr(), device_id)
+        self.num_ctas, self.threads, self.smem_bytes = plan.work.num_ctas, THREADS, SMEM_BYTES
+        self.dtype = plan.q_dtype.value
+        self.rows = (plan.nnz_qo, int(plan.kv_indptr[-1]))
+
+    def _extra_args(self, tq: Tensor, kv: KV) -> tuple:
+        nq, nk = self.rows
+        heads_q, heads_k = tq.shape[1], kv.num_kv_heads
+        return (
+            tensor_map(tq.ptr, self.dtype, nq, heads_q, tq.strides[0], tq.strides[1]),
+            tensor_map(kv.k_ptr, self.dtype, nk, heads_k, kv.k_strides[1], kv.k_strides[2]),
+            tensor_map(kv.v_ptr, self.dtype, nk, heads_k, kv.v_strides[1], kv.v_strides[2]),
+        )

@@ -1,0 +1,59 @@
+// Hopper (sm_90a) batch prefill on ragged K / V: wgmma tensor cores, TMA copies and warp specialisation, assembled
+// from its pieces: the work unit and shared-memory layout (unit.cuh), the producer warpgroup (producer.cuh) and the
+// two consumer warpgroups (consumer.cuh), through the attention-variant contract (variants/contract.cuh; softmax
+// variants of logits, key ranges and masks) and the plan format (plan/work.cuh).
+//
+// Persistent CTAs of 384 threads, one per SM: the producer (48 registers after setmaxnreg) and two consumers (232; 128 x 48 + 256 x 232 = the 64K of an SM).
+// The producer runs ahead across items: it loads the next item's Q once the consumers release Q (q_empty, after
+// their last Q·K^T of the item) and keeps the K / V ring's stage count running across items.
+#pragma once
+#include "attention/prefill_sm90/consumer.cuh"
+#include "attention/prefill_sm90/producer.cuh"
+#include "attention/prefill_sm90/unit.cuh"
+
+namespace cuinfer {
+
+// p: the plan's arrays, the tensors and the shapes (PrefillParams, cuinfer/prefill/specs.py); v: the variant's
+// parameters; tm_q, tm_k, tm_v: TMA maps of q, k and v as [tokens, heads, 128] with 64 x 1 x 128 boxes and the
+// 128-byte swizzle (cuinfer/prefill/sm90.py).
+template <class T, int HEAD_DIM>
+__global__ void __launch_bounds__(prefill_sm90::kThreads, 1)
+    batch_prefill_sm90(const __grid_constant__ PrefillParams p, const __grid_constant__ VariantParams v,
+                       const __grid_constant__ sm90::TmaDesc tm_q, const __grid_constant__ sm90::TmaDesc tm_k,
+                       const __grid_constant__ sm90::TmaDesc tm_v) {
+  using namespace prefill_sm90;
+  using V = Variant;
+  static_assert(V::kSoftmax && !V::kQueryTransform && !V::kKeyTransform && !V::kValueTransform && !V::kSink &&
+                    !V::kOutputTransform,
+                "the sm90 prefill kernel runs softmax variants of logits, key ranges and masks");
+  using S = Shape<HEAD_DIM>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const u32 raw = mma::smem_addr(smem_raw);
+  const u32 sq = (raw + 1023u) & ~1023u;
+  const u32 sk = sq + S::kQBytes;                  // stage s: sk + s * kTileBytes
+  const u32 sv = sk + kStages * S::kTileBytes;     // stage s: sv + s * kTileBytes
+  const Bars bars{sv + kStages * S::kTileBytes};
+  Unit* slot = reinterpret_cast<Unit*>(smem_raw + (bars.end() - raw));
+  int* bcast = reinterpret_cast<int*>(smem_raw + (bars.end() + 64 - raw));
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(bars.q_full(), 1);
+    sm90::mbar_init(bars.q_empty(), 256);
+    for (int s = 0; s < kStages; ++s) {
+      sm90::mbar_init(bars.k_full(s), 1);
+      sm90::mbar_init(bars.v_full(s), 1);
+      sm90::mbar_init(bars.k_empty(s), 256);
+      sm90::mbar_init(bars.v_empty(s), 256);
+    }
+  }
+  __syncthreads();
+  if (wg == 0) {
+    sm90::setmaxnreg_dec<48>();
+    produce<T, V>(p, v, bars, sq, sk, sv, slot, bcast, &tm_q, &tm_k, &tm_v, tid);
+    return;
+  }
+  sm90::setmaxnreg_inc<232>();
+  consume<T, V>(p, v, bars, sq, sk, sv, slot, wg - 1, tid);
+}
+
+}  // namespace cuinfer
