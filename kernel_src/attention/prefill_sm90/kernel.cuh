@@ -3,7 +3,8 @@
 // two consumer warpgroups (consumer.cuh), through the attention-variant contract (variants/contract.cuh; softmax
 // variants of logits, key ranges and masks) and the plan format (plan/work.cuh).
 //
-// Persistent CTAs of 384 threads, one per SM: the producer (48 registers after setmaxnreg) and two consumers (232; 128 x 48 + 256 x 232 = the 64K of an SM).
+// Persistent CTAs of 384 threads, one per SM: the producer (56 registers after setmaxnreg) and two consumers (224),
+// which together fill the block's 384 x 168 (unit.cuh).
 // The producer runs ahead across items: it loads the next item's Q once the consumers release Q (q_empty, after
 // their last Q·K^T of the item) and keeps the K / V ring's stage count running across items.
 #pragma once
@@ -48,11 +49,11 @@ __global__ void __launch_bounds__(prefill_sm90::kThreads, 1)
   }
   __syncthreads();
   if (wg == 0) {
-    sm90::setmaxnreg_dec<48>();
+    sm90::setmaxnreg_dec<kProducerRegs>();
     produce<T, V>(p, v, bars, sq, sk, sv, slot, bcast, &tm_q, &tm_k, &tm_v, tid);
     return;
   }
-  sm90::setmaxnreg_inc<232>();
+  sm90::setmaxnreg_inc<kConsumerRegs>();
   consume<T, V>(p, v, bars, sq, sk, sv, slot, wg - 1, tid);
 }
 

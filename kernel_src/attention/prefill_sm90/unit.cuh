@@ -14,6 +14,12 @@ constexpr int kBlockM = 128;  // query rows of a unit (64 per consumer warpgroup
 constexpr int kBlockN = 128;  // keys of a K / V tile
 constexpr int kStages = 2;    // K / V ring (3 measured no faster: docs/results/h200-2026-12-02g)
 constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
+// setmaxnreg moves registers between the warpgroups inside the block's allocation (168 per thread at 384 threads: ptxas
+// rounds 65536 / 384 down to a multiple of 8); an increase that the pool cannot cover blocks forever.
+constexpr int kProducerRegs = 56;
+constexpr int kConsumerRegs = 224;
+static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 168 * kThreads,
+              "the warpgroups' registers after setmaxnreg must fit the block's allocation");
 
 template <int D> struct Shape {
   static_assert(D == 128, "the sm90 prefill kernel is built for head_dim 128");

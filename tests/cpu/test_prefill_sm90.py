@@ -1,0 +1,96 @@
+"""The Hopper prefill backend without a GPU: its kernels' register split (setmaxnreg must stay inside the block's
+allocation, or the consumers' increase waits forever), no wgmma serialisation, and plan()'s limits and work."""
+
+from __future__ import annotations
+
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from cuinfer.jit import get_compiled
+from cuinfer.jit.sass import disassemble_instructions
+from cuinfer.prefill import BatchPrefill, sm90
+
+SPECS = sm90.default_specs()
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("spec", SPECS, ids=[s.name for s in SPECS])
+def test_register_split_fits_the_block(spec):
+    mod = get_compiled(spec, "sm_90a")
+    assert "C7513" not in mod.log, f"ptxas serialised the wgmma instructions of {spec.name}"
+    (sym,) = mod.lowered.values()
+    regs = mod.resources[sym].registers
+    insns = disassemble_instructions(mod.cubin)[sym]
+    counts = {}
+    for kind in ("DEALLOC", "TRY_ALLOC"):
+        found = {
+            int(m.group(1), 16) for i in insns if f"USETMAXREG.{kind}" in i and (m := re.search(r"0x([0-9a-f]+)", i))
+        }
+        assert len(found) == 1, f"{spec.name}: one setmaxnreg {kind} value expected, found {found}"
+        counts[kind] = found.pop()
+    producer, consumer = counts["DEALLOC"], counts["TRY_ALLOC"]
+    assert 128 * producer + 256 * consumer <= sm90.THREADS * regs, (
+        f"{spec.name}: producer {producer} + consumers {consumer} registers exceed the block's {regs} per thread"
+    )
+
+
+def _plan(w: BatchPrefill, **kw):
+    qo, kv = np.array([0, 300, 1000]), np.array([0, 400, 1500])
+    args = dict(num_qo_heads=8, num_kv_heads=2, head_dim=128, q_dtype="bfloat16", causal=True)
+    args.update(kw)
+    w.plan(qo, kv, **args)
+    return w._plan
+
+
+def test_plan_items_are_one_query_head_of_128_rows():
+    plan = _plan(BatchPrefill(paged=False, backend="sm90"), num_sms=132)
+    work = plan.work
+    # requests of 300 and 700 query rows: 3 + 6 tiles of 128 rows, each for 8 query heads
+    assert work.n_items == (3 + 6) * 8 and work.num_ctas == 132
+    assert set(np.unique(work.item_kv_head)) == set(range(8)), "items are planned per query head"
+
+
+def test_fixed_split_in_whole_tiles():
+    plan = _plan(BatchPrefill(paged=False, backend="sm90"), fixed_split_size=256, causal=False)
+    assert plan.work.num_partial_rows > 0
+    starts = plan.work.item_kv_start
+    assert (starts % sm90.TILE_KV == 0).all(), "split pieces start on a 128-key tile"
+    with pytest.raises(ValueError, match="multiples of its 128-key tiles"):
+        _plan(BatchPrefill(paged=False, backend="sm90"), fixed_split_size=100)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        pytest.param(dict(head_dim=64), "head_dim=64", id="head-dim-64"),
+        pytest.param(dict(q_dtype="float16", o_dtype="bfloat16"), "o must have q's dtype", id="o-dtype"),
+        pytest.param(dict(kv_dtype="float8_e4m3fn"), "k and v must have q's dtype", id="fp8-kv"),
+        pytest.param(dict(variant="sinks"), "'sinks' \\(a sink", id="sinks"),
+        pytest.param(dict(pos_encoding="rope_llama"), "a query transform", id="rope"),
+    ],
+)
+def test_plan_names_what_sm90_does_not_run(kw, match):
+    with pytest.raises(ValueError, match=f"backend='sm90' does not run .*{match}"):
+        _plan(BatchPrefill(paged=False, backend="sm90"), **kw)
+
+
+def test_constructor_names_paged_and_graph_mode():
+    with pytest.raises(NotImplementedError, match="ragged K/V only"):
+        BatchPrefill(paged=True, backend="sm90")
+    with pytest.raises(NotImplementedError, match="use_cuda_graph"):
+        BatchPrefill(paged=False, backend="sm90", use_cuda_graph=True, max_batch_size=4)
+
+
+def test_numpy_inputs_run_the_reference():
+    w = BatchPrefill(paged=False, backend="sm90")
+    _plan(w)
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1000, 8, 128)).astype(ml_dtypes.bfloat16)
+    k = rng.standard_normal((1500, 2, 128)).astype(ml_dtypes.bfloat16)
+    o_sm90 = w.run(q, k, k)
+    ref = BatchPrefill(paged=False, backend="fa2")
+    _plan(ref)
+    np.testing.assert_array_equal(np.asarray(o_sm90, np.float32), np.asarray(ref.run(q, k, k), np.float32))
