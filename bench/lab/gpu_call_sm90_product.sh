@@ -3,7 +3,7 @@
 # compiled in the background (niced), the sm90 GPU tests against float64, then (if they pass) the prefill suite on
 # P1-P3 beside FlashInfer fa2 / fa3 and the variant bench (fa2 and sm90 rows, FlashInfer fa3 rows). Logs under $OUT.
 #   env: SM90_TESTS (tests/gpu/test_prefill_sm90.py), SM90_CASES (P1,P2,P3), SM90_VARIANT_PEERS (fa3; "" for none),
-#        SM90_SKIP_SUITE=1 (no prefill suite), DEADLINE_S (570)
+#        SM90_SKIP_SUITE=1 (no prefill suite), SM90_WARM=0 (no FlashInfer), SM90_TEST_S (150), DEADLINE_S (570)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false FLASHINFER_CUDA_ARCH_LIST=9.0a CUINFER_CACHE_DIR=/tmp/cc
 t0=$(date +%s); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -11,9 +11,13 @@ at() { echo "$(( $(date +%s) - t0 )) s"; }
 python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/install.log" 2>&1 || { tail "$OUT/install.log"; exit 1; }
 python3 -m pip install -q --no-index --no-deps --target /tmp/peers .peers/*.whl > /dev/null 2>&1
 C=${SM90_CASES:-P1,P2,P3}
-( PYTHONPATH=/tmp/peers MAX_JOBS=12 nice -n 19 python3 -m bench warm --cases "$C" > "$OUT/fi_warm.log" 2>&1
-  touch /tmp/warm.done ) &
-PYTHONPATH=/tmp/peers timeout 240 python3 -m pytest ${SM90_TESTS:-tests/gpu/test_prefill_sm90.py} -q -p no:cacheprovider -rfE \
+if [ "${SM90_WARM:-1}" = 1 ]; then
+  ( PYTHONPATH=/tmp/peers MAX_JOBS=12 nice -n 19 python3 -m bench warm --cases "$C" > "$OUT/fi_warm.log" 2>&1
+    touch /tmp/warm.done ) &
+else
+  touch /tmp/warm.done
+fi
+PYTHONPATH=/tmp/peers timeout ${SM90_TEST_S:-150} python3 -m pytest ${SM90_TESTS:-tests/gpu/test_prefill_sm90.py} -q -p no:cacheprovider -rfE \
   > "$OUT/tests.txt" 2>&1
 rc=$?
 echo "tests exit $rc at $(at)"; grep -E "passed|failed|FAILED|ERROR|Error" "$OUT/tests.txt" | tail -25
