@@ -38,19 +38,21 @@ __device__ __forceinline__ void copy_tile_zfill(u32 dst, const T* src, i64 strid
 
 // One K or V tile into stage buffer `dst` (ready on barrier `full` once `empty` let the stage be refilled; `n` = the
 // stage's fill count): TMA for a whole tile, cp.async with zero fill for one that crosses the unit's last key.
+// Every producer thread waits for `empty` on every tile, TMA tiles included: a parity wait only tells the phase it
+// asks for from the one before, so a thread that skipped waits and asked for a later fill's parity would see an older
+// phase complete and overwrite a stage still being read.
 template <class T, class P>
 __device__ __forceinline__ void load_tile(u32 dst, u32 full, u32 empty, int n, bool whole, const sm90::TmaDesc* map,
                                           const T* base, i64 stride, int head, int row, int valid, int tid) {
+  if (n > 0) sm90::mbar_wait(empty, (n - 1) & 1);
   if (whole) {
     if (tid == 0) {
-      if (n > 0) sm90::mbar_wait(empty, (n - 1) & 1);
       sm90::mbar_arrive_expect_tx(full, Shape<128>::kTileBytes);
       sm90::tma_load_3d(dst, map, full, 0, head, row);
       sm90::tma_load_3d(dst + sm90::Sw128Tile<kBlockN>::kBlockBytes, map, full, 64, head, row);
     }
     return;
   }
-  if (n > 0) sm90::mbar_wait(empty, (n - 1) & 1);
   copy_tile_zfill<T>(dst, base + row * stride, stride, valid, tid);
   cp_async_commit();
   cp_async_wait<0>();
