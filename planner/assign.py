@@ -81,10 +81,12 @@ class Assignment:
 
 def assign_items(
     costs: np.ndarray, num_heads: int, num_ctas: int, stats: tuple[float, float, float] | None = None,
-    prefix: np.ndarray | None = None, pool_share: float = 0.0,
+    prefix: np.ndarray | None = None, pool_share: float = 0.0, always_sort: bool = False,
 ) -> Assignment:  # fmt: skip
     """Assign ``num_heads`` items of each group cost in ``costs`` (float64, int64 or int32, all > 0) to ``num_ctas``
     CTAs; with ``pool_share > 0``, sorted deals leave their smallest items to a shared tail (the module docstring).
+    ``always_sort``: deal largest first (and leave the pool) even where the linear cut would balance the lists (a
+    kernel that takes most of its work from the pool, in that order: the Hopper prefill kernel).
 
     ``stats`` is ``(sum, max, min)`` of ``costs`` and ``prefix`` their running sum when the caller already has them
     (``G`` entries, or ``G + 1`` with a leading 0; it may be overwritten). ``max`` and ``min`` may be bounds that
@@ -97,6 +99,8 @@ def assign_items(
     if n <= p:
         return Assignment(np.minimum(np.arange(p + 1), n), None, None, "one-wave")
     total, cmax, cmin = stats if stats is not None else (float(costs.sum()), float(costs.max()), float(costs.min()))
+    if always_sort:
+        return _sorted(costs.astype(np.float64, copy=False), h, p, total, pool_share)
     if cmax == cmin:
         # Equal items: CTA c starts at the first item whose midpoint (i + 1/2) reaches c*n/P.
         indptr = np.arange(0, 2 * n * (p + 1), 2 * n)

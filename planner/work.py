@@ -139,6 +139,7 @@ def plan_work(
     kv_range: tuple[int, int] | None = None,
     qo_range: tuple[int, int] | None = None,
     pool_share: float = 0.0,
+    always_sort: bool = False,
 ) -> WorkPlan:
     """Plan one batch: ``qo_lens[b]`` query tokens (``None``: decode, one each) attend ``kv_lens[b]`` KV tokens.
 
@@ -148,7 +149,8 @@ def plan_work(
     ``disable_split`` never splits. ``min_chunk`` is the smallest piece the automatic policy cuts (tokens).
     ``kv_range = (min, max)`` of ``kv_lens`` and ``qo_range`` of ``qo_lens`` when the caller has them (those lengths
     then must be 1-D integer NumPy arrays, already checked non-negative): saves their reductions. ``pool_share``: the
-    share of the cost a sorted assignment leaves to a shared tail (``assign.py``; only for kernels that take one).
+    share of the cost a sorted assignment leaves to a shared tail (``assign.py``; only for kernels that take one);
+    ``always_sort``: a sorted (largest first) assignment whatever the costs (``assign.assign_items``).
 
     Decode batches (``qo_lens`` None or all ones) with ``group_size <= tile_rows`` take the lane plan of
     ``decode_plan.py``; everything else the tile pipeline below.
@@ -193,13 +195,13 @@ def plan_work(
         qo_hi = None
     fs = None if fixed_split_size is None else int(fixed_split_size)
     return plan_checked(qo, kv, h, g, br, p, gr, bool(causal), int(window_left), fs, bool(disable_split), cost,
-                        int(min_chunk), kv_lo, kv_hi, qo_lo, qo_hi, float(pool_share))  # fmt: skip
+                        int(min_chunk), kv_lo, kv_hi, qo_lo, qo_hi, float(pool_share), bool(always_sort))  # fmt: skip
 
 
 def plan_checked(
     qo: np.ndarray | None, kv: np.ndarray, h: int, g: int, br: int, p: int, gr: int, causal: bool, w: int,
     fixed_split_size: int | None, disable_split: bool, cost: CostModel, min_chunk: int, kv_lo: int | None,
-    kv_hi: int | None, qo_lo: int | None, qo_hi: int | None, pool_share: float = 0.0,
+    kv_hi: int | None, qo_lo: int | None, qo_hi: int | None, pool_share: float = 0.0, always_sort: bool = False,
 ) -> WorkPlan:  # fmt: skip
     """``plan_work`` on arguments it has checked (Python ints and bools, 1-D NumPy lengths, ``fixed_split_size`` a
     multiple of ``gr``, ``qo_lo`` / ``qo_hi`` the range of ``qo`` when given, ``kv_lo`` / ``kv_hi`` that of ``kv`` or
@@ -286,7 +288,7 @@ def plan_checked(
         g_pbase += piece * g_rows
         g_pbase[~is_split] = -1
 
-    asg = assign_items(costs, h, p, stats, prefix if counts is None else None, pool_share)
+    asg = assign_items(costs, h, p, stats, prefix if counts is None else None, pool_share, always_sort)
     # The dataclass __init__ with its 21 keywords costs microseconds: the fields are set in a copy of a dict that
     # holds them all (no resize while they go in).
     f = _PLAN_FIELDS.copy()

@@ -37,6 +37,11 @@ THREADS = 384  # producer warpgroup + two consumer warpgroups
 # Q, the K and V rings, 10 mbarriers, the unit slot, the item broadcast, and 1024 bytes to align the tiles
 SMEM_BYTES = 1024 + TILE_Q * HEAD_DIM * 2 + 2 * STAGES * TILE_KV * HEAD_DIM * 2 + 8 * (2 + 4 * STAGES) + 64 + 16
 ARCH = "sm_90a"
+#: Share of the cost left to the plan's shared tail (taken one item at a time, largest first, by the CTAs that finish
+#: their lists first); the FA2-class plans leave 4 % (cuinfer.planner.assign.POOL_SHARE). Items are always dealt
+#: largest first (SORTED_DEAL), the query heads of a tile side by side (their K / V tiles shared in the L2).
+POOL_SHARE = 0.04
+SORTED_DEAL = True
 TMA_DESC = np.dtype([("opaque", "<u8", (16,))], align=True)  # CUtensorMap: 128 opaque bytes (the kernel's TmaDesc)
 
 

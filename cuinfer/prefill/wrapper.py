@@ -220,7 +220,7 @@ class BatchPrefill(PlanRunWrapper):
             np.diff(plan.qo_indptr), plan.kv_lens, num_kv_heads=plan.num_qo_heads, group_size=1,
             tile_rows=sm90.TILE_Q, num_ctas=num_ctas, kv_granule=sm90.TILE_KV, causal=opts.causal,
             window_left=opts.window_left, fixed_split_size=fixed_split_size, disable_split=no_split,
-            pool_share=plan_assign.POOL_SHARE,
+            pool_share=sm90.POOL_SHARE, always_sort=sm90.SORTED_DEAL,
         )  # fmt: skip
 
     def _limits(self, device_id: int | None) -> DeviceLimits:
