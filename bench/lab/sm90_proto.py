@@ -203,7 +203,7 @@ class Proto:
         sms = cp.cuda.Device().attributes["MultiProcessorCount"]
         grid = (len(items) * hq if self.one_cta_per_unit else min(sms, len(items) * hq),)
         scale_log2 = np.float32(sm_scale * np.log2(np.e))
-        maps = [tensor_map(x) if self.tma else np.zeros((), TMA_DESC)[()] for x in (q, k, v)]
+        maps = [tensor_map(x) if self.tma else _no_map() for x in (q, k, v)]
         vp = self.rendered.pack(chain_values(self.chain, hq))
         sched = cp.zeros(1, cp.int32)  # (PROTO_DYNAMIC: units handed out after the first gridDim.x)
         args = (q, k, v, o, lse, qi, ki, items_d, sched, cp.int32(len(items)), cp.int32(hq), cp.int32(hk), scale_log2,
@@ -217,37 +217,22 @@ class Proto:
         return launch
 
 
-TMA_DESC = np.dtype([("opaque", "<u8", (16,))])  # CUtensorMap: 128 opaque bytes (the kernel's TmaDesc)
+def _no_map() -> np.void:
+    """The by-value TmaDesc argument of a cp.async build (never read)."""
+    from cuinfer.prefill.sm90 import TMA_DESC
+
+    return np.zeros((), TMA_DESC)[()]
 
 
 def tensor_map(x) -> np.void:
-    """TMA map of a [tokens, heads, 128] 16-bit tensor (CuPy) with boxes of 128 tokens x 1 head x 64 columns and the
-    128-byte swizzle, as the kernel's by-value TmaDesc parameter (cuTensorMapEncodeTiled)."""
-    import ctypes
-
-    from cuda.bindings import driver as cu
+    """TMA map of a [tokens, heads, 128] 16-bit CuPy tensor (contiguous), as the product kernel builds it
+    (cuinfer.prefill.sm90.tensor_map: 128 x 1 x 64 boxes, 128-byte swizzle)."""
+    from cuinfer.prefill.sm90 import tensor_map as product_map
 
     tokens, heads, d = x.shape
     assert d == D and x.dtype.itemsize == 2
-    err, tmap = cu.cuTensorMapEncodeTiled(
-        cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        cu.cuuint32_t(3),
-        int(x.data.ptr),
-        [cu.cuuint64_t(n) for n in (d, heads, tokens)],
-        [cu.cuuint64_t(n) for n in (d * 2, heads * d * 2)],  # bytes between heads, between tokens
-        [cu.cuuint32_t(n) for n in (64, 1, 128)],
-        [cu.cuuint32_t(1)] * 3,
-        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-    )
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuTensorMapEncodeTiled: {err}")
-    raw = ctypes.string_at(tmap.getPtr(), 128)
-    out = np.zeros((), TMA_DESC)
-    out["opaque"] = np.frombuffer(raw, dtype="<u8")
-    return out[()]
+    dtype = "float16" if x.dtype == np.float16 else "bfloat16"
+    return product_map(int(x.data.ptr), dtype, tokens, heads, heads * d, d)
 
 
 def attended_pairs(lens, causal: bool, window: int) -> int:
