@@ -1,11 +1,11 @@
 """The Hopper backend of ``BatchPrefill`` (``backend="sm90"``): wgmma tensor cores, TMA copies and warp
 specialisation on sm_90a (kernel_src/attention/prefill_sm90/).
 
-What it runs (checked at ``plan()``, each limit named in the error): ragged K / V (``paged=False``), q / k / v / o of
-one 16-bit type (float16 or bfloat16), ``head_dim = head_dim_vo = 128``, any GQA group, and the softmax variants of
-logits, key ranges and masks (causal, sliding window, soft cap, ALiBi, custom masks and user variants of those
-kinds); an sm_90 GPU. The rest (paged KV, fp8 K / V, other head dims, RoPE / sinks / sigmoid and other transforms,
-CUDA-graph mode) runs on ``backend="fa2"``.
+What it runs (checked at ``plan()``, each limit named in the error): ragged K / V (``paged=False``; a paged cache once
+its kernel has run on a GPU: ``PAGED``), q / k / v / o of one 16-bit type (float16 or bfloat16), ``head_dim =
+head_dim_vo = 128``, any GQA group, and the softmax variants of logits, key ranges and masks (causal, sliding window,
+soft cap, ALiBi, custom masks and user variants of those kinds); an sm_90 GPU. The rest (fp8 K / V, other head dims,
+RoPE / sinks / sigmoid and other transforms, CUDA-graph mode) runs on ``backend="fa2"``.
 
 Its plan is the same plan format as the FA2-class kernel's (cuinfer/planner, read by kernel_src/plan/work.cuh) with
 one difference: an item is 128 query rows of **one query head** (the planner sees ``num_qo_heads`` KV heads of group
@@ -42,6 +42,9 @@ ARCH = "sm_90a"
 #: largest first (SORTED_DEAL), the query heads of a tile side by side (their K / V tiles shared in the L2).
 POOL_SHARE = 0.04
 SORTED_DEAL = True
+#: The paged kernel (K / V gathered by page table with cp.async) compiles and passes CI's SASS checks but has not run on
+#: a GPU yet: BatchPrefill(paged=True, backend="sm90") refuses it until its GPU tests have passed (they set this).
+PAGED = False
 TMA_DESC = np.dtype([("opaque", "<u8", (16,))], align=True)  # CUtensorMap: 128 opaque bytes (the kernel's TmaDesc)
 
 
@@ -51,13 +54,15 @@ class Sm90KernelKey:
 
     dtype: str  # q, k, v and o
     variant: Rendered
+    paged: bool = False
     head_dim: int = HEAD_DIM
 
     def name_expr(self) -> str:
-        return f"cuinfer::batch_prefill_sm90<{CTYPES[self.dtype]}, {self.head_dim}>"
+        return f"cuinfer::batch_prefill_sm90<{CTYPES[self.dtype]}, {self.head_dim}, {str(self.paged).lower()}>"
 
     def short_name(self) -> str:
-        return f"prefill_sm90/ragged/{self.dtype}/d{self.head_dim}/{self.variant.name}"
+        kv = "paged" if self.paged else "ragged"
+        return f"prefill_sm90/{kv}/{self.dtype}/d{self.head_dim}/{self.variant.name}"
 
 
 @functools.cache
@@ -67,7 +72,8 @@ def sm90_spec(key: Sm90KernelKey) -> KernelSpec:
         source="attention/prefill_sm90.cu",
         name_exprs=(key.name_expr(),),
         preamble=PrefillParams.c_decl() + key.variant.preamble(),
-        # wgmma, TMA boxes and cp.async (a tile that crosses the last key), the register split of the warpgroups
+        # wgmma, TMA boxes (q; ragged k / v) and cp.async (paged tiles, a ragged tile that crosses the last key), the
+        # register split of the warpgroups
         sass_expect=(r"HGMMA", r"UTMALDG", r"LDGSTS", r"USETMAXREG"),
         archs=(ARCH,),
         smem_bytes=SMEM_BYTES,
@@ -78,8 +84,8 @@ def default_specs() -> list[KernelSpec]:
     """The specialisations CI compiles (sm_90a only): plain and causal in both 16-bit types, the built-in variants of
     logits and key ranges, a custom mask."""
 
-    def key(dtype: str, *names: str) -> KernelSpec:
-        return sm90_spec(Sm90KernelKey(dtype, render(tuple(lookup(n) for n in names))))
+    def key(dtype: str, *names: str, paged: bool = False) -> KernelSpec:
+        return sm90_spec(Sm90KernelKey(dtype, render(tuple(lookup(n) for n in names)), paged))
 
     return [
         key("bfloat16", "causal"),
@@ -88,13 +94,13 @@ def default_specs() -> list[KernelSpec]:
         key("bfloat16", "causal", "alibi"),
         key("bfloat16", "causal", "window"),
         key("float16", "causal", "custom_mask"),
+        key("bfloat16", "causal", paged=True),
+        key("float16", "causal", "custom_mask", paged=True),
     ]
 
 
-def unsupported(plan: Any, paged: bool) -> str | None:
+def unsupported(plan: Any) -> str | None:
     """Why the Hopper kernel cannot run ``plan`` (None when it can): the first limit it meets, as a sentence."""
-    if paged:
-        return "paged KV (it runs ragged K / V: BatchPrefill(paged=False))"
     if plan.head_dim != HEAD_DIM or plan.head_dim_vo != HEAD_DIM:
         return f"head_dim={plan.head_dim}, head_dim_vo={plan.head_dim_vo} (it is built for 128)"
     if plan.q_dtype.value not in ("float16", "bfloat16"):
@@ -173,17 +179,21 @@ class Sm90Launch(PrefillLaunch):
     as extra arguments (re-encoded when a pointer or stride changes)."""
 
     def _configure(self, plan: Any, paged: bool, device_id: int) -> None:
-        key = Sm90KernelKey(plan.q_dtype.value, plan.variant)
+        key = Sm90KernelKey(plan.q_dtype.value, plan.variant, paged)
         self.kernel = get_kernel(sm90_spec(key), key.name_expr(), device_id)
         self.num_ctas, self.threads, self.smem_bytes = plan.work.num_ctas, THREADS, SMEM_BYTES
-        self.dtype = plan.q_dtype.value
-        self.rows = (plan.nnz_qo, int(plan.kv_indptr[-1]))
+        self.dtype, self.paged = plan.q_dtype.value, paged
+        self.rows = (plan.nnz_qo, 0 if paged else int(plan.kv_indptr[-1]))
 
     def _extra_args(self, tq: Tensor, kv: KV) -> tuple:
         nq, nk = self.rows
         heads_q, heads_k = tq.shape[1], kv.num_kv_heads
+        q_map = tensor_map(tq.ptr, self.dtype, nq, heads_q, tq.strides[0], tq.strides[1])
+        if self.paged:  # (the kernel gathers K / V rows by page table; their maps are not read)
+            unused = np.zeros((), TMA_DESC)[()]
+            return q_map, unused, unused
         return (
-            tensor_map(tq.ptr, self.dtype, nq, heads_q, tq.strides[0], tq.strides[1]),
+            q_map,
             tensor_map(kv.k_ptr, self.dtype, nk, heads_k, kv.k_strides[1], kv.k_strides[2]),
             tensor_map(kv.v_ptr, self.dtype, nk, heads_k, kv.v_strides[1], kv.v_strides[2]),
         )

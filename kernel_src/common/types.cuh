@@ -38,6 +38,14 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 template <typename T, typename U> struct is_same { static constexpr bool value = false; };
 template <typename T> struct is_same<T, T> { static constexpr bool value = true; };
 
+// Select<B, T, F>::type is T when B, else F.
+template <bool B, class T, class F> struct Select {
+  using type = T;
+};
+template <class T, class F> struct Select<false, T, F> {
+  using type = F;
+};
+
 template <typename T> __host__ __device__ constexpr T ceil_div(T a, T b) { return (a + b - 1) / b; }
 
 }  // namespace cuinfer

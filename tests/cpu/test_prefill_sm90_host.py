@@ -78,7 +78,7 @@ def test_plan_names_what_sm90_does_not_run(kw, match):
 
 
 def test_constructor_names_paged_and_graph_mode():
-    with pytest.raises(NotImplementedError, match="ragged K/V only"):
+    with pytest.raises(NotImplementedError, match="ragged K/V only .*not been validated on a GPU"):
         BatchPrefill(paged=True, backend="sm90")
     with pytest.raises(NotImplementedError, match="use_cuda_graph"):
         BatchPrefill(paged=False, backend="sm90", use_cuda_graph=True, max_batch_size=4)
@@ -94,3 +94,16 @@ def test_numpy_inputs_run_the_reference():
     ref = BatchPrefill(paged=False, backend="fa2")
     _plan(ref)
     np.testing.assert_array_equal(np.asarray(o_sm90, np.float32), np.asarray(ref.run(q, k, k), np.float32))
+
+
+def test_paged_plans_once_enabled(monkeypatch):
+    """The paged kernel's plan: the same items as ragged (one query head, 128 rows), its own specialisation."""
+    monkeypatch.setattr(sm90, "PAGED", True)
+    w = BatchPrefill(paged=True, backend="sm90")
+    qo, pages = np.array([0, 300, 1000]), np.array([0, 25, 94])  # 400 and 1100 + 4 keys in pages of 16
+    w.plan(qo, pages, np.arange(94), np.array([16, 4]), page_size=16, num_qo_heads=8, num_kv_heads=2, head_dim=128,
+           q_dtype="bfloat16", causal=True, num_sms=132)  # fmt: skip
+    assert w._plan.work.n_items == (3 + 6) * 8
+    key = sm90.Sm90KernelKey("bfloat16", w._plan.variant, True)
+    assert key.name_expr() == "cuinfer::batch_prefill_sm90<__nv_bfloat16, 128, true>"
+    assert sm90.sm90_spec(key) in sm90.default_specs()

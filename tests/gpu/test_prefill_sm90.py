@@ -2,7 +2,8 @@
 mixes with tails that cross a tile (the cp.async zero-filled tiles), rows that see no key, empty requests, GQA groups
 1 / 4 / 8, both 16-bit types, NHD and HND K / V, a strided q view, split items merged by the merge kernel, one SM
 (every item from one CTA's list and the pool), and the variants it runs (soft cap, ALiBi, sliding window, custom
-mask). Outputs and the workspace are NaN-poisoned before each run. Skipped without an sm_90 GPU.
+mask); paged caches (page sizes 1, 5, 16, NHD and HND, a 5-D cache and a (k, v) pair). Outputs and the workspace are
+NaN-poisoned before each run. Skipped without an sm_90 GPU.
 """
 
 from __future__ import annotations
@@ -48,10 +49,25 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("c", CASES)
-def test_batch_prefill_sm90(rng, c: Case):
+# Paged caches (K / V gathered by page table; BatchPrefill refuses them until these pass: sm90.PAGED)
+PAGED_CASES = [
+    pytest.param(sm90(B12, page=16), id="paged-b12mix-page16-bf16-causal"),
+    pytest.param(sm90(B1_LONG, page=1), id="paged-b1-page1"),
+    pytest.param(sm90(QO_MIX, page=5, dtype="fp16"), id="paged-qomix-page5-fp16"),
+    pytest.param(sm90(B12, page=16, layout="HND", cache="tuple", causal=False), id="paged-b12mix-hnd-tuple-noncausal"),
+    pytest.param(sm90(LONG_TAIL, page=16, heads=(64, 8), split=256), id="paged-tails-gqa8-split256"),
+    pytest.param(sm90(B12, page=16, mask=True), id="paged-b12mix-custom-mask"),
+    pytest.param(sm90(B12, page=16, opts={"pos_encoding": "alibi", "window_left": 300}), id="paged-alibi-window300"),
+]
+
+
+@pytest.mark.parametrize("c", CASES + PAGED_CASES)
+def test_batch_prefill_sm90(rng, c: Case, monkeypatch):
     if not _hopper():
         pytest.skip("backend='sm90' needs an sm_90 GPU")
+    from cuinfer.prefill import sm90 as sm90_backend
+
+    monkeypatch.setattr(sm90_backend, "PAGED", True)
     fw = _framework("cupy")
     h = _build(rng, c)
     o, lse, w, _ = _run_case(fw, c, h)

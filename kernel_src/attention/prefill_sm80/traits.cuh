@@ -9,13 +9,6 @@
 
 namespace cuinfer {
 
-template <bool B, class T, class F> struct Select {
-  using type = T;
-};
-template <class T, class F> struct Select<false, T, F> {
-  using type = F;
-};
-
 // Variant_: the attention variant (variants/contract.cuh), rendered by cuinfer/variants/render.py.
 // DTypeQ_: q's type, K/V's by default (fp16 or bf16); fp8 K/V (DTypeKV_ = __nv_fp8_e4m3 / e5m2) take a 16-bit q and
 // are converted to q's type (common/fp8.cuh): CONVERT_ false, each warp converts the fragments it reads, in registers

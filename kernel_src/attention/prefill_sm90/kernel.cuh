@@ -16,14 +16,15 @@ namespace cuinfer {
 
 // p: the plan's arrays, the tensors and the shapes (PrefillParams, cuinfer/prefill/specs.py); v: the variant's
 // parameters; tm_q, tm_k, tm_v: TMA maps of q, k and v as [tokens, heads, 128] with 64 x 1 x 128 boxes and the
-// 128-byte swizzle (cuinfer/prefill/sm90.py).
-template <class T, int HEAD_DIM>
+// 128-byte swizzle (cuinfer/prefill/sm90.py; PAGED: k and v are a paged cache, read by page table, their maps unused).
+template <class T, int HEAD_DIM, bool PAGED>
 __global__ void __launch_bounds__(prefill_sm90::kThreads, 1)
     batch_prefill_sm90(const __grid_constant__ PrefillParams p, const __grid_constant__ VariantParams v,
                        const __grid_constant__ sm90::TmaDesc tm_q, const __grid_constant__ sm90::TmaDesc tm_k,
                        const __grid_constant__ sm90::TmaDesc tm_v) {
   using namespace prefill_sm90;
   using V = Variant;
+  using KV = typename Select<PAGED, kv::Paged, kv::Ragged>::type;
   static_assert(V::kSoftmax && !V::kQueryTransform && !V::kKeyTransform && !V::kValueTransform && !V::kSink &&
                     !V::kOutputTransform,
                 "the sm90 prefill kernel runs softmax variants of logits, key ranges and masks");
@@ -50,7 +51,7 @@ __global__ void __launch_bounds__(prefill_sm90::kThreads, 1)
   __syncthreads();
   if (wg == 0) {
     sm90::setmaxnreg_dec<kProducerRegs>();
-    produce<T, V>(p, v, bars, sq, sk, sv, slot, bcast, &tm_q, &tm_k, &tm_v, tid);
+    produce<T, V, KV>(p, v, bars, sq, sk, sv, slot, bcast, &tm_q, &tm_k, &tm_v, tid);
     return;
   }
   sm90::setmaxnreg_inc<kConsumerRegs>();

@@ -2,7 +2,8 @@
 // plan/work.cuh), hands each unit to the consumers through a shared-memory slot, and fills Q and the K / V ring:
 //   * Q and every K / V tile that lies wholly inside the unit's keys: TMA boxes issued by one thread (the maps' 128-byte
 //     swizzle is the wgmma layout), completing on the stage's barrier by transaction count;
-//   * a tile that crosses the unit's last key (a request's tail; a causal diagonal not on a tile boundary): cp.async by
+//   * a paged cache's tiles (rows gathered by page table), and a ragged tile that crosses the unit's last key (a
+//     request's tail; a causal diagonal not on a tile boundary): cp.async by
 //     all 128 producer threads with the rows past the end zero-filled, so no row of another request (or past the
 //     tensor) reaches the consumers' P·V, where a weight of 0 times a non-finite value would be NaN. Q rows past a
 //     request's end are read from the next rows (or zero-filled past the tensor): they only feed rows that are never
@@ -36,14 +37,31 @@ __device__ __forceinline__ void copy_tile_zfill(u32 dst, const T* src, i64 strid
   }
 }
 
+// A paged tile: the same copy with each row's address from the page table (K and V share strides).
+template <class T, class P>
+__device__ __forceinline__ void copy_paged_zfill(u32 dst, const T* base, const P& p, int page_base, int key0, int kvh,
+                                                 int valid, int tid) {
+  const int c = tid % 16, r0 = tid / 16;
+  const u32 s0 = dst + sm90::Sw128Tile<kBlockN>::chunk_offset(r0, c);
+#pragma unroll 8
+  for (int i = 0; i < kBlockN / 8; ++i) {
+    const int key = key0 + r0 + 8 * i;
+    const bool ok = r0 + 8 * i < valid;
+    const int page = kv::Paged::page(p, page_base, key, ok);
+    cp_async_16(s0 + i * 1024, base + (ok ? kv::Paged::offset(p, page, key, kvh) + c * 8 : 0), ok);
+  }
+}
+
 // One K or V tile into stage buffer `dst` (ready on barrier `full` once `empty` let the stage be refilled; `n` = the
 // stage's fill count): TMA for a whole tile, cp.async with zero fill for one that crosses the unit's last key.
 // Every producer thread waits for `empty` on every tile, TMA tiles included: a parity wait only tells the phase it
 // asks for from the one before, so a thread that skipped waits and asked for a later fill's parity would see an older
 // phase complete and overwrite a stage still being read.
-template <class T, class P>
+// Paged caches (KV = kv::Paged) copy every tile by page table: `row` is the tile's first key, `base` the cache.
+template <class T, class KV, class P>
 __device__ __forceinline__ void load_tile(u32 dst, u32 full, u32 empty, int n, bool whole, const sm90::TmaDesc* map,
-                                          const T* base, i64 stride, int head, int row, int valid, int tid) {
+                                          const T* base, i64 stride, int head, int row, int valid, int tid,
+                                          const P& p, int page_base) {
   if (n > 0) sm90::mbar_wait(empty, (n - 1) & 1);
   if (whole) {
     if (tid == 0) {
@@ -53,7 +71,11 @@ __device__ __forceinline__ void load_tile(u32 dst, u32 full, u32 empty, int n, b
     }
     return;
   }
-  copy_tile_zfill<T>(dst, base + row * stride, stride, valid, tid);
+  if constexpr (KV::kPaged) {
+    copy_paged_zfill<T>(dst, base, p, page_base, row, head, valid, tid);
+  } else {
+    copy_tile_zfill<T>(dst, base + row * stride, stride, valid, tid);
+  }
   cp_async_commit();
   cp_async_wait<0>();
   sm90::fence_proxy_async();  // (generic-proxy writes, read by the async proxy of wgmma)
@@ -61,7 +83,7 @@ __device__ __forceinline__ void load_tile(u32 dst, u32 full, u32 empty, int n, b
   if (tid == 0) sm90::mbar_arrive(full);
 }
 
-template <class T, class V, class P, class VP>
+template <class T, class V, class KV, class P, class VP>
 __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& bars, u32 sq, u32 sk, u32 sv,
                                         Unit* slot, int* bcast, const sm90::TmaDesc* tm_q, const sm90::TmaDesc* tm_k,
                                         const sm90::TmaDesc* tm_v, int tid) {
@@ -99,7 +121,7 @@ __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& ba
       }
       break;
     }
-    const Unit w = resolve_unit<V>(p, vp, it, D);
+    const Unit w = resolve_unit<V, KV>(p, vp, it, D);
     if (tid == 0) {
       *slot = w;  // (read by the consumers after q_full)
       sm90::mbar_arrive_expect_tx(bars.q_full(), Shape<D>::kQBytes);
@@ -107,17 +129,20 @@ __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& ba
       sm90::tma_load_3d(sq + sm90::Sw128Tile<kBlockM>::kBlockBytes, tm_q, bars.q_full(), 64, w.head, w.q0 + w.row0);
     }
     const int kvh = w.head / p.group_size;
-    const T* kh = k + kvh * p.k_stride_h;  // (rows: global token indices, as the TMA coordinates)
-    const T* vh = v + kvh * p.v_stride_h;
+    // ragged: rows are global token indices (as the TMA coordinates) from the head's base; paged: keys of the request
+    // from the cache's base (the page table gives each row's address)
+    const T* kh = KV::kPaged ? k : k + kvh * p.k_stride_h;
+    const T* vh = KV::kPaged ? v : v + kvh * p.v_stride_h;
+    const int row0 = KV::kPaged ? 0 : w.k0;
     for (int i = 0; i < w.n_tiles; ++i, ++tile) {
       const int s = tile % kStages, n = tile / kStages;
       const int key0 = (w.t_first + i) * kBlockN;
-      const bool whole = key0 + kBlockN <= w.key_hi;
+      const bool whole = !KV::kPaged && key0 + kBlockN <= w.key_hi;
       const int valid = w.key_hi - key0;
-      load_tile<T, P>(sk + s * Shape<D>::kTileBytes, bars.k_full(s), bars.k_empty(s), n, whole, tm_k, kh,
-                      p.k_stride_n, kvh, w.k0 + key0, valid, tid);
-      load_tile<T, P>(sv + s * Shape<D>::kTileBytes, bars.v_full(s), bars.v_empty(s), n, whole, tm_v, vh,
-                      p.v_stride_n, kvh, w.k0 + key0, valid, tid);
+      load_tile<T, KV>(sk + s * Shape<D>::kTileBytes, bars.k_full(s), bars.k_empty(s), n, whole, tm_k, kh,
+                       p.k_stride_n, kvh, row0 + key0, valid, tid, p, w.k0);
+      load_tile<T, KV>(sv + s * Shape<D>::kTileBytes, bars.v_full(s), bars.v_empty(s), n, whole, tm_v, vh,
+                       p.v_stride_n, kvh, row0 + key0, valid, tid, p, w.k0);
     }
   }
 }

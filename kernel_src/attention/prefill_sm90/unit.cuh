@@ -5,6 +5,8 @@
 #pragma once
 #include "common/types.cuh"
 #include "common/wgmma.cuh"
+#include "kv/paged.cuh"
+#include "kv/ragged.cuh"
 #include "plan/work.cuh"
 
 namespace cuinfer {
@@ -42,7 +44,8 @@ struct Bars {
 };
 
 // One item as the kernel runs it. Keys [t_first * kBlockN, key_hi) are loaded; tiles inside [mask_lo, mask_hi) need
-// no range mask. n_tiles < 0 marks the end of the CTA's work.
+// no range mask. k0: the request's first K / V row (ragged) or page-table entry (paged). n_tiles < 0 marks the end of
+// the CTA's work.
 struct Unit {
   int req, head, row0, q0, qo_len, k0, kv_len;
   int key_hi, mask_lo, mask_hi, t_first, n_tiles, partial, item;
@@ -51,7 +54,7 @@ struct Unit {
 // Item `it` of the plan as a unit: the variant's key ranges of its first and last rows (monotone in the row, as
 // causal and window are) bound the keys it loads, within the item's KV range [kv_start, kv_end) (a split item's
 // piece; kv_start is a multiple of kBlockN: the planner's granule).
-template <class V, class P, class VP>
+template <class V, class KV, class P, class VP>
 __device__ __forceinline__ Unit resolve_unit(const P& p, const VP& vp, int it, int head_dim) {
   Unit w;
   const plan::ItemRef ref = plan::item_ref(p, it);
@@ -64,7 +67,7 @@ __device__ __forceinline__ Unit resolve_unit(const P& p, const VP& vp, int it, i
   w.q0 = qo_indptr[w.req];
   w.qo_len = qo_indptr[w.req + 1] - w.q0;
   w.k0 = kv_indptr[w.req];
-  w.kv_len = kv_indptr[w.req + 1] - w.k0;
+  w.kv_len = KV::len(p, w.req, w.k0);
   w.row0 = plan::qo_tile(p, ref.entry) * kBlockM;
   const int kv_start = plan::kv_start(p, ref.entry), kv_end = min(plan::kv_end(p, ref.entry), w.kv_len);
   const int diag = w.kv_len - w.qo_len, r_last = min(w.row0 + kBlockM, w.qo_len) - 1;
