@@ -132,7 +132,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     from cuinfer.jit.registry import specs
 
     arch = _target_arch(args.arch)
-    todo = specs(args.group)
+    todo = [s for s in specs(args.group) if s.builds_for(arch)]  # (the sm_90a-only kernels on sm_90a only)
     if not args.report:
         for s in todo:
             print(s.name)
@@ -183,7 +183,7 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     from cuinfer.jit.registry import specs
 
     arch = _target_arch(args.arch)
-    todo = specs(args.group)
+    todo = [s for s in specs(args.group) if s.builds_for(arch)]
     jobs = args.jobs or max(1, os.cpu_count() or 1)
     tiers = cache.cache_tiers()
     print(f"warming {len(todo)} kernel modules for {arch} with {jobs} threads; cache: {_describe_tiers(tiers)}",

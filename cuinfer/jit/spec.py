@@ -81,6 +81,10 @@ class KernelSpec:
         parts.append(f'#line 1 "{self.source}"\n{body}')
         return "\n".join(parts)
 
+    def builds_for(self, arch: str) -> bool:
+        """Whether this spec is written for target ``arch`` (``archs`` empty: every target)."""
+        return not self.archs or arch in self.archs
+
     def canonical(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 

@@ -107,3 +107,14 @@ def test_paged_plans_once_enabled(monkeypatch):
     key = sm90.Sm90KernelKey("bfloat16", w._plan.variant, True)
     assert key.name_expr() == "cuinfer::batch_prefill_sm90<__nv_bfloat16, 128, true>"
     assert sm90.sm90_spec(key) in sm90.default_specs()
+
+
+def test_cli_lists_sm90_kernels_for_sm90a_only(capsys):
+    """``cuinfer kernels`` / ``warmup`` for another target leave the sm_90a-only kernels out (they cannot build)."""
+    from cuinfer.cli import main
+
+    for arch, present in (("sm_90a", True), ("sm_80", False), ("sm_100a", False)):
+        assert main(["kernels", "--group", "prefill_sm90", "--arch", arch]) == 0
+        names = capsys.readouterr().out.split()
+        assert bool(names) is present, f"{arch}: {names}"
+        assert all(s.builds_for(arch) is present for s in SPECS)
