@@ -254,6 +254,22 @@ def test_no_pool_unless_asked_or_sorted():
     assert plan.assign_mode == "linear" and plan.n_pool == 0
 
 
+def test_always_sort_deals_largest_first_with_a_pool():
+    """``always_sort`` (the Hopper prefill kernel's plans): the items the linear cut would take in natural order are
+    dealt largest first, the smallest ~share of the cost left to the pool, every item exactly once."""
+    cfg = dict(num_kv_heads=32, group_size=1, tile_rows=128, num_ctas=132, kv_granule=128, causal=True)
+    lens = np.full(4, 4096)  # P2: 4096 small items, the linear cut's case
+    lin = plan_work(lens, lens, pool_share=0.04, **cfg)
+    assert lin.assign_mode == "linear" and lin.n_pool == 0
+    plan = plan_work(lens, lens, pool_share=0.04, always_sort=True, **cfg)
+    assert plan.assign_mode.startswith("snake") and plan.n_pool > 0
+    keys = sorted(zip(plan.item_req.tolist(), plan.item_qo_tile.tolist(), plan.item_kv_head.tolist(), strict=True))
+    assert len(set(keys)) == len(keys) == lin.n_items
+    pool = plan.item_kv_end[-plan.n_pool :] - plan.item_kv_start[-plan.n_pool :]
+    assert (np.diff(pool) <= 0).all(), "the pool runs largest first"
+    assert pool.max() <= (plan.item_kv_end - plan.item_kv_start)[: -plan.n_pool].min(), "the pool holds the smallest"
+
+
 @_SETTINGS
 @given(batches(decode=True))
 def test_random_decode_plans_are_valid(batch):
