@@ -85,8 +85,8 @@ def assign_items(
 ) -> Assignment:  # fmt: skip
     """Assign ``num_heads`` items of each group cost in ``costs`` (float64, int64 or int32, all > 0) to ``num_ctas``
     CTAs; with ``pool_share > 0``, sorted deals leave their smallest items to a shared tail (the module docstring).
-    ``always_sort``: deal largest first (and leave the pool) even where the linear cut would balance the lists (a
-    kernel that takes most of its work from the pool, in that order: the Hopper prefill kernel).
+    ``always_sort``: deal largest first (and leave the pool) even where the linear cut would balance the lists (the
+    Hopper prefill kernel: 6-7 % faster on P2 / P3 than in the linear cut's natural order; results h200-2026-12-03).
 
     ``stats`` is ``(sum, max, min)`` of ``costs`` and ``prefix`` their running sum when the caller already has them
     (``G`` entries, or ``G + 1`` with a leading 0; it may be overwritten). ``max`` and ``min`` may be bounds that
