@@ -170,8 +170,9 @@ def test_fp8_launch_emulated(rng, page_size, layout, as_tuple, dtype, fmt):
     f8 = FORMATS[fmt]
     top = float(ml_dtypes.finfo(f8).max)
     qkv[...] = (qkv.astype(np.float32) * np.float32(top / 8)).astype(dtype)  # some values beyond max finite x scale
-    cache = tuple(c.astype(f8) for c in cache) if as_tuple else cache.astype(f8)
     ks, vs = 0.37, 2.5
+    k[0, 0, 0] = 2 * top * ks  # (one K value surely past saturation: the last assertion's premise, whatever the seed)
+    cache = tuple(c.astype(f8) for c in cache) if as_tuple else cache.astype(f8)
     want = tuple(c.copy() for c in cache) if as_tuple else cache.copy()
     cuinfer.append_paged_kv_cache(k, v, bidx, pos, want, indices, indptr, last, kv_layout=layout, k_scale=ks,
                                   v_scale=vs)  # fmt: skip
