@@ -8,6 +8,8 @@ import re
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cuinfer.jit import get_compiled
 from cuinfer.jit.sass import disassemble_instructions
@@ -118,3 +120,41 @@ def test_cli_lists_sm90_kernels_for_sm90a_only(capsys):
         names = capsys.readouterr().out.split()
         assert bool(names) is present, f"{arch}: {names}"
         assert all(s.builds_for(arch) is present for s in SPECS)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lens=st.lists(st.tuples(st.integers(0, 700), st.integers(0, 1500)), min_size=1, max_size=6),
+    heads=st.sampled_from([(4, 4), (8, 2), (16, 2)]),
+    causal=st.booleans(),
+    window=st.sampled_from([-1, 0, 100, 300]),
+    split=st.sampled_from([None, 128, 384]),
+    sms=st.integers(1, 40),
+)
+def test_plans_cover_every_row_and_key_once(lens, heads, causal, window, split, sms):
+    """Every (request, 128-row tile, query head) of a plan is one item, or pieces that tile its KV range without
+    overlap, cut at multiples of 128 keys: the sm90 kernel computes each row's keys exactly once. (The first piece may
+    start off a tile only where a window's lower bound starts it: the kernel masks the keys below by the window.)"""
+    hq, hkv = heads
+    qo, kv = (np.array(x) for x in zip(*lens, strict=True))
+    w = BatchPrefill(paged=False, backend="sm90")
+    w.plan(np.concatenate([[0], np.cumsum(qo)]), np.concatenate([[0], np.cumsum(kv)]), num_qo_heads=hq,
+           num_kv_heads=hkv, head_dim=128, q_dtype="bfloat16", causal=causal, window_left=window,
+           fixed_split_size=split, num_sms=sms)  # fmt: skip
+    work = w._plan.work
+    pieces: dict = {}
+    for r, t, h, s, e in zip(work.item_req, work.item_qo_tile, work.item_kv_head, work.item_kv_start,
+                             work.item_kv_end, strict=True):  # fmt: skip
+        pieces.setdefault((int(r), int(t), int(h)), []).append((int(s), int(e)))
+    want = {(b, t, h) for b in range(len(qo)) for t in range(-(-int(qo[b]) // 128)) for h in range(hq)}
+    assert set(pieces) <= want
+    for key, ranges in pieces.items():
+        ranges.sort()
+        starts = [s for s, _ in ranges] if window < 0 else [s for s, _ in ranges[1:]]
+        assert all(s % sm90.TILE_KV == 0 for s in starts), f"{key}: a piece starts off a tile: {ranges}"
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False)), f"{key}: gaps or overlaps"
+        assert ranges[-1][1] <= kv[key[0]]
+    # a (tile, head) with no item must see no key (e.g. causal rows before the first key)
+    for b, t, h in want - set(pieces):
+        last = min((t + 1) * 128, int(qo[b])) - 1
+        assert causal and last + int(kv[b]) - int(qo[b]) < 0 or kv[b] == 0, (b, t, h)

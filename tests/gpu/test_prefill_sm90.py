@@ -45,6 +45,7 @@ CASES = [
     pytest.param(sm90(B12, split=256, opts={"pos_encoding": "alibi"}), id="b12mix-alibi-split256"),
     pytest.param(sm90(B12, opts={"window_left": 100}), id="b12mix-window100"),
     pytest.param(sm90(B1_LONG, opts={"window_left": 1024}), id="b1-window1024"),
+    pytest.param(sm90(B1_LONG, split=256, opts={"window_left": 300}), id="b1-window300-split256"),
     pytest.param(sm90(B12, mask=True, dtype="fp16"), id="b12mix-custom-mask-fp16"),
 ]
 
