@@ -3,11 +3,11 @@
 //   * Q and every K / V tile that lies wholly inside the unit's keys: TMA boxes issued by one thread (the maps' 128-byte
 //     swizzle is the wgmma layout), completing on the stage's barrier by transaction count;
 //   * a paged cache's tiles (rows gathered by page table), and a ragged tile that crosses the unit's last key (a
-//     request's tail; a causal diagonal not on a tile boundary): cp.async by
-//     all 128 producer threads with the rows past the end zero-filled, so no row of another request (or past the
-//     tensor) reaches the consumers' P·V, where a weight of 0 times a non-finite value would be NaN. Q rows past a
-//     request's end are read from the next rows (or zero-filled past the tensor): they only feed rows that are never
-//     stored.
+//     request's tail; a causal diagonal not on a tile boundary): cp.async by all 128 producer threads with the rows
+//     past the end zero-filled, so no row of another request (or past the tensor) reaches the consumers' P·V, where
+//     a weight of 0 times a non-finite value would be NaN.
+// Q rows past a request's end are read from the next rows (or zero-filled past the tensor): they only feed rows that
+// are never stored.
 // K and V of a stage are released apart by the consumers (k_empty / v_empty), so the next K load starts while a P·V
 // still reads the stage's V.
 #pragma once
