@@ -1,4 +1,4 @@
-// Hopper (sm_90a) batch prefill on ragged K / V: wgmma tensor cores, TMA copies and warp specialisation, assembled
+// Hopper (sm_90a) batch prefill on ragged K / V or a paged cache: wgmma tensor cores, TMA copies and warp specialisation, assembled
 // from its pieces: the work unit and shared-memory layout (unit.cuh), the producer warpgroup (producer.cuh) and the
 // two consumer warpgroups (consumer.cuh), through the attention-variant contract (variants/contract.cuh; softmax
 // variants of logits, key ranges and masks) and the plan format (plan/work.cuh).

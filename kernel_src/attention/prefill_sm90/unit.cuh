@@ -1,7 +1,7 @@
 // Hopper prefill (wgmma + TMA): the block's shared-memory layout, its barriers, and the work unit one item of the plan
 // becomes. The planner plans sm90 prefill with one query head per item (group 1: the item's "KV head" is its query
 // head, cuinfer/prefill/sm90.py), 128-row query tiles and 128-key granules, so a unit is 128 query rows of one head
-// of one request over a KV range that starts on a tile boundary.
+// of one request over a KV range whose pieces (split items) are cut on tile boundaries.
 #pragma once
 #include "common/types.cuh"
 #include "common/wgmma.cuh"
@@ -53,7 +53,8 @@ struct Unit {
 
 // Item `it` of the plan as a unit: the variant's key ranges of its first and last rows (monotone in the row, as
 // causal and window are) bound the keys it loads, within the item's KV range [kv_start, kv_end) (a split item's
-// piece; kv_start is a multiple of kBlockN: the planner's granule).
+// piece). Pieces are cut at multiples of kBlockN (the planner's granule); only a window's lower bound starts an item
+// off a tile, and the keys below it are masked by the window itself.
 template <class V, class KV, class P, class VP>
 __device__ __forceinline__ Unit resolve_unit(const P& p, const VP& vp, int it, int head_dim) {
   Unit w;
