@@ -182,18 +182,18 @@ class Sm90Launch(PrefillLaunch):
         key = Sm90KernelKey(plan.q_dtype.value, plan.variant, paged)
         self.kernel = get_kernel(sm90_spec(key), key.name_expr(), device_id)
         self.num_ctas, self.threads, self.smem_bytes = plan.work.num_ctas, THREADS, SMEM_BYTES
-        self.dtype, self.paged = plan.q_dtype.value, paged
-        self.rows = (plan.nnz_qo, 0 if paged else int(plan.kv_indptr[-1]))
+        self.paged = paged
 
     def _extra_args(self, tq: Tensor, kv: KV) -> tuple:
-        nq, nk = self.rows
-        heads_q, heads_k = tq.shape[1], kv.num_kv_heads
-        q_map = tensor_map(tq.ptr, self.dtype, nq, heads_q, tq.strides[0], tq.strides[1])
+        plan = self.plan
+        dtype = plan.q_dtype.value
+        q_map = tensor_map(tq.ptr, dtype, plan.nnz_qo, tq.shape[1], tq.strides[0], tq.strides[1])
         if self.paged:  # (the kernel gathers K / V rows by page table; their maps are not read)
             unused = np.zeros((), TMA_DESC)[()]
             return q_map, unused, unused
+        nk, heads = int(plan.kv_indptr[-1]), kv.num_kv_heads
         return (
             q_map,
-            tensor_map(kv.k_ptr, self.dtype, nk, heads_k, kv.k_strides[1], kv.k_strides[2]),
-            tensor_map(kv.v_ptr, self.dtype, nk, heads_k, kv.v_strides[1], kv.v_strides[2]),
+            tensor_map(kv.k_ptr, dtype, nk, heads, kv.k_strides[1], kv.k_strides[2]),
+            tensor_map(kv.v_ptr, dtype, nk, heads, kv.v_strides[1], kv.v_strides[2]),
         )

@@ -13,6 +13,7 @@
 #include "common/mbarrier.cuh"
 #include "common/mma.cuh"
 #include "common/wgmma.cuh"
+#include "state/merge.cuh"
 
 namespace cuinfer {
 namespace prefill_sm90 {
@@ -174,8 +175,8 @@ __device__ __forceinline__ void store_rows(const P& p, const Unit& w, const Rows
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float sum = mma::quad_sum(r.l[h]);
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    const float lse = sum > 0.f ? r.m[h] * sl2 + fmath::lg2(sum) : neg_inf();
+    const float inv = state::inv_of(sum);
+    const float lse = state::lse_of(r.m[h] * sl2, sum);
     const int row = my_row + 8 * h;
     if (row >= w.qo_len) continue;
     if (w.partial < 0) {

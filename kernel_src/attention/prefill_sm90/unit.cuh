@@ -27,8 +27,8 @@ template <int D> struct Shape {
   static_assert(D == 128, "the sm90 prefill kernel is built for head_dim 128");
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kTileBytes = kBlockN * D * 2;  // one K or V tile (16-bit)
-  // Q, the K ring, the V ring, the barriers, the unit slot and the item broadcast (1024-byte aligned tiles)
-  static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kTileBytes + 8 * (2 + 4 * kStages) + 64 + 16;
+  // (the block's dynamic shared memory, Q, the rings, Bars, the unit slot and the item broadcast behind 1024 bytes of
+  // alignment, is cuinfer/prefill/sm90.py's SMEM_BYTES)
 };
 
 // mbarriers (8 bytes each) after the tiles
@@ -48,7 +48,7 @@ struct Bars {
 // the CTA's work.
 struct Unit {
   int req, head, row0, q0, qo_len, k0, kv_len;
-  int key_hi, mask_lo, mask_hi, t_first, n_tiles, partial, item;
+  int key_hi, mask_lo, mask_hi, t_first, n_tiles, partial;
 };
 
 // Item `it` of the plan as a unit: the variant's key ranges of its first and last rows (monotone in the row, as
@@ -59,7 +59,6 @@ template <class V, class KV, class P, class VP>
 __device__ __forceinline__ Unit resolve_unit(const P& p, const VP& vp, int it, int head_dim) {
   Unit w;
   const plan::ItemRef ref = plan::item_ref(p, it);
-  w.item = it;
   w.head = ref.kv_head;  // (one query head per item)
   w.partial = ref.partial;
   w.req = plan::req(p, ref.entry);
