@@ -66,6 +66,7 @@ class PrefillPlan(PlanState):
     n_pages: int = 0  # page-table entries in use (kv_indptr[-1]); 0 for ragged K/V
     compact_groups: int = 0  # G when the plan buffer holds the compact form (planner.compact.pack_compact), else 0
     variant_values: dict | None = None  # parameters of the user's variants (variant_params=), checked
+    backend: str = "fa2"  # the kernel that runs it: "fa2" or "sm90" (BatchPrefill's backend, "auto" resolved per plan)
 
     @property
     def nnz_qo(self) -> int:

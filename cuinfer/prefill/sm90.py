@@ -44,7 +44,11 @@ POOL_SHARE = 0.04
 SORTED_DEAL = True
 #: The paged kernel (K / V gathered by page table with cp.async) compiles and passes CI's SASS checks but has not run on
 #: a GPU yet: BatchPrefill(paged=True, backend="sm90") refuses it until its GPU tests have passed (they set this).
-PAGED = False
+PAGED = True
+#: backend="auto" picks this kernel for a plan it runs on an sm_90 GPU (not in CUDA-graph mode, no tile_sizes=) when its
+#: 128-row items are this full on average (sum of qo lengths over the same rounded up to 128 per request): a batch of
+#: short appends fills them poorly, where the FA2-class kernel's tiles (query rows x GQA group) fit better.
+AUTO_MIN_ROW_FILL = 0.75
 TMA_DESC = np.dtype([("opaque", "<u8", (16,))], align=True)  # CUtensorMap: 128 opaque bytes (the kernel's TmaDesc)
 
 
@@ -123,6 +127,25 @@ def unsupported(plan: Any) -> str | None:
             kinds = "it runs softmax variants of logits, key ranges and masks"
             return f"the variant {piece.name!r} ({', '.join(what)}; {kinds})"
     return None
+
+
+def row_fill(qo_indptr: np.ndarray) -> float:
+    """Query rows over the rows of the plan's 128-row items (1.0 when every request's length is a multiple of 128)."""
+    qo = np.diff(np.asarray(qo_indptr, dtype=np.int64))
+    rows = int(((qo + TILE_Q - 1) // TILE_Q).sum()) * TILE_Q
+    return float(qo.sum()) / rows if rows else 0.0
+
+
+def auto_picks(plan: Any, *, paged: bool, graph: bool, arch: str | None) -> bool:
+    """Whether ``backend="auto"`` runs ``plan`` on this kernel: an sm_90 GPU (``arch``; None: no GPU), no CUDA-graph
+    mode, no ``tile_sizes=`` (FA2-class tiles), a plan it runs (``unsupported``), and items filled to
+    ``AUTO_MIN_ROW_FILL``."""
+    if arch != ARCH or graph or (paged and not PAGED):
+        return False
+    t = plan.static.tiles if plan.static is not None else None
+    if t is not None and any(x is not None for x in (t.tile_q, t.tile_kv, t.stages, t.groups, t.convert)):
+        return False
+    return unsupported(plan) is None and row_fill(plan.qo_indptr) >= AUTO_MIN_ROW_FILL
 
 
 def check_device(device_id: int | None) -> None:

@@ -69,9 +69,10 @@ class BatchPrefill(PlanRunWrapper):
 
     ``paged=True``: ``run(q, kv_cache)`` over a paged cache (5-D array or ``(k_cache, v_cache)``, ``kv_layout`` NHD /
     HND); ``paged=False``: ``run(q, k, v)`` over ragged ``k``, ``v`` (``[nnz_kv, num_kv_heads, head_dim]`` NHD,
-    ``[num_kv_heads, nnz_kv, head_dim]`` HND). ``backend``: "fa2" (the FA2-class kernel, any sm_80+ GPU), "auto"
-    (= "fa2" for now), "sm90" (the Hopper wgmma / TMA kernel on an sm_90 GPU: ragged 16-bit K/V, head_dim 128,
-    softmax variants of logits, key ranges and masks; ``cuinfer.prefill.sm90`` lists its limits).
+    ``[num_kv_heads, nnz_kv, head_dim]`` HND). ``backend``: "fa2" (the FA2-class kernel, any sm_80+ GPU), "sm90" (the
+    Hopper wgmma / TMA kernel on an sm_90 GPU: 16-bit K/V, head_dim 128, softmax variants of logits, key ranges and
+    masks; ``cuinfer.prefill.sm90`` lists its limits), "auto" (per plan: "sm90" where it runs the plan and its 128-row
+    items are well filled, ``sm90.auto_picks``; otherwise "fa2"; the plan's choice is ``wrapper.plan_backend``).
     ``use_cuda_graph``: every device pointer and the grid are fixed by the first ``plan()`` (capacities: twice its
     query tokens and page-table entries, ``max_batch_size`` requests), so a captured ``run()`` stays valid across
     later plans that fit; the tiles of the first plan are kept.
@@ -131,15 +132,15 @@ class BatchPrefill(PlanRunWrapper):
         has_mask = plan.mask_bytes is not None
         if (
             memo is not None and plan.static is not None and memo[0] is plan.static and memo[1] is plan.config
-            and memo[2] == (has_mask, num_sms, device_id)
+            and memo[2] == (has_mask, num_sms, device_id, plan.backend)
         ):  # fmt: skip
             return memo[3]
         n = self._count_ctas(plan, num_sms, device_id)
-        self._ctas_memo = (plan.static, plan.config, (has_mask, num_sms, device_id), n)
+        self._ctas_memo = (plan.static, plan.config, (has_mask, num_sms, device_id, plan.backend), n)
         return n
 
     def _count_ctas(self, plan: PrefillPlan, num_sms: int | None, device_id: int | None) -> int:
-        if self.backend == "sm90":  # one persistent CTA per SM
+        if plan.backend == "sm90":  # one persistent CTA per SM
             if num_sms is not None:
                 return positive("num_sms", num_sms)
             if device_id is None:
@@ -183,7 +184,7 @@ class BatchPrefill(PlanRunWrapper):
                 "prefill (without softmax, or with an output transform, split pieces do not merge by the softmax "
                 "merge); leave fixed_split_size out"
             )
-        if self.backend == "sm90":
+        if plan.backend == "sm90":
             return self._work_sm90(plan, num_ctas, fixed_split_size, no_split)
         if qo_lens is None:
             work = plan_work(
@@ -251,8 +252,7 @@ class BatchPrefill(PlanRunWrapper):
         kw.pop("variant_params")  # (no effect on the workspace)
         plan = self._host_plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, **kw,
                                limits=self._limits(device_id))  # fmt: skip
-        if self.backend == "sm90":
-            self._check_sm90(plan, device_id)
+        self._choose_backend(plan, device_id, fixed)
         plan.work = self._work(plan, self._num_ctas(plan, num_sms, device_id), fixed)
         return self._workspace_need(plan)
 
@@ -301,17 +301,38 @@ class BatchPrefill(PlanRunWrapper):
             self._static,
         )  # fmt: skip
         plan.variant_values = check_user_values(plan.variant, variant_params)
-        if self.backend == "sm90":
-            self._check_sm90(plan, device_id)
+        self._choose_backend(plan, device_id, fixed_split_size)
         plan.work = self._work(plan, self._num_ctas(plan, num_sms, device_id), fixed_split_size)
         # (prefill has only ever checked the workspace of plans it packs for a GPU)
         self._commit(plan, device_id, fit_on_host=False)
 
-    def _check_sm90(self, plan: PrefillPlan, device_id: int | None) -> None:
-        why = sm90.unsupported(plan)
-        if why is not None:
-            raise ValueError(f"backend='sm90' does not run {why}; use backend='fa2' or 'auto'")
-        sm90.check_device(device_id)
+    def _choose_backend(self, plan: PrefillPlan, device_id: int | None, fixed_split_size: Any) -> None:
+        """Set ``plan.backend``: the wrapper's backend, "auto" resolved for this plan on this device
+        (``sm90.auto_picks``; a ``fixed_split_size`` that is not a multiple of the Hopper kernel's KV tile keeps the
+        FA2-class kernel); an explicit "sm90" checks that it runs the plan."""
+        if self.backend == "auto":
+            if isinstance(fixed_split_size, int) and fixed_split_size % sm90.TILE_KV:
+                plan.backend = "fa2"
+                return
+            arch = None
+            if device_id is not None:
+                from cuinfer.runtime.device import device_info
+
+                arch = device_info(device_id).arch
+            picks = sm90.auto_picks(plan, paged=self.paged, graph=self.use_cuda_graph, arch=arch)
+            plan.backend = "sm90" if picks else "fa2"
+            return
+        plan.backend = self.backend
+        if self.backend == "sm90":
+            why = sm90.unsupported(plan)
+            if why is not None:
+                raise ValueError(f"backend='sm90' does not run {why}; use backend='fa2' or 'auto'")
+            sm90.check_device(device_id)
+
+    @property
+    def plan_backend(self) -> str | None:
+        """The kernel the current plan runs on: "fa2" or "sm90" (None before ``plan()``)."""
+        return None if self._plan is None else self._plan.backend
 
     def _words_layout(self, plan: PrefillPlan, holder: Any = None) -> tuple:
         """``(plan layout, word offsets of the plan arrays and the index arrays, words in use)``. CUDA-graph mode fixes
@@ -492,7 +513,7 @@ class BatchPrefill(PlanRunWrapper):
         if st is None or not st.current(buf, plan, call.device_id):
             # (a graph-mode merge launch is sized for the fixed layout's capacity: it covers every later plan)
             max_merge = self._fixed.layout.capacity.max_merge if self.use_cuda_graph else plan.work.n_merge
-            kind = sm90.Sm90Launch if self.backend == "sm90" else PrefillLaunch
+            kind = sm90.Sm90Launch if plan.backend == "sm90" else PrefillLaunch
             st = self._launch_state = kind(buf, plan, call.device_id, self.paged, max_merge)
         scales = check_scales(plan.kv_dtype, k_scale, v_scale, num_kv_heads=plan.num_kv_heads, call=call, gpu=True)
         st.launch(call.stream, tq, kv, to, tl, scales, call.variant_arrays if st.array_slots else None)

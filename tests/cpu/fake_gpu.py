@@ -24,6 +24,7 @@ import cuinfer.decode.single as decode_single
 import cuinfer.merge as merge
 import cuinfer.prefill.launch as prefill_launch
 import cuinfer.prefill.single as prefill_single
+import cuinfer.prefill.sm90 as prefill_sm90
 import cuinfer.prefill.wrapper as prefill_wrapper
 import cuinfer.runtime.calls as calls
 import cuinfer.runtime.device as device
@@ -143,8 +144,10 @@ def install(monkeypatch: pytest.MonkeyPatch) -> tuple[list, list]:
     monkeypatch.setattr(device, "device_info", lambda device_id=None: info)
     monkeypatch.setattr(decode_launch, "device_info", lambda device_id=None: info)
     kernel = lambda spec, name_expr, device_id: FakeKernel(log, name_expr)  # noqa: E731
-    for mod in (decode_launch, prefill_launch, prefill_wrapper, merge):
+    for mod in (decode_launch, prefill_launch, prefill_wrapper, prefill_sm90, merge):
         monkeypatch.setattr(mod, "get_kernel", kernel)
+    # (the Hopper kernel's TMA maps: encoded by the driver, which this machine may not have)
+    monkeypatch.setattr(prefill_sm90, "tensor_map", lambda ptr, *a: np.full((), ptr, prefill_sm90.TMA_DESC)[()])
     monkeypatch.setattr(wrapper, "Buffers", lambda *a: FakeBuffers(log, *a))
     real_begin = calls.begin
 

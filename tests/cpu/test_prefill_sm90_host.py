@@ -111,6 +111,63 @@ def test_paged_plans_once_enabled(monkeypatch):
     assert sm90.sm90_spec(key) in sm90.default_specs()
 
 
+def test_row_fill():
+    assert sm90.row_fill(np.array([0, 128, 384])) == 1.0
+    assert sm90.row_fill(np.array([0, 64])) == 0.5
+    assert sm90.row_fill(np.array([0, 300, 1000])) == pytest.approx(1000 / (3 * 128 + 6 * 128))
+    assert sm90.row_fill(np.array([0, 0])) == 0.0
+
+
+def _auto(arch, *, paged=False, graph=False, qo=(0, 300, 1000), **kw):
+    """What backend="auto" resolves a plan to, as if on a GPU of ``arch`` (the plan made on the host)."""
+    w = BatchPrefill(paged=False, backend="fa2")
+    args = dict(num_qo_heads=8, num_kv_heads=2, head_dim=128, q_dtype="bfloat16", causal=True)
+    args.update(kw)
+    w.plan(np.array(qo), np.array([0, 400, 1500])[: len(qo)], **args)
+    return sm90.auto_picks(w._plan, paged=paged, graph=graph, arch=arch)
+
+
+@pytest.mark.parametrize(
+    "arch, kw, picks",
+    [
+        pytest.param("sm_90a", {}, True, id="hopper"),
+        pytest.param("sm_90a", dict(logits_soft_cap=30.0, window_left=500), True, id="hopper-variants"),
+        pytest.param("sm_80", {}, False, id="ampere"),
+        pytest.param("sm_100", {}, False, id="blackwell"),
+        pytest.param(None, {}, False, id="no-gpu"),
+        pytest.param("sm_90a", dict(graph=True), False, id="graph"),
+        pytest.param("sm_90a", dict(tile_sizes=(64, 64)), False, id="tile-sizes"),
+        pytest.param("sm_90a", dict(head_dim=64), False, id="head-dim-64"),
+        pytest.param("sm_90a", dict(kv_dtype="float8_e4m3fn"), False, id="fp8"),
+        pytest.param("sm_90a", dict(pos_encoding="rope_llama"), False, id="rope"),
+        pytest.param("sm_90a", dict(qo=(0, 16, 32)), False, id="short-appends"),
+    ],
+)
+def test_auto_picks(arch, kw, picks):
+    graph = kw.pop("graph", False)
+    assert _auto(arch, graph=graph, **kw) is picks
+
+
+def test_auto_paged_follows_the_gate(monkeypatch):
+    w = BatchPrefill(paged=True, backend="fa2")
+    w.plan(np.array([0, 512]), np.array([0, 32]), np.arange(32), np.array([16]), page_size=16, num_qo_heads=8,
+           num_kv_heads=2, head_dim=128, q_dtype="bfloat16", causal=True)  # fmt: skip
+    monkeypatch.setattr(sm90, "PAGED", False)
+    assert not sm90.auto_picks(w._plan, paged=True, graph=False, arch="sm_90a")
+    monkeypatch.setattr(sm90, "PAGED", True)
+    assert sm90.auto_picks(w._plan, paged=True, graph=False, arch="sm_90a")
+
+
+def test_auto_without_a_gpu_plans_fa2():
+    w = BatchPrefill(paged=False)
+    assert w.plan_backend is None
+    _plan(w)
+    assert w.plan_backend == "fa2" and w._plan.work.n_items != (3 + 6) * 8
+    w = BatchPrefill(paged=False, backend="sm90")
+    _plan(w)
+    assert w.plan_backend == "sm90"
+
+
 def test_cli_lists_sm90_kernels_for_sm90a_only(capsys):
     """``cuinfer kernels`` / ``warmup`` for another target leave the sm_90a-only kernels out (they cannot build)."""
     from cuinfer.cli import main

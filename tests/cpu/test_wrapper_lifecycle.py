@@ -12,7 +12,7 @@ from cuinfer.interop.arrays import Tensor
 from cuinfer.interop.dtypes import DType
 
 from cuinfer.decode import BatchDecode, single_decode
-from cuinfer.prefill import BatchPrefill
+from cuinfer.prefill import BatchPrefill, sm90
 from tests.cpu.fake_gpu import (
     FakeKernel,  # noqa: F401 (tests/lab/test_lab_harness.py takes the stand-ins from here)
     install,
@@ -94,12 +94,16 @@ def test_single_decode_launches_once(gpu):
     assert params["q"] == q.ptr and params["q_stride_b"] == 0 and params["k"] == k.ptr and params["lse"] == lse.ptr
 
 
-@pytest.mark.parametrize("paged", [True, False], ids=["paged", "ragged"])
-def test_prefill_split_plans_add_the_merge_launch(gpu, rng, paged):
+@pytest.mark.parametrize(
+    "paged, backend", [(True, "fa2"), (False, "fa2"), (True, "sm90"), (False, "sm90")],
+    ids=["paged", "ragged", "paged-sm90", "ragged-sm90"],
+)  # fmt: skip
+def test_prefill_split_plans_add_the_merge_launch(gpu, rng, paged, backend, monkeypatch):
     log, _ = gpu
+    monkeypatch.setattr(sm90, "PAGED", True)
     qo_lens = rng.integers(1, 300, 5)
     qo = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
-    w = BatchPrefill(paged=paged)
+    w = BatchPrefill(paged=paged, backend=backend)
     if paged:
         w.plan(qo, *_page_table(rng, qo_lens + 700), **HEADS, page_size=16, q_dtype="bfloat16", fixed_split_size=256)
         kv = (_cuda((4000, 2, 16, 8, 128)),)
@@ -113,10 +117,32 @@ def test_prefill_split_plans_add_the_merge_launch(gpu, rng, paged):
     w.run(q, *kv)
     assert [e[0] for e in log] == ["upload", "launch", "launch", "launch", "launch"]
     names = [e[1] for e in log if e[0] == "launch"]
-    assert names == ["cuinfer::batch_prefill", "cuinfer::merge_partials"] * 2
+    kernel = "cuinfer::batch_prefill_sm90" if backend == "sm90" else "cuinfer::batch_prefill"
+    assert names == [kernel, "cuinfer::merge_partials"] * 2 and w.plan_backend == backend
     assert log[2][3]["o"] == o.ptr and log[2][3]["lse"] == lse.ptr and log[4][3]["lse"] == 0
     with pytest.raises(TypeError, match="runs as"):
         w.run(q, *kv, kv[0])
+
+
+def test_prefill_auto_on_hopper_runs_the_sm90_kernel_where_it_fits(gpu, rng):
+    """backend="auto" on an sm_90 device: the Hopper kernel for long prefills, the FA2-class kernel for short appends,
+    a fixed split off its 128-key tiles, or graph mode."""
+    log, _ = gpu
+    k = _cuda((4096, 8, 128))
+    w = BatchPrefill(paged=False)
+    for qo, fixed, expect in (([0, 1024, 2048], None, "sm90"), ([0, 16, 40], None, "fa2"),
+                              ([0, 1024, 2048], 200, "fa2"), ([0, 1024, 2048], 256, "sm90")):  # fmt: skip
+        log.clear()
+        w.plan(np.array(qo), np.array([0, 2048, 4096]), **HEADS, q_dtype="bfloat16", causal=True,
+               fixed_split_size=fixed)  # fmt: skip
+        w.run(_cuda((qo[-1], 32, 128)), k, k)
+        names = [e[1] for e in log if e[0] == "launch"]
+        assert w.plan_backend == expect and names[0] == (
+            "cuinfer::batch_prefill_sm90" if expect == "sm90" else "cuinfer::batch_prefill"
+        ), (qo, fixed, names)
+    g = BatchPrefill(paged=False, use_cuda_graph=True, max_batch_size=4)
+    g.plan(np.array([0, 1024, 2048]), np.array([0, 2048, 4096]), **HEADS, q_dtype="bfloat16", causal=True)
+    assert g.plan_backend == "fa2"
 
 
 @pytest.mark.parametrize("kind", ["decode", "paged", "ragged"])

@@ -332,7 +332,7 @@ def _run_case(fw, c: Case, h: dict):
         w.plan(h["qo_indptr"], h["kv_indptr"], h["kv_indices"], h["kv_last_page_len"], page_size=c.page, **kw)
         cache = h["cache"]
         kv = ((fw.asarray(cache[:, 0]), fw.asarray(cache[:, 1])),) if c.cache == "tuple" else (fw.asarray(cache),)
-    fa2_tiles = c.backend != "sm90"  # (the sm90 kernel has its own fixed tiles)
+    fa2_tiles = w.plan_backend == "fa2"  # (the sm90 kernel has its own fixed tiles)
     if c.tiles is not None:
         assert w._plan.config.tile_q == c.tiles[0]
         if len(c.tiles) > 3:
@@ -455,7 +455,7 @@ def test_shared_tail_is_taken_once_per_launch(rng, monkeypatch, split):
     c = Case(((577, 127, 1000, 37, 300), (4097, 513, 1000, 97, 2048)), heads=(28, 4))
     h = _build(rng, c)
     ref_o, ref_lse = _reference(c, h)
-    w = BatchPrefill(paged=False)
+    w = BatchPrefill(paged=False, backend="fa2")  # (the FA2-class plan's pool: plan_assign.POOL_SHARE)
     kw = dict(num_qo_heads=28, num_kv_heads=4, head_dim=128, causal=True, q_dtype="bfloat16", fixed_split_size=split)
     w.plan(h["qo_indptr"], h["kv_indptr"], **kw)
     work = w._plan.work
