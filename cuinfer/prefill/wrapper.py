@@ -97,11 +97,6 @@ class BatchPrefill(PlanRunWrapper):
                 "has not been validated on a GPU yet); use BatchPrefill(paged=False) with k and v, or backend='fa2' / "
                 "'auto' for a paged cache"
             )
-        if backend == "sm90" and use_cuda_graph:
-            raise NotImplementedError(
-                "backend='sm90' does not support use_cuda_graph=True yet (its TMA maps are launch arguments); use "
-                "backend='fa2' or 'auto' for CUDA-graph capture"
-            )
         self.paged = bool(paged)
         super().__init__(
             kv_layout=kv_layout, use_cuda_graph=use_cuda_graph, max_batch_size=max_batch_size,
@@ -311,6 +306,9 @@ class BatchPrefill(PlanRunWrapper):
         (``sm90.auto_picks``; a ``fixed_split_size`` that is not a multiple of the Hopper kernel's KV tile keeps the
         FA2-class kernel); an explicit "sm90" checks that it runs the plan."""
         if self.backend == "auto":
+            if self._fixed is not None:  # CUDA-graph mode: the captured kernel is the first plan's
+                plan.backend = self._fixed.backend
+                return
             if isinstance(fixed_split_size, int) and fixed_split_size % sm90.TILE_KV:
                 plan.backend = "fa2"
                 return
@@ -319,7 +317,7 @@ class BatchPrefill(PlanRunWrapper):
                 from cuinfer.runtime.device import device_info
 
                 arch = device_info(device_id).arch
-            picks = sm90.auto_picks(plan, paged=self.paged, graph=self.use_cuda_graph, arch=arch)
+            picks = sm90.auto_picks(plan, paged=self.paged, arch=arch)
             plan.backend = "sm90" if picks else "fa2"
             return
         plan.backend = self.backend
@@ -342,22 +340,27 @@ class BatchPrefill(PlanRunWrapper):
         n_pages = plan.n_pages
         n_mask = 0 if plan.mask_bytes is None else plan.mask_bytes.shape[0]
         if self.use_cuda_graph:
-            heads = (plan.num_qo_heads, plan.num_kv_heads, plan.key(self.paged))
+            heads = (plan.num_qo_heads, plan.num_kv_heads, plan.key(self.paged), plan.backend)
             if self._fixed is None:
                 qo_cap = 2 * max(plan.nnz_qo, self.max_batch_size)
+                if plan.backend == "sm90":  # (items of one query head: the planner's heads of group 1)
+                    heads_g_rows = (plan.num_qo_heads, 1, sm90.TILE_Q)
+                else:
+                    heads_g_rows = (plan.num_kv_heads, plan.num_qo_heads // plan.num_kv_heads, plan.config.tile_q)
                 cap = plan_layout.capacity_bound(
-                    self.max_batch_size, qo_cap, plan.num_kv_heads, plan.num_qo_heads // plan.num_kv_heads,
-                    plan.config.tile_q, work.num_ctas, disable_split=False,
+                    self.max_batch_size, qo_cap, *heads_g_rows, work.num_ctas, disable_split=False
                 )  # fmt: skip
                 lay = plan_layout.PlanLayout.for_capacity(cap.max_items, cap.max_ctas, cap.max_merge, cap.max_merge_src)
-                self._fixed = FixedLayout(lay, heads, 2 * max(n_pages, 1), 2 * max(n_mask, 4), plan.config)
+                self._fixed = FixedLayout(
+                    lay, heads, 2 * max(n_pages, 1), 2 * max(n_mask, 4), plan.config, backend=plan.backend
+                )  # fmt: skip
             fixed = self._fixed
             lay, fixed_heads, page_cap, mask_cap = fixed.layout, fixed.signature, fixed.page_cap, fixed.mask_cap
             if heads != fixed_heads:
                 raise ValueError(
-                    "with use_cuda_graph=True every plan() must keep the heads, dtypes and options of the first (the "
-                    f"captured kernel is fixed): first {fixed_heads[:2]} {fixed_heads[2].short_name()}, now "
-                    f"{heads[:2]} {heads[2].short_name()}"
+                    "with use_cuda_graph=True every plan() must keep the heads, dtypes, options and kernel of the "
+                    f"first (the captured kernel is fixed): first {fixed_heads[:2]} {fixed_heads[2].short_name()} "
+                    f"on {fixed_heads[3]}, now {heads[:2]} {heads[2].short_name()} on {heads[3]}"
                 )
             if n_pages > page_cap or n_mask > mask_cap:
                 raise ValueError(

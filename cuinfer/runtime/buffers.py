@@ -193,6 +193,7 @@ class FixedLayout:
     page_cap: int  # page-table entries the buffer holds
     mask_cap: int = 0  # custom-mask bytes the buffer holds (prefill)
     config: Any = None  # the tile configuration later plans keep instead of choosing their own (prefill)
+    backend: str = ""  # the kernel later plans keep ("fa2" / "sm90": BatchPrefill's "auto" resolved by the first plan)
 
 
 class HostLayoutHolder:

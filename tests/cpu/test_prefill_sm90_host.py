@@ -79,13 +79,6 @@ def test_plan_names_what_sm90_does_not_run(kw, match):
         _plan(BatchPrefill(paged=False, backend="sm90"), **kw)
 
 
-def test_constructor_names_paged_and_graph_mode():
-    with pytest.raises(NotImplementedError, match="ragged K/V only .*not been validated on a GPU"):
-        BatchPrefill(paged=True, backend="sm90")
-    with pytest.raises(NotImplementedError, match="use_cuda_graph"):
-        BatchPrefill(paged=False, backend="sm90", use_cuda_graph=True, max_batch_size=4)
-
-
 def test_numpy_inputs_run_the_reference():
     w = BatchPrefill(paged=False, backend="sm90")
     _plan(w)
@@ -118,13 +111,13 @@ def test_row_fill():
     assert sm90.row_fill(np.array([0, 0])) == 0.0
 
 
-def _auto(arch, *, paged=False, graph=False, qo=(0, 300, 1000), **kw):
+def _auto(arch, *, paged=False, qo=(0, 300, 1000), **kw):
     """What backend="auto" resolves a plan to, as if on a GPU of ``arch`` (the plan made on the host)."""
     w = BatchPrefill(paged=False, backend="fa2")
     args = dict(num_qo_heads=8, num_kv_heads=2, head_dim=128, q_dtype="bfloat16", causal=True)
     args.update(kw)
     w.plan(np.array(qo), np.array([0, 400, 1500])[: len(qo)], **args)
-    return sm90.auto_picks(w._plan, paged=paged, graph=graph, arch=arch)
+    return sm90.auto_picks(w._plan, paged=paged, arch=arch)
 
 
 @pytest.mark.parametrize(
@@ -135,7 +128,6 @@ def _auto(arch, *, paged=False, graph=False, qo=(0, 300, 1000), **kw):
         pytest.param("sm_80", {}, False, id="ampere"),
         pytest.param("sm_100", {}, False, id="blackwell"),
         pytest.param(None, {}, False, id="no-gpu"),
-        pytest.param("sm_90a", dict(graph=True), False, id="graph"),
         pytest.param("sm_90a", dict(tile_sizes=(64, 64)), False, id="tile-sizes"),
         pytest.param("sm_90a", dict(head_dim=64), False, id="head-dim-64"),
         pytest.param("sm_90a", dict(kv_dtype="float8_e4m3fn"), False, id="fp8"),
@@ -144,8 +136,7 @@ def _auto(arch, *, paged=False, graph=False, qo=(0, 300, 1000), **kw):
     ],
 )
 def test_auto_picks(arch, kw, picks):
-    graph = kw.pop("graph", False)
-    assert _auto(arch, graph=graph, **kw) is picks
+    assert _auto(arch, **kw) is picks
 
 
 def test_auto_paged_follows_the_gate(monkeypatch):
@@ -153,9 +144,9 @@ def test_auto_paged_follows_the_gate(monkeypatch):
     w.plan(np.array([0, 512]), np.array([0, 32]), np.arange(32), np.array([16]), page_size=16, num_qo_heads=8,
            num_kv_heads=2, head_dim=128, q_dtype="bfloat16", causal=True)  # fmt: skip
     monkeypatch.setattr(sm90, "PAGED", False)
-    assert not sm90.auto_picks(w._plan, paged=True, graph=False, arch="sm_90a")
+    assert not sm90.auto_picks(w._plan, paged=True, arch="sm_90a")
     monkeypatch.setattr(sm90, "PAGED", True)
-    assert sm90.auto_picks(w._plan, paged=True, graph=False, arch="sm_90a")
+    assert sm90.auto_picks(w._plan, paged=True, arch="sm_90a")
 
 
 def test_auto_without_a_gpu_plans_fa2():

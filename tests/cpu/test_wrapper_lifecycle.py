@@ -140,9 +140,30 @@ def test_prefill_auto_on_hopper_runs_the_sm90_kernel_where_it_fits(gpu, rng):
         assert w.plan_backend == expect and names[0] == (
             "cuinfer::batch_prefill_sm90" if expect == "sm90" else "cuinfer::batch_prefill"
         ), (qo, fixed, names)
+
+
+@pytest.mark.parametrize("first", ["sm90", "fa2"])
+def test_prefill_auto_graph_mode_keeps_the_first_plans_kernel(gpu, first):
+    """CUDA-graph mode: the captured kernel is the first plan's, so "auto" decides once; the Hopper kernel's plans fit
+    the fixed layout (items of one query head) and its launches read the plan buffer at the same pointers."""
+    log, _ = gpu
     g = BatchPrefill(paged=False, use_cuda_graph=True, max_batch_size=4)
-    g.plan(np.array([0, 1024, 2048]), np.array([0, 2048, 4096]), **HEADS, q_dtype="bfloat16", causal=True)
-    assert g.plan_backend == "fa2"
+    long, short = (
+        (np.array([0, 1024, 2048]), np.array([0, 2048, 4096])),
+        (np.array([0, 16, 32]), np.array([0, 2048, 4096])),
+    )
+    k = _cuda((4096, 8, 128))
+    params = []
+    for qo, kvi in (long, short, long) if first == "sm90" else (short, long, short):
+        log.clear()
+        g.plan(qo, kvi, **HEADS, q_dtype="bfloat16", causal=True)
+        assert g.plan_backend == first
+        g.run(_cuda((int(qo[-1]), 32, 128)), k, k)
+        launches = [e for e in log if e[0] == "launch"]
+        assert launches[0][1] == ("cuinfer::batch_prefill_sm90" if first == "sm90" else "cuinfer::batch_prefill")
+        params.append(launches[0][3])
+    for name in ("work_indptr", "item_req", "item_kv_start", "qo_indptr"):
+        assert len({p[name] for p in params}) == 1, f"{name} moved between graph-mode plans"
 
 
 @pytest.mark.parametrize("kind", ["decode", "paged", "ragged"])

@@ -96,3 +96,88 @@ def test_sm90_nan_in_next_request_stays_out(rng):
     o = fw.to_numpy(o)[:1000]
     ref_o, ref_lse = _reference(c, h)
     _check(o, fw.to_numpy(lse)[:1000], ref_o[:1000], ref_lse[:1000], c.dtype)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["ragged", "paged"])
+def test_sm90_cuda_graph_replays_later_plans(rng, paged):
+    """CUDA-graph mode on the Hopper kernel: one capture, then replays after plans of other lengths (the same token
+    totals), each checked against float64 with poisoned outputs; the TMA maps and the plan-buffer pointers are the
+    captured launch's."""
+    if not _hopper():
+        pytest.skip("backend='sm90' needs an sm_90 GPU")
+    import cupy
+
+    from cuinfer import reference
+    from cuinfer.prefill import BatchPrefill
+
+    lens_a = ((600, 127, 977, 37, 300), (4097, 513, 1000, 97, 2048))
+    lens_b = ((700, 27, 977, 137, 200), (700, 2000, 977, 3778, 300))
+    c = sm90(lens_a, page=16 if paged else None)
+    h = _build(rng, c)
+    kw = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, causal=True, q_dtype=h["q"].dtype)
+    g = BatchPrefill(paged=paged, use_cuda_graph=True, max_batch_size=8)
+    n = h["q"].shape[0]
+    fw = _framework("cupy")
+    gq = fw.asarray(h["q"])
+    if paged:
+        cache = h["cache"]
+        kv = (fw.asarray(cache),)
+        pages = cache.shape[0]
+
+        def index(lens):
+            kv_lens = np.asarray(lens[1])
+            npg = -(-kv_lens // 16)
+            assert npg.sum() <= pages
+            ind = np.concatenate([[0], np.cumsum(npg)]).astype(np.int32)
+            qo = np.concatenate([[0], np.cumsum(lens[0])]).astype(np.int32)
+            last = ((kv_lens - 1) % 16 + 1).astype(np.int32)
+            return qo, ind, rng.permutation(pages)[: ind[-1]].astype(np.int32), last
+
+        extra = dict(page_size=16)
+    else:
+        kv = (fw.asarray(h["k"]), fw.asarray(h["v"]))
+
+        def index(lens):
+            return tuple(np.concatenate([[0], np.cumsum(x)]).astype(np.int32) for x in lens)
+
+        extra = {}
+    ind_a, ind_b = index(lens_a), index(lens_b)
+    assert ind_b[0][-1] == ind_a[0][-1] and (paged or ind_b[1][-1] == ind_a[1][-1])
+    out = cupy.full((n, 32, 128), np.nan, dtype=h["q"].dtype)
+    lse = cupy.full((n, 32), np.nan, dtype=np.float32)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        g.plan(*ind_a, **kw, **extra)
+        assert g.plan_backend == "sm90"
+        g.run(gq, *kv, out=out, lse=lse)  # compiles and loads everything before the capture
+        stream.begin_capture()
+        g.run(gq, *kv, out=out, lse=lse)
+        graph = stream.end_capture()
+    for ind in (ind_b, ind_a, ind_b):
+        with stream:
+            g.plan(*ind, **kw, **extra)
+            out.fill(np.nan)
+            lse.fill(np.nan)
+            g._buffers.workspace.fill(0xFF)
+            graph.launch(stream)
+        stream.synchronize()
+        if paged:
+            ro, rl = reference.batch_prefill_paged(h["q"], h["cache"], *ind, causal=True)
+        else:
+            ro, rl = reference.batch_attention_ragged(h["q"], h["k"], h["v"], *ind, causal=True)
+        _check(out.get(), lse.get(), ro, rl, c.dtype)
+
+
+def test_sm90_auto_picks_the_hopper_kernel(rng):
+    """backend="auto" on an sm_90 GPU: long prefills on the Hopper kernel, a batch of short appends on the FA2-class
+    kernel; both against float64."""
+    if not _hopper():
+        pytest.skip("needs an sm_90 GPU")
+    fw = _framework("cupy")
+    for lens, expect in ((((1000, 300), (1000, 1500)), "sm90"), (((16,) * 8, (700,) * 8), "fa2")):
+        c = Case(lens)
+        h = _build(rng, c)
+        o, lse, w, _ = _run_case(fw, c, h)
+        assert w.plan_backend == expect
+        ref_o, ref_lse = _reference(c, h)
+        _check(o, lse, ref_o, ref_lse, c.dtype, c.loose)
