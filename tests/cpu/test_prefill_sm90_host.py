@@ -79,6 +79,18 @@ def test_plan_names_what_sm90_does_not_run(kw, match):
         _plan(BatchPrefill(paged=False, backend="sm90"), **kw)
 
 
+def test_constructor_names_the_gates(monkeypatch):
+    """Paged caches and CUDA-graph mode on the Hopper kernel stay behind sm90.PAGED / sm90.GRAPH until their GPU tests
+    pass run in parallel too."""
+    with pytest.raises(NotImplementedError, match="ragged K/V only .*not been validated on a GPU"):
+        BatchPrefill(paged=True, backend="sm90")
+    with pytest.raises(NotImplementedError, match="use_cuda_graph"):
+        BatchPrefill(paged=False, backend="sm90", use_cuda_graph=True, max_batch_size=4)
+    monkeypatch.setattr(sm90, "PAGED", True)
+    monkeypatch.setattr(sm90, "GRAPH", True)
+    assert BatchPrefill(paged=True, backend="sm90", use_cuda_graph=True, max_batch_size=4).backend == "sm90"
+
+
 def test_numpy_inputs_run_the_reference():
     w = BatchPrefill(paged=False, backend="sm90")
     _plan(w)
@@ -111,13 +123,19 @@ def test_row_fill():
     assert sm90.row_fill(np.array([0, 0])) == 0.0
 
 
-def _auto(arch, *, paged=False, qo=(0, 300, 1000), **kw):
+@pytest.fixture
+def gates_open(monkeypatch):
+    for gate in ("AUTO", "PAGED", "GRAPH"):
+        monkeypatch.setattr(sm90, gate, True)
+
+
+def _auto(arch, *, paged=False, graph=False, qo=(0, 300, 1000), **kw):
     """What backend="auto" resolves a plan to, as if on a GPU of ``arch`` (the plan made on the host)."""
     w = BatchPrefill(paged=False, backend="fa2")
     args = dict(num_qo_heads=8, num_kv_heads=2, head_dim=128, q_dtype="bfloat16", causal=True)
     args.update(kw)
     w.plan(np.array(qo), np.array([0, 400, 1500])[: len(qo)], **args)
-    return sm90.auto_picks(w._plan, paged=paged, arch=arch)
+    return sm90.auto_picks(w._plan, paged=paged, graph=graph, arch=arch)
 
 
 @pytest.mark.parametrize(
@@ -135,18 +153,25 @@ def _auto(arch, *, paged=False, qo=(0, 300, 1000), **kw):
         pytest.param("sm_90a", dict(qo=(0, 16, 32)), False, id="short-appends"),
     ],
 )
-def test_auto_picks(arch, kw, picks):
+def test_auto_picks(arch, kw, picks, gates_open):
     assert _auto(arch, **kw) is picks
 
 
-def test_auto_paged_follows_the_gate(monkeypatch):
+@pytest.mark.parametrize("gate, kw", [("AUTO", {}), ("GRAPH", dict(graph=True))])
+def test_auto_gates(gate, kw, gates_open, monkeypatch):
+    assert _auto("sm_90a", **kw)
+    monkeypatch.setattr(sm90, gate, False)
+    assert not _auto("sm_90a", **kw)
+
+
+def test_auto_paged_follows_the_gate(monkeypatch, gates_open):
     w = BatchPrefill(paged=True, backend="fa2")
     w.plan(np.array([0, 512]), np.array([0, 32]), np.arange(32), np.array([16]), page_size=16, num_qo_heads=8,
            num_kv_heads=2, head_dim=128, q_dtype="bfloat16", causal=True)  # fmt: skip
     monkeypatch.setattr(sm90, "PAGED", False)
-    assert not sm90.auto_picks(w._plan, paged=True, arch="sm_90a")
+    assert not sm90.auto_picks(w._plan, paged=True, graph=False, arch="sm_90a")
     monkeypatch.setattr(sm90, "PAGED", True)
-    assert sm90.auto_picks(w._plan, paged=True, arch="sm_90a")
+    assert sm90.auto_picks(w._plan, paged=True, graph=False, arch="sm_90a")
 
 
 def test_auto_without_a_gpu_plans_fa2():

@@ -124,10 +124,11 @@ def test_prefill_split_plans_add_the_merge_launch(gpu, rng, paged, backend, monk
         w.run(q, *kv, kv[0])
 
 
-def test_prefill_auto_on_hopper_runs_the_sm90_kernel_where_it_fits(gpu, rng):
-    """backend="auto" on an sm_90 device: the Hopper kernel for long prefills, the FA2-class kernel for short appends,
-    a fixed split off its 128-key tiles, or graph mode."""
+def test_prefill_auto_on_hopper_runs_the_sm90_kernel_where_it_fits(gpu, rng, monkeypatch):
+    """backend="auto" on an sm_90 device (sm90.AUTO set): the Hopper kernel for long prefills, the FA2-class kernel for
+    short appends or a fixed split off its 128-key tiles; with sm90.AUTO unset, the FA2-class kernel."""
     log, _ = gpu
+    monkeypatch.setattr(sm90, "AUTO", True)
     k = _cuda((4096, 8, 128))
     w = BatchPrefill(paged=False)
     for qo, fixed, expect in (([0, 1024, 2048], None, "sm90"), ([0, 16, 40], None, "fa2"),
@@ -140,13 +141,18 @@ def test_prefill_auto_on_hopper_runs_the_sm90_kernel_where_it_fits(gpu, rng):
         assert w.plan_backend == expect and names[0] == (
             "cuinfer::batch_prefill_sm90" if expect == "sm90" else "cuinfer::batch_prefill"
         ), (qo, fixed, names)
+    monkeypatch.setattr(sm90, "AUTO", False)
+    w.plan(np.array([0, 1024, 2048]), np.array([0, 2048, 4096]), **HEADS, q_dtype="bfloat16", causal=True)
+    assert w.plan_backend == "fa2"
 
 
 @pytest.mark.parametrize("first", ["sm90", "fa2"])
-def test_prefill_auto_graph_mode_keeps_the_first_plans_kernel(gpu, first):
+def test_prefill_auto_graph_mode_keeps_the_first_plans_kernel(gpu, first, monkeypatch):
     """CUDA-graph mode: the captured kernel is the first plan's, so "auto" decides once; the Hopper kernel's plans fit
     the fixed layout (items of one query head) and its launches read the plan buffer at the same pointers."""
     log, _ = gpu
+    monkeypatch.setattr(sm90, "AUTO", True)
+    monkeypatch.setattr(sm90, "GRAPH", True)
     g = BatchPrefill(paged=False, use_cuda_graph=True, max_batch_size=4)
     long, short = (
         (np.array([0, 1024, 2048]), np.array([0, 2048, 4096])),
