@@ -95,8 +95,8 @@ class BatchPrefill(PlanRunWrapper):
         if backend == "sm90" and paged and not sm90.PAGED:
             raise NotImplementedError(
                 "backend='sm90' (the Hopper wgmma/TMA prefill kernel) runs ragged K/V only so far (its paged kernel "
-                "has not been validated on a GPU yet); use BatchPrefill(paged=False) with k and v, or backend='fa2' / "
-                "'auto' for a paged cache"
+                "passes its GPU tests run alone, not yet in parallel); use BatchPrefill(paged=False) with k and v, or "
+                "backend='fa2' / 'auto' for a paged cache"
             )
         if backend == "sm90" and use_cuda_graph and not sm90.GRAPH:
             raise NotImplementedError(

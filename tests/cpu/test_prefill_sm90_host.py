@@ -82,7 +82,7 @@ def test_plan_names_what_sm90_does_not_run(kw, match):
 def test_constructor_names_the_gates(monkeypatch):
     """Paged caches and CUDA-graph mode on the Hopper kernel stay behind sm90.PAGED / sm90.GRAPH until their GPU tests
     pass run in parallel too."""
-    with pytest.raises(NotImplementedError, match="ragged K/V only .*not been validated on a GPU"):
+    with pytest.raises(NotImplementedError, match="ragged K/V only .*not yet in parallel"):
         BatchPrefill(paged=True, backend="sm90")
     with pytest.raises(NotImplementedError, match="use_cuda_graph"):
         BatchPrefill(paged=False, backend="sm90", use_cuda_graph=True, max_batch_size=4)
