@@ -346,7 +346,8 @@ class BatchPrefill(PlanRunWrapper):
         n_pages = plan.n_pages
         n_mask = 0 if plan.mask_bytes is None else plan.mask_bytes.shape[0]
         if self.use_cuda_graph:
-            heads = (plan.num_qo_heads, plan.num_kv_heads, plan.key(self.paged), plan.backend)
+            # (the kernel, plan.backend, cannot change: explicit per wrapper, and "auto" keeps _fixed.backend)
+            heads = (plan.num_qo_heads, plan.num_kv_heads, plan.key(self.paged))
             if self._fixed is None:
                 qo_cap = 2 * max(plan.nnz_qo, self.max_batch_size)
                 if plan.backend == "sm90":  # (items of one query head: the planner's heads of group 1)
@@ -364,9 +365,9 @@ class BatchPrefill(PlanRunWrapper):
             lay, fixed_heads, page_cap, mask_cap = fixed.layout, fixed.signature, fixed.page_cap, fixed.mask_cap
             if heads != fixed_heads:
                 raise ValueError(
-                    "with use_cuda_graph=True every plan() must keep the heads, dtypes, options and kernel of the "
-                    f"first (the captured kernel is fixed): first {fixed_heads[:2]} {fixed_heads[2].short_name()} "
-                    f"on {fixed_heads[3]}, now {heads[:2]} {heads[2].short_name()} on {heads[3]}"
+                    "with use_cuda_graph=True every plan() must keep the heads, dtypes and options of the first (the "
+                    f"captured kernel is fixed): first {fixed_heads[:2]} {fixed_heads[2].short_name()}, now "
+                    f"{heads[:2]} {heads[2].short_name()}"
                 )
             if n_pages > page_cap or n_mask > mask_cap:
                 raise ValueError(

@@ -39,11 +39,11 @@ def test_register_split_fits_the_block(spec):
     )
 
 
-def _plan(w: BatchPrefill, **kw):
-    qo, kv = np.array([0, 300, 1000]), np.array([0, 400, 1500])
+def _plan(w: BatchPrefill, qo=(0, 300, 1000), **kw):
+    kv = np.array([0, 400, 1500])[: len(qo)]
     args = dict(num_qo_heads=8, num_kv_heads=2, head_dim=128, q_dtype="bfloat16", causal=True)
     args.update(kw)
-    w.plan(qo, kv, **args)
+    w.plan(np.array(qo), kv, **args)
     return w._plan
 
 
@@ -129,13 +129,10 @@ def gates_open(monkeypatch):
         monkeypatch.setattr(sm90, gate, True)
 
 
-def _auto(arch, *, paged=False, graph=False, qo=(0, 300, 1000), **kw):
+def _auto(arch, *, paged=False, graph=False, **kw):
     """What backend="auto" resolves a plan to, as if on a GPU of ``arch`` (the plan made on the host)."""
-    w = BatchPrefill(paged=False, backend="fa2")
-    args = dict(num_qo_heads=8, num_kv_heads=2, head_dim=128, q_dtype="bfloat16", causal=True)
-    args.update(kw)
-    w.plan(np.array(qo), np.array([0, 400, 1500])[: len(qo)], **args)
-    return sm90.auto_picks(w._plan, paged=paged, graph=graph, arch=arch)
+    plan = _plan(BatchPrefill(paged=False, backend="fa2"), **kw)
+    return sm90.auto_picks(plan, paged=paged, graph=graph, arch=arch)
 
 
 @pytest.mark.parametrize(
