@@ -19,8 +19,17 @@ import subprocess
 import sys
 from typing import Any
 
-import numpy as np
-import pytest
+# Under pytest-xdist, each worker's float64 references would run OpenBLAS / OpenMP with one thread per core, and N
+# workers would oversubscribe the CPU (measured on a 16-core machine: the sm90 GPU tests under -n 8 did not finish in
+# 90 s; with one BLAS thread per worker they took 24 s). So a worker runs one, set before NumPy loads its BLAS.
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+NUMPY_BEFORE_BLAS_LIMIT = "numpy" in sys.modules
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _var in BLAS_THREAD_VARS:
+        os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 # JAX would otherwise take 75 % of the GPU at start, starving torch and CuPy in the same test process.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
