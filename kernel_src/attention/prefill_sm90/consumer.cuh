@@ -202,7 +202,7 @@ __device__ __forceinline__ void store_rows(const P& p, const Unit& w, const Rows
 }
 
 // The consumer warpgroup `cw` (0 or 1): every unit the producer hands over, until it says there is none left.
-template <class T, class V, class P, class VP>
+template <class T, class V, class KV, class P, class VP>
 __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& bars, u32 sq, u32 sk, u32 sv,
                                         const Unit* slot, int cw, int tid) {
   using namespace sm90;
@@ -232,11 +232,13 @@ __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& ba
     auto k_tile = [&](int i) {
       const int n = tile0 + i;
       mbar_wait(bars.k_full(n % kStages), (n / kStages) & 1);
+      if constexpr (KV::kPaged) fence_proxy_async();  // (cp.async wrote the stage: mbarrier.cuh)
       return sk + (n % kStages) * kTileBytes;
     };
     auto v_tile = [&](int i) {
       const int n = tile0 + i;
       mbar_wait(bars.v_full(n % kStages), (n / kStages) & 1);
+      if constexpr (KV::kPaged) fence_proxy_async();
       return sv + (n % kStages) * kTileBytes;
     };
     auto key0 = [&](int i) { return (w.t_first + i) * kBlockN; };

@@ -42,8 +42,8 @@ __global__ void __launch_bounds__(prefill_sm90::kThreads, 1)
     sm90::mbar_init(bars.q_full(), 1);
     sm90::mbar_init(bars.q_empty(), 256);
     for (int s = 0; s < kStages; ++s) {
-      sm90::mbar_init(bars.k_full(s), 1);
-      sm90::mbar_init(bars.v_full(s), 1);
+      sm90::mbar_init(bars.k_full(s), PAGED ? 128 : 1);  // (paged: every producer thread's cp.async arrival)
+      sm90::mbar_init(bars.v_full(s), PAGED ? 128 : 1);
       sm90::mbar_init(bars.k_empty(s), 256);
       sm90::mbar_init(bars.v_empty(s), 256);
     }
@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(prefill_sm90::kThreads, 1)
     return;
   }
   sm90::setmaxnreg_inc<kConsumerRegs>();
-  consume<T, V>(p, v, bars, sq, sk, sv, slot, wg - 1, tid);
+  consume<T, V, KV>(p, v, bars, sq, sk, sv, slot, wg - 1, tid);
 }
 
 }  // namespace cuinfer

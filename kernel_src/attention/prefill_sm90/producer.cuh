@@ -2,10 +2,12 @@
 // plan/work.cuh), hands each unit to the consumers through a shared-memory slot, and fills Q and the K / V ring:
 //   * Q and every K / V tile that lies wholly inside the unit's keys: TMA boxes issued by one thread (the maps' 128-byte
 //     swizzle is the wgmma layout), completing on the stage's barrier by transaction count;
-//   * a paged cache's tiles (rows gathered by page table), and a ragged tile that crosses the unit's last key (a
-//     request's tail; a causal diagonal not on a tile boundary): cp.async by all 128 producer threads with the rows
-//     past the end zero-filled, so no row of another request (or past the tensor) reaches the consumers' P·V, where
-//     a weight of 0 times a non-finite value would be NaN.
+//   * a ragged tile that crosses the unit's last key (a request's tail; a causal diagonal not on a tile boundary):
+//     cp.async by all 128 producer threads with the rows past the end zero-filled, so no row of another request (or
+//     past the tensor) reaches the consumers' P·V, where a weight of 0 times a non-finite value would be NaN; the
+//     producer waits for these copies (one tile at a unit's end);
+//   * a paged cache's tiles (rows gathered by page table): the same zero-filled cp.async, but not waited for: each
+//     producer thread's copies arrive on the stage's barrier as they land, so tiles stream like TMA ones.
 // Q rows past a request's end are read from the next rows (or zero-filled past the tensor): they only feed rows that
 // are never stored.
 // K and V of a stage are released apart by the consumers (k_empty / v_empty), so the next K load starts while a P·V
@@ -37,31 +39,51 @@ __device__ __forceinline__ void copy_tile_zfill(u32 dst, const T* src, i64 strid
   }
 }
 
-// A paged tile: the same copy with each row's address from the page table (K and V share strides).
-template <class T, class P>
-__device__ __forceinline__ void copy_paged_zfill(u32 dst, const T* base, const P& p, int page_base, int key0, int kvh,
-                                                 int valid, int tid) {
-  const int c = tid % 16, r0 = tid / 16;
-  const u32 s0 = dst + sm90::Sw128Tile<kBlockN>::chunk_offset(r0, c);
-#pragma unroll 8
-  for (int i = 0; i < kBlockN / 8; ++i) {
-    const int key = key0 + r0 + 8 * i;
-    const bool ok = r0 + 8 * i < valid;
-    const int page = kv::Paged::page(p, page_base, key, ok);
-    cp_async_16(s0 + i * 1024, base + (ok ? kv::Paged::offset(p, page, key, kvh) + c * 8 : 0), ok);
-  }
+// A paged tile is copied by rows: thread t copies chunks t % 8 and t % 8 + 8 (one in each 64-column block of the
+// swizzled tile) of rows t / 8 + 16 i, i < 8; those rows share the swizzle (r % 8), so one shared address plus
+// i * 2048. The rows' addresses come from the page table: each thread reads one entry, lane l of warp w the one of row
+// 4 w + l % 4 + 16 (l / 4) (the 32 rows the warp copies), and a shuffle hands each row's offset to its copiers.
+constexpr int kPagedRows = kBlockN / 16;
+
+// This thread's row of the tile at key `key0`: its element offset from the cache's base (K and V share it), read
+// before the stage's empty wait so the page-table latency hides behind it; rows at and past `valid` are not read.
+template <class P>
+__device__ __forceinline__ i64 paged_row_offset(const P& p, int page_base, int key0, int kvh, int valid, int tid) {
+  const int lane = tid % 32, r = (tid / 32) * 4 + lane % 4 + 16 * (lane / 4);
+  const int key = key0 + r;
+  return r < valid ? kv::Paged::offset(p, kv::Paged::page(p, page_base, key, true), key, kvh) : 0;
 }
 
-// One K or V tile into stage buffer `dst` (ready on barrier `full` once `empty` let the stage be refilled; `n` = the
-// stage's fill count): TMA for a whole tile, cp.async with zero fill for one that crosses the unit's last key.
+// A paged K or V tile into stage buffer `dst`: once `empty` let the stage be refilled (fill `n`), each producer
+// thread issues its rows' cp.async copies (rows at and past `valid` zero-filled) and arrives on `full` when they have
+// landed (cp.async.mbarrier.arrive.noinc: `full` expects all 128 producer threads). Nothing waits here, so the copies
+// of later tiles stream while these are in flight; the consumers fence the proxies after their wait (mbarrier.cuh).
+template <class T>
+__device__ __forceinline__ void load_paged_tile(u32 dst, u32 full, u32 empty, int n, const T* base, i64 row_offset,
+                                                int valid, int tid) {
+  if (n > 0) sm90::mbar_wait(empty, (n - 1) & 1);
+  const int c = tid % 8, r0 = tid / 8, left = valid - r0;
+  const u32 s0 = dst + sm90::Sw128Tile<kBlockN>::chunk_offset(r0, c);
+  int lane = (tid % 32) / 8;  // (row r0 + 16 i: lane (tid % 32) / 8 + 4 i read it)
+#pragma unroll 4
+  for (int i = 0; i < kPagedRows; ++i, lane += 4) {
+    const i64 off = __shfl_sync(0xffffffffu, row_offset, lane);
+    const bool ok = 16 * i < left;
+    const T* g = base + (ok ? off + c * 8 : 0);
+    cp_async_16(s0 + i * 2048, g, ok);
+    cp_async_16(s0 + i * 2048 + sm90::Sw128Tile<kBlockN>::kBlockBytes, g + (ok ? 64 : 0), ok);
+  }
+  sm90::mbar_arrive_cp_async(full);
+}
+
+// One ragged K or V tile into stage buffer `dst` (ready on barrier `full` once `empty` let the stage be refilled; `n`
+// = the stage's fill count): TMA for a whole tile, cp.async with zero fill for one that crosses the unit's last key.
 // Every producer thread waits for `empty` on every tile, TMA tiles included: a parity wait only tells the phase it
 // asks for from the one before, so a thread that skipped waits and asked for a later fill's parity would see an older
 // phase complete and overwrite a stage still being read.
-// Paged caches (KV = kv::Paged) copy every tile by page table: `row` is the tile's first key, `base` the cache.
-template <class T, class KV, class P>
+template <class T>
 __device__ __forceinline__ void load_tile(u32 dst, u32 full, u32 empty, int n, bool whole, const sm90::TmaDesc* map,
-                                          const T* base, i64 stride, int head, int row, int valid, int tid,
-                                          const P& p, int page_base) {
+                                          const T* base, i64 stride, int head, int row, int valid, int tid) {
   if (n > 0) sm90::mbar_wait(empty, (n - 1) & 1);
   if (whole) {
     if (tid == 0) {
@@ -71,11 +93,7 @@ __device__ __forceinline__ void load_tile(u32 dst, u32 full, u32 empty, int n, b
     }
     return;
   }
-  if constexpr (KV::kPaged) {
-    copy_paged_zfill<T>(dst, base, p, page_base, row, head, valid, tid);
-  } else {
-    copy_tile_zfill<T>(dst, base + row * stride, stride, valid, tid);
-  }
+  copy_tile_zfill<T>(dst, base + row * stride, stride, valid, tid);
   cp_async_commit();
   cp_async_wait<0>();
   sm90::fence_proxy_async();  // (generic-proxy writes, read by the async proxy of wgmma)
@@ -119,6 +137,10 @@ __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& ba
         sm90::mbar_arrive(bars.q_full());
         if (in_pool) plan::leave_pool(static_cast<int*>(p.pool_count), static_cast<u32>(num_ctas));
       }
+      if constexpr (KV::kPaged) {  // (no thread leaves with its copies in flight)
+        cp_async_commit();
+        cp_async_wait<0>();
+      }
       break;
     }
     const Unit w = resolve_unit<V, KV>(p, vp, it, D);
@@ -131,18 +153,23 @@ __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& ba
     const int kvh = w.head / p.group_size;
     // ragged: rows are global token indices (as the TMA coordinates) from the head's base; paged: keys of the request
     // from the cache's base (the page table gives each row's address)
-    const T* kh = KV::kPaged ? k : k + kvh * p.k_stride_h;
-    const T* vh = KV::kPaged ? v : v + kvh * p.v_stride_h;
-    const int row0 = KV::kPaged ? 0 : w.k0;
+    const T* kh = k + kvh * p.k_stride_h;
+    const T* vh = v + kvh * p.v_stride_h;
     for (int i = 0; i < w.n_tiles; ++i, ++tile) {
       const int s = tile % kStages, n = tile / kStages;
       const int key0 = (w.t_first + i) * kBlockN;
-      const bool whole = !KV::kPaged && key0 + kBlockN <= w.key_hi;
       const int valid = w.key_hi - key0;
-      load_tile<T, KV>(sk + s * Shape<D>::kTileBytes, bars.k_full(s), bars.k_empty(s), n, whole, tm_k, kh,
-                       p.k_stride_n, kvh, row0 + key0, valid, tid, p, w.k0);
-      load_tile<T, KV>(sv + s * Shape<D>::kTileBytes, bars.v_full(s), bars.v_empty(s), n, whole, tm_v, vh,
-                       p.v_stride_n, kvh, row0 + key0, valid, tid, p, w.k0);
+      if constexpr (KV::kPaged) {
+        const i64 row = paged_row_offset(p, w.k0, key0, kvh, valid, tid);
+        load_paged_tile<T>(sk + s * Shape<D>::kTileBytes, bars.k_full(s), bars.k_empty(s), n, k, row, valid, tid);
+        load_paged_tile<T>(sv + s * Shape<D>::kTileBytes, bars.v_full(s), bars.v_empty(s), n, v, row, valid, tid);
+      } else {
+        const bool whole = key0 + kBlockN <= w.key_hi;
+        load_tile<T>(sk + s * Shape<D>::kTileBytes, bars.k_full(s), bars.k_empty(s), n, whole, tm_k, kh, p.k_stride_n,
+                     kvh, w.k0 + key0, valid, tid);
+        load_tile<T>(sv + s * Shape<D>::kTileBytes, bars.v_full(s), bars.v_empty(s), n, whole, tm_v, vh, p.v_stride_n,
+                     kvh, w.k0 + key0, valid, tid);
+      }
     }
   }
 }
