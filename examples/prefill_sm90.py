@@ -1,7 +1,6 @@
 """Batch prefill on the Hopper kernel (``BatchPrefill(backend="sm90")``): a ragged causal batch with GQA and ALiBi,
-then the same K / V as a paged cache with ``backend="auto"`` (the FA2-class kernel today: the Hopper kernel's paged
-path and auto's choice of it are behind ``cuinfer.prefill.sm90.PAGED`` / ``AUTO`` for now), both checked against the
-float64 reference.
+then the same K / V as a paged cache with ``backend="auto"`` (on an sm_90 GPU it picks the Hopper kernel for these
+long requests), both checked against the float64 reference.
 
     python examples/prefill_sm90.py [--framework torch|jax|cupy|numpy]
 

@@ -3,8 +3,7 @@
 # compiled in the background (niced), the sm90 GPU tests against float64, then (if they pass) the prefill suite on
 # P1-P3 beside FlashInfer fa2 / fa3 and the variant bench (fa2 and sm90 rows, FlashInfer fa3 rows). Logs under $OUT.
 #   env: SM90_TESTS (tests/gpu/test_prefill_sm90.py), SM90_CASES (P1,P2,P3), SM90_VARIANT_PEERS (fa3; "" for none),
-#        SM90_SKIP_SUITE=1 (no prefill suite), SM90_WARM=0 (no FlashInfer), SM90_TEST_S (150), DEADLINE_S (570),
-#        SM90_PAGED=1 (the suite with the paged sm90 kernel let in: bench.lab.sm90_paged_suite; e.g. SM90_CASES=P4,P5,P6)
+#        SM90_SKIP_SUITE=1 (no prefill suite), SM90_WARM=0 (no FlashInfer), SM90_TEST_S (150), DEADLINE_S (570)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false FLASHINFER_CUDA_ARCH_LIST=9.0a CUINFER_CACHE_DIR=/tmp/cc
 t0=$(date +%s); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -26,8 +25,7 @@ echo "tests exit $rc at $(at)"; grep -E "passed|failed|FAILED|ERROR|Error" "$OUT
 while [ ! -f /tmp/warm.done ] && [ $(( $(date +%s) - t0 )) -lt 330 ]; do sleep 5; done
 echo "FlashInfer warm: $( [ -f /tmp/warm.done ] && echo done || echo 'not done') at $(at)"
 if [ "${SM90_SKIP_SUITE:-0}" != 1 ]; then
-  SUITE=bench; [ "${SM90_PAGED:-0}" = 1 ] && SUITE=bench.lab.sm90_paged_suite
-  PYTHONPATH=/tmp/peers python3 -m $SUITE prefill --cases "$C" --no-plot --out "$OUT/res" > "$OUT/suite.txt" 2>&1
+  PYTHONPATH=/tmp/peers python3 -m bench prefill --cases "$C" --no-plot --out "$OUT/res" > "$OUT/suite.txt" 2>&1
   echo "suite exit $? at $(at)"; grep -E "^ *P[0-9]" "$OUT/suite.txt" | cut -c1-170
 fi
 PYTHONPATH=/tmp/peers timeout $(( ${DEADLINE_S:-570} - ($(date +%s) - t0) )) python3 -m bench.lab.variant_bench \

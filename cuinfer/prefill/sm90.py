@@ -1,12 +1,12 @@
 """The Hopper backend of ``BatchPrefill`` (``backend="sm90"``): wgmma tensor cores, TMA copies and warp
 specialisation on sm_90a (kernel_src/attention/prefill_sm90/).
 
-What it runs (checked at ``plan()``, each limit named in the error): ragged K / V (``paged=False``; a paged cache
-behind ``PAGED``), q / k / v / o of one 16-bit type (float16 or bfloat16), ``head_dim =
+What it runs (checked at ``plan()``, each limit named in the error): ragged K / V (``paged=False``) or a paged cache
+(any page size; K / V rows gathered by page table), q / k / v / o of one 16-bit type (float16 or bfloat16), ``head_dim =
 head_dim_vo = 128``, any GQA group, and the softmax variants of logits, key ranges and masks (causal, sliding window,
 soft cap, ALiBi, custom masks and user variants of those kinds); an sm_90 GPU. The rest (fp8 K / V, other head dims,
 RoPE / sinks / sigmoid and other transforms) runs on ``backend="fa2"``. CUDA-graph mode works as on the FA2-class
-kernel (behind ``GRAPH``): the TMA maps are kernel arguments captured with the launch, like the parameter struct's
+kernel: the TMA maps are kernel arguments captured with the launch, like the parameter struct's
 pointers.
 
 Its plan is the same plan format as the FA2-class kernel's (cuinfer/planner, read by kernel_src/plan/work.cuh) with
@@ -44,15 +44,6 @@ ARCH = "sm_90a"
 #: largest first (SORTED_DEAL), the query heads of a tile side by side (their K / V tiles shared in the L2).
 POOL_SHARE = 0.04
 SORTED_DEAL = True
-#: Gates of what has passed its GPU tests run one at a time but not yet in parallel (docs/results/h200-2026-12-03b:
-#: under `pytest -n 8` on one H200, 4 paged cases and both CUDA-graph tests did not finish within 150 s, twice, while
-#: each passes against float64 in seconds run alone; the cause is not known yet). Until it is:
-#: PAGED: BatchPrefill(paged=True, backend="sm90") raises at construction (the paged kernel: K / V gathered by page
-#: table with cp.async); GRAPH: BatchPrefill(backend="sm90", use_cuda_graph=True) raises; AUTO: backend="auto" keeps
-#: the FA2-class kernel (auto_picks is False). The GPU tests set them.
-PAGED = False
-GRAPH = False
-AUTO = False
 #: backend="auto" picks this kernel for a plan it runs on an sm_90 GPU (no tile_sizes=) when its 128-row items are this
 #: full on average (sum of qo lengths over the same rounded up to 128 per request): a batch of short appends fills them
 #: poorly, where the FA2-class kernel's tiles (query rows x GQA group) fit better. Measured (H200, 64 appends over 2048
@@ -146,11 +137,11 @@ def row_fill(qo_indptr: np.ndarray) -> float:
     return float(qo.sum()) / rows if rows else 0.0
 
 
-def auto_picks(plan: Any, *, paged: bool, graph: bool, arch: str | None) -> bool:
-    """Whether ``backend="auto"`` runs ``plan`` on this kernel: ``AUTO`` (and ``PAGED`` / ``GRAPH`` for a paged cache /
-    CUDA-graph mode), an sm_90 GPU (``arch``; None: no GPU), no ``tile_sizes=`` (FA2-class tiles), a plan it runs
-    (``unsupported``), and items filled to ``AUTO_MIN_ROW_FILL``."""
-    if not AUTO or arch != ARCH or (paged and not PAGED) or (graph and not GRAPH):
+def auto_picks(plan: Any, arch: str | None) -> bool:
+    """Whether ``backend="auto"`` runs ``plan`` on this kernel: an sm_90 GPU (``arch``; None: no GPU), no
+    ``tile_sizes=`` (FA2-class tiles), a plan it runs (``unsupported``), and items filled to ``AUTO_MIN_ROW_FILL``;
+    ragged or paged, CUDA-graph mode or not."""
+    if arch != ARCH:
         return False
     t = plan.static.tiles if plan.static is not None else None
     if t is not None and any(x is not None for x in (t.tile_q, t.tile_kv, t.stages, t.groups, t.convert)):

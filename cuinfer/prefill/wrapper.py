@@ -72,8 +72,8 @@ class BatchPrefill(PlanRunWrapper):
     ``[num_kv_heads, nnz_kv, head_dim]`` HND). ``backend``: "fa2" (the FA2-class kernel, any sm_80+ GPU), "sm90" (the
     Hopper wgmma / TMA kernel on an sm_90 GPU: 16-bit K/V, head_dim 128, softmax variants of logits, key ranges and
     masks; ``cuinfer.prefill.sm90`` lists its limits), "auto" (per plan: "sm90" where it runs the plan and its 128-row
-    items are well filled, ``sm90.auto_picks``, once ``sm90.AUTO`` is set; otherwise "fa2"; the plan's choice is
-    ``wrapper.plan_backend``).
+    items are well filled, ``sm90.auto_picks``; otherwise "fa2"; the plan's choice is ``wrapper.plan_backend``; in
+    CUDA-graph mode the first plan's choice holds for every later plan).
     ``use_cuda_graph``: every device pointer and the grid are fixed by the first ``plan()`` (capacities: twice its
     query tokens and page-table entries, ``max_batch_size`` requests), so a captured ``run()`` stays valid across
     later plans that fit; the tiles of the first plan are kept.
@@ -92,17 +92,6 @@ class BatchPrefill(PlanRunWrapper):
     ) -> None:  # fmt: skip
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)} but is {backend!r}")
-        if backend == "sm90" and paged and not sm90.PAGED:
-            raise NotImplementedError(
-                "backend='sm90' (the Hopper wgmma/TMA prefill kernel) runs ragged K/V only so far (its paged kernel "
-                "passes its GPU tests run alone, not yet in parallel); use BatchPrefill(paged=False) with k and v, or "
-                "backend='fa2' / 'auto' for a paged cache"
-            )
-        if backend == "sm90" and use_cuda_graph and not sm90.GRAPH:
-            raise NotImplementedError(
-                "backend='sm90' does not support use_cuda_graph=True yet (its graph mode passes its GPU tests run "
-                "alone, not yet in parallel); use backend='fa2' or 'auto' for CUDA-graph capture"
-            )
         self.paged = bool(paged)
         super().__init__(
             kv_layout=kv_layout, use_cuda_graph=use_cuda_graph, max_batch_size=max_batch_size,
@@ -323,7 +312,7 @@ class BatchPrefill(PlanRunWrapper):
                 from cuinfer.runtime.device import device_info
 
                 arch = device_info(device_id).arch
-            picks = sm90.auto_picks(plan, paged=self.paged, graph=self.use_cuda_graph, arch=arch)
+            picks = sm90.auto_picks(plan, arch)
             plan.backend = "sm90" if picks else "fa2"
             return
         plan.backend = self.backend

@@ -79,16 +79,10 @@ def test_plan_names_what_sm90_does_not_run(kw, match):
         _plan(BatchPrefill(paged=False, backend="sm90"), **kw)
 
 
-def test_constructor_names_the_gates(monkeypatch):
-    """Paged caches and CUDA-graph mode on the Hopper kernel stay behind sm90.PAGED / sm90.GRAPH until their GPU tests
-    pass run in parallel too."""
-    with pytest.raises(NotImplementedError, match="ragged K/V only .*not yet in parallel"):
-        BatchPrefill(paged=True, backend="sm90")
-    with pytest.raises(NotImplementedError, match="use_cuda_graph"):
-        BatchPrefill(paged=False, backend="sm90", use_cuda_graph=True, max_batch_size=4)
-    monkeypatch.setattr(sm90, "PAGED", True)
-    monkeypatch.setattr(sm90, "GRAPH", True)
-    assert BatchPrefill(paged=True, backend="sm90", use_cuda_graph=True, max_batch_size=4).backend == "sm90"
+def test_constructor_takes_paged_and_graph_mode():
+    """The Hopper kernel takes a paged cache and CUDA-graph mode (plans: test_paged_plans and the lifecycle tests)."""
+    w = BatchPrefill(paged=True, backend="sm90", use_cuda_graph=True, max_batch_size=4)
+    assert w.backend == "sm90" and w.paged and w.use_cuda_graph
 
 
 def test_numpy_inputs_run_the_reference():
@@ -103,9 +97,8 @@ def test_numpy_inputs_run_the_reference():
     np.testing.assert_array_equal(np.asarray(o_sm90, np.float32), np.asarray(ref.run(q, k, k), np.float32))
 
 
-def test_paged_plans_once_enabled(monkeypatch):
+def test_paged_plans():
     """The paged kernel's plan: the same items as ragged (one query head, 128 rows), its own specialisation."""
-    monkeypatch.setattr(sm90, "PAGED", True)
     w = BatchPrefill(paged=True, backend="sm90")
     qo, pages = np.array([0, 300, 1000]), np.array([0, 25, 94])  # 400 and 1100 + 4 keys in pages of 16
     w.plan(qo, pages, np.arange(94), np.array([16, 4]), page_size=16, num_qo_heads=8, num_kv_heads=2, head_dim=128,
@@ -123,16 +116,10 @@ def test_row_fill():
     assert sm90.row_fill(np.array([0, 0])) == 0.0
 
 
-@pytest.fixture
-def gates_open(monkeypatch):
-    for gate in ("AUTO", "PAGED", "GRAPH"):
-        monkeypatch.setattr(sm90, gate, True)
-
-
-def _auto(arch, *, paged=False, graph=False, **kw):
+def _auto(arch, **kw):
     """What backend="auto" resolves a plan to, as if on a GPU of ``arch`` (the plan made on the host)."""
     plan = _plan(BatchPrefill(paged=False, backend="fa2"), **kw)
-    return sm90.auto_picks(plan, paged=paged, graph=graph, arch=arch)
+    return sm90.auto_picks(plan, arch)
 
 
 @pytest.mark.parametrize(
@@ -150,25 +137,15 @@ def _auto(arch, *, paged=False, graph=False, **kw):
         pytest.param("sm_90a", dict(qo=(0, 16, 32)), False, id="short-appends"),
     ],
 )
-def test_auto_picks(arch, kw, picks, gates_open):
+def test_auto_picks(arch, kw, picks):
     assert _auto(arch, **kw) is picks
 
 
-@pytest.mark.parametrize("gate, kw", [("AUTO", {}), ("GRAPH", dict(graph=True))])
-def test_auto_gates(gate, kw, gates_open, monkeypatch):
-    assert _auto("sm_90a", **kw)
-    monkeypatch.setattr(sm90, gate, False)
-    assert not _auto("sm_90a", **kw)
-
-
-def test_auto_paged_follows_the_gate(monkeypatch, gates_open):
+def test_auto_picks_paged_plans():
     w = BatchPrefill(paged=True, backend="fa2")
     w.plan(np.array([0, 512]), np.array([0, 32]), np.arange(32), np.array([16]), page_size=16, num_qo_heads=8,
            num_kv_heads=2, head_dim=128, q_dtype="bfloat16", causal=True)  # fmt: skip
-    monkeypatch.setattr(sm90, "PAGED", False)
-    assert not sm90.auto_picks(w._plan, paged=True, graph=False, arch="sm_90a")
-    monkeypatch.setattr(sm90, "PAGED", True)
-    assert sm90.auto_picks(w._plan, paged=True, graph=False, arch="sm_90a")
+    assert sm90.auto_picks(w._plan, "sm_90a") and not sm90.auto_picks(w._plan, "sm_80")
 
 
 def test_auto_without_a_gpu_plans_fa2():

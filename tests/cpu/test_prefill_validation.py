@@ -139,8 +139,6 @@ def test_both_mask_forms():
 
 
 def test_constructor_options():
-    with pytest.raises(NotImplementedError, match="backend='sm90'.*ragged K/V only"):
-        BatchPrefill(backend="sm90")
     with pytest.raises(ValueError, match="backend must be one of auto, fa2, sm90"):
         BatchPrefill(backend="fa3")
     with pytest.raises(ValueError, match="kv_layout must be 'NHD' or 'HND'"):

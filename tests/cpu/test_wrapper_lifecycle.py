@@ -12,7 +12,7 @@ from cuinfer.interop.arrays import Tensor
 from cuinfer.interop.dtypes import DType
 
 from cuinfer.decode import BatchDecode, single_decode
-from cuinfer.prefill import BatchPrefill, sm90
+from cuinfer.prefill import BatchPrefill
 from tests.cpu.fake_gpu import (
     FakeKernel,  # noqa: F401 (tests/lab/test_lab_harness.py takes the stand-ins from here)
     install,
@@ -98,9 +98,8 @@ def test_single_decode_launches_once(gpu):
     "paged, backend", [(True, "fa2"), (False, "fa2"), (True, "sm90"), (False, "sm90")],
     ids=["paged", "ragged", "paged-sm90", "ragged-sm90"],
 )  # fmt: skip
-def test_prefill_split_plans_add_the_merge_launch(gpu, rng, paged, backend, monkeypatch):
+def test_prefill_split_plans_add_the_merge_launch(gpu, rng, paged, backend):
     log, _ = gpu
-    monkeypatch.setattr(sm90, "PAGED", True)
     qo_lens = rng.integers(1, 300, 5)
     qo = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
     w = BatchPrefill(paged=paged, backend=backend)
@@ -124,11 +123,10 @@ def test_prefill_split_plans_add_the_merge_launch(gpu, rng, paged, backend, monk
         w.run(q, *kv, kv[0])
 
 
-def test_prefill_auto_on_hopper_runs_the_sm90_kernel_where_it_fits(gpu, rng, monkeypatch):
-    """backend="auto" on an sm_90 device (sm90.AUTO set): the Hopper kernel for long prefills, the FA2-class kernel for
-    short appends or a fixed split off its 128-key tiles; with sm90.AUTO unset, the FA2-class kernel."""
+def test_prefill_auto_on_hopper_runs_the_sm90_kernel_where_it_fits(gpu, rng):
+    """backend="auto" on an sm_90 device: the Hopper kernel for long prefills, the FA2-class kernel for short appends
+    or a fixed split off its 128-key tiles."""
     log, _ = gpu
-    monkeypatch.setattr(sm90, "AUTO", True)
     k = _cuda((4096, 8, 128))
     w = BatchPrefill(paged=False)
     for qo, fixed, expect in (([0, 1024, 2048], None, "sm90"), ([0, 16, 40], None, "fa2"),
@@ -141,18 +139,13 @@ def test_prefill_auto_on_hopper_runs_the_sm90_kernel_where_it_fits(gpu, rng, mon
         assert w.plan_backend == expect and names[0] == (
             "cuinfer::batch_prefill_sm90" if expect == "sm90" else "cuinfer::batch_prefill"
         ), (qo, fixed, names)
-    monkeypatch.setattr(sm90, "AUTO", False)
-    w.plan(np.array([0, 1024, 2048]), np.array([0, 2048, 4096]), **HEADS, q_dtype="bfloat16", causal=True)
-    assert w.plan_backend == "fa2"
 
 
 @pytest.mark.parametrize("first", ["sm90", "fa2"])
-def test_prefill_auto_graph_mode_keeps_the_first_plans_kernel(gpu, first, monkeypatch):
+def test_prefill_auto_graph_mode_keeps_the_first_plans_kernel(gpu, first):
     """CUDA-graph mode: the captured kernel is the first plan's, so "auto" decides once; the Hopper kernel's plans fit
     the fixed layout (items of one query head) and its launches read the plan buffer at the same pointers."""
     log, _ = gpu
-    monkeypatch.setattr(sm90, "AUTO", True)
-    monkeypatch.setattr(sm90, "GRAPH", True)
     g = BatchPrefill(paged=False, use_cuda_graph=True, max_batch_size=4)
     long, short = (
         (np.array([0, 1024, 2048]), np.array([0, 2048, 4096])),

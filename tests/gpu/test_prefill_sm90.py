@@ -50,7 +50,7 @@ CASES = [
 ]
 
 
-# Paged caches (K / V gathered by page table; BatchPrefill refuses them until these pass in parallel too: sm90.PAGED)
+# Paged caches (K / V rows gathered by page table with cp.async, streamed through the stage barriers)
 PAGED_CASES = [
     pytest.param(sm90(B12, page=16), id="paged-b12mix-page16-bf16-causal"),
     pytest.param(sm90(B1_LONG, page=1), id="paged-b1-page1"),
@@ -63,12 +63,9 @@ PAGED_CASES = [
 
 
 @pytest.mark.parametrize("c", CASES + PAGED_CASES)
-def test_batch_prefill_sm90(rng, c: Case, monkeypatch):
+def test_batch_prefill_sm90(rng, c: Case):
     if not _hopper():
         pytest.skip("backend='sm90' needs an sm_90 GPU")
-    from cuinfer.prefill import sm90 as sm90_backend
-
-    monkeypatch.setattr(sm90_backend, "PAGED", True)
     fw = _framework("cupy")
     h = _build(rng, c)
     o, lse, w, _ = _run_case(fw, c, h)
@@ -99,7 +96,7 @@ def test_sm90_nan_in_next_request_stays_out(rng):
 
 
 @pytest.mark.parametrize("paged", [False, True], ids=["ragged", "paged"])
-def test_sm90_cuda_graph_replays_later_plans(rng, paged, monkeypatch):
+def test_sm90_cuda_graph_replays_later_plans(rng, paged):
     """CUDA-graph mode on the Hopper kernel: one capture, then replays after plans of other lengths (the same token
     totals), each checked against float64 with poisoned outputs; the TMA maps and the plan-buffer pointers are the
     captured launch's."""
@@ -109,10 +106,7 @@ def test_sm90_cuda_graph_replays_later_plans(rng, paged, monkeypatch):
 
     from cuinfer import reference
     from cuinfer.prefill import BatchPrefill
-    from cuinfer.prefill import sm90 as sm90_backend
 
-    for gate in ("AUTO", "PAGED", "GRAPH"):
-        monkeypatch.setattr(sm90_backend, gate, True)
     lens_a = ((600, 127, 977, 37, 300), (4097, 513, 1000, 97, 2048))
     lens_b = ((700, 27, 977, 137, 200), (700, 2000, 977, 3778, 300))
     c = sm90(lens_a, page=16 if paged else None)
@@ -171,14 +165,11 @@ def test_sm90_cuda_graph_replays_later_plans(rng, paged, monkeypatch):
         _check(out.get(), lse.get(), ro, rl, c.dtype)
 
 
-def test_sm90_auto_picks_the_hopper_kernel(rng, monkeypatch):
-    """backend="auto" on an sm_90 GPU (sm90.AUTO set): long prefills on the Hopper kernel, a batch of short appends on
+def test_sm90_auto_picks_the_hopper_kernel(rng):
+    """backend="auto" on an sm_90 GPU: long prefills on the Hopper kernel, a batch of short appends on
     the FA2-class kernel; both against float64."""
     if not _hopper():
         pytest.skip("needs an sm_90 GPU")
-    from cuinfer.prefill import sm90 as sm90_backend
-
-    monkeypatch.setattr(sm90_backend, "AUTO", True)
     fw = _framework("cupy")
     for lens, expect in ((((1000, 300), (1000, 1500)), "sm90"), (((16,) * 8, (700,) * 8), "fa2")):
         c = Case(lens)
