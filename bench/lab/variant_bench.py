@@ -40,7 +40,9 @@ VARIANTS = {
 def _lab_variants() -> dict:
     """Lab-only variants (--lab): the soft cap through MUFU.TANH (FlashInfer's formula: ``cap * tanh.approx(x /
     cap)``, relative error ~2^-11) and through MUFU.RCP (``cap - 2 cap * rcp(1 + ex2(x * 2 log2 e / cap))``: two MUFU
-    ops, no Newton steps) against the accurate built-in (one MUFU op and five FFMAs); both on the built-in's tiles."""
+    ops, no Newton steps) against the accurate built-in (one MUFU op and five FFMAs); both on the built-in's tiles.
+    And a probe of the least any soft cap through MUFU costs: the plain logits plus 0 x one MUFU.TANH each (``x +
+    0.f * tanh.approx(x)``: the product is kept, as 0 x inf is NaN; the results are the plain ones)."""
     import importlib
 
     import cuinfer
@@ -49,7 +51,7 @@ def _lab_variants() -> dict:
     # registered and counted with the built-in soft cap among the chains that keep the plain 128 x 64 tiles (a user
     # variant's policy tiles are narrower): this compares the logits code alone
     render = importlib.import_module("cuinfer.variants.render")
-    render.WIDE_LOGITS = (*render.WIDE_LOGITS, "lab_soft_cap_rcp", "lab_soft_cap_approx")
+    render.WIDE_LOGITS = (*render.WIDE_LOGITS, "lab_soft_cap_rcp", "lab_soft_cap_approx", "lab_one_mufu")
 
     approx = cuinfer.register_variant(
         cuinfer.Variant(
@@ -65,7 +67,11 @@ def _lab_variants() -> dict:
             params=soft_cap.SOFT_CAP.params,
         )
     )
+    one_mufu = cuinfer.register_variant(
+        cuinfer.Variant(name="lab_one_mufu", logits="fmaf(0.f, fmath::tanh_approx(x), x)")
+    )
     return {
+        "one MUFU per logit (probe)": {"variant": one_mufu},
         "soft cap 30 (rcp)": {
             "variant": rcp,
             "variant_params": {"lab_soft_cap_rcp": soft_cap.values(30.0)},
