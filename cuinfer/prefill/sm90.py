@@ -6,8 +6,7 @@ What it runs (checked at ``plan()``, each limit named in the error): ragged K / 
 head_dim_vo = 128``, any GQA group, and the softmax variants of logits, key ranges and masks (causal, sliding window,
 soft cap, ALiBi, custom masks and user variants of those kinds); an sm_90 GPU. The rest (fp8 K / V, other head dims,
 RoPE / sinks / sigmoid and other transforms) runs on ``backend="fa2"``. CUDA-graph mode works as on the FA2-class
-kernel: the TMA maps are kernel arguments captured with the launch, like the parameter struct's
-pointers.
+kernel: the TMA maps are kernel arguments captured with the launch, like the parameter struct's pointers.
 
 Its plan is the same plan format as the FA2-class kernel's (cuinfer/planner, read by kernel_src/plan/work.cuh) with
 one difference: an item is 128 query rows of **one query head** (the planner sees ``num_qo_heads`` KV heads of group

@@ -27,7 +27,7 @@ KV_LAYOUTS = ("NHD", "HND")
 LSE_BASES = ("log2", "ln")
 LSE_LAYOUTS = ("NH", "HN")
 # FlashInfer backend -> cuinfer backend. "fa3" (FlashInfer's Hopper kernels) runs cuinfer's best available kernel
-# for the device, today the FA2-class one on every GPU (docs/compat.md).
+# for the device: "auto", the Hopper kernel on an sm_90 GPU where it fits (docs/compat.md).
 BACKENDS = {"auto": "auto", "fa2": "fa2", "fa3": "auto"}
 OTHER_BACKENDS = ("trtllm-gen", "cudnn", "cute-dsl", "cute-dsl-prims", "cutlass", "cutile", "prims-ts")
 # disable_split_kv=True: a fixed split longer than any KV range, so no range is ever cut (cuinfer's fixed_split_size

@@ -151,8 +151,8 @@ __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& ba
       sm90::tma_load_3d(sq + sm90::Sw128Tile<kBlockM>::kBlockBytes, tm_q, bars.q_full(), 64, w.head, w.q0 + w.row0);
     }
     const int kvh = w.head / p.group_size;
-    // ragged: rows are global token indices (as the TMA coordinates) from the head's base; paged: keys of the request
-    // from the cache's base (the page table gives each row's address)
+    // ragged tiles: rows are global token indices (as the TMA coordinates) from the KV head's base, kh / vh; paged
+    // tiles: keys of the request, each row's address from the page table and the cache's base (k / v)
     const T* kh = k + kvh * p.k_stride_h;
     const T* vh = v + kvh * p.v_stride_h;
     for (int i = 0; i < w.n_tiles; ++i, ++tile) {
