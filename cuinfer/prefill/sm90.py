@@ -4,7 +4,8 @@ specialisation on sm_90a (kernel_src/attention/prefill_sm90/).
 What it runs (checked at ``plan()``, each limit named in the error): ragged K / V (``paged=False``) or a paged cache
 (any page size; K / V rows gathered by page table), q / k / v / o of one 16-bit type (float16 or bfloat16), ``head_dim =
 head_dim_vo = 128``, any GQA group, and the softmax variants of logits, key ranges and masks (causal, sliding window,
-soft cap, ALiBi, custom masks and user variants of those kinds); an sm_90 GPU. The rest (fp8 K / V, other head dims,
+soft cap, ALiBi, custom masks and user variants of those kinds); an sm_90 GPU; K / V may be fp8 (float8_e4m3fn,
+float8_e5m2: copied as bytes into a staging ring and converted to q's dtype by the producer). The rest (other head dims,
 RoPE / sinks / sigmoid and other transforms) runs on ``backend="fa2"``. CUDA-graph mode works as on the FA2-class
 kernel: the TMA maps are kernel arguments captured with the launch, like the parameter struct's pointers.
 
@@ -35,8 +36,11 @@ TILE_Q = 128  # query rows of an item (64 per consumer warpgroup)
 TILE_KV = 128  # keys of a K / V tile: the planner's KV granule
 STAGES = 2
 THREADS = 384  # producer warpgroup + two consumer warpgroups
-# Q, the K and V rings, 10 mbarriers, the unit slot, the item broadcast, and 1024 bytes to align the tiles
+# Q, the K and V rings, 10 mbarriers, the unit slot, the item broadcast, and 1024 bytes to align the tiles; fp8 K / V
+# add their staging ring (K and V tiles of one byte per element, converted to 16 bits by the producer)
 SMEM_BYTES = 1024 + TILE_Q * HEAD_DIM * 2 + 2 * STAGES * TILE_KV * HEAD_DIM * 2 + 8 * (2 + 4 * STAGES) + 64 + 16
+FP8_STAGING_BYTES = 2 * STAGES * TILE_KV * HEAD_DIM
+FP8_KV = ("float8_e4m3fn", "float8_e5m2")
 ARCH = "sm_90a"
 #: Share of the cost left to the plan's shared tail (taken one item at a time, largest first, by the CTAs that finish
 #: their lists first); the FA2-class plans leave 4 % (cuinfer.planner.assign.POOL_SHARE). Items are always dealt
@@ -56,17 +60,28 @@ TMA_DESC = np.dtype([("opaque", "<u8", (16,))], align=True)  # CUtensorMap: 128 
 class Sm90KernelKey:
     """Everything that selects one compiled specialisation of the Hopper prefill kernel."""
 
-    dtype: str  # q, k, v and o
+    dtype: str  # q and o (and k, v unless kv_dtype says otherwise)
     variant: Rendered
     paged: bool = False
     head_dim: int = HEAD_DIM
+    kv_dtype: str | None = None  # fp8 K / V (FP8_KV); None: dtype
+
+    @property
+    def kv(self) -> str:
+        return self.kv_dtype or self.dtype
 
     def name_expr(self) -> str:
-        return f"cuinfer::batch_prefill_sm90<{CTYPES[self.dtype]}, {self.head_dim}, {str(self.paged).lower()}>"
+        t = CTYPES[self.dtype]
+        return f"cuinfer::batch_prefill_sm90<{t}, {self.head_dim}, {str(self.paged).lower()}, {CTYPES[self.kv]}>"
 
     def short_name(self) -> str:
         kv = "paged" if self.paged else "ragged"
-        return f"prefill_sm90/{kv}/{self.dtype}/d{self.head_dim}/{self.variant.name}"
+        fp8 = f"/kv-{self.kv}" if self.kv != self.dtype else ""
+        return f"prefill_sm90/{kv}/{self.dtype}{fp8}/d{self.head_dim}/{self.variant.name}"
+
+    @property
+    def smem_bytes(self) -> int:
+        return SMEM_BYTES + (FP8_STAGING_BYTES if self.kv != self.dtype else 0)
 
 
 @functools.cache
@@ -76,11 +91,11 @@ def sm90_spec(key: Sm90KernelKey) -> KernelSpec:
         source="attention/prefill_sm90.cu",
         name_exprs=(key.name_expr(),),
         preamble=PrefillParams.c_decl() + key.variant.preamble(),
-        # wgmma, TMA boxes (q; ragged k / v) and cp.async (paged tiles, a ragged tile that crosses the last key), the
-        # register split of the warpgroups
+        # wgmma, TMA boxes (q; ragged k / v) and cp.async (paged tiles, a ragged tile that crosses the last key, fp8
+        # tiles), the register split of the warpgroups
         sass_expect=(r"HGMMA", r"UTMALDG", r"LDGSTS", r"USETMAXREG"),
         archs=(ARCH,),
-        smem_bytes=SMEM_BYTES,
+        smem_bytes=key.smem_bytes,
     )
 
 
@@ -88,8 +103,8 @@ def default_specs() -> list[KernelSpec]:
     """The specialisations CI compiles (sm_90a only): plain and causal in both 16-bit types, the built-in variants of
     logits and key ranges, a custom mask."""
 
-    def key(dtype: str, *names: str, paged: bool = False) -> KernelSpec:
-        return sm90_spec(Sm90KernelKey(dtype, render(tuple(lookup(n) for n in names)), paged))
+    def key(dtype: str, *names: str, paged: bool = False, kv: str | None = None) -> KernelSpec:
+        return sm90_spec(Sm90KernelKey(dtype, render(tuple(lookup(n) for n in names)), paged, kv_dtype=kv))
 
     return [
         key("bfloat16", "causal"),
@@ -100,6 +115,10 @@ def default_specs() -> list[KernelSpec]:
         key("float16", "causal", "custom_mask"),
         key("bfloat16", "causal", paged=True),
         key("float16", "causal", "custom_mask", paged=True),
+        key("bfloat16", "causal", paged=True, kv="float8_e4m3fn"),
+        key("float16", "causal", kv="float8_e5m2"),
+        key("bfloat16", "causal", "soft_cap", kv="float8_e4m3fn"),
+        key("bfloat16", "causal", "alibi", paged=True, kv="float8_e5m2"),
     ]
 
 
@@ -109,8 +128,10 @@ def unsupported(plan: Any) -> str | None:
         return f"head_dim={plan.head_dim}, head_dim_vo={plan.head_dim_vo} (it is built for 128)"
     if plan.q_dtype.value not in ("float16", "bfloat16"):
         return f"q_dtype={plan.q_dtype.value} (it takes float16 or bfloat16)"
-    if plan.kv_dtype is not plan.q_dtype:
-        return f"kv_dtype={plan.kv_dtype.value} with q_dtype={plan.q_dtype.value} (k and v must have q's dtype)"
+    if plan.kv_dtype is not plan.q_dtype and plan.kv_dtype.value not in FP8_KV:
+        return (
+            f"kv_dtype={plan.kv_dtype.value} with q_dtype={plan.q_dtype.value} (k and v must have q's dtype or be fp8)"
+        )
     if plan.o_dtype is not plan.q_dtype:
         return f"o_dtype={plan.o_dtype.value} with q_dtype={plan.q_dtype.value} (o must have q's dtype)"
     for piece in plan.variant.pieces:
@@ -202,16 +223,18 @@ class Sm90Launch(PrefillLaunch):
     as extra arguments (re-encoded when a pointer or stride changes)."""
 
     def _configure(self, plan: Any, paged: bool, device_id: int) -> None:
-        key = Sm90KernelKey(plan.q_dtype.value, plan.variant, paged)
+        kv = plan.kv_dtype.value
+        key = Sm90KernelKey(plan.q_dtype.value, plan.variant, paged, kv_dtype=None if kv == plan.q_dtype.value else kv)
         self.kernel = get_kernel(sm90_spec(key), key.name_expr(), device_id)
-        self.num_ctas, self.threads, self.smem_bytes = plan.work.num_ctas, THREADS, SMEM_BYTES
+        self.num_ctas, self.threads, self.smem_bytes = plan.work.num_ctas, THREADS, key.smem_bytes
         self.paged = paged
+        self.tma_kv = not paged and key.kv == key.dtype  # (paged or fp8 K / V: rows copied by the producer threads)
 
     def _extra_args(self, tq: Tensor, kv: KV) -> tuple:
         plan = self.plan
         dtype = plan.q_dtype.value
         q_map = tensor_map(tq.ptr, dtype, plan.nnz_qo, tq.shape[1], tq.strides[0], tq.strides[1])
-        if self.paged:  # (the kernel gathers K / V rows by page table; their maps are not read)
+        if not self.tma_kv:  # (K / V rows gathered by page table or staged as fp8: their maps are not read)
             unused = np.zeros((), TMA_DESC)[()]
             return q_map, unused, unused
         nk, heads = int(plan.kv_indptr[-1]), kv.num_kv_heads

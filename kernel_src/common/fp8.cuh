@@ -61,6 +61,12 @@ template <> struct Bits<__nv_fp8_e5m2> {
   static constexpr u32 kHalfScale = 0x3C00u, kBf16Scale = kScaleE5m2Bf16;
 };
 
+// fp8 scale arrays (the parameter structs' k_scales / v_scales: float32, value h * stride for KV head h; null when
+// the scales were numbers, folded into sm_scale and v_scale): the factor of KV head h, 1 without an array.
+__device__ __forceinline__ float head_scale(const void* a, int stride, int h) {
+  return a == nullptr ? 1.f : __ldg(static_cast<const float*>(a) + h * stride);
+}
+
 // x * s + (-0) in both 16-bit halves.
 __device__ __forceinline__ u32 hmul2_half(u32 x, u32 s) {
   u32 r;

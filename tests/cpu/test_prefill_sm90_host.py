@@ -37,6 +37,25 @@ def test_register_split_fits_the_block(spec):
     assert 128 * producer + 256 * consumer <= sm90.THREADS * regs, (
         f"{spec.name}: producer {producer} + consumers {consumer} registers exceed the block's {regs} per thread"
     )
+    assert spec.smem_bytes <= 232448, f"{spec.name}: {spec.smem_bytes} bytes of shared memory (sm_90: 227 KB a block)"
+
+
+@pytest.mark.parametrize("kv", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("paged", [False, True])
+def test_fp8_kv_plans_its_own_kernel(kv, paged):
+    """fp8 K / V: the same items, a kernel of its own (the fp8 element type, the staging ring's shared memory)."""
+    w = BatchPrefill(paged=paged, backend="sm90")
+    if paged:
+        w.plan(np.array([0, 300, 1000]), np.array([0, 25, 94]), np.arange(94), np.array([16, 4]), page_size=16,
+               num_qo_heads=8, num_kv_heads=2, head_dim=128, q_dtype="bfloat16", kv_dtype=kv, causal=True)  # fmt: skip
+    else:
+        _plan(w, kv_dtype=kv)
+    assert w.plan_backend == "sm90" and w._plan.work.n_items == (3 + 6) * 8
+    key = sm90.Sm90KernelKey("bfloat16", w._plan.variant, paged, kv_dtype=kv)
+    ctype = {"float8_e4m3fn": "__nv_fp8_e4m3", "float8_e5m2": "__nv_fp8_e5m2"}[kv]
+    assert key.name_expr() == f"cuinfer::batch_prefill_sm90<__nv_bfloat16, 128, {str(paged).lower()}, {ctype}>"
+    assert key.smem_bytes == sm90.SMEM_BYTES + 2 * sm90.STAGES * 128 * 128
+    assert sm90.Sm90KernelKey("bfloat16", w._plan.variant, paged).smem_bytes == sm90.SMEM_BYTES
 
 
 def _plan(w: BatchPrefill, qo=(0, 300, 1000), **kw):
@@ -69,7 +88,6 @@ def test_fixed_split_in_whole_tiles():
     [
         pytest.param(dict(head_dim=64), "head_dim=64", id="head-dim-64"),
         pytest.param(dict(q_dtype="float16", o_dtype="bfloat16"), "o must have q's dtype", id="o-dtype"),
-        pytest.param(dict(kv_dtype="float8_e4m3fn"), "k and v must have q's dtype", id="fp8-kv"),
         pytest.param(dict(variant="sinks"), "'sinks' \\(a sink", id="sinks"),
         pytest.param(dict(pos_encoding="rope_llama"), "a query transform", id="rope"),
     ],
@@ -105,7 +123,7 @@ def test_paged_plans():
            q_dtype="bfloat16", causal=True, num_sms=132)  # fmt: skip
     assert w._plan.work.n_items == (3 + 6) * 8
     key = sm90.Sm90KernelKey("bfloat16", w._plan.variant, True)
-    assert key.name_expr() == "cuinfer::batch_prefill_sm90<__nv_bfloat16, 128, true>"
+    assert key.name_expr() == "cuinfer::batch_prefill_sm90<__nv_bfloat16, 128, true, __nv_bfloat16>"
     assert sm90.sm90_spec(key) in sm90.default_specs()
 
 
@@ -132,7 +150,7 @@ def _auto(arch, **kw):
         pytest.param(None, {}, False, id="no-gpu"),
         pytest.param("sm_90a", dict(tile_sizes=(64, 64)), False, id="tile-sizes"),
         pytest.param("sm_90a", dict(head_dim=64), False, id="head-dim-64"),
-        pytest.param("sm_90a", dict(kv_dtype="float8_e4m3fn"), False, id="fp8"),
+        pytest.param("sm_90a", dict(kv_dtype="float8_e4m3fn"), True, id="fp8"),
         pytest.param("sm_90a", dict(pos_encoding="rope_llama"), False, id="rope"),
         pytest.param("sm_90a", dict(qo=(0, 16, 32)), False, id="short-appends"),
     ],

@@ -141,6 +141,33 @@ def test_prefill_auto_on_hopper_runs_the_sm90_kernel_where_it_fits(gpu, rng):
         ), (qo, fixed, names)
 
 
+@pytest.mark.parametrize("paged", [False, True], ids=["ragged", "paged"])
+def test_prefill_sm90_fp8_launch(gpu, paged):
+    """fp8 K / V on the Hopper kernel ("auto" on the sm_90 device): its own specialisation with the staging ring's
+    shared memory, K / V pointers as given (no TMA maps: the producer copies the rows), k_scale folded into sm_scale,
+    v_scale passed."""
+    from cuinfer.prefill import sm90
+
+    log, _ = gpu
+    qo = np.array([0, 1024, 2048])
+    w = BatchPrefill(paged=paged)
+    if paged:
+        w.plan(qo, np.array([0, 64, 128]), np.arange(128), np.array([16, 16]), **HEADS, page_size=16,
+               q_dtype="bfloat16", kv_dtype="float8_e4m3fn", causal=True)  # fmt: skip
+        kv = (_cuda((128, 2, 16, 8, 128), DType.FLOAT8_E4M3FN),)
+    else:
+        w.plan(qo, qo, **HEADS, q_dtype="bfloat16", kv_dtype="float8_e4m3fn", causal=True)
+        kv = (_cuda((2048, 8, 128), DType.FLOAT8_E4M3FN), _cuda((2048, 8, 128), DType.FLOAT8_E4M3FN))
+    w.run(_cuda((2048, 32, 128)), *kv, k_scale=0.5, v_scale=2.0)
+    (launch,) = [e for e in log if e[0] == "launch"]
+    assert launch[1] == "cuinfer::batch_prefill_sm90" and w.plan_backend == "sm90"
+    p = launch[3]
+    assert p["sm_scale"] == pytest.approx(0.5 / 128**0.5) and p["v_scale"] == 2.0
+    assert p["k"] == kv[0].ptr and p["k_scales"] == 0
+    state = w._launch_state
+    assert state.smem_bytes == sm90.SMEM_BYTES + sm90.FP8_STAGING_BYTES and not state.tma_kv
+
+
 @pytest.mark.parametrize("first", ["sm90", "fa2"])
 def test_prefill_auto_graph_mode_keeps_the_first_plans_kernel(gpu, first):
     """CUDA-graph mode: the captured kernel is the first plan's, so "auto" decides once; the Hopper kernel's plans fit

@@ -346,9 +346,36 @@ class PCase:
     opts: dict = field(default_factory=dict)
     tiles: tuple | None = None
     q_rows: str = "normal"  # "spread": each (token, head) row of q times 2^U[-14, 4], some zero, some beyond float16
+    backend: str = "auto"  # BatchPrefill(backend=...); "sm90" skips off Hopper
 
 
 PCASES = [
+    # the Hopper kernel (backend="sm90"): fp8 rows staged by its producer and converted to q's dtype in shared memory
+    pytest.param(PCase((577, 1300, 1), (4097, 1300, 130), 16, (32, 8), 128, backend="sm90"), id="sm90-paged-p16-e4m3"),
+    pytest.param(
+        PCase((700, 300), (1000, 1500), None, (64, 8), 128, "e5m2", "fp16", backend="sm90"),
+        id="sm90-ragged-e5m2-fp16-g8",
+    ),
+    pytest.param(
+        PCase((600, 333), (1200, 333), 1, (8, 8), 128, "e5m2", scales="heads", q_rows="spread", backend="sm90"),
+        id="sm90-paged-p1-e5m2-g1-head-scales",
+    ),
+    pytest.param(
+        PCase(
+            (1000, 257),
+            (1000, 3000),
+            None,
+            (32, 8),
+            128,
+            backend="sm90",
+            opts={"logits_soft_cap": 30.0, "window_left": 700},
+        ),
+        id="sm90-ragged-softcap-window",
+    ),
+    pytest.param(
+        PCase((640, 129), (2000, 700), 16, (32, 8), 128, causal=False, backend="sm90", opts={"pos_encoding": "alibi"}),
+        id="sm90-paged-alibi-noncausal",
+    ),
     pytest.param(PCase((577, 17, 1), (4097, 54, 130), 16, (32, 8), 128), id="paged-p16-e4m3-bf16-g4-d128-causal"),
     # float16 Q·K^T (bf16 q, the CTA converting, sm_90: PrefillTraits::kHalfQK): each warp scales its Q rows by the
     # power of two of their largest |q|; rows of very different size, zero rows and q beyond float16's range, with
@@ -433,7 +460,10 @@ def _pscales(rng, c: PCase):
 @pytest.mark.parametrize("c", PCASES)
 def test_batch_prefill_fp8(rng, c: PCase):
     from cuinfer.prefill import BatchPrefill
+    from cuinfer.runtime.device import current_device_id, device_info
 
+    if c.backend == "sm90" and device_info(current_device_id()).arch != "sm_90a":
+        pytest.skip("backend='sm90' needs an sm_90 GPU")
     fw = _framework(c.framework)
     hq, hkv = c.heads
     q, qo_indptr, kv_indptr, indices, last, kv = _pbuild(rng, c)
@@ -446,12 +476,13 @@ def test_batch_prefill_fp8(rng, c: PCase):
         ref_o, ref_lse = reference.batch_prefill_paged(
             q, kv, qo_indptr, kv_indptr, indices, last, causal=c.causal, k_scale=ks, v_scale=vs, **c.opts
         )
-    w = BatchPrefill(paged=c.page is not None)
+    w = BatchPrefill(paged=c.page is not None, backend=c.backend)
     w.plan(
         qo_indptr, kv_indptr, indices, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=c.head_dim,
         page_size=c.page or 1, causal=c.causal, q_dtype=Q_DTYPES[c.q], kv_dtype=FORMATS[c.fmt], tile_sizes=c.tiles,
         **c.opts,
     )  # fmt: skip
+    assert c.backend == "auto" or w.plan_backend == c.backend
     run_ks = ks if c.scales in ("none", "numbers") else _device_scales(fw, ks)
     run_vs = vs if c.scales in ("none", "numbers") else _device_scales(fw, vs)
     arrays = (fw.asarray(kv),) if c.page is not None else (fw.asarray(kv[0]), fw.asarray(kv[1]))

@@ -66,11 +66,7 @@
 namespace cuinfer {
 namespace decode {
 
-// fp8 scale arrays (DecodeParams k_scales / v_scales: float32, value h * stride for KV head h, null when the scales
-// were numbers and are folded into sm_scale / v_scale): the factor of KV head h, 1 without an array.
-__device__ __forceinline__ float head_scale(const void* a, int stride, int h) {
-  return a == nullptr ? 1.f : __ldg(static_cast<const float*>(a) + h * stride);
-}
+using fp8::head_scale;  // (fp8 scale arrays: common/fp8.cuh)
 
 // ==================================================================================================================
 // CUDA-core kernel. kThreads = (D/8) x G x BDZ; each of the BDZ token slices holds TZ = T / BDZ tokens of a tile.

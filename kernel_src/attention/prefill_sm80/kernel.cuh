@@ -46,11 +46,7 @@
 namespace cuinfer {
 namespace prefill {
 
-// fp8 scale arrays (PrefillParams k_scales / v_scales: float32, value h * stride for KV head h; null when the scales
-// were numbers, folded into sm_scale and v_scale): the factor of KV head h, 1 without an array.
-__device__ __forceinline__ float head_scale(const void* a, int stride, int h) {
-  return a == nullptr ? 1.f : __ldg(static_cast<const float*>(a) + h * stride);
-}
+using fp8::head_scale;  // (fp8 scale arrays: common/fp8.cuh)
 
 // The facts of the item being run.
 struct ItemFacts {

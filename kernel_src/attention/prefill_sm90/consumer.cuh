@@ -9,6 +9,7 @@
 // written before its wait, so P is packed only after the previous P V retired.
 #pragma once
 #include "attention/prefill_sm90/unit.cuh"
+#include "common/fp8.cuh"
 #include "common/math.cuh"
 #include "common/mbarrier.cuh"
 #include "common/mma.cuh"
@@ -20,17 +21,21 @@ namespace prefill_sm90 {
 
 // What a consumer thread knows of its two rows of a unit (h = 0: row my_row, h = 1: my_row + 8): the variant's Index
 // and RowState, the key range [lo, hi) (hi clipped to a split piece's end), the leading slope in accumulator units
-// (kFoldSlope), and the online softmax's running max m and partial sum l (this thread's share of the row).
+// (kFoldSlope), the online softmax's running max m and partial sum l (this thread's share of the row), and q_inv: an
+// accumulator unit in units of q·k (the inverse of the row's Q scale: bfloat16 q with fp8 K / V, convert_q_rows; 1
+// otherwise).
 template <class V> struct Rows {
   variant::Index ix[2];
   typename V::RowState rs[2];
   int lo[2], hi[2];
   float slope_acc[2];
   float m[2], l[2];
+  float q_inv[2];
 };
 
 template <class V, class P, class VP>
-__device__ __forceinline__ void init_rows(Rows<V>& r, const P& p, const VP& vp, const Unit& w, int my_row) {
+__device__ __forceinline__ void init_rows(Rows<V>& r, const P& p, const VP& vp, const Unit& w, int my_row,
+                                          float sm_scale, const float (&q_inv)[2]) {
   const int diag = w.kv_len - w.qo_len;  // row i is at kv position i + diag
   const int kvh = w.head / p.group_size;
 #pragma unroll
@@ -42,8 +47,9 @@ __device__ __forceinline__ void init_rows(Rows<V>& r, const P& p, const VP& vp, 
     r.lo[h] = variant::kNoLowerBound, r.hi[h] = w.kv_len;
     V::key_range(vp, r.ix[h], r.lo[h], r.hi[h]);
     r.hi[h] = min(r.hi[h], w.key_hi);  // (a split piece's end)
+    r.q_inv[h] = q_inv[h];
     r.slope_acc[h] = 0.f;
-    if constexpr (variant::kFoldSlope<V>) r.slope_acc[h] = V::slope_lead(vp, r.ix[h], r.rs[h]) / p.sm_scale;
+    if constexpr (variant::kFoldSlope<V>) r.slope_acc[h] = V::slope_lead(vp, r.ix[h], r.rs[h]) / (sm_scale * q_inv[h]);
     r.m[h] = neg_inf();
     r.l[h] = 0.f;
   }
@@ -92,16 +98,24 @@ __device__ __forceinline__ void issue_pv(float (&o_acc)[64], const u32 (&pa)[8][
   wgmma_commit();
 }
 
+// The base-2 exponent per score unit of row half h: sl2, times the row's q_inv where the scores are in accumulator
+// units of a scaled Q (kRowScale; per-logit pieces return natural logits, sm_scale and q_inv already applied).
+template <bool kRowScale, class V> __device__ __forceinline__ float row_sl2(float sl2, const Rows<V>& r, int h) {
+  return kRowScale && !variant::kTileLogits<V> ? sl2 * r.q_inv[h] : sl2;
+}
+
 // Masks the scores of the tile at key0, moves the running max, turns the scores into P in place and gives the factor
 // the output accumulators take for the new max (per row half). Element (j, e) of sc is the logit of row h = e / 2
-// and key key0 + 8 j + 2 t + e % 2. `sl2`: the base-2 exponent per score unit.
-template <class V, class VP>
+// and key key0 + 8 j + 2 t + e % 2. `sl2`: the base-2 exponent per score unit (kRowScale: per unit of q·k, the
+// rows' q_inv applied here).
+template <bool kRowScale, class V, class VP>
 __device__ __forceinline__ void softmax_tile(float (&sc)[64], Rows<V>& r, const VP& vp, const Unit& w, int key0, int t,
                                              float sm_scale, float sl2, float (&corr)[2]) {
   constexpr bool kFold = variant::kFoldSlope<V>;
   const bool need_mask = V::kMask || key0 + kBlockN > w.mask_hi || key0 < w.mask_lo;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
+    const float sms = kRowScale ? sm_scale * r.q_inv[h] : sm_scale;
     const float dist0 = static_cast<float>(key0 + 2 * t - r.ix[h].qpos);  // kv_dist of the row's first key here
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
@@ -112,9 +126,9 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[64], Rows<V>& r, const 
         if constexpr (variant::kTileLogits<V>) {
           const float dist = dist0 + static_cast<float>(8 * j + (e & 1));
           if constexpr (kFold) {
-            x = V::logits_rest(vp, r.ix[h], r.rs[h], key, dist, x * sm_scale);
+            x = V::logits_rest(vp, r.ix[h], r.rs[h], key, dist, x * sms);
           } else {
-            x = V::logits(vp, r.ix[h], r.rs[h], key, dist, x * sm_scale);
+            x = V::logits(vp, r.ix[h], r.rs[h], key, dist, x * sms);
           }
         }
         if (need_mask) {
@@ -131,18 +145,19 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[64], Rows<V>& r, const 
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
+    const float s2 = row_sl2<kRowScale>(sl2, r, h);
     float mx = r.m[h];
 #pragma unroll
     for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * h], sc[4 * j + 2 * h + 1]));
     mx = mma::quad_max(mx);
-    const float ms = mx == neg_inf() ? 0.f : mx * sl2;
-    corr[h] = fmath::ex2(r.m[h] * sl2 - ms);  // m = -inf: 0
+    const float ms = mx == neg_inf() ? 0.f : mx * s2;
+    corr[h] = fmath::ex2(r.m[h] * s2 - ms);  // m = -inf: 0
     r.m[h] = mx;
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      sc[4 * j + 2 * h] = fmath::ex2(fmaf(sc[4 * j + 2 * h], sl2, -ms));
-      sc[4 * j + 2 * h + 1] = fmath::ex2(fmaf(sc[4 * j + 2 * h + 1], sl2, -ms));
+      sc[4 * j + 2 * h] = fmath::ex2(fmaf(sc[4 * j + 2 * h], s2, -ms));
+      sc[4 * j + 2 * h + 1] = fmath::ex2(fmaf(sc[4 * j + 2 * h + 1], s2, -ms));
       sum += sc[4 * j + 2 * h] + sc[4 * j + 2 * h + 1];
     }
     r.l[h] = r.l[h] * corr[h] + sum;
@@ -168,15 +183,16 @@ __device__ __forceinline__ void rescale(float (&o_acc)[64], const float (&corr)[
   }
 }
 
-// The unit's rows: o / l in the output dtype and the base-2 lse, or the fp32 partial state of a split item.
-template <class T, class V, class P>
+// The unit's rows: o / l (times v_scale: fp8 V) in the output dtype and the base-2 lse, or the fp32 partial state of
+// a split item.
+template <class T, bool kRowScale, class V, class P>
 __device__ __forceinline__ void store_rows(const P& p, const Unit& w, const Rows<V>& r, const float (&o_acc)[64],
-                                           int my_row, int t, float sl2) {
+                                           int my_row, int t, float sl2, float v_scale) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float sum = mma::quad_sum(r.l[h]);
-    const float inv = state::inv_of(sum);
-    const float lse = state::lse_of(r.m[h] * sl2, sum);
+    const float inv = state::inv_of(sum) * v_scale;
+    const float lse = state::lse_of(r.m[h] * row_sl2<kRowScale>(sl2, r, h), sum);
     const int row = my_row + 8 * h;
     if (row >= w.qo_len) continue;
     if (w.partial < 0) {
@@ -201,8 +217,54 @@ __device__ __forceinline__ void store_rows(const P& p, const Unit& w, const Rows
   }
 }
 
+// bfloat16 q with fp8 K / V (the MMAs in float16): this consumer's 64 Q rows to float16 in place, each times the power
+// of two that puts its largest |q| in [2^14, 2^15) (fp8::q_f16_scale: nothing overflows, every bfloat16 value within
+// 2^28 of the row's largest converts exactly, as the FA2-class kernel's convert_q). Thread t converts the 64 elements
+// of row t / 2 in column block t % 2 (eight 16-byte chunks; the swizzle only permutes chunks within a row, so the
+// chunk order does not matter: thread t starts at chunk t % 8, and a quarter-warp's accesses hit distinct banks) and
+// returns its row's inverse scale 2^-s. The warpgroup synchronises (named barrier 4 + cw) before its wgmma read Q.
+__device__ __forceinline__ float convert_q_rows(u32 q_base, int cw, int tid) {
+  const u32 row = q_base + (tid % 2) * sm90::Sw128Tile<kBlockM>::kBlockBytes + (tid / 2) * 128;
+  __nv_bfloat162 m2 = __float2bfloat162_rn(0.f);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    uint4 x;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w) : "r"(row + ((i + tid) % 8) * 16));
+    const u32 w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) m2 = __hmax2(m2, __habs2(*reinterpret_cast<const __nv_bfloat162*>(&w[j])));
+  }
+  u32 b = *reinterpret_cast<const u32*>(&m2);
+  b = __shfl_xor_sync(0xffffffffu, b, 1);  // (the row's other column block)
+  m2 = __hmax2(m2, *reinterpret_cast<const __nv_bfloat162*>(&b));
+  float sc, inv;
+  const float floor = __uint_as_float(static_cast<u32>(127 - fp8::kQF16AmaxFloorExp) << 23);
+  fp8::q_f16_scale(fmaxf(fmaxf(__low2float(m2), __high2float(m2)), floor), sc, inv);
+  const u32 sc2 = (__float_as_uint(sc) >> 16) * 0x10001u;  // 2^s in both bfloat16 halves
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const u32 a = row + ((i + tid) % 8) * 16;
+    u32 w[4];
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(a));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // (times 2^s in bfloat16: exact; a bfloat16 is the upper half of a float)
+      const u32 y = fp8::hmul2_bf16(w[j], sc2);
+      w[j] = fp8::pack_half2(__uint_as_float(y << 16), __uint_as_float(y & 0xffff0000u));
+    }
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                 : "memory");
+  }
+  sm90::fence_proxy_async();  // (generic-proxy stores, read by the async proxy of wgmma)
+  sm90::named_barrier_sync(4 + cw, 128);
+  return inv;
+}
+
 // The consumer warpgroup `cw` (0 or 1): every unit the producer hands over, until it says there is none left.
-template <class T, class V, class KV, class P, class VP>
+// T: q's and o's type; TM: the MMAs' operand type (T, or float16 for fp8 K / V). kFenceStages: the stages were written
+// by cp.async and nobody fenced the proxies (paged 16-bit K / V: mbarrier.cuh). kFp8: k_scale (the number folded into
+// sm_scale, times the KV head's from k_scales) scales the logits, v_scale the output.
+template <class T, class TM, bool kFp8, class V, bool kFenceStages, class P, class VP>
 __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& bars, u32 sq, u32 sk, u32 sv,
                                         const Unit* slot, int cw, int tid) {
   using namespace sm90;
@@ -210,9 +272,7 @@ __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& ba
   const int warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const u32 q_base = sq + cw * 64 * 128;
-  // the softmax's base-2 exponent per score unit: per-logit pieces return natural logits (sm_scale applied);
-  // otherwise the scores are in accumulator units and sm_scale folds in here
-  const float sl2 = variant::kTileLogits<V> ? kLog2e : p.sm_scale_log2;
+  constexpr bool kRowScale = !is_same<T, TM>::value;  // bfloat16 q, float16 MMAs: Q scaled per row (convert_q_rows)
   auto my_turn = [&]() { named_barrier_sync(1 + cw, 256); };
   auto their_turn = [&]() { named_barrier_arrive(2 - cw, 256); };
   if (cw == 1) named_barrier_arrive(1, 256);  // consumer 0 goes first
@@ -222,23 +282,37 @@ __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& ba
     mbar_wait(bars.q_full(), n_q & 1);
     const Unit w = *slot;
     if (w.n_tiles < 0) break;
+    const int kvh = w.head / p.group_size;
+    const float k_scale = kFp8 ? fp8::head_scale(p.k_scales, p.k_scales_stride, kvh) : 1.f;
+    const float sm_scale = kFp8 ? p.sm_scale * k_scale : p.sm_scale;
+    // the softmax's base-2 exponent per score unit: per-logit pieces return natural logits (sm_scale applied);
+    // otherwise the scores are in accumulator units and sm_scale folds in here
+    const float sl2 = variant::kTileLogits<V> ? kLog2e : kFp8 ? p.sm_scale_log2 * k_scale : p.sm_scale_log2;
     const int n_tiles = w.n_tiles;
     const int my_row = w.row0 + cw * 64 + warp * 16 + g;  // rows my_row and my_row + 8 of the request
+    float q_inv[2] = {1.f, 1.f};
+    if constexpr (kRowScale) {
+      if (n_tiles > 0) {  // (rows my_row, my_row + 8 of the warpgroup were converted by its lanes 2 g, 2 g + 16)
+        const float inv = convert_q_rows(q_base, cw, tid);
+        q_inv[0] = __shfl_sync(0xffffffffu, inv, 2 * g);
+        q_inv[1] = __shfl_sync(0xffffffffu, inv, 2 * g + 16);
+      }
+    }
     Rows<V> r;
-    init_rows(r, p, vp, w, my_row);
+    init_rows(r, p, vp, w, my_row, sm_scale, q_inv);
     float o_acc[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) o_acc[i] = 0.f;
     auto k_tile = [&](int i) {
       const int n = tile0 + i;
       mbar_wait(bars.k_full(n % kStages), (n / kStages) & 1);
-      if constexpr (KV::kPaged) fence_proxy_async();  // (cp.async wrote the stage: mbarrier.cuh)
+      if constexpr (kFenceStages) fence_proxy_async();  // (cp.async wrote the stage: mbarrier.cuh)
       return sk + (n % kStages) * kTileBytes;
     };
     auto v_tile = [&](int i) {
       const int n = tile0 + i;
       mbar_wait(bars.v_full(n % kStages), (n / kStages) & 1);
-      if constexpr (KV::kPaged) fence_proxy_async();
+      if constexpr (kFenceStages) fence_proxy_async();
       return sv + (n % kStages) * kTileBytes;
     };
     auto key0 = [&](int i) { return (w.t_first + i) * kBlockN; };
@@ -250,42 +324,43 @@ __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& ba
     if (n_tiles > 0) {  // (none: e.g. rows of a causal request with more rows than keys, that see no key)
       float sc[64];
       my_turn();
-      issue_qk<T, V>(sc, q_base, k_tile(0), r, key0(0), t);
+      issue_qk<TM, V>(sc, q_base, k_tile(0), r, key0(0), t);
       their_turn();
       wgmma_wait<0>();
       fence_regs(sc);
       mbar_arrive(bars.k_empty(tile0 % kStages));
-      softmax_tile(sc, r, vp, w, key0(0), t, p.sm_scale, sl2, corr);
-      pack_p<T>(sc, pa);
+      softmax_tile<kRowScale>(sc, r, vp, w, key0(0), t, sm_scale, sl2, corr);
+      pack_p<TM>(sc, pa);
     }
     for (int i = 1; i < n_tiles; ++i) {
       float sc[64];
       my_turn();
-      issue_qk<T, V>(sc, q_base, k_tile(i), r, key0(i), t);
+      issue_qk<TM, V>(sc, q_base, k_tile(i), r, key0(i), t);
       rescale(o_acc, corr);
-      issue_pv<T>(o_acc, pa, v_tile(i - 1));
+      issue_pv<TM>(o_acc, pa, v_tile(i - 1));
       their_turn();
       wgmma_wait<1>();
       fence_regs(sc);
       mbar_arrive(bars.k_empty((tile0 + i) % kStages));
-      softmax_tile(sc, r, vp, w, key0(i), t, p.sm_scale, sl2, corr);
+      softmax_tile<kRowScale>(sc, r, vp, w, key0(i), t, sm_scale, sl2, corr);
       wgmma_wait<0>();
       fence_regs(o_acc);
       mbar_arrive(bars.v_empty((tile0 + i - 1) % kStages));
-      pack_p<T>(sc, pa);
+      pack_p<TM>(sc, pa);
     }
     mbar_arrive(bars.q_empty());  // every Q K^T of the unit has retired
     if (n_tiles > 0) {
       rescale(o_acc, corr);
       my_turn();
-      issue_pv<T>(o_acc, pa, v_tile(n_tiles - 1));
+      issue_pv<TM>(o_acc, pa, v_tile(n_tiles - 1));
       their_turn();
       wgmma_wait<0>();
       fence_regs(o_acc);
       mbar_arrive(bars.v_empty((tile0 + n_tiles - 1) % kStages));
     }
     tile0 += n_tiles;
-    store_rows<T>(p, w, r, o_acc, my_row, t, sl2);
+    const float v_scale = kFp8 ? p.v_scale * fp8::head_scale(p.v_scales, p.v_scales_stride, kvh) : 1.f;
+    store_rows<T, kRowScale>(p, w, r, o_acc, my_row, t, sl2, v_scale);
   }
 }
 

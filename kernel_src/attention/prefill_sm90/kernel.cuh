@@ -16,8 +16,11 @@ namespace cuinfer {
 
 // p: the plan's arrays, the tensors and the shapes (PrefillParams, cuinfer/prefill/specs.py); v: the variant's
 // parameters; tm_q, tm_k, tm_v: TMA maps of q, k and v as [tokens, heads, 128] with 64 x 1 x 128 boxes and the
-// 128-byte swizzle (cuinfer/prefill/sm90.py; PAGED: k and v are a paged cache, read by page table, their maps unused).
-template <class T, int HEAD_DIM, bool PAGED>
+// 128-byte swizzle (cuinfer/prefill/sm90.py; PAGED: k and v are a paged cache, read by page table, their maps unused;
+// fp8 K / V: their maps unused too).
+// KVT: K / V's element type, T or fp8 (__nv_fp8_e4m3, __nv_fp8_e5m2: staged and converted to float16 by the
+// producer; the MMAs then run in float16, bfloat16 q converted per row by the consumers: consumer.cuh).
+template <class T, int HEAD_DIM, bool PAGED, class KVT>
 __global__ void __launch_bounds__(prefill_sm90::kThreads, 1)
     batch_prefill_sm90(const __grid_constant__ PrefillParams p, const __grid_constant__ VariantParams v,
                        const __grid_constant__ sm90::TmaDesc tm_q, const __grid_constant__ sm90::TmaDesc tm_k,
@@ -34,7 +37,10 @@ __global__ void __launch_bounds__(prefill_sm90::kThreads, 1)
   const u32 sq = (raw + 1023u) & ~1023u;
   const u32 sk = sq + S::kQBytes;                  // stage s: sk + s * kTileBytes
   const u32 sv = sk + kStages * S::kTileBytes;     // stage s: sv + s * kTileBytes
-  const Bars bars{sv + kStages * S::kTileBytes};
+  constexpr bool kFp8 = fp8::IsFp8<KVT>::value;
+  using TM = typename Select<kFp8, half, T>::type;  // the MMAs' operand type
+  const u32 s8 = sv + kStages * S::kTileBytes;     // fp8: the staging ring (K stages, then V stages)
+  const Bars bars{s8 + (kFp8 ? 2 * kStages * kFp8TileBytes : 0)};
   Unit* slot = reinterpret_cast<Unit*>(smem_raw + (bars.end() - raw));
   int* bcast = reinterpret_cast<int*>(smem_raw + (bars.end() + 64 - raw));
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
@@ -42,20 +48,21 @@ __global__ void __launch_bounds__(prefill_sm90::kThreads, 1)
     sm90::mbar_init(bars.q_full(), 1);
     sm90::mbar_init(bars.q_empty(), 256);
     for (int s = 0; s < kStages; ++s) {
-      sm90::mbar_init(bars.k_full(s), PAGED ? 128 : 1);  // (paged: every producer thread's cp.async arrival)
-      sm90::mbar_init(bars.v_full(s), PAGED ? 128 : 1);
+      // (paged or fp8: every producer thread arrives, on its cp.async copies or after its conversion)
+      sm90::mbar_init(bars.k_full(s), PAGED || kFp8 ? 128 : 1);
+      sm90::mbar_init(bars.v_full(s), PAGED || kFp8 ? 128 : 1);
       sm90::mbar_init(bars.k_empty(s), 256);
       sm90::mbar_init(bars.v_empty(s), 256);
     }
   }
   __syncthreads();
   if (wg == 0) {
-    sm90::setmaxnreg_dec<kProducerRegs>();
-    produce<T, V, KV>(p, v, bars, sq, sk, sv, slot, bcast, &tm_q, &tm_k, &tm_v, tid);
+    sm90::setmaxnreg_dec<kFp8 ? kProducerRegsFp8 : kProducerRegs>();
+    produce<T, TM, KVT, V, KV>(p, v, bars, sq, sk, sv, s8, slot, bcast, &tm_q, &tm_k, &tm_v, tid);
     return;
   }
-  sm90::setmaxnreg_inc<kConsumerRegs>();
-  consume<T, V, KV>(p, v, bars, sq, sk, sv, slot, wg - 1, tid);
+  sm90::setmaxnreg_inc<kFp8 ? kConsumerRegsFp8 : kConsumerRegs>();
+  consume<T, TM, kFp8, V, PAGED && !kFp8>(p, v, bars, sq, sk, sv, slot, wg - 1, tid);
 }
 
 }  // namespace cuinfer

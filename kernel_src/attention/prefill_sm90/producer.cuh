@@ -7,7 +7,9 @@
 //     past the tensor) reaches the consumers' P·V, where a weight of 0 times a non-finite value would be NaN; the
 //     producer waits for these copies (one tile at a unit's end);
 //   * a paged cache's tiles (rows gathered by page table): the same zero-filled cp.async, but not waited for: each
-//     producer thread's copies arrive on the stage's barrier as they land, so tiles stream like TMA ones.
+//     producer thread's copies arrive on the stage's barrier as they land, so tiles stream like TMA ones;
+//   * fp8 K / V (ragged or paged): each tile's rows (128 bytes each) are copied with cp.async into a staging ring of
+//     fp8 tiles, then converted by the same threads into the 16-bit stage the consumers read (fp8_tile below).
 // Q rows past a request's end are read from the next rows (or zero-filled past the tensor): they only feed rows that
 // are never stored.
 // K and V of a stage are released apart by the consumers (k_empty / v_empty), so the next K load starts while a P·V
@@ -15,6 +17,7 @@
 #pragma once
 #include "attention/prefill_sm90/unit.cuh"
 #include "common/cp_async.cuh"
+#include "common/fp8.cuh"
 #include "common/mbarrier.cuh"
 
 namespace cuinfer {
@@ -101,11 +104,93 @@ __device__ __forceinline__ void load_tile(u32 dst, u32 full, u32 empty, int n, b
   if (tid == 0) sm90::mbar_arrive(full);
 }
 
-template <class T, class V, class KV, class P, class VP>
-__device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& bars, u32 sq, u32 sk, u32 sv,
+// ---- fp8 K / V ---------------------------------------------------------------------------------------------------
+// A tile of fp8 K or V is 128 rows of 128 bytes, staged row-major (chunk c of row r at r * 128 + c * 16) in a ring of
+// kStages K and kStages V tiles after the 16-bit rings. Thread t stages chunk t % 8 of rows t / 8 + 16 i (i < 8) with
+// cp.async (rows at and past `valid` zero-filled), and later converts exactly those chunks: 16 fp8 elements into
+// 16-bit chunks 2c and 2c + 1 of the row in the swizzled stage (fp8.cuh's exact conversions), so it waits for its own
+// copies only. Copies of tile i are issued before tile i - 1 is converted, so they land while the thread converts.
+constexpr int kFp8TileBytes = kBlockN * 128;
+
+// Ragged: rows row0 + r of the head at `head` (a byte pointer); paged: row offsets from paged_row_offset, shuffled.
+template <bool PAGED>
+__device__ __forceinline__ void stage_fp8_tile(u32 dst8, const unsigned char* head, i64 row0, i64 stride_n,
+                                               i64 paged_row, int valid, int tid) {
+  const int c = tid % 8, r0 = tid / 8, left = valid - r0;
+  const u32 s0 = dst8 + r0 * 128 + c * 16;
+  if constexpr (PAGED) {
+    int lane = (tid % 32) / 8;  // (the offset of row r0 + 16 i was read by lane (tid % 32) / 8 + 4 i)
+#pragma unroll 4
+    for (int i = 0; i < kPagedRows; ++i, lane += 4) {
+      const i64 off = __shfl_sync(0xffffffffu, paged_row, lane);
+      const bool ok = 16 * i < left;
+      cp_async_16(s0 + i * 2048, head + (ok ? off + c * 16 : 0), ok);
+    }
+  } else {
+    const unsigned char* g = head + (row0 + r0) * stride_n + c * 16;
+    const i64 step = 16 * stride_n;
+#pragma unroll 4
+    for (int i = 0; i < kPagedRows; ++i, g += step) {
+      const bool ok = 16 * i < left;
+      cp_async_16(s0 + i * 2048, ok ? g : head, ok);
+    }
+  }
+}
+
+// Converts this thread's chunks of the staged fp8 tile at `src8` into the 16-bit stage at `dst` (T: float16, one
+// cvt.rn.f16x2 per pair on sm_90; fp8.cuh), reading four chunks before converting them (the loads' latency overlaps).
+template <class T, class F8, int kBatch = 4>
+__device__ __forceinline__ void convert_fp8_tile(u32 dst, u32 src8, int tid) {
+  const int c = tid % 8, r0 = tid / 8;
+  const bool swap = c >= 4;  // (chunks 2c + 1 first for c >= 4: a quarter-warp's stores then hit distinct banks)
+  // rows r0 + 16 i share the swizzle (r % 8): row 0's addresses plus i * 2048, in the staging tile and in the stage
+  const u32 src = src8 + r0 * 128 + c * 16;
+  const u32 a0 = dst + sm90::Sw128Tile<kBlockN>::chunk_offset(r0, 2 * c);
+  const u32 a1 = dst + sm90::Sw128Tile<kBlockN>::chunk_offset(r0, 2 * c + 1);
+  const u32 first = swap ? a1 : a0, second = swap ? a0 : a1;
+#pragma unroll
+  for (int i0 = 0; i0 < kPagedRows; i0 += kBatch) {
+    uint4 x[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(x[j].x), "=r"(x[j].y), "=r"(x[j].z), "=r"(x[j].w) : "r"(src + (i0 + j) * 2048));
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const u32 off = (i0 + j) * 2048;
+      u32 o[8];
+      fp8::quad<T, F8>(x[j].x, o[0], o[1]);
+      fp8::quad<T, F8>(x[j].y, o[2], o[3]);
+      fp8::quad<T, F8>(x[j].z, o[4], o[5]);
+      fp8::quad<T, F8>(x[j].w, o[6], o[7]);
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(first + off), "r"(swap ? o[4] : o[0]),
+                   "r"(swap ? o[5] : o[1]), "r"(swap ? o[6] : o[2]), "r"(swap ? o[7] : o[3]) : "memory");
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(second + off), "r"(swap ? o[0] : o[4]),
+                   "r"(swap ? o[1] : o[5]), "r"(swap ? o[2] : o[6]), "r"(swap ? o[3] : o[7]) : "memory");
+    }
+  }
+}
+
+// Tile `tile`'s staged K (or V) into its 16-bit stage `s` once the consumers freed it (`empty`, fill n), then this
+// thread fences its stores and arrives on `full` (an fp8 kernel's full barriers expect all 128 producer threads).
+template <class T, class F8>
+__device__ __forceinline__ void convert_fp8_stage(u32 dst, u32 src8, u32 full, u32 empty, int tile, int tid) {
+  const int n = tile / kStages;
+  if (n > 0) sm90::mbar_wait(empty, (n - 1) & 1);
+  convert_fp8_tile<T, F8>(dst, src8, tid);
+  sm90::fence_proxy_async();  // (generic-proxy stores, read by the async proxy of wgmma)
+  sm90::mbar_arrive(full);
+}
+
+// KVT: the element type of K / V (T, or an fp8 type staged and converted to TM, the math's type); s8: the fp8
+// staging ring (fp8 only).
+template <class T, class TM, class KVT, class V, class KV, class P, class VP>
+__device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& bars, u32 sq, u32 sk, u32 sv, u32 s8,
                                         Unit* slot, int* bcast, const sm90::TmaDesc* tm_q, const sm90::TmaDesc* tm_k,
                                         const sm90::TmaDesc* tm_v, int tid) {
   constexpr int D = 128;
+  constexpr bool kFp8 = fp8::IsFp8<KVT>::value;
   const int num_ctas = static_cast<int>(gridDim.x);
   int own = plan::range_begin(p, blockIdx.x);
   const int own_end = plan::range_end(p, blockIdx.x);
@@ -137,7 +222,7 @@ __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& ba
         sm90::mbar_arrive(bars.q_full());
         if (in_pool) plan::leave_pool(static_cast<int*>(p.pool_count), static_cast<u32>(num_ctas));
       }
-      if constexpr (KV::kPaged) {  // (no thread leaves with its copies in flight)
+      if constexpr (KV::kPaged && !kFp8) {  // (no thread leaves with its copies in flight)
         cp_async_commit();
         cp_async_wait<0>();
       }
@@ -155,6 +240,58 @@ __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& ba
     // tiles: keys of the request, each row's address from the page table and the cache's base (k / v)
     const T* kh = k + kvh * p.k_stride_h;
     const T* vh = v + kvh * p.v_stride_h;
+    if constexpr (kFp8) {
+      // Per tile i: stage K(i), convert K(i - 1), convert V(i - 2), stage V(i) (V's staging slot is free once V(i - 2)
+      // is converted). K runs a tile ahead of V: the consumers free a stage's K half a tile before its V (k_empty after
+      // Q K^T, v_empty after the P V one tile later), and a K tile is needed a tile before its V.
+      // Copy groups per thread, oldest first: K(i - 1), V(i - 1), K(i): two newer than K(i - 1).
+      const unsigned char* k8 = static_cast<const unsigned char*>(p.k);
+      const unsigned char* v8 = static_cast<const unsigned char*>(p.v);
+      const int t0 = tile, n_tiles = w.n_tiles;
+      for (int i = 0; i <= n_tiles; ++i) {
+        i64 row = 0;
+        int key0 = 0, valid = 0;
+        if (i < n_tiles) {
+          key0 = (w.t_first + i) * kBlockN;
+          valid = w.key_hi - key0;
+          if constexpr (KV::kPaged) row = paged_row_offset(p, w.k0, key0, kvh, valid, tid);
+          // (paged: offsets from the cache's base; ragged: rows of the KV head's column)
+          stage_fp8_tile<KV::kPaged>(s8 + ((t0 + i) % kStages) * kFp8TileBytes,
+                                     KV::kPaged ? k8 : k8 + kvh * p.k_stride_h, w.k0 + key0, p.k_stride_n, row, valid,
+                                     tid);
+          cp_async_commit();
+        }
+        if (i >= 1) {
+          const int tk = t0 + i - 1, s = tk % kStages;
+          if (i < n_tiles) {
+            cp_async_wait<2>();
+          } else {
+            cp_async_wait<1>();
+          }
+          convert_fp8_stage<TM, KVT>(sk + s * Shape<D>::kTileBytes, s8 + s * kFp8TileBytes, bars.k_full(s),
+                                     bars.k_empty(s), tk, tid);
+        }
+        if (i >= 2) {
+          const int tv = t0 + i - 2, s = tv % kStages;
+          convert_fp8_stage<TM, KVT>(sv + s * Shape<D>::kTileBytes, s8 + (kStages + s) * kFp8TileBytes,
+                                     bars.v_full(s), bars.v_empty(s), tv, tid);
+        }
+        if (i < n_tiles) {
+          stage_fp8_tile<KV::kPaged>(s8 + (kStages + (t0 + i) % kStages) * kFp8TileBytes,
+                                     KV::kPaged ? v8 : v8 + kvh * p.v_stride_h, w.k0 + key0, p.v_stride_n, row, valid,
+                                     tid);
+          cp_async_commit();
+        }
+      }
+      if (n_tiles > 0) {
+        const int tv = t0 + n_tiles - 1, s = tv % kStages;
+        cp_async_wait<0>();
+        convert_fp8_stage<TM, KVT>(sv + s * Shape<D>::kTileBytes, s8 + (kStages + s) * kFp8TileBytes, bars.v_full(s),
+                                   bars.v_empty(s), tv, tid);
+      }
+      tile = t0 + n_tiles;
+      continue;
+    }
     for (int i = 0; i < w.n_tiles; ++i, ++tile) {
       const int s = tile % kStages, n = tile / kStages;
       const int key0 = (w.t_first + i) * kBlockN;

@@ -20,7 +20,11 @@ constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
 // rounds 65536 / 384 down to a multiple of 8); an increase that the pool cannot cover blocks forever.
 constexpr int kProducerRegs = 56;
 constexpr int kConsumerRegs = 224;
-static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 168 * kThreads,
+// fp8 K / V: the producer converts the tiles (its item walk, the staging copies' state and a batch of chunks)
+constexpr int kProducerRegsFp8 = 64;
+constexpr int kConsumerRegsFp8 = 216;
+static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 168 * kThreads &&
+                  128 * kProducerRegsFp8 + 256 * kConsumerRegsFp8 <= 168 * kThreads,
               "the warpgroups' registers after setmaxnreg must fit the block's allocation");
 
 template <int D> struct Shape {
