@@ -31,6 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ.get("CUINFER_NCU_GROUPS")
     ap.add_argument("--groups", type=int, choices=(1, 2), default=int(env) if env else None,
                     help="cuinfer prefill: CTAs per block ($CUINFER_NCU_GROUPS; default: the policy's)")  # fmt: skip
+    ap.add_argument("--backend", choices=("auto", "fa2", "sm90"), default=None,
+                    help="cuinfer prefill: the prefill suite's plan on this backend")  # fmt: skip
     return ap.parse_args(argv)
 
 
@@ -54,6 +56,10 @@ def main(argv: list[str] | None = None) -> None:
         inp = inputs.prefill_inputs(prefill[args.case])
         if fi:
             run = prepare_fi(inp, "fa2").run
+        elif args.backend is not None:
+            from bench.prefill import prepare_cuinfer as prepare_prefill
+
+            run = prepare_prefill(inp, args.backend).run
         else:
             w, run = planned_prefill(inp)
             if args.groups is not None:

@@ -262,9 +262,10 @@ __device__ __forceinline__ float convert_q_rows(u32 q_base, int cw, int tid) {
 
 // The consumer warpgroup `cw` (0 or 1): every unit the producer hands over, until it says there is none left.
 // T: q's and o's type; TM: the MMAs' operand type (T, or float16 for fp8 K / V). kFenceStages: the stages were written
-// by cp.async and nobody fenced the proxies (paged 16-bit K / V: mbarrier.cuh). kFp8: k_scale (the number folded into
-// sm_scale, times the KV head's from k_scales) scales the logits, v_scale the output.
-template <class T, class TM, bool kFp8, class V, bool kFenceStages, class P, class VP>
+// through the generic proxy and nobody fenced the proxies (paged K / V: cp.async; fp8: the producer's conversion;
+// mbarrier.cuh). kFp8: k_scale (the number folded into
+// sm_scale, times the KV head's from k_scales) scales the logits, v_scale the output (KVT: K / V's element type).
+template <class T, class TM, class KVT, class V, bool kFenceStages, class P, class VP>
 __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& bars, u32 sq, u32 sk, u32 sv,
                                         const Unit* slot, int cw, int tid) {
   using namespace sm90;
@@ -272,6 +273,7 @@ __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& ba
   const int warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const u32 q_base = sq + cw * 64 * 128;
+  constexpr bool kFp8 = fp8::IsFp8<KVT>::value;
   constexpr bool kRowScale = !is_same<T, TM>::value;  // bfloat16 q, float16 MMAs: Q scaled per row (convert_q_rows)
   auto my_turn = [&]() { named_barrier_sync(1 + cw, 256); };
   auto their_turn = [&]() { named_barrier_arrive(2 - cw, 256); };
@@ -306,7 +308,7 @@ __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& ba
     auto k_tile = [&](int i) {
       const int n = tile0 + i;
       mbar_wait(bars.k_full(n % kStages), (n / kStages) & 1);
-      if constexpr (kFenceStages) fence_proxy_async();  // (cp.async wrote the stage: mbarrier.cuh)
+      if constexpr (kFenceStages) fence_proxy_async();  // (generic-proxy writes to the stage: mbarrier.cuh)
       return sk + (n % kStages) * kTileBytes;
     };
     auto v_tile = [&](int i) {
@@ -359,7 +361,9 @@ __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& ba
       mbar_arrive(bars.v_empty((tile0 + n_tiles - 1) % kStages));
     }
     tile0 += n_tiles;
-    const float v_scale = kFp8 ? p.v_scale * fp8::head_scale(p.v_scales, p.v_scales_stride, kvh) : 1.f;
+    // (fp8 V: the stage holds V times 2^-kVPow, producer.cuh)
+    const float v_scale =
+        kFp8 ? p.v_scale * fp8::head_scale(p.v_scales, p.v_scales_stride, kvh) * float(1 << kVPow<KVT>) : 1.f;
     store_rows<T, kRowScale>(p, w, r, o_acc, my_row, t, sl2, v_scale);
   }
 }

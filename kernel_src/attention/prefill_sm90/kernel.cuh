@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(prefill_sm90::kThreads, 1)
     return;
   }
   sm90::setmaxnreg_inc<kFp8 ? kConsumerRegsFp8 : kConsumerRegs>();
-  consume<T, TM, kFp8, V, PAGED && !kFp8>(p, v, bars, sq, sk, sv, slot, wg - 1, tid);
+  consume<T, TM, KVT, V, PAGED || kFp8>(p, v, bars, sq, sk, sv, slot, wg - 1, tid);
 }
 
 }  // namespace cuinfer

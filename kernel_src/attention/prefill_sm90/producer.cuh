@@ -137,9 +137,22 @@ __device__ __forceinline__ void stage_fp8_tile(u32 dst8, const unsigned char* he
   }
 }
 
-// Converts this thread's chunks of the staged fp8 tile at `src8` into the 16-bit stage at `dst` (T: float16, one
-// cvt.rn.f16x2 per pair on sm_90; fp8.cuh), reading four chunks before converting them (the loads' latency overlaps).
-template <class T, class F8, int kBatch = 4>
+// The float16 stage of fp8 K and V: K as its values (e4m3: one cvt.rn.f16x2.e4m3x2 per pair, F2FP on the conversion
+// pipe), V as its values times 2^-kVPow<F8> (unit.cuh; e4m3: fp8.cuh's integer bit path, three integer ops per pair, the factor
+// folded into the output's scale by the consumers), so a tile's conversions are split between the conversion pipe,
+// which the consumers' P packing also uses, and the integer pipe; e5m2 is a float16's upper byte: one byte permute
+// per pair for both.
+template <class F8, bool kIsV> __device__ __forceinline__ void f16_quad(u32 x, u32& lo, u32& hi) {
+  if constexpr (kIsV && kVPow<F8> != 0) {
+    fp8::e4m3_f16s_bits<fp8::kF16sSel01, fp8::kF16sSel23>(x, lo, hi);
+  } else {
+    fp8::k_pairs<F8>(x, lo, hi);  // (bytes (0, 1), (2, 3) as float16 values: fp8::F16sK<F8>::kPow is 0 on sm_90)
+  }
+}
+
+// Converts this thread's chunks of the staged fp8 tile at `src8` into the float16 stage at `dst` (f16_quad), reading
+// four chunks before converting them (the loads' latency overlaps).
+template <class F8, bool kIsV, int kBatch = 4>
 __device__ __forceinline__ void convert_fp8_tile(u32 dst, u32 src8, int tid) {
   const int c = tid % 8, r0 = tid / 8;
   const bool swap = c >= 4;  // (chunks 2c + 1 first for c >= 4: a quarter-warp's stores then hit distinct banks)
@@ -160,10 +173,10 @@ __device__ __forceinline__ void convert_fp8_tile(u32 dst, u32 src8, int tid) {
     for (int j = 0; j < kBatch; ++j) {
       const u32 off = (i0 + j) * 2048;
       u32 o[8];
-      fp8::quad<T, F8>(x[j].x, o[0], o[1]);
-      fp8::quad<T, F8>(x[j].y, o[2], o[3]);
-      fp8::quad<T, F8>(x[j].z, o[4], o[5]);
-      fp8::quad<T, F8>(x[j].w, o[6], o[7]);
+      f16_quad<F8, kIsV>(x[j].x, o[0], o[1]);
+      f16_quad<F8, kIsV>(x[j].y, o[2], o[3]);
+      f16_quad<F8, kIsV>(x[j].z, o[4], o[5]);
+      f16_quad<F8, kIsV>(x[j].w, o[6], o[7]);
       asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(first + off), "r"(swap ? o[4] : o[0]),
                    "r"(swap ? o[5] : o[1]), "r"(swap ? o[6] : o[2]), "r"(swap ? o[7] : o[3]) : "memory");
       asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(second + off), "r"(swap ? o[0] : o[4]),
@@ -173,13 +186,14 @@ __device__ __forceinline__ void convert_fp8_tile(u32 dst, u32 src8, int tid) {
 }
 
 // Tile `tile`'s staged K (or V) into its 16-bit stage `s` once the consumers freed it (`empty`, fill n), then this
-// thread fences its stores and arrives on `full` (an fp8 kernel's full barriers expect all 128 producer threads).
-template <class T, class F8>
+// thread arrives on `full` (an fp8 kernel's full barriers expect all 128 producer threads). The consumers fence the
+// proxies after their wait (mbarrier.cuh): a fence here (MEMBAR.ALL.CTA) would also wait for this thread's cp.async
+// copies of the next tile, issued just before.
+template <class F8, bool kIsV>
 __device__ __forceinline__ void convert_fp8_stage(u32 dst, u32 src8, u32 full, u32 empty, int tile, int tid) {
   const int n = tile / kStages;
   if (n > 0) sm90::mbar_wait(empty, (n - 1) & 1);
-  convert_fp8_tile<T, F8>(dst, src8, tid);
-  sm90::fence_proxy_async();  // (generic-proxy stores, read by the async proxy of wgmma)
+  convert_fp8_tile<F8, kIsV>(dst, src8, tid);
   sm90::mbar_arrive(full);
 }
 
@@ -268,12 +282,12 @@ __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& ba
           } else {
             cp_async_wait<1>();
           }
-          convert_fp8_stage<TM, KVT>(sk + s * Shape<D>::kTileBytes, s8 + s * kFp8TileBytes, bars.k_full(s),
+          convert_fp8_stage<KVT, false>(sk + s * Shape<D>::kTileBytes, s8 + s * kFp8TileBytes, bars.k_full(s),
                                      bars.k_empty(s), tk, tid);
         }
         if (i >= 2) {
           const int tv = t0 + i - 2, s = tv % kStages;
-          convert_fp8_stage<TM, KVT>(sv + s * Shape<D>::kTileBytes, s8 + (kStages + s) * kFp8TileBytes,
+          convert_fp8_stage<KVT, true>(sv + s * Shape<D>::kTileBytes, s8 + (kStages + s) * kFp8TileBytes,
                                      bars.v_full(s), bars.v_empty(s), tv, tid);
         }
         if (i < n_tiles) {
@@ -286,26 +300,26 @@ __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& ba
       if (n_tiles > 0) {
         const int tv = t0 + n_tiles - 1, s = tv % kStages;
         cp_async_wait<0>();
-        convert_fp8_stage<TM, KVT>(sv + s * Shape<D>::kTileBytes, s8 + (kStages + s) * kFp8TileBytes, bars.v_full(s),
-                                   bars.v_empty(s), tv, tid);
+        convert_fp8_stage<KVT, true>(sv + s * Shape<D>::kTileBytes, s8 + (kStages + s) * kFp8TileBytes, bars.v_full(s),
+                                     bars.v_empty(s), tv, tid);
       }
       tile = t0 + n_tiles;
-      continue;
-    }
-    for (int i = 0; i < w.n_tiles; ++i, ++tile) {
-      const int s = tile % kStages, n = tile / kStages;
-      const int key0 = (w.t_first + i) * kBlockN;
-      const int valid = w.key_hi - key0;
-      if constexpr (KV::kPaged) {
-        const i64 row = paged_row_offset(p, w.k0, key0, kvh, valid, tid);
-        load_paged_tile<T>(sk + s * Shape<D>::kTileBytes, bars.k_full(s), bars.k_empty(s), n, k, row, valid, tid);
-        load_paged_tile<T>(sv + s * Shape<D>::kTileBytes, bars.v_full(s), bars.v_empty(s), n, v, row, valid, tid);
-      } else {
-        const bool whole = key0 + kBlockN <= w.key_hi;
-        load_tile<T>(sk + s * Shape<D>::kTileBytes, bars.k_full(s), bars.k_empty(s), n, whole, tm_k, kh, p.k_stride_n,
-                     kvh, w.k0 + key0, valid, tid);
-        load_tile<T>(sv + s * Shape<D>::kTileBytes, bars.v_full(s), bars.v_empty(s), n, whole, tm_v, vh, p.v_stride_n,
-                     kvh, w.k0 + key0, valid, tid);
+    } else {
+      for (int i = 0; i < w.n_tiles; ++i, ++tile) {
+        const int s = tile % kStages, n = tile / kStages;
+        const int key0 = (w.t_first + i) * kBlockN;
+        const int valid = w.key_hi - key0;
+        if constexpr (KV::kPaged) {
+          const i64 row = paged_row_offset(p, w.k0, key0, kvh, valid, tid);
+          load_paged_tile<T>(sk + s * Shape<D>::kTileBytes, bars.k_full(s), bars.k_empty(s), n, k, row, valid, tid);
+          load_paged_tile<T>(sv + s * Shape<D>::kTileBytes, bars.v_full(s), bars.v_empty(s), n, v, row, valid, tid);
+        } else {
+          const bool whole = key0 + kBlockN <= w.key_hi;
+          load_tile<T>(sk + s * Shape<D>::kTileBytes, bars.k_full(s), bars.k_empty(s), n, whole, tm_k, kh, p.k_stride_n,
+                       kvh, w.k0 + key0, valid, tid);
+          load_tile<T>(sv + s * Shape<D>::kTileBytes, bars.v_full(s), bars.v_empty(s), n, whole, tm_v, vh, p.v_stride_n,
+                       kvh, w.k0 + key0, valid, tid);
+        }
       }
     }
   }
