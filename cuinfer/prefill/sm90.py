@@ -5,7 +5,8 @@ What it runs (checked at ``plan()``, each limit named in the error): ragged K / 
 (any page size; K / V rows gathered by page table), q / k / v / o of one 16-bit type (float16 or bfloat16), ``head_dim =
 head_dim_vo = 128``, any GQA group, and the softmax variants of logits, key ranges and masks (causal, sliding window,
 soft cap, ALiBi, custom masks and user variants of those kinds); an sm_90 GPU; K / V may be fp8 (float8_e4m3fn,
-float8_e5m2: copied as bytes into a staging ring and converted to q's dtype by the producer). The rest (other head dims,
+float8_e5m2: copied as bytes into a staging ring and converted to float16 by the producer; the MMAs then run in float16,
+bfloat16 q scaled per row by a power of two). The rest (other head dims,
 RoPE / sinks / sigmoid and other transforms) runs on ``backend="fa2"``. CUDA-graph mode works as on the FA2-class
 kernel: the TMA maps are kernel arguments captured with the launch, like the parameter struct's pointers.
 

@@ -14,6 +14,7 @@
 #include "common/mbarrier.cuh"
 #include "common/mma.cuh"
 #include "common/wgmma.cuh"
+#include "debug/sm90_probe.cuh"
 #include "state/merge.cuh"
 
 namespace cuinfer {
@@ -275,13 +276,19 @@ __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& ba
   const u32 q_base = sq + cw * 64 * 128;
   constexpr bool kFp8 = fp8::IsFp8<KVT>::value;
   constexpr bool kRowScale = !is_same<T, TM>::value;  // bfloat16 q, float16 MMAs: Q scaled per row (convert_q_rows)
-  auto my_turn = [&]() { named_barrier_sync(1 + cw, 256); };
+  auto my_turn = [&]() {
+    SM90_PROBE_START(probe_t);
+    named_barrier_sync(1 + cw, 256);
+    SM90_PROBE_STOP(probe_t, 3);
+  };
   auto their_turn = [&]() { named_barrier_arrive(2 - cw, 256); };
   if (cw == 1) named_barrier_arrive(1, 256);  // consumer 0 goes first
 
   int tile0 = 0;  // K / V tiles consumed before this unit (stage and fill count of tile i: tile0 + i)
   for (int n_q = 0;; ++n_q) {
+    SM90_PROBE_START(probe_q);
     mbar_wait(bars.q_full(), n_q & 1);
+    SM90_PROBE_STOP(probe_q, 4);
     const Unit w = *slot;
     if (w.n_tiles < 0) break;
     const int kvh = w.head / p.group_size;
@@ -307,13 +314,17 @@ __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& ba
     for (int i = 0; i < 64; ++i) o_acc[i] = 0.f;
     auto k_tile = [&](int i) {
       const int n = tile0 + i;
+      SM90_PROBE_START(probe_k);
       mbar_wait(bars.k_full(n % kStages), (n / kStages) & 1);
+      SM90_PROBE_STOP(probe_k, 1);
       if constexpr (kFenceStages) fence_proxy_async();  // (generic-proxy writes to the stage: mbarrier.cuh)
       return sk + (n % kStages) * kTileBytes;
     };
     auto v_tile = [&](int i) {
       const int n = tile0 + i;
+      SM90_PROBE_START(probe_v);
       mbar_wait(bars.v_full(n % kStages), (n / kStages) & 1);
+      SM90_PROBE_STOP(probe_v, 2);
       if constexpr (kFenceStages) fence_proxy_async();
       return sv + (n % kStages) * kTileBytes;
     };
@@ -341,11 +352,17 @@ __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& ba
       rescale(o_acc, corr);
       issue_pv<TM>(o_acc, pa, v_tile(i - 1));
       their_turn();
+      SM90_PROBE_START(probe_w1);
       wgmma_wait<1>();
+      SM90_PROBE_STOP(probe_w1, 6);
       fence_regs(sc);
       mbar_arrive(bars.k_empty((tile0 + i) % kStages));
+      SM90_PROBE_START(probe_s);
       softmax_tile<kRowScale>(sc, r, vp, w, key0(i), t, sm_scale, sl2, corr);
+      SM90_PROBE_STOP(probe_s, 5);
+      SM90_PROBE_START(probe_w0);
       wgmma_wait<0>();
+      SM90_PROBE_STOP(probe_w0, 7);
       fence_regs(o_acc);
       mbar_arrive(bars.v_empty((tile0 + i - 1) % kStages));
       pack_p<TM>(sc, pa);

@@ -11,6 +11,7 @@
 #include "attention/prefill_sm90/consumer.cuh"
 #include "attention/prefill_sm90/producer.cuh"
 #include "attention/prefill_sm90/unit.cuh"
+#include "debug/sm90_probe.cuh"
 
 namespace cuinfer {
 
@@ -55,14 +56,20 @@ __global__ void __launch_bounds__(prefill_sm90::kThreads, 1)
       sm90::mbar_init(bars.v_empty(s), 256);
     }
   }
+  SM90_PROBE_INIT();
   __syncthreads();
+  SM90_PROBE_START(probe_t0);
   if (wg == 0) {
     sm90::setmaxnreg_dec<kFp8 ? kProducerRegsFp8 : kProducerRegs>();
     produce<T, TM, KVT, V, KV>(p, v, bars, sq, sk, sv, s8, slot, bcast, &tm_q, &tm_k, &tm_v, tid);
+    SM90_PROBE_STOP(probe_t0, 0);
+    SM90_PROBE_FLUSH();
     return;
   }
   sm90::setmaxnreg_inc<kFp8 ? kConsumerRegsFp8 : kConsumerRegs>();
   consume<T, TM, KVT, V, PAGED || kFp8>(p, v, bars, sq, sk, sv, slot, wg - 1, tid);
+  SM90_PROBE_STOP(probe_t0, 0);
+  SM90_PROBE_FLUSH();
 }
 
 }  // namespace cuinfer

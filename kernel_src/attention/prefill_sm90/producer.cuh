@@ -19,6 +19,7 @@
 #include "common/cp_async.cuh"
 #include "common/fp8.cuh"
 #include "common/mbarrier.cuh"
+#include "debug/sm90_probe.cuh"
 
 namespace cuinfer {
 namespace prefill_sm90 {
@@ -55,6 +56,18 @@ __device__ __forceinline__ i64 paged_row_offset(const P& p, int page_base, int k
   const int lane = tid % 32, r = (tid / 32) * 4 + lane % 4 + 16 * (lane / 4);
   const int key = key0 + r;
   return r < valid ? kv::Paged::offset(p, kv::Paged::page(p, page_base, key, true), key, kvh) : 0;
+}
+
+// paged_row_offset in two steps, for a read a tile ahead: this thread's row's page (the global read; -1 past `valid`),
+// then its offset, computed where it is used so the read's latency passes under the work between them.
+template <class P>
+__device__ __forceinline__ int paged_row_page(const P& p, int page_base, int key0, int valid, int tid) {
+  const int lane = tid % 32, r = (tid / 32) * 4 + lane % 4 + 16 * (lane / 4);
+  return r < valid ? kv::Paged::page(p, page_base, key0 + r, true) : -1;
+}
+template <class P> __device__ __forceinline__ i64 paged_row_at(const P& p, int page, int key0, int kvh, int tid) {
+  const int lane = tid % 32, r = (tid / 32) * 4 + lane % 4 + 16 * (lane / 4);
+  return page >= 0 ? kv::Paged::offset(p, page, key0 + r, kvh) : 0;
 }
 
 // A paged K or V tile into stage buffer `dst`: once `empty` let the stage be refilled (fill `n`), each producer
@@ -106,20 +119,28 @@ __device__ __forceinline__ void load_tile(u32 dst, u32 full, u32 empty, int n, b
 
 // ---- fp8 K / V ---------------------------------------------------------------------------------------------------
 // A tile of fp8 K or V is 128 rows of 128 bytes, staged row-major (chunk c of row r at r * 128 + c * 16) in a ring of
-// kStages K and kStages V tiles after the 16-bit rings. Thread t stages chunk t % 8 of rows t / 8 + 16 i (i < 8) with
-// cp.async (rows at and past `valid` zero-filled), and later converts exactly those chunks: 16 fp8 elements into
-// 16-bit chunks 2c and 2c + 1 of the row in the swizzled stage (fp8.cuh's exact conversions), so it waits for its own
-// copies only. Copies of tile i are issued before tile i - 1 is converted, so they land while the thread converts.
+// kStages K and kStages V tiles after the 16-bit rings. Thread t stages chunk c = t % 8 of rows r0 + 16 i (i < 8,
+// fp8_row) with cp.async (rows at and past `valid` zero-filled), and later converts exactly those chunks: 16 fp8
+// elements into 16-bit chunks 2c and 2c + 1 of the row in the swizzled stage, so it waits for its own copies only.
+// The eight threads of a quarter-warp take chunks 0-3 of one row and 4-7 of the next (or the other way round): their
+// 16-bit chunks 2c (then 2c + 1) are 4 in each 128-byte column block, at in-block indices of both parities (the
+// swizzle XORs them with r % 8), so each store hits 8 distinct bank groups; and the 8 staged chunks they read are 128
+// contiguous bytes.
 constexpr int kFp8TileBytes = kBlockN * 128;
+
+__device__ __forceinline__ int fp8_row(int tid) {
+  const int q = tid / 8;  // quarter-warp: rows 2 (q / 2) and 2 (q / 2) + 1 of the pass, chunks by the lane's half
+  return (q & ~1) | (((tid % 8) >> 2) ^ (q & 1));
+}
 
 // Ragged: rows row0 + r of the head at `head` (a byte pointer); paged: row offsets from paged_row_offset, shuffled.
 template <bool PAGED>
 __device__ __forceinline__ void stage_fp8_tile(u32 dst8, const unsigned char* head, i64 row0, i64 stride_n,
                                                i64 paged_row, int valid, int tid) {
-  const int c = tid % 8, r0 = tid / 8, left = valid - r0;
+  const int c = tid % 8, r0 = fp8_row(tid), left = valid - r0;
   const u32 s0 = dst8 + r0 * 128 + c * 16;
   if constexpr (PAGED) {
-    int lane = (tid % 32) / 8;  // (the offset of row r0 + 16 i was read by lane (tid % 32) / 8 + 4 i)
+    int lane = r0 % 4;  // (the offset of row r0 + 16 i was read by lane r0 % 4 + 4 i of this warp: paged_row_offset)
 #pragma unroll 4
     for (int i = 0; i < kPagedRows; ++i, lane += 4) {
       const i64 off = __shfl_sync(0xffffffffu, paged_row, lane);
@@ -152,15 +173,13 @@ template <class F8, bool kIsV> __device__ __forceinline__ void f16_quad(u32 x, u
 
 // Converts this thread's chunks of the staged fp8 tile at `src8` into the float16 stage at `dst` (f16_quad), reading
 // four chunks before converting them (the loads' latency overlaps).
-template <class F8, bool kIsV, int kBatch = 4>
+template <class F8, bool kIsV, int kBatch = 2>
 __device__ __forceinline__ void convert_fp8_tile(u32 dst, u32 src8, int tid) {
-  const int c = tid % 8, r0 = tid / 8;
-  const bool swap = c >= 4;  // (chunks 2c + 1 first for c >= 4: a quarter-warp's stores then hit distinct banks)
+  const int c = tid % 8, r0 = fp8_row(tid);
   // rows r0 + 16 i share the swizzle (r % 8): row 0's addresses plus i * 2048, in the staging tile and in the stage
   const u32 src = src8 + r0 * 128 + c * 16;
-  const u32 a0 = dst + sm90::Sw128Tile<kBlockN>::chunk_offset(r0, 2 * c);
-  const u32 a1 = dst + sm90::Sw128Tile<kBlockN>::chunk_offset(r0, 2 * c + 1);
-  const u32 first = swap ? a1 : a0, second = swap ? a0 : a1;
+  const u32 first = dst + sm90::Sw128Tile<kBlockN>::chunk_offset(r0, 2 * c);
+  const u32 second = dst + sm90::Sw128Tile<kBlockN>::chunk_offset(r0, 2 * c + 1);
 #pragma unroll
   for (int i0 = 0; i0 < kPagedRows; i0 += kBatch) {
     uint4 x[kBatch];
@@ -177,10 +196,10 @@ __device__ __forceinline__ void convert_fp8_tile(u32 dst, u32 src8, int tid) {
       f16_quad<F8, kIsV>(x[j].y, o[2], o[3]);
       f16_quad<F8, kIsV>(x[j].z, o[4], o[5]);
       f16_quad<F8, kIsV>(x[j].w, o[6], o[7]);
-      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(first + off), "r"(swap ? o[4] : o[0]),
-                   "r"(swap ? o[5] : o[1]), "r"(swap ? o[6] : o[2]), "r"(swap ? o[7] : o[3]) : "memory");
-      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(second + off), "r"(swap ? o[0] : o[4]),
-                   "r"(swap ? o[1] : o[5]), "r"(swap ? o[2] : o[6]), "r"(swap ? o[3] : o[7]) : "memory");
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(first + off), "r"(o[0]), "r"(o[1]), "r"(o[2]),
+                   "r"(o[3]) : "memory");
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(second + off), "r"(o[4]), "r"(o[5]), "r"(o[6]),
+                   "r"(o[7]) : "memory");
     }
   }
 }
@@ -229,7 +248,9 @@ __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& ba
     }
     sm90::named_barrier_sync(kProducerBarrier, 128);
     const int it = bcast[n_q & 1];
+    SM90_PROBE_START(probe_q);
     if (tid == 0 && n_q > 0) sm90::mbar_wait(bars.q_empty(), (n_q - 1) & 1);  // the consumers are done with Q
+    SM90_PROBE_STOP(probe_q, 5);
     if (it < 0) {
       if (tid == 0) {
         slot->n_tiles = -1;
@@ -261,40 +282,60 @@ __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& ba
       // Copy groups per thread, oldest first: K(i - 1), V(i - 1), K(i): two newer than K(i - 1).
       const unsigned char* k8 = static_cast<const unsigned char*>(p.k);
       const unsigned char* v8 = static_cast<const unsigned char*>(p.v);
+      // Paged: each tile's page-table entry is read a tile ahead (page_next), so its latency passes under the
+      // conversions instead of stalling the copies that need it.
       const int t0 = tile, n_tiles = w.n_tiles;
+      int page_next = -1;
+      if constexpr (KV::kPaged) {
+        const int key_first = w.t_first * kBlockN;
+        if (n_tiles > 0) page_next = paged_row_page(p, w.k0, key_first, w.key_hi - key_first, tid);
+      }
       for (int i = 0; i <= n_tiles; ++i) {
         i64 row = 0;
         int key0 = 0, valid = 0;
         if (i < n_tiles) {
           key0 = (w.t_first + i) * kBlockN;
           valid = w.key_hi - key0;
-          if constexpr (KV::kPaged) row = paged_row_offset(p, w.k0, key0, kvh, valid, tid);
+          if constexpr (KV::kPaged) {
+            row = paged_row_at(p, page_next, key0, kvh, tid);
+            if (i + 1 < n_tiles) page_next = paged_row_page(p, w.k0, key0 + kBlockN, valid - kBlockN, tid);
+          }
           // (paged: offsets from the cache's base; ragged: rows of the KV head's column)
+          SM90_PROBE_START(probe_s);
           stage_fp8_tile<KV::kPaged>(s8 + ((t0 + i) % kStages) * kFp8TileBytes,
                                      KV::kPaged ? k8 : k8 + kvh * p.k_stride_h, w.k0 + key0, p.k_stride_n, row, valid,
                                      tid);
           cp_async_commit();
+          SM90_PROBE_STOP(probe_s, 4);
         }
         if (i >= 1) {
           const int tk = t0 + i - 1, s = tk % kStages;
+          SM90_PROBE_START(probe_w);
           if (i < n_tiles) {
             cp_async_wait<2>();
           } else {
             cp_async_wait<1>();
           }
+          SM90_PROBE_STOP(probe_w, 3);
+          SM90_PROBE_START(probe_k);
           convert_fp8_stage<KVT, false>(sk + s * Shape<D>::kTileBytes, s8 + s * kFp8TileBytes, bars.k_full(s),
                                      bars.k_empty(s), tk, tid);
+          SM90_PROBE_STOP(probe_k, 1);
         }
         if (i >= 2) {
           const int tv = t0 + i - 2, s = tv % kStages;
+          SM90_PROBE_START(probe_v);
           convert_fp8_stage<KVT, true>(sv + s * Shape<D>::kTileBytes, s8 + (kStages + s) * kFp8TileBytes,
                                      bars.v_full(s), bars.v_empty(s), tv, tid);
+          SM90_PROBE_STOP(probe_v, 2);
         }
         if (i < n_tiles) {
+          SM90_PROBE_START(probe_sv);
           stage_fp8_tile<KV::kPaged>(s8 + (kStages + (t0 + i) % kStages) * kFp8TileBytes,
                                      KV::kPaged ? v8 : v8 + kvh * p.v_stride_h, w.k0 + key0, p.v_stride_n, row, valid,
                                      tid);
           cp_async_commit();
+          SM90_PROBE_STOP(probe_sv, 6);
         }
       }
       if (n_tiles > 0) {
@@ -311,8 +352,12 @@ __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& ba
         const int valid = w.key_hi - key0;
         if constexpr (KV::kPaged) {
           const i64 row = paged_row_offset(p, w.k0, key0, kvh, valid, tid);
+          SM90_PROBE_START(probe_k);
           load_paged_tile<T>(sk + s * Shape<D>::kTileBytes, bars.k_full(s), bars.k_empty(s), n, k, row, valid, tid);
+          SM90_PROBE_STOP(probe_k, 1);
+          SM90_PROBE_START(probe_v);
           load_paged_tile<T>(sv + s * Shape<D>::kTileBytes, bars.v_full(s), bars.v_empty(s), n, v, row, valid, tid);
+          SM90_PROBE_STOP(probe_v, 2);
         } else {
           const bool whole = key0 + kBlockN <= w.key_hi;
           load_tile<T>(sk + s * Shape<D>::kTileBytes, bars.k_full(s), bars.k_empty(s), n, whole, tm_k, kh, p.k_stride_n,

@@ -1,0 +1,64 @@
+"""Cycle probe of the Hopper prefill kernel (GPU machine; lab code): runs standard prefill cases on a build with
+-DCUINFER_SM90_PROBE (kernel_src/debug/sm90_probe.cuh) and prints, per warpgroup role, where thread 0's cycles went
+(mean over CTAs of the last run, as a share of the warpgroup's total).
+
+python3 -m bench.lab.sm90_probe P4 P4-e4m3
+"""
+
+from __future__ import annotations
+
+import argparse
+
+PRODUCER = ("total", "K stage", "V stage", "cp.async waits", "fp8 K copies", "q_empty wait", "fp8 V copies", "-")
+CONSUMER = ("total", "k_full wait", "v_full wait", "turn waits", "q_full wait", "softmax", "QK retire", "PV retire")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.lab.sm90_probe", description=__doc__.splitlines()[0])
+    ap.add_argument("cases", nargs="+", help="prefill case ids, e.g. P4 P4-e4m3")
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args(argv)
+
+    import cupy
+
+    from bench import cases, inputs
+    from bench.lab.harness import ab_spec
+    from bench.prefill import prepare_cuinfer
+    from cuinfer.jit.launch import load_module
+    from cuinfer.prefill import sm90
+
+    shipped = sm90.sm90_spec
+    probe_specs = {}
+
+    def probe_spec(key):
+        spec = probe_specs.get(key)
+        if spec is None:
+            spec = probe_specs[key] = ab_spec(shipped(key), ["-DCUINFER_SM90_PROBE"], tag="probe")
+        return spec
+
+    sm90.sm90_spec = probe_spec  # (lab: Sm90Launch looks the spec up by this name)
+    by_id = {c.id: c for c in cases.PREFILL_CASES}
+    for cid in args.cases:
+        probe_specs.clear()
+        inp = inputs.prefill_inputs(by_id[cid])
+        prep = prepare_cuinfer(inp, "sm90")
+        for _ in range(args.runs):
+            prep.run()
+        cupy.cuda.runtime.deviceSynchronize()
+        (spec,) = probe_specs.values()
+        _, module = load_module(spec)
+        ptr = module.get_global_var("cuinfer_sm90_probe")
+        mem = cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(int(ptr), 4096 * 24 * 8, module), 0)
+        raw = cupy.ndarray((4096 * 24,), dtype=cupy.uint64, memptr=mem).get().reshape(4096, 3, 8).astype(float)
+        raw = raw[raw[:, 0, 0] > 0]  # (the CTAs of the grid)
+        n = len(raw)
+        print(f"{cid}: {n} CTAs, mean cycles per CTA (share of the warpgroup's total)")
+        for wg, names in ((0, PRODUCER), (1, CONSUMER), (2, CONSUMER)):
+            tot = raw[:, wg, 0].mean()
+            cells = [f"{names[k]} {raw[:, wg, k].mean():,.0f} ({raw[:, wg, k].mean() / tot:.1%})" for k in range(8)
+                     if names[k] != "-"]  # fmt: skip
+            print(f"  {'producer' if wg == 0 else f'consumer {wg - 1}'}: " + "; ".join(cells))
+
+
+if __name__ == "__main__":
+    main()

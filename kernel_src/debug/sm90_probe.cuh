@@ -1,0 +1,50 @@
+// Cycle probe of the Hopper prefill kernel, for lab builds only (bench/lab/sm90_probe.py builds the kernel with
+// -DCUINFER_SM90_PROBE); in every shipped build the macros below expand to nothing. Thread 0 of each warpgroup adds
+// the SM clock cycles of its phases into 8 slots (shared memory), and writes them at its exit to the module's global
+// cuinfer_sm90_probe[cta][warpgroup][8]. Producer slots: 0 total, 1 K stage (its empty wait and copies or
+// conversion), 2 V stage, 3 cp.async waits (fp8), 4 fp8 K staging copies, 5 q_empty wait, 6 fp8 V staging copies, 7 unused.
+// Consumer slots: 0 total, 1 k_full wait, 2 v_full wait, 3 turn waits, 4 q_full wait, 5 softmax, 6 Q·K^T retire
+// wait, 7 P·V retire wait.
+#pragma once
+
+#ifdef CUINFER_SM90_PROBE
+__device__ unsigned long long cuinfer_sm90_probe[4096 * 24];
+namespace cuinfer {
+namespace debug {
+__device__ __forceinline__ unsigned long long* sm90_probe_slots() {
+  __shared__ unsigned long long s[24];
+  return s;
+}
+}  // namespace debug
+}  // namespace cuinfer
+#define SM90_PROBE_INIT()                                                    \
+  do {                                                                       \
+    if (threadIdx.x < 24) cuinfer::debug::sm90_probe_slots()[threadIdx.x] = 0; \
+  } while (0)
+#define SM90_PROBE_START(name) const long long name = clock64()
+#define SM90_PROBE_STOP(name, k)                                                                          \
+  do {                                                                                                    \
+    if (threadIdx.x % 128 == 0) cuinfer::debug::sm90_probe_slots()[8 * (threadIdx.x / 128) + (k)] += clock64() - (name); \
+  } while (0)
+#define SM90_PROBE_FLUSH()                                                                          \
+  do {                                                                                              \
+    if (threadIdx.x % 128 == 0) {                                                                   \
+      for (int k_ = 0; k_ < 8; ++k_)                                                                \
+        cuinfer_sm90_probe[(blockIdx.x * 3 + threadIdx.x / 128) * 8 + k_] =                        \
+            cuinfer::debug::sm90_probe_slots()[8 * (threadIdx.x / 128) + k_];                       \
+    }                                                                                               \
+  } while (0)
+#else
+#define SM90_PROBE_INIT() \
+  do {                    \
+  } while (0)
+#define SM90_PROBE_START(name) \
+  do {                         \
+  } while (0)
+#define SM90_PROBE_STOP(name, k) \
+  do {                           \
+  } while (0)
+#define SM90_PROBE_FLUSH() \
+  do {                     \
+  } while (0)
+#endif
