@@ -378,9 +378,7 @@ __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& ba
       mbar_arrive(bars.v_empty((tile0 + n_tiles - 1) % kStages));
     }
     tile0 += n_tiles;
-    // (fp8 V: the stage holds V times 2^-kVPow, producer.cuh)
-    const float v_scale =
-        kFp8 ? p.v_scale * fp8::head_scale(p.v_scales, p.v_scales_stride, kvh) * float(1 << kVPow<KVT>) : 1.f;
+    const float v_scale = kFp8 ? p.v_scale * fp8::head_scale(p.v_scales, p.v_scales_stride, kvh) : 1.f;
     store_rows<T, kRowScale>(p, w, r, o_acc, my_row, t, sl2, v_scale);
   }
 }

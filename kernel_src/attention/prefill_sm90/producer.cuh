@@ -158,22 +158,12 @@ __device__ __forceinline__ void stage_fp8_tile(u32 dst8, const unsigned char* he
   }
 }
 
-// The float16 stage of fp8 K and V: K as its values (e4m3: one cvt.rn.f16x2.e4m3x2 per pair, F2FP on the conversion
-// pipe), V as its values times 2^-kVPow<F8> (unit.cuh; e4m3: fp8.cuh's integer bit path, three integer ops per pair, the factor
-// folded into the output's scale by the consumers), so a tile's conversions are split between the conversion pipe,
-// which the consumers' P packing also uses, and the integer pipe; e5m2 is a float16's upper byte: one byte permute
-// per pair for both.
-template <class F8, bool kIsV> __device__ __forceinline__ void f16_quad(u32 x, u32& lo, u32& hi) {
-  if constexpr (kIsV && kVPow<F8> != 0) {
-    fp8::e4m3_f16s_bits<fp8::kF16sSel01, fp8::kF16sSel23>(x, lo, hi);
-  } else {
-    fp8::k_pairs<F8>(x, lo, hi);  // (bytes (0, 1), (2, 3) as float16 values: fp8::F16sK<F8>::kPow is 0 on sm_90)
-  }
-}
-
-// Converts this thread's chunks of the staged fp8 tile at `src8` into the float16 stage at `dst` (f16_quad), reading
-// four chunks before converting them (the loads' latency overlaps).
-template <class F8, bool kIsV, int kBatch = 2>
+// Converts this thread's chunks of the staged fp8 tile at `src8` into the float16 stage at `dst`: pairs of bytes as
+// float16 values (fp8::k_pairs: one cvt.rn.f16x2.e4m3x2 per pair on sm_90, F2FP; e5m2, a float16's upper byte: one
+// byte permute), reading kBatch chunks before converting them (the loads' latency overlaps; 4 spills the producer's
+// 64 registers). V converts like K: e4m3 V through fp8.cuh's integer bit path (three integer ops per pair, leaving the
+// conversion pipe to the consumers' P packing) measured 2-2.5 % slower (docs/results/h200-2026-12-03d).
+template <class F8, int kBatch = 2>
 __device__ __forceinline__ void convert_fp8_tile(u32 dst, u32 src8, int tid) {
   const int c = tid % 8, r0 = fp8_row(tid);
   // rows r0 + 16 i share the swizzle (r % 8): row 0's addresses plus i * 2048, in the staging tile and in the stage
@@ -192,10 +182,10 @@ __device__ __forceinline__ void convert_fp8_tile(u32 dst, u32 src8, int tid) {
     for (int j = 0; j < kBatch; ++j) {
       const u32 off = (i0 + j) * 2048;
       u32 o[8];
-      f16_quad<F8, kIsV>(x[j].x, o[0], o[1]);
-      f16_quad<F8, kIsV>(x[j].y, o[2], o[3]);
-      f16_quad<F8, kIsV>(x[j].z, o[4], o[5]);
-      f16_quad<F8, kIsV>(x[j].w, o[6], o[7]);
+      fp8::k_pairs<F8>(x[j].x, o[0], o[1]);  // (bytes (0, 1), (2, 3): fp8::F16sK<F8>::kPow is 0 on sm_90)
+      fp8::k_pairs<F8>(x[j].y, o[2], o[3]);
+      fp8::k_pairs<F8>(x[j].z, o[4], o[5]);
+      fp8::k_pairs<F8>(x[j].w, o[6], o[7]);
       asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(first + off), "r"(o[0]), "r"(o[1]), "r"(o[2]),
                    "r"(o[3]) : "memory");
       asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(second + off), "r"(o[4]), "r"(o[5]), "r"(o[6]),
@@ -208,11 +198,11 @@ __device__ __forceinline__ void convert_fp8_tile(u32 dst, u32 src8, int tid) {
 // thread arrives on `full` (an fp8 kernel's full barriers expect all 128 producer threads). The consumers fence the
 // proxies after their wait (mbarrier.cuh): a fence here (MEMBAR.ALL.CTA) would also wait for this thread's cp.async
 // copies of the next tile, issued just before.
-template <class F8, bool kIsV>
+template <class F8>
 __device__ __forceinline__ void convert_fp8_stage(u32 dst, u32 src8, u32 full, u32 empty, int tile, int tid) {
   const int n = tile / kStages;
   if (n > 0) sm90::mbar_wait(empty, (n - 1) & 1);
-  convert_fp8_tile<F8, kIsV>(dst, src8, tid);
+  convert_fp8_tile<F8>(dst, src8, tid);
   sm90::mbar_arrive(full);
 }
 
@@ -318,14 +308,14 @@ __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& ba
           }
           SM90_PROBE_STOP(probe_w, 3);
           SM90_PROBE_START(probe_k);
-          convert_fp8_stage<KVT, false>(sk + s * Shape<D>::kTileBytes, s8 + s * kFp8TileBytes, bars.k_full(s),
+          convert_fp8_stage<KVT>(sk + s * Shape<D>::kTileBytes, s8 + s * kFp8TileBytes, bars.k_full(s),
                                      bars.k_empty(s), tk, tid);
           SM90_PROBE_STOP(probe_k, 1);
         }
         if (i >= 2) {
           const int tv = t0 + i - 2, s = tv % kStages;
           SM90_PROBE_START(probe_v);
-          convert_fp8_stage<KVT, true>(sv + s * Shape<D>::kTileBytes, s8 + (kStages + s) * kFp8TileBytes,
+          convert_fp8_stage<KVT>(sv + s * Shape<D>::kTileBytes, s8 + (kStages + s) * kFp8TileBytes,
                                      bars.v_full(s), bars.v_empty(s), tv, tid);
           SM90_PROBE_STOP(probe_v, 2);
         }
@@ -341,7 +331,7 @@ __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& ba
       if (n_tiles > 0) {
         const int tv = t0 + n_tiles - 1, s = tv % kStages;
         cp_async_wait<0>();
-        convert_fp8_stage<KVT, true>(sv + s * Shape<D>::kTileBytes, s8 + (kStages + s) * kFp8TileBytes, bars.v_full(s),
+        convert_fp8_stage<KVT>(sv + s * Shape<D>::kTileBytes, s8 + (kStages + s) * kFp8TileBytes, bars.v_full(s),
                                      bars.v_empty(s), tv, tid);
       }
       tile = t0 + n_tiles;

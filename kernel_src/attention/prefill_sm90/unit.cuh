@@ -3,7 +3,6 @@
 // head, cuinfer/prefill/sm90.py), 128-row query tiles and 128-key granules, so a unit is 128 query rows of one head
 // of one request over a KV range whose pieces (split items) are cut on tile boundaries.
 #pragma once
-#include "common/fp8.cuh"
 #include "common/types.cuh"
 #include "common/wgmma.cuh"
 #include "kv/paged.cuh"
@@ -27,10 +26,6 @@ constexpr int kConsumerRegsFp8 = 216;
 static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 168 * kThreads &&
                   128 * kProducerRegsFp8 + 256 * kConsumerRegsFp8 <= 168 * kThreads,
               "the warpgroups' registers after setmaxnreg must fit the block's allocation");
-
-// fp8 V: the float16 stage holds V times 2^-kVPow (producer.cuh f16_quad; 0 for 16-bit and e5m2 V), the output scale
-// times 2^kVPow undoes it.
-template <class KVT> constexpr int kVPow = fp8::F16s<KVT>::kPow;
 
 template <int D> struct Shape {
   static_assert(D == 128, "the sm90 prefill kernel is built for head_dim 128");
