@@ -3,6 +3,7 @@
 (mean over CTAs of the last run, as a share of the warpgroup's total).
 
 python3 -m bench.lab.sm90_probe P4 P4-e4m3
+python3 -m bench.lab.sm90_probe P4-e4m3 --defines -DCUINFER_SM90_PROBE_NO_CONVERT   # a bound probe (wrong results)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.lab.sm90_probe", description=__doc__.splitlines()[0])
     ap.add_argument("cases", nargs="+", help="prefill case ids, e.g. P4 P4-e4m3")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--defines", nargs="*", default=[], help="more -D options: the bound probes of sm90_probe.cuh")
     args = ap.parse_args(argv)
 
     import cupy
@@ -33,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     def probe_spec(key):
         spec = probe_specs.get(key)
         if spec is None:
-            spec = probe_specs[key] = ab_spec(shipped(key), ["-DCUINFER_SM90_PROBE"], tag="probe")
+            spec = probe_specs[key] = ab_spec(shipped(key), ["-DCUINFER_SM90_PROBE", *args.defines], tag="probe")
         return spec
 
     sm90.sm90_spec = probe_spec  # (lab: Sm90Launch looks the spec up by this name)

@@ -5,7 +5,22 @@
 // conversion), 2 V stage, 3 cp.async waits (fp8), 4 fp8 K staging copies, 5 q_empty wait, 6 fp8 V staging copies, 7 unused.
 // Consumer slots: 0 total, 1 k_full wait, 2 v_full wait, 3 turn waits, 4 q_full wait, 5 softmax, 6 Q·K^T retire
 // wait, 7 P·V retire wait.
+//
+// Bound probes (lab builds whose results are wrong by design, for timing only): -DCUINFER_SM90_PROBE_NO_CONVERT skips
+// the producer's fp8 conversions (the stages keep what they held), -DCUINFER_SM90_PROBE_NO_STAGE its fp8 staging
+// copies (the conversions read what the staging ring held): what the kernel would take without either.
 #pragma once
+
+#ifdef CUINFER_SM90_PROBE_NO_CONVERT
+#define SM90_PROBE_CONVERT 0
+#else
+#define SM90_PROBE_CONVERT 1
+#endif
+#ifdef CUINFER_SM90_PROBE_NO_STAGE
+#define SM90_PROBE_STAGE 0
+#else
+#define SM90_PROBE_STAGE 1
+#endif
 
 #ifdef CUINFER_SM90_PROBE
 __device__ unsigned long long cuinfer_sm90_probe[4096 * 24];

@@ -202,7 +202,7 @@ template <class F8>
 __device__ __forceinline__ void convert_fp8_stage(u32 dst, u32 src8, u32 full, u32 empty, int tile, int tid) {
   const int n = tile / kStages;
   if (n > 0) sm90::mbar_wait(empty, (n - 1) & 1);
-  convert_fp8_tile<F8>(dst, src8, tid);
+  if (SM90_PROBE_CONVERT) convert_fp8_tile<F8>(dst, src8, tid);  // (0 only in a lab bound probe: sm90_probe.cuh)
   sm90::mbar_arrive(full);
 }
 
@@ -292,9 +292,11 @@ __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& ba
           }
           // (paged: offsets from the cache's base; ragged: rows of the KV head's column)
           SM90_PROBE_START(probe_s);
-          stage_fp8_tile<KV::kPaged>(s8 + ((t0 + i) % kStages) * kFp8TileBytes,
-                                     KV::kPaged ? k8 : k8 + kvh * p.k_stride_h, w.k0 + key0, p.k_stride_n, row, valid,
-                                     tid);
+          if (SM90_PROBE_STAGE) {  // (0 only in a lab bound probe: sm90_probe.cuh)
+            stage_fp8_tile<KV::kPaged>(s8 + ((t0 + i) % kStages) * kFp8TileBytes,
+                                       KV::kPaged ? k8 : k8 + kvh * p.k_stride_h, w.k0 + key0, p.k_stride_n, row,
+                                       valid, tid);
+          }
           cp_async_commit();
           SM90_PROBE_STOP(probe_s, 4);
         }
@@ -321,9 +323,11 @@ __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& ba
         }
         if (i < n_tiles) {
           SM90_PROBE_START(probe_sv);
-          stage_fp8_tile<KV::kPaged>(s8 + (kStages + (t0 + i) % kStages) * kFp8TileBytes,
-                                     KV::kPaged ? v8 : v8 + kvh * p.v_stride_h, w.k0 + key0, p.v_stride_n, row, valid,
-                                     tid);
+          if (SM90_PROBE_STAGE) {
+            stage_fp8_tile<KV::kPaged>(s8 + (kStages + (t0 + i) % kStages) * kFp8TileBytes,
+                                       KV::kPaged ? v8 : v8 + kvh * p.v_stride_h, w.k0 + key0, p.v_stride_n, row,
+                                       valid, tid);
+          }
           cp_async_commit();
           SM90_PROBE_STOP(probe_sv, 6);
         }
