@@ -14,17 +14,27 @@ PRODUCER = ("total", "K stage", "V stage", "cp.async waits", "fp8 K copies", "q_
 CONSUMER = ("total", "k_full wait", "v_full wait", "turn waits", "q_full wait", "softmax", "QK retire", "PV retire")
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.lab.sm90_probe", description=__doc__.splitlines()[0])
     ap.add_argument("cases", nargs="+", help="prefill case ids, e.g. P4 P4-e4m3")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--defines", nargs="*", default=[], help="more -D options: the bound probes of sm90_probe.cuh")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def probe_spec(spec, defines=()):
+    """``spec`` as a probe build (``lab-probe/...``): -DCUINFER_SM90_PROBE and ``defines``."""
+    from bench.lab.harness import ab_spec
+
+    return ab_spec(spec, ["-DCUINFER_SM90_PROBE", *defines], tag="probe")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
 
     import cupy
 
     from bench import cases, inputs
-    from bench.lab.harness import ab_spec
     from bench.prefill import prepare_cuinfer
     from cuinfer.jit.launch import load_module
     from cuinfer.prefill import sm90
@@ -32,13 +42,13 @@ def main(argv: list[str] | None = None) -> None:
     shipped = sm90.sm90_spec
     probe_specs = {}
 
-    def probe_spec(key):
+    def spec_of(key):
         spec = probe_specs.get(key)
         if spec is None:
-            spec = probe_specs[key] = ab_spec(shipped(key), ["-DCUINFER_SM90_PROBE", *args.defines], tag="probe")
+            spec = probe_specs[key] = probe_spec(shipped(key), args.defines)
         return spec
 
-    sm90.sm90_spec = probe_spec  # (lab: Sm90Launch looks the spec up by this name)
+    sm90.sm90_spec = spec_of  # (lab: Sm90Launch looks the spec up by this name)
     by_id = {c.id: c for c in cases.PREFILL_CASES}
     for cid in args.cases:
         probe_specs.clear()

@@ -12,7 +12,16 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-TOOLS = ("tune_sched", "tune_prefill", "tune_decode", "tune_merge", "stream_floor", "ncu_case", "profile_decode")
+TOOLS = (
+    "tune_sched",
+    "tune_prefill",
+    "tune_decode",
+    "tune_merge",
+    "stream_floor",
+    "ncu_case",
+    "profile_decode",
+    "sm90_probe",
+)
 
 
 def test_every_tool_answers_help_without_torch():
@@ -173,3 +182,23 @@ def test_tools_import_their_runtime_names():
     """Every lab module imports against the current runtime (names moved in the restructuring fail here)."""
     for name in (*TOOLS, "harness", "sass_snapshot", "ab_compare", "dump_outputs"):
         importlib.import_module(f"bench.lab.{name}")
+
+
+# ---- sm90_probe ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("bound", [(), ("-DCUINFER_SM90_PROBE_NO_CONVERT",), ("-DCUINFER_SM90_PROBE_NO_STAGE",)])
+def test_sm90_probe_builds_compile_without_spills(bound):
+    """The cycle probe (kernel_src/debug/sm90_probe.cuh) and its bound probes compile into the fp8 Hopper kernel under
+    a name of their own, spill-free (a spill would time something else)."""
+    from bench.lab.sm90_probe import probe_spec
+    from cuinfer.jit import get_compiled
+    from cuinfer.prefill import sm90
+
+    (spec,) = [s for s in sm90.default_specs() if s.name == "prefill_sm90/paged/bfloat16/kv-float8_e4m3fn/d128/causal"]
+    probe = probe_spec(spec, bound)
+    assert probe.name == "lab-probe/" + spec.name and probe.extra_options[-len(bound) - 1 :] == (
+        "-DCUINFER_SM90_PROBE", *bound)  # fmt: skip
+    mod = get_compiled(probe, "sm_90a")
+    assert mod.cubin and "0 bytes spill stores" in mod.log, mod.log
