@@ -2,7 +2,8 @@
 // -DCUINFER_SM90_PROBE); in every shipped build the macros below expand to nothing. Thread 0 of each warpgroup adds
 // the SM clock cycles of its phases into 8 slots (shared memory), and writes them at its exit to the module's global
 // cuinfer_sm90_probe[cta][warpgroup][8]. Producer slots: 0 total, 1 K stage (its empty wait and copies or
-// conversion), 2 V stage, 3 cp.async waits (fp8), 4 fp8 K staging copies, 5 q_empty wait, 6 fp8 V staging copies, 7 unused.
+// conversion), 2 V stage, 3 cp.async waits (fp8), 4 fp8 K staging copies, 5 q_empty wait, 6 fp8 V staging copies,
+// 7 unused.
 // Consumer slots: 0 total, 1 k_full wait, 2 v_full wait, 3 turn waits, 4 q_full wait, 5 softmax, 6 Q·K^T retire
 // wait, 7 P·V retire wait.
 //
@@ -37,9 +38,10 @@ __device__ __forceinline__ unsigned long long* sm90_probe_slots() {
     if (threadIdx.x < 24) cuinfer::debug::sm90_probe_slots()[threadIdx.x] = 0; \
   } while (0)
 #define SM90_PROBE_START(name) const long long name = clock64()
-#define SM90_PROBE_STOP(name, k)                                                                          \
-  do {                                                                                                    \
-    if (threadIdx.x % 128 == 0) cuinfer::debug::sm90_probe_slots()[8 * (threadIdx.x / 128) + (k)] += clock64() - (name); \
+#define SM90_PROBE_STOP(name, k)                                                                 \
+  do {                                                                                           \
+    if (threadIdx.x % 128 == 0)                                                                  \
+      cuinfer::debug::sm90_probe_slots()[8 * (threadIdx.x / 128) + (k)] += clock64() - (name);    \
   } while (0)
 #define SM90_PROBE_FLUSH()                                                                          \
   do {                                                                                              \

@@ -1,6 +1,7 @@
 // Hopper prefill: a consumer warpgroup (two per CTA, 64 query rows each). Per K / V tile: S = Q K^T (8 wgmma
 // m64n128k16 from shared memory), the variant's logits and masks, the online softmax in registers, O += P V (8 wgmma
-// with P from registers, V MN-major). Tile i's Q K^T is issued before tile i-1's P V (FA3's intra-warpgroup overlap)
+// with P from registers, V MN-major; float16 for fp8 K / V, bfloat16 Q rows converted once per item). Tile i's Q K^T
+// is issued before tile i-1's P V (FA3's intra-warpgroup overlap)
 // and the two consumers take turns to issue (ping-pong, named barriers 1 and 2), so one's softmax runs while the
 // other's MMAs do. A stage's K is handed back when its Q K^T retires, its V when its P V does. The epilogue writes o
 // and the base-2 lse (an unsplit item) or the fp32 partial state (a split item, merged by the merge kernel).
@@ -247,7 +248,9 @@ __device__ __forceinline__ float convert_q_rows(u32 q_base, int cw, int tid) {
   for (int i = 0; i < 8; ++i) {
     const u32 a = row + ((i + tid) % 8) * 16;
     u32 w[4];
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(a));
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "r"(a));
 #pragma unroll
     for (int j = 0; j < 4; ++j) {  // (times 2^s in bfloat16: exact; a bfloat16 is the upper half of a float)
       const u32 y = fp8::hmul2_bf16(w[j], sc2);

@@ -9,7 +9,8 @@
 //   * a paged cache's tiles (rows gathered by page table): the same zero-filled cp.async, but not waited for: each
 //     producer thread's copies arrive on the stage's barrier as they land, so tiles stream like TMA ones;
 //   * fp8 K / V (ragged or paged): each tile's rows (128 bytes each) are copied with cp.async into a staging ring of
-//     fp8 tiles, then converted by the same threads into the 16-bit stage the consumers read (fp8_tile below).
+//     fp8 tiles, then converted by the same threads into the float16 stage the consumers read (the fp8 section
+//     below); the consumers fence the proxies after their wait.
 // Q rows past a request's end are read from the next rows (or zero-filled past the tensor): they only feed rows that
 // are never stored.
 // K and V of a stage are released apart by the consumers (k_empty / v_empty), so the next K load starts while a P·V
