@@ -207,6 +207,87 @@ __device__ __forceinline__ void convert_fp8_stage(u32 dst, u32 src8, u32 full, u
   sm90::mbar_arrive(full);
 }
 
+// The fp8 K / V tiles of unit `w` (KV head kvh), tiles tile .. tile + w.n_tiles - 1 of the ring: staged with cp.async
+// and converted into the float16 stages (the fp8 section above). Returns the ring's tile count after the unit.
+template <class KVT, class KV, class P>
+__device__ __forceinline__ int produce_fp8_unit(const P& p, const Bars& bars, const Unit& w, u32 sk, u32 sv, u32 s8,
+                                                int kvh, int tile, int tid) {
+  constexpr int D = 128;
+  // Per tile i: stage K(i), convert K(i - 1), convert V(i - 2), stage V(i) (V's staging slot is free once V(i - 2)
+  // is converted). K runs a tile ahead of V: the consumers free a stage's K half a tile before its V (k_empty after
+  // Q K^T, v_empty after the P V one tile later), and a K tile is needed a tile before its V.
+  // Copy groups per thread, oldest first: K(i - 1), V(i - 1), K(i): two newer than K(i - 1).
+  const unsigned char* k8 = static_cast<const unsigned char*>(p.k);
+  const unsigned char* v8 = static_cast<const unsigned char*>(p.v);
+  // Paged: each tile's page-table entry is read a tile ahead (page_next), so its latency passes under the
+  // conversions instead of stalling the copies that need it.
+  const int t0 = tile, n_tiles = w.n_tiles;
+  int page_next = -1;
+  if constexpr (KV::kPaged) {
+    const int key_first = w.t_first * kBlockN;
+    if (n_tiles > 0) page_next = paged_row_page(p, w.k0, key_first, w.key_hi - key_first, tid);
+  }
+  for (int i = 0; i <= n_tiles; ++i) {
+    i64 row = 0;
+    int key0 = 0, valid = 0;
+    if (i < n_tiles) {
+      key0 = (w.t_first + i) * kBlockN;
+      valid = w.key_hi - key0;
+      if constexpr (KV::kPaged) {
+        row = paged_row_at(p, page_next, key0, kvh, tid);
+        if (i + 1 < n_tiles) page_next = paged_row_page(p, w.k0, key0 + kBlockN, valid - kBlockN, tid);
+      }
+      // (paged: offsets from the cache's base; ragged: rows of the KV head's column)
+      SM90_PROBE_START(probe_s);
+      if (SM90_PROBE_STAGE) {  // (0 only in a lab bound probe: sm90_probe.cuh)
+        stage_fp8_tile<KV::kPaged>(s8 + ((t0 + i) % kStages) * kFp8TileBytes,
+                                   KV::kPaged ? k8 : k8 + kvh * p.k_stride_h, w.k0 + key0, p.k_stride_n, row,
+                                   valid, tid);
+      }
+      cp_async_commit();
+      SM90_PROBE_STOP(probe_s, 4);
+    }
+    if (i >= 1) {
+      const int tk = t0 + i - 1, s = tk % kStages;
+      SM90_PROBE_START(probe_w);
+      if (i < n_tiles) {
+        cp_async_wait<2>();
+      } else {
+        cp_async_wait<1>();
+      }
+      SM90_PROBE_STOP(probe_w, 3);
+      SM90_PROBE_START(probe_k);
+      convert_fp8_stage<KVT>(sk + s * Shape<D>::kTileBytes, s8 + s * kFp8TileBytes, bars.k_full(s),
+                                 bars.k_empty(s), tk, tid);
+      SM90_PROBE_STOP(probe_k, 1);
+    }
+    if (i >= 2) {
+      const int tv = t0 + i - 2, s = tv % kStages;
+      SM90_PROBE_START(probe_v);
+      convert_fp8_stage<KVT>(sv + s * Shape<D>::kTileBytes, s8 + (kStages + s) * kFp8TileBytes,
+                                 bars.v_full(s), bars.v_empty(s), tv, tid);
+      SM90_PROBE_STOP(probe_v, 2);
+    }
+    if (i < n_tiles) {
+      SM90_PROBE_START(probe_sv);
+      if (SM90_PROBE_STAGE) {
+        stage_fp8_tile<KV::kPaged>(s8 + (kStages + (t0 + i) % kStages) * kFp8TileBytes,
+                                   KV::kPaged ? v8 : v8 + kvh * p.v_stride_h, w.k0 + key0, p.v_stride_n, row,
+                                   valid, tid);
+      }
+      cp_async_commit();
+      SM90_PROBE_STOP(probe_sv, 6);
+    }
+  }
+  if (n_tiles > 0) {
+    const int tv = t0 + n_tiles - 1, s = tv % kStages;
+    cp_async_wait<0>();
+    convert_fp8_stage<KVT>(sv + s * Shape<D>::kTileBytes, s8 + (kStages + s) * kFp8TileBytes, bars.v_full(s),
+                                 bars.v_empty(s), tv, tid);
+  }
+  return t0 + n_tiles;
+}
+
 // KVT: the element type of K / V (T, or an fp8 type staged and converted to TM, the math's type); s8: the fp8
 // staging ring (fp8 only).
 template <class T, class TM, class KVT, class V, class KV, class P, class VP>
@@ -267,79 +348,7 @@ __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& ba
     const T* kh = k + kvh * p.k_stride_h;
     const T* vh = v + kvh * p.v_stride_h;
     if constexpr (kFp8) {
-      // Per tile i: stage K(i), convert K(i - 1), convert V(i - 2), stage V(i) (V's staging slot is free once V(i - 2)
-      // is converted). K runs a tile ahead of V: the consumers free a stage's K half a tile before its V (k_empty after
-      // Q K^T, v_empty after the P V one tile later), and a K tile is needed a tile before its V.
-      // Copy groups per thread, oldest first: K(i - 1), V(i - 1), K(i): two newer than K(i - 1).
-      const unsigned char* k8 = static_cast<const unsigned char*>(p.k);
-      const unsigned char* v8 = static_cast<const unsigned char*>(p.v);
-      // Paged: each tile's page-table entry is read a tile ahead (page_next), so its latency passes under the
-      // conversions instead of stalling the copies that need it.
-      const int t0 = tile, n_tiles = w.n_tiles;
-      int page_next = -1;
-      if constexpr (KV::kPaged) {
-        const int key_first = w.t_first * kBlockN;
-        if (n_tiles > 0) page_next = paged_row_page(p, w.k0, key_first, w.key_hi - key_first, tid);
-      }
-      for (int i = 0; i <= n_tiles; ++i) {
-        i64 row = 0;
-        int key0 = 0, valid = 0;
-        if (i < n_tiles) {
-          key0 = (w.t_first + i) * kBlockN;
-          valid = w.key_hi - key0;
-          if constexpr (KV::kPaged) {
-            row = paged_row_at(p, page_next, key0, kvh, tid);
-            if (i + 1 < n_tiles) page_next = paged_row_page(p, w.k0, key0 + kBlockN, valid - kBlockN, tid);
-          }
-          // (paged: offsets from the cache's base; ragged: rows of the KV head's column)
-          SM90_PROBE_START(probe_s);
-          if (SM90_PROBE_STAGE) {  // (0 only in a lab bound probe: sm90_probe.cuh)
-            stage_fp8_tile<KV::kPaged>(s8 + ((t0 + i) % kStages) * kFp8TileBytes,
-                                       KV::kPaged ? k8 : k8 + kvh * p.k_stride_h, w.k0 + key0, p.k_stride_n, row,
-                                       valid, tid);
-          }
-          cp_async_commit();
-          SM90_PROBE_STOP(probe_s, 4);
-        }
-        if (i >= 1) {
-          const int tk = t0 + i - 1, s = tk % kStages;
-          SM90_PROBE_START(probe_w);
-          if (i < n_tiles) {
-            cp_async_wait<2>();
-          } else {
-            cp_async_wait<1>();
-          }
-          SM90_PROBE_STOP(probe_w, 3);
-          SM90_PROBE_START(probe_k);
-          convert_fp8_stage<KVT>(sk + s * Shape<D>::kTileBytes, s8 + s * kFp8TileBytes, bars.k_full(s),
-                                     bars.k_empty(s), tk, tid);
-          SM90_PROBE_STOP(probe_k, 1);
-        }
-        if (i >= 2) {
-          const int tv = t0 + i - 2, s = tv % kStages;
-          SM90_PROBE_START(probe_v);
-          convert_fp8_stage<KVT>(sv + s * Shape<D>::kTileBytes, s8 + (kStages + s) * kFp8TileBytes,
-                                     bars.v_full(s), bars.v_empty(s), tv, tid);
-          SM90_PROBE_STOP(probe_v, 2);
-        }
-        if (i < n_tiles) {
-          SM90_PROBE_START(probe_sv);
-          if (SM90_PROBE_STAGE) {
-            stage_fp8_tile<KV::kPaged>(s8 + (kStages + (t0 + i) % kStages) * kFp8TileBytes,
-                                       KV::kPaged ? v8 : v8 + kvh * p.v_stride_h, w.k0 + key0, p.v_stride_n, row,
-                                       valid, tid);
-          }
-          cp_async_commit();
-          SM90_PROBE_STOP(probe_sv, 6);
-        }
-      }
-      if (n_tiles > 0) {
-        const int tv = t0 + n_tiles - 1, s = tv % kStages;
-        cp_async_wait<0>();
-        convert_fp8_stage<KVT>(sv + s * Shape<D>::kTileBytes, s8 + (kStages + s) * kFp8TileBytes, bars.v_full(s),
-                                     bars.v_empty(s), tv, tid);
-      }
-      tile = t0 + n_tiles;
+      tile = produce_fp8_unit<KVT, KV>(p, bars, w, sk, sv, s8, kvh, tile, tid);
     } else {
       for (int i = 0; i < w.n_tiles; ++i, ++tile) {
         const int s = tile % kStages, n = tile / kStages;
