@@ -1,6 +1,8 @@
 """Cycle probe of the Hopper prefill kernel (GPU machine; lab code): runs standard prefill cases on a build with
 -DCUINFER_SM90_PROBE (kernel_src/debug/sm90_probe.cuh) and prints, per warpgroup role, where thread 0's cycles went
-(mean over CTAs of the last run, as a share of the warpgroup's total).
+(mean over CTAs of the last run, as a share of the warpgroup's total). Unlike the harness's tools it swaps one name of
+cuinfer for the run, ``cuinfer.prefill.sm90.sm90_spec`` (the spec the Hopper launch compiles): ``LabPrefill`` launches
+the FA2-class kernel only.
 
 python3 -m bench.lab.sm90_probe P4 P4-e4m3
 python3 -m bench.lab.sm90_probe P4-e4m3 --defines -DCUINFER_SM90_PROBE_NO_CONVERT   # a bound probe (wrong results)
