@@ -38,7 +38,7 @@ TILE_KV = 128  # keys of a K / V tile: the planner's KV granule
 STAGES = 2
 THREADS = 384  # producer warpgroup + two consumer warpgroups
 # Q, the K and V rings, 10 mbarriers, the unit slot, the item broadcast, and 1024 bytes to align the tiles; fp8 K / V
-# add their staging ring (K and V tiles of one byte per element, converted to 16 bits by the producer)
+# add their staging ring (K and V tiles of one byte per element, converted to float16 by the producer)
 SMEM_BYTES = 1024 + TILE_Q * HEAD_DIM * 2 + 2 * STAGES * TILE_KV * HEAD_DIM * 2 + 8 * (2 + 4 * STAGES) + 64 + 16
 FP8_STAGING_BYTES = 2 * STAGES * TILE_KV * HEAD_DIM
 FP8_KV = ("float8_e4m3fn", "float8_e5m2")
@@ -102,7 +102,7 @@ def sm90_spec(key: Sm90KernelKey) -> KernelSpec:
 
 def default_specs() -> list[KernelSpec]:
     """The specialisations CI compiles (sm_90a only): plain and causal in both 16-bit types, the built-in variants of
-    logits and key ranges, a custom mask."""
+    logits and key ranges, a custom mask, and fp8 K / V (both formats, ragged and paged, with a logits variant)."""
 
     def key(dtype: str, *names: str, paged: bool = False, kv: str | None = None) -> KernelSpec:
         return sm90_spec(Sm90KernelKey(dtype, render(tuple(lookup(n) for n in names)), paged, kv_dtype=kv))
