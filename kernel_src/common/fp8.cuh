@@ -349,5 +349,24 @@ __device__ __forceinline__ void q_f16_scale(float amax, float& sc, float& inv) {
   inv = __uint_as_float(static_cast<u32>(254 - se) << 23);
 }
 
+// The pieces of a bfloat16 Q block's conversion to float16 (prefill_sm80 kernel.cuh convert_q, one scale per warp;
+// prefill_sm90 consumer.cuh convert_q_rows, one per row): `m2` gathers the block's largest |q| over its registers
+// (q_abs_max2), q_f16_pow2 turns it into 2^s in both bfloat16 halves (q_f16_scale with the floor; `inv` = 2^-s), and
+// q_f16_times converts one register of two bfloat16 values to float16 times 2^s (exact: a power of two in bfloat16,
+// and a bfloat16 is the upper half of a float).
+__device__ __forceinline__ __nv_bfloat162 q_abs_max2(__nv_bfloat162 m2, u32 w) {
+  return __hmax2(m2, __habs2(*reinterpret_cast<const __nv_bfloat162*>(&w)));
+}
+__device__ __forceinline__ u32 q_f16_pow2(__nv_bfloat162 m2, float& inv) {
+  float sc;
+  const float floor = __uint_as_float(static_cast<u32>(127 - kQF16AmaxFloorExp) << 23);  // 2^-kQF16AmaxFloorExp
+  q_f16_scale(fmaxf(fmaxf(__low2float(m2), __high2float(m2)), floor), sc, inv);
+  return (__float_as_uint(sc) >> 16) * 0x10001u;  // (a normal power of two: its bfloat16 is the float's upper half)
+}
+__device__ __forceinline__ u32 q_f16_times(u32 w, u32 sc2) {
+  const u32 y = hmul2_bf16(w, sc2);
+  return pack_half2(__uint_as_float(y << 16), __uint_as_float(y & 0xffff0000u));
+}
+
 }  // namespace fp8
 }  // namespace cuinfer

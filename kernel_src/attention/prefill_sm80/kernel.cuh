@@ -286,7 +286,7 @@ template <class C> __device__ __forceinline__ float convert_q(const Cta<C>& c) {
       const uint4 x = *reinterpret_cast<const uint4*>(q + r * PITCH + ((qc ^ (r % 8)) * 16) + k * 128);
       const u32 w[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
-      for (int j = 0; j < 4; ++j) m2 = __hmax2(m2, __habs2(*reinterpret_cast<const __nv_bfloat162*>(&w[j])));
+      for (int j = 0; j < 4; ++j) m2 = fp8::q_abs_max2(m2, w[j]);
     }
   }
 #pragma unroll
@@ -295,10 +295,8 @@ template <class C> __device__ __forceinline__ float convert_q(const Cta<C>& c) {
     b = __shfl_xor_sync(0xffffffffu, b, o);
     m2 = __hmax2(m2, *reinterpret_cast<const __nv_bfloat162*>(&b));
   }
-  float sc, inv;
-  const float floor = __uint_as_float(static_cast<u32>(127 - fp8::kQF16AmaxFloorExp) << 23);  // 2^-kQF16AmaxFloorExp
-  fp8::q_f16_scale(fmaxf(fmaxf(__low2float(m2), __high2float(m2)), floor), sc, inv);
-  const u32 sc2 = (__float_as_uint(sc) >> 16) * 0x10001u;  // 2^s in both bfloat16 halves (a normal power of two)
+  float inv;
+  const u32 sc2 = fp8::q_f16_pow2(m2, inv);  // 2^s in both bfloat16 halves
 #pragma unroll
   for (int i = 0; i < ROWS; ++i) {
     const int r = c.warp_row0 + qr + 4 * i;
@@ -308,10 +306,7 @@ template <class C> __device__ __forceinline__ float convert_q(const Cta<C>& c) {
       uint4 x = *a;
       u32* w = reinterpret_cast<u32*>(&x);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {  // (times 2^s in bfloat16: exact; a bfloat16 is the upper half of a float)
-        const u32 y = fp8::hmul2_bf16(w[j], sc2);
-        w[j] = fp8::pack_half2(__uint_as_float(y << 16), __uint_as_float(y & 0xffff0000u));
-      }
+      for (int j = 0; j < 4; ++j) w[j] = fp8::q_f16_times(w[j], sc2);
       *a = x;
     }
   }

@@ -235,15 +235,13 @@ __device__ __forceinline__ float convert_q_rows(u32 q_base, int cw, int tid) {
                  : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w) : "r"(row + ((i + tid) % 8) * 16));
     const u32 w[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) m2 = __hmax2(m2, __habs2(*reinterpret_cast<const __nv_bfloat162*>(&w[j])));
+    for (int j = 0; j < 4; ++j) m2 = fp8::q_abs_max2(m2, w[j]);
   }
   u32 b = *reinterpret_cast<const u32*>(&m2);
   b = __shfl_xor_sync(0xffffffffu, b, 1);  // (the row's other column block)
   m2 = __hmax2(m2, *reinterpret_cast<const __nv_bfloat162*>(&b));
-  float sc, inv;
-  const float floor = __uint_as_float(static_cast<u32>(127 - fp8::kQF16AmaxFloorExp) << 23);
-  fp8::q_f16_scale(fmaxf(fmaxf(__low2float(m2), __high2float(m2)), floor), sc, inv);
-  const u32 sc2 = (__float_as_uint(sc) >> 16) * 0x10001u;  // 2^s in both bfloat16 halves
+  float inv;
+  const u32 sc2 = fp8::q_f16_pow2(m2, inv);  // 2^s in both bfloat16 halves
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const u32 a = row + ((i + tid) % 8) * 16;
@@ -252,10 +250,7 @@ __device__ __forceinline__ float convert_q_rows(u32 q_base, int cw, int tid) {
                  : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
                  : "r"(a));
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {  // (times 2^s in bfloat16: exact; a bfloat16 is the upper half of a float)
-      const u32 y = fp8::hmul2_bf16(w[j], sc2);
-      w[j] = fp8::pack_half2(__uint_as_float(y << 16), __uint_as_float(y & 0xffff0000u));
-    }
+    for (int j = 0; j < 4; ++j) w[j] = fp8::q_f16_times(w[j], sc2);
     asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
                  : "memory");
   }
@@ -265,10 +260,10 @@ __device__ __forceinline__ float convert_q_rows(u32 q_base, int cw, int tid) {
 }
 
 // The consumer warpgroup `cw` (0 or 1): every unit the producer hands over, until it says there is none left.
-// T: q's and o's type; TM: the MMAs' operand type (T, or float16 for fp8 K / V). kFenceStages: the stages were written
-// through the generic proxy and nobody fenced the proxies (paged K / V: cp.async; fp8: the producer's conversion;
-// mbarrier.cuh). kFp8: k_scale (the number folded into
-// sm_scale, times the KV head's from k_scales) scales the logits, v_scale the output (KVT: K / V's element type).
+// T: q's and o's type; TM: the MMAs' operand type (T, or float16 for fp8 K / V); KVT: K / V's element type (fp8: the
+// k_scale, the number folded into sm_scale times the KV head's from k_scales, scales the logits, v_scale the output).
+// kFenceStages: the stages were written through the generic proxy and nobody fenced the proxies (paged K / V:
+// cp.async; fp8: the producer's conversion; mbarrier.cuh).
 template <class T, class TM, class KVT, class V, bool kFenceStages, class P, class VP>
 __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& bars, u32 sq, u32 sk, u32 sv,
                                         const Unit* slot, int cw, int tid) {

@@ -50,11 +50,17 @@ __device__ __forceinline__ void copy_tile_zfill(u32 dst, const T* src, i64 strid
 // 4 w + l % 4 + 16 (l / 4) (the 32 rows the warp copies), and a shuffle hands each row's offset to its copiers.
 constexpr int kPagedRows = kBlockN / 16;
 
+// The tile row whose page-table entry thread `tid` reads: row 4 w + l % 4 + 16 (l / 4) for lane l of warp w.
+__device__ __forceinline__ int paged_row(int tid) {
+  const int lane = tid % 32;
+  return (tid / 32) * 4 + lane % 4 + 16 * (lane / 4);
+}
+
 // This thread's row of the tile at key `key0`: its element offset from the cache's base (K and V share it), read
 // before the stage's empty wait so the page-table latency hides behind it; rows at and past `valid` are not read.
 template <class P>
 __device__ __forceinline__ i64 paged_row_offset(const P& p, int page_base, int key0, int kvh, int valid, int tid) {
-  const int lane = tid % 32, r = (tid / 32) * 4 + lane % 4 + 16 * (lane / 4);
+  const int r = paged_row(tid);
   const int key = key0 + r;
   return r < valid ? kv::Paged::offset(p, kv::Paged::page(p, page_base, key, true), key, kvh) : 0;
 }
@@ -63,12 +69,11 @@ __device__ __forceinline__ i64 paged_row_offset(const P& p, int page_base, int k
 // then its offset, computed where it is used so the read's latency passes under the work between them.
 template <class P>
 __device__ __forceinline__ int paged_row_page(const P& p, int page_base, int key0, int valid, int tid) {
-  const int lane = tid % 32, r = (tid / 32) * 4 + lane % 4 + 16 * (lane / 4);
+  const int r = paged_row(tid);
   return r < valid ? kv::Paged::page(p, page_base, key0 + r, true) : -1;
 }
 template <class P> __device__ __forceinline__ i64 paged_row_at(const P& p, int page, int key0, int kvh, int tid) {
-  const int lane = tid % 32, r = (tid / 32) * 4 + lane % 4 + 16 * (lane / 4);
-  return page >= 0 ? kv::Paged::offset(p, page, key0 + r, kvh) : 0;
+  return page >= 0 ? kv::Paged::offset(p, page, key0 + paged_row(tid), kvh) : 0;
 }
 
 // A paged K or V tile into stage buffer `dst`: once `empty` let the stage be refilled (fill `n`), each producer
@@ -134,14 +139,14 @@ __device__ __forceinline__ int fp8_row(int tid) {
   return (q & ~1) | (((tid % 8) >> 2) ^ (q & 1));
 }
 
-// Ragged: rows row0 + r of the head at `head` (a byte pointer); paged: row offsets from paged_row_offset, shuffled.
+// Ragged: rows row0 + r of the head at `head` (a byte pointer); paged: row offsets from paged_row_at, shuffled.
 template <bool PAGED>
 __device__ __forceinline__ void stage_fp8_tile(u32 dst8, const unsigned char* head, i64 row0, i64 stride_n,
                                                i64 paged_row, int valid, int tid) {
   const int c = tid % 8, r0 = fp8_row(tid), left = valid - r0;
   const u32 s0 = dst8 + r0 * 128 + c * 16;
   if constexpr (PAGED) {
-    int lane = r0 % 4;  // (the offset of row r0 + 16 i was read by lane r0 % 4 + 4 i of this warp: paged_row_offset)
+    int lane = r0 % 4;  // (the offset of row r0 + 16 i was read by lane r0 % 4 + 4 i of this warp: paged_row)
 #pragma unroll 4
     for (int i = 0; i < kPagedRows; ++i, lane += 4) {
       const i64 off = __shfl_sync(0xffffffffu, paged_row, lane);
@@ -195,7 +200,7 @@ __device__ __forceinline__ void convert_fp8_tile(u32 dst, u32 src8, int tid) {
   }
 }
 
-// Tile `tile`'s staged K (or V) into its 16-bit stage `s` once the consumers freed it (`empty`, fill n), then this
+// Tile `tile`'s staged K (or V) into its float16 stage at `dst` once the consumers freed it (`empty`, fill n), then this
 // thread arrives on `full` (an fp8 kernel's full barriers expect all 128 producer threads). The consumers fence the
 // proxies after their wait (mbarrier.cuh): a fence here (MEMBAR.ALL.CTA) would also wait for this thread's cp.async
 // copies of the next tile, issued just before.
@@ -257,15 +262,15 @@ __device__ __forceinline__ int produce_fp8_unit(const P& p, const Bars& bars, co
       }
       SM90_PROBE_STOP(probe_w, 3);
       SM90_PROBE_START(probe_k);
-      convert_fp8_stage<KVT>(sk + s * Shape<D>::kTileBytes, s8 + s * kFp8TileBytes, bars.k_full(s),
-                                 bars.k_empty(s), tk, tid);
+      convert_fp8_stage<KVT>(sk + s * Shape<D>::kTileBytes, s8 + s * kFp8TileBytes, bars.k_full(s), bars.k_empty(s),
+                             tk, tid);
       SM90_PROBE_STOP(probe_k, 1);
     }
     if (i >= 2) {
       const int tv = t0 + i - 2, s = tv % kStages;
       SM90_PROBE_START(probe_v);
-      convert_fp8_stage<KVT>(sv + s * Shape<D>::kTileBytes, s8 + (kStages + s) * kFp8TileBytes,
-                                 bars.v_full(s), bars.v_empty(s), tv, tid);
+      convert_fp8_stage<KVT>(sv + s * Shape<D>::kTileBytes, s8 + (kStages + s) * kFp8TileBytes, bars.v_full(s),
+                             bars.v_empty(s), tv, tid);
       SM90_PROBE_STOP(probe_v, 2);
     }
     if (i < n_tiles) {
@@ -283,7 +288,7 @@ __device__ __forceinline__ int produce_fp8_unit(const P& p, const Bars& bars, co
     const int tv = t0 + n_tiles - 1, s = tv % kStages;
     cp_async_wait<0>();
     convert_fp8_stage<KVT>(sv + s * Shape<D>::kTileBytes, s8 + (kStages + s) * kFp8TileBytes, bars.v_full(s),
-                                 bars.v_empty(s), tv, tid);
+                           bars.v_empty(s), tv, tid);
   }
   return t0 + n_tiles;
 }
