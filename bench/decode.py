@@ -45,7 +45,9 @@ SPEC = SuiteSpec(
 # ------------------------------------------------------------------------------------------------ implementations
 
 
-def prepare_cuinfer(inp: inputs.DecodeInputs, use_tensor_cores: bool | None) -> Prepared:
+def prepare_cuinfer(
+    inp: inputs.DecodeInputs, use_tensor_cores: bool | None, pos_encoding: str | None = None
+) -> Prepared:
     cuinfer = peers.cuinfer()
     s, kv = inp.case.shape, inp.kv
     w = cuinfer.BatchDecode(kv_layout=s.kv_layout, use_tensor_cores=use_tensor_cores)
@@ -61,6 +63,7 @@ def prepare_cuinfer(inp: inputs.DecodeInputs, use_tensor_cores: bool | None) -> 
             page_size=s.page_size,
             q_dtype=s.dtype,
             kv_dtype=inp.case.kv_dtype,
+            **({"pos_encoding": pos_encoding} if pos_encoding else {}),
         )
 
     plan()

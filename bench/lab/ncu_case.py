@@ -31,6 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ.get("CUINFER_NCU_GROUPS")
     ap.add_argument("--groups", type=int, choices=(1, 2), default=int(env) if env else None,
                     help="cuinfer prefill: CTAs per block ($CUINFER_NCU_GROUPS; default: the policy's)")  # fmt: skip
+    ap.add_argument("--pos-encoding", default=None, choices=("rope_llama",),
+                    help="cuinfer decode: plan with this pos_encoding (fused RoPE)")  # fmt: skip
     ap.add_argument("--backend", choices=("auto", "fa2", "sm90"), default=None,
                     help="cuinfer prefill: the prefill suite's plan on this backend")  # fmt: skip
     return ap.parse_args(argv)
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     fi = args.peer == "fi"
     if args.case in decode:
         inp = inputs.decode_inputs(decode[args.case])
-        run = (prepare_fi_decode(inp, True) if fi else prepare_decode(inp, None)).run
+        run = (prepare_fi_decode(inp, True) if fi else prepare_decode(inp, None, args.pos_encoding)).run
     elif args.case in prefill:
         inp = inputs.prefill_inputs(prefill[args.case])
         if fi:

@@ -5,7 +5,7 @@ cuinfer for the run, ``cuinfer.prefill.sm90.sm90_spec`` (the spec the Hopper lau
 the FA2-class kernel only.
 
 python3 -m bench.lab.sm90_probe P4 P4-e4m3
-python3 -m bench.lab.sm90_probe P4-e4m3 --defines -DCUINFER_SM90_PROBE_NO_CONVERT   # a bound probe (wrong results)
+python3 -m bench.lab.sm90_probe P4-e4m3 --defines=-DCUINFER_SM90_PROBE_NO_CONVERT   # a bound probe (wrong results)
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.lab.sm90_probe", description=__doc__.splitlines()[0])
     ap.add_argument("cases", nargs="+", help="prefill case ids, e.g. P4 P4-e4m3")
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--defines", nargs="*", default=[], help="more -D options: the bound probes of sm90_probe.cuh")
+    ap.add_argument("--defines", nargs="*", default=[],
+                    help="more -D options as --defines=-DX: sm90_probe.cuh's bound probes")  # fmt: skip
     return ap.parse_args(argv)
 
 

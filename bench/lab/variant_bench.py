@@ -223,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default="", help="names of VARIANTS (and, with --lab, the lab variants) to run")
     p.add_argument("--lab", action="store_true", help="add the lab variants (_lab_variants)")
     p.add_argument("--no-decode", action="store_true", help="prefill rows only")
+    p.add_argument("--no-prefill", action="store_true", help="decode rows only")
     p.add_argument("--backends", default="auto", help="cuinfer prefill backends, e.g. fa2,sm90")
     args = p.parse_args(argv)
     from bench.timing import CudaTimer, cuda_torch
@@ -234,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         variants = {k: variants[k] for k in args.variants.split(",")}
     peers = [b for b in args.peers.split(",") if b]
     backends = tuple(b for b in args.backends.split(",") if b)
-    rows = prefill_rows(timer, torch, args.iters, peers, args.cases.split(","), variants, backends)
+    cases = [] if args.no_prefill else args.cases.split(",")
+    rows = prefill_rows(timer, torch, args.iters, peers, cases, variants, backends)
     if not args.no_decode:
         rows += decode_rows(timer, torch, args.iters)
     print(f"\n{'case':12s} {'variant':28s} {'impl':18s} {'us':>10s} {'rate':>9s}  note")

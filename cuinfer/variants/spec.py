@@ -52,7 +52,7 @@ Per snippet:
                         advances it to the thread's further keys of the tile (n = its row stride, at most
                         tile / stride - 1 advances, re-seeded every tile; the tensor-core kernel at head dim <= 128:
                         n = 8, one advance, keys rotated on their MMA fragments, and at 128 the first key carried
-                        from tile to tile, n = 64, exact every 4th tile); prefill computes every key exactly
+                        from tile to tile, n = 64, exact every 16th tile); prefill computes every key exactly
   ``value_transform``   ``kv_idx``, ``dim`` (< head_dim_vo), ``x`` = v[dim] -> v'[dim]; ``qo_idx``, ``qpos`` and
                         ``qo_head`` are -1 (a value serves every query row and head of its KV head)
   ``output_transform``  ``dim``, ``x`` = o[dim] (final: normalised, v_scale applied), ``lse`` (the row's base-2 lse)

@@ -126,11 +126,13 @@ template <class V, int D, int kTile> struct FragStates {
   // With pos_advance the PosStates of key gid carry over from tile to tile (one advance by the tile's kTile keys) while
   // the tiles continue each other's positions (an item's; a PosState depends on the position alone), exact again
   // every kReseed tiles and at any tile that does not continue the last: at most kReseed - 1 advances by a tile and
-  // one by 8 between a key and its exact seed.
+  // one by 8 between a key and its exact seed. 16 (not 4): a seed tile costs a carried one's work plus ~125
+  // instructions per thread (the range reductions and the MUFU sin / cos), and the fused-RoPE decode on D6 runs
+  // its rotation at the issue rate of 2 warps per scheduler; RoPE's sin / cos stay within ~7e-6 (docs/variants.md).
   // (Head dim 64 keeps the exact seed at every tile: the second table would cost its 3 CTAs per SM their last
   // 768 bytes of shared memory.)
   static constexpr bool kCarry = V::kPosAdvance && D >= 128;
-  static constexpr int kReseed = 4;
+  static constexpr int kReseed = 16;
   struct alignas(16) Entry {  // a seed tile's: the DimState and the step of 8 keys (16 bytes for RoPE: one LDS.128)
     typename V::DimState s;
     typename V::PosState step;

@@ -20,9 +20,9 @@ return dim < head_dim / 2 ? x * cs - partner * sn : x * cs + partner * sn;
 # a decode thread's first key of each K tile and by angle addition (rotation by the step's angle, 4 FMAs) at its
 # further keys of the tile: up to 3 steps (the CUDA-core kernel; the tensor-core kernel at head dim 256), or one step
 # of 8 keys (the tensor-core kernel at head dim 64 / 128, keys rotated on their MMA fragments; at 128 the first key
-# carried from tile to tile, up to 3 steps of 64 keys before an exact seed again), |error| of sin / cos <= ~2e-6
-# (~2.5e-6 with 4 steps) at any position (exact path ~5e-7), far below a 16-bit key's rounding (bf16 2^-9, fp16 2^-12
-# relative)
+# carried from tile to tile, up to 15 steps of 64 keys before an exact seed again), |error| of sin / cos <= ~2e-6
+# with one step, <= ~7e-6 with 15 (the steps' own MUFU errors add up) at any position (exact path ~5e-7), far below a
+# 16-bit key's rounding (bf16 2^-9, fp16 2^-12 relative)
 KEY_ROTATION = {
     "pos_fields": "float sn, cs;",
     "pos_state": "fmath::rope_sincos(pos, fmath::RopeFreq{state.hi, state.lo}, kpos.sn, kpos.cs);",

@@ -329,6 +329,9 @@ struct TensorCore {
   static_assert(kFp8 ? kWarpTokens % 32 == 0 && DW % 32 == 0 : kWarpTokens == 16,
                 "16-bit KV: 16 tokens per warp; fp8: multiples of 32 tokens and of 32 output dims per warp");
   static constexpr int kChunks = D / 8;       // 16-byte chunks of a 16-bit row (q)
+  // Rows gid + 8 of the mma tiles (elements 2, 3 of S and o) hold query heads only when the group passes 8; below
+  // that they are padding, and the softmax leaves them out (their P is 0, their o and state never read): kHalves = 1.
+  static constexpr int kHalves = G > 8 ? 2 : 1;
   static constexpr int kChunks8 = D / 16;     // ... of an fp8 row (K, V)
   // q / k transforms on the mma fragments in registers (variant::FragStates: K rotated after ldmatrix, q after its
   // ldmatrix at the item's start) when one warp spans the dims (every warp reads only its own 16 keys, each K fragment
@@ -499,27 +502,34 @@ struct TensorCore {
     }
   }
 
-  // S -> P in place against the rows' exponent bases (rows gid and gid + 8: e / 2), added to the row sums.
+  // S -> P in place against the rows' exponent bases (rows gid and gid + 8: e / 2), added to the row sums (padding
+  // rows gid + 8, kHalves = 1: P = 0).
   template <int NT>
   static __device__ __forceinline__ void exp_rows(float (&s)[NT][4], const float (&base)[2], float (&dsum)[2]) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[nt][e] = fmath::ex2(s[nt][e] - base[e / 2]);
-        dsum[e / 2] += s[nt][e];
+        if (e < 2 * kHalves) {
+          s[nt][e] = fmath::ex2(s[nt][e] - base[e / 2]);
+          dsum[e / 2] += s[nt][e];
+        } else {
+          s[nt][e] = 0.f;
+        }
       }
     }
   }
 
-  // o's accumulators of rows gid (elements 0, 1) and gid + 8 (2, 3) times the rows' factors.
+  // o's accumulators of rows gid (elements 0, 1) and gid + 8 (2, 3) times the rows' factors (not the padding rows').
   static __device__ __forceinline__ void rescale_o(float (&oacc)[DW / 8][4], const float (&f)[2]) {
 #pragma unroll
     for (int j = 0; j < DW / 8; ++j) {
       oacc[j][0] *= f[0];
       oacc[j][1] *= f[0];
-      oacc[j][2] *= f[1];
-      oacc[j][3] *= f[1];
+      if constexpr (kHalves == 2) {
+        oacc[j][2] *= f[1];
+        oacc[j][3] *= f[1];
+      }
     }
   }
 
@@ -536,15 +546,15 @@ struct TensorCore {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
+      for (int e = 0; e < 2 * kHalves; ++e) {
         const int r = wkv * kWarpTokens + nt * 8 + 2 * tig + (e & 1);
         s[nt][e] = logit<V>(p, v, ix[e / 2], s[nt][e], start + r, r < n_valid);
         mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
       }
     }
-    float base[2], scale[2];
+    float base[2] = {0.f, 0.f}, scale[2] = {1.f, 1.f};
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < kHalves; ++h) {
       const float m_new = fmaxf(m[h], mma::quad_max(mx[h]));
       base[h] = m_new == neg_inf() ? 0.f : m_new;
       scale[h] = fmath::ex2(m[h] - base[h]);
@@ -580,14 +590,14 @@ struct TensorCore {
 #pragma unroll
       for (int nt = 1; nt < NT; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
+        for (int e = 0; e < 2 * kHalves; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
       }
     } else {
       mx[0] = mx[1] = neg_inf();
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
+        for (int e = 0; e < 2 * kHalves; ++e) {
           const int r = wkv * kWarpTokens + nt * 8 + 2 * tig + (e & 1);
           if constexpr (V::kLogits) {
             s[nt][e] = logit<V>(p, v, ix[e / 2], s[nt][e], start + r, r < n_valid);
@@ -598,10 +608,10 @@ struct TensorCore {
         }
       }
     }
-    float alpha[2];
+    float alpha[2] = {1.f, 1.f};
     bool moved = false;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < kHalves; ++h) {
       const float m_old = m[h];
       const float t = fmaxf(m_old, mma::quad_max(mx[h]));
       // A row's first finite max always moves m (inf > slack); a row with no key yet keeps m = -inf (-inf - -inf is
@@ -629,8 +639,12 @@ struct TensorCore {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = wkv * kWarpTokens + nt * 8 + 2 * tig + (e & 1);
-        s[nt][e] = weight<V>(p, v, ix[e / 2], s[nt][e], start + r, r < n_valid);
-        dsum[e / 2] += s[nt][e];
+        if (e < 2 * kHalves) {
+          s[nt][e] = weight<V>(p, v, ix[e / 2], s[nt][e], start + r, r < n_valid);
+          dsum[e / 2] += s[nt][e];
+        } else {
+          s[nt][e] = 0.f;  // (padding rows)
+        }
       }
     }
   }
