@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lab: one GPU call for the tensor-core decode's padding rows left out of the softmax (G <= 8): the decode GPU tests,
 # a same-run A/B of the decode cases and of the fused-RoPE decode (variant_bench, decode rows) against .ab/base (the
-# tree before), then the fp8 prefill bound probes (sm90_probe) on this tree and, time left, the GPU suite. Logs under
+# tree before; its bench/lab/variant_bench.py must know --no-prefill), then the fp8 prefill bound probes (sm90_probe) on this tree and, time left, the GPU suite. Logs under
 # $OUT. Before the call: `rm -rf .ab && mkdir -p .ab/base && git archive <base> | tar -x -C .ab/base`; carry .ab.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
@@ -16,14 +16,7 @@ rc=$?; echo "decode tests exit $rc at $(at)"; grep -E "passed|failed|FAILED|ERRO
 AB_BASE=.ab/base AB_WORK=/tmp/ab timeout 220 bash bench/lab/gpu_ab.sh decode "D6,D10,D5-e4m3,D9-e4m3,D5,D7" 2 \
   > "$OUT/ab_decode.txt" 2>&1
 echo "decode A/B exit $? at $(at)"; grep -v "^round" "$OUT/ab_decode.txt" | tail -14
-mkdir -p /tmp/run-a /tmp/run-b; ln -sfn "$PWD/.ab/base/bench" /tmp/run-a/bench; ln -sfn "$PWD/bench" /tmp/run-b/bench
-vb() {  # side round
-  local pp=""; [ "$1" = a ] && pp=/tmp/site-a
-  (cd /tmp/run-$1 && PYTHONPATH=$pp CUINFER_CACHE_DIR=/tmp/cc-$1 timeout 100 python3 -m bench.lab.variant_bench \
-    --no-prefill --iters 30 > "$OUT/rope_$1_r$2.txt" 2>&1)
-  echo "== decode variants side $1 round $2 (at $(at))"; sed -n '/^case /,$p' "$OUT/rope_$1_r$2.txt"
-}
-vb a 1; vb b 1; vb b 2; vb a 2
+ROUNDS=2 bash bench/lab/variant_ab_decode.sh  # (the fused-RoPE decode rows, A/B)
 for d in "" -DCUINFER_SM90_PROBE_NO_CONVERT -DCUINFER_SM90_PROBE_NO_STAGE; do
   echo "== probe ${d:-(as shipped)}"; CUINFER_CACHE_DIR=/tmp/cc-probe timeout 80 python3 -m bench.lab.sm90_probe P4-e4m3 ${d:+--defines=$d} 2>&1
 done > "$OUT/probe_bounds.txt"; grep -E "^==|producer:|consumer 0:" "$OUT/probe_bounds.txt" | cut -c1-200

@@ -41,13 +41,7 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
 done
 for c in ${PROFILE:-}; do
   case $c in D*) k=batch_decode;; *) k=batch_prefill;; esac
-  CUINFER_CACHE_DIR=/tmp/cc-b timeout 150 ncu --clock-control none --kernel-name regex:$k --launch-skip 3 --launch-count 1 \
-    --set full --import-source yes --export "$OUT/ncu_$c" -f python3 -m bench.lab.ncu_case "$c" > "$OUT/ncu_$c.log" 2>&1
-  echo "ncu $c: exit $? at $(at)"
-  ncu -i "$OUT/ncu_$c.ncu-rep" --page details > "$OUT/ncu_${c}_details.txt" 2>&1
-  ncu -i "$OUT/ncu_$c.ncu-rep" --page source --print-source sass --csv > "$OUT/ncu_${c}_sass.csv" 2>&1
-  grep -E "^ +(Duration|DRAM Throughput|Issue Slots Busy|Issued Ipc Active|No Eligible|Achieved Occupancy|Warp Cycles Per Issued)" \
-    "$OUT/ncu_${c}_details.txt" | head -10
+  OUT=$OUT bash bench/lab/ncu_one.sh "$c" "$k" "$c"; echo "  at $(at)"
 done
 if [ -n "${TESTS:-}" ]; then
   CUINFER_CACHE_DIR=/tmp/cc-suite timeout $(( $(left) - 40 )) python3 -m pytest $TESTS ${TESTS_K:+-k "$TESTS_K"} -n 8 -q -p no:cacheprovider -rfE \
