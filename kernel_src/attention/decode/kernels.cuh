@@ -329,10 +329,10 @@ struct TensorCore {
   static_assert(kFp8 ? kWarpTokens % 32 == 0 && DW % 32 == 0 : kWarpTokens == 16,
                 "16-bit KV: 16 tokens per warp; fp8: multiples of 32 tokens and of 32 output dims per warp");
   static constexpr int kChunks = D / 8;       // 16-byte chunks of a 16-bit row (q)
+  static constexpr int kChunks8 = D / 16;     // ... of an fp8 row (K, V)
   // Rows gid + 8 of the mma tiles (elements 2, 3 of S and o) hold query heads only when the group passes 8; below
   // that they are padding, and the softmax leaves them out (their P is 0, their o and state never read): kHalves = 1.
   static constexpr int kHalves = G > 8 ? 2 : 1;
-  static constexpr int kChunks8 = D / 16;     // ... of an fp8 row (K, V)
   // q / k transforms on the mma fragments in registers (variant::FragStates: K rotated after ldmatrix, q after its
   // ldmatrix at the item's start) when one warp spans the dims (every warp reads only its own 16 keys, each K fragment
   // once); else in shared memory (variant::KeyStates, then a barrier).
