@@ -1,10 +1,11 @@
 """An fp8 KV cache with per-KV-head scales: batch decode and paged prefill, checked against the float64 reference on
 the dequantised cache.
 
-    python examples/fp8_kv_cache.py [--framework torch|cupy|numpy] [--format float8_e4m3fn|float8_e5m2]
+    python examples/fp8_kv_cache.py [--framework torch|jax|cupy|numpy] [--format float8_e4m3fn|float8_e5m2]
 
-On a GPU it runs the kernels with torch tensors (fp8 dtypes) or CuPy arrays (fp8 held as uint8, read as the plan's
-kv_dtype); without one, or with --framework numpy, the same calls run on the CPU reference backend. See docs/fp8.md.
+On a GPU it runs the kernels with torch tensors or JAX arrays (fp8 dtypes: torch.float8_e4m3fn, jnp.float8_e4m3fn)
+or CuPy arrays (fp8 held as uint8, read as the plan's kv_dtype); without one, or with --framework numpy, the same
+calls run on the CPU reference backend. See docs/fp8.md.
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ def to_device(x: np.ndarray, fw: str):
             bits = torch.from_numpy(np.ascontiguousarray(x).view(np.uint16 if x.itemsize == 2 else np.uint8))
             return bits.cuda().view(getattr(torch, x.dtype.name))
         return torch.from_numpy(np.ascontiguousarray(x)).cuda()
+    if fw == "jax":
+        import jax.numpy as jnp
+
+        return jnp.asarray(x)  # (ml_dtypes' fp8 and bfloat16 are JAX's own dtypes)
     import cupy
 
     if x.dtype.name.startswith("float8"):
@@ -72,12 +77,14 @@ def to_numpy(x, fw: str) -> np.ndarray:
         return np.asarray(x, dtype=np.float64)
     if fw == "torch":
         return x.float().cpu().numpy().astype(np.float64)
+    if fw == "jax":
+        return np.asarray(x).astype(np.float64)
     return x.get().astype(np.float64)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--framework", choices=("torch", "cupy", "numpy"))
+    ap.add_argument("--framework", choices=("torch", "jax", "cupy", "numpy"))
     ap.add_argument("--format", default="float8_e4m3fn", choices=tuple(FP8_MAX))
     args = ap.parse_args()
     fw = gpu_framework(args.framework)

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Lab: the closing GPU call of 2026-12-03e: the GPU suite (compat parity aside) and the three examples in torch, JAX
+# and CuPy on this checkout. Logs under $OUT.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+t0=$(date +%s); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+at() { echo "$(( $(date +%s) - t0 )) s"; }
+python3 -m pip install -q --no-build-isolation --no-deps -e . > /tmp/install.log 2>&1 || { tail /tmp/install.log; exit 1; }
+CUINFER_CACHE_DIR=/tmp/cc-suite timeout 300 python3 -m pytest tests/gpu --ignore tests/gpu/test_compat_parity.py -q \
+  -p no:cacheprovider -rfE -n 12 -o faulthandler_timeout=200 > "$OUT/gpu_suite.txt" 2>&1
+echo "suite exit $? at $(at)"; grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu_suite.txt" | tail -12
+for ex in examples/*.py; do
+  for fw in torch jax cupy; do
+    echo "== $ex --framework $fw"; CUINFER_CACHE_DIR=/tmp/cc-suite timeout 90 python3 "$ex" --framework $fw 2>&1 | tail -4
+    echo "exit ${PIPESTATUS[0]}"
+  done
+done > "$OUT/examples.txt" 2>&1; echo "examples at $(at)"; grep -E "^==|^exit" "$OUT/examples.txt"
