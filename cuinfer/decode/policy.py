@@ -93,8 +93,8 @@ class DecodeConfig:
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory of the kernel; mirrors Pipeline<> and the kernels' own areas in decode.cuh."""
-        # tile slots (TileSlot): 16 bytes of K / V addresses per token and 40 of item facts, 16-byte aligned for fp8
-        ring = (self.stages + 1) * (16 * self.tile_kv + (48 if self.kv_itemsize == 1 else 40))
+        # tile slots (TileSlot): 16 bytes of K / V addresses per token and 40 of item facts, 16-byte aligned
+        ring = (self.stages + 1) * (16 * self.tile_kv + 48)
         pipe = self.stages * self.stage_bytes + ring + ITEM_CHUNK * ITEM_INFO_BYTES
         pipe = -(-pipe // 128) * 128
         if self.tensor_cores:

@@ -73,7 +73,7 @@ using fp8::head_scale;  // (fp8 scale arrays: common/fp8.cuh)
 // ==================================================================================================================
 template <typename Q, typename KV, typename O, int D, int G, int T, int kThreads, class V, bool kLse>
 struct CudaCore {
-  using Slot = TileSlot<T, sizeof(KV) == 1>;  // (the pipeline's: Pipeline::Slot)
+  using Slot = TileSlot<T>;  // (the pipeline's: Pipeline::Slot)
   static constexpr int BDX = D / 8;
   static constexpr int BDZ = kThreads / (BDX * G);
   static_assert(BDX * G * BDZ == kThreads, "kThreads = D/8 x G x BDZ");
@@ -324,7 +324,7 @@ struct TensorCore {
   static constexpr int kThreads = 32 * kWarpsKV * kWarpsD;
   static constexpr int T = kWarpTokens * kWarpsKV;
   static constexpr int DW = D / kWarpsD;  // output dims per warp
-  using Slot = TileSlot<T, kFp8>;         // (the pipeline's: Pipeline::Slot)
+  using Slot = TileSlot<T>;               // (the pipeline's: Pipeline::Slot)
   static_assert(DW % 16 == 0, "each warp owns whole 16-dim blocks of the output");
   static_assert(kFp8 ? kWarpTokens % 32 == 0 && DW % 32 == 0 : kWarpTokens == 16,
                 "16-bit KV: 16 tokens per warp; fp8: multiples of 32 tokens and of 32 output dims per warp");
