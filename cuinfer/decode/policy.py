@@ -93,7 +93,9 @@ class DecodeConfig:
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory of the kernel; mirrors Pipeline<> and the kernels' own areas in decode.cuh."""
-        # tile slots (TileSlot): 16 bytes of K / V addresses per token and 40 of item facts, 16-byte aligned
+        # tile slots (TileSlot): 16 bytes of K / V addresses per token and 40 of item facts, 16-byte aligned where the
+        # kernel's pipeline takes address pairs (kPairs: fp8, CUDA-core, key transforms); the 16-bit tensor-core
+        # kernels' other slots are 8 bytes smaller, and the 32 bytes they leave change no configuration's CTAs per SM
         ring = (self.stages + 1) * (16 * self.tile_kv + 48)
         pipe = self.stages * self.stage_bytes + ring + ITEM_CHUNK * ITEM_INFO_BYTES
         pipe = -(-pipe // 128) * 128

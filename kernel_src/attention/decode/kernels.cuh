@@ -73,7 +73,10 @@ using fp8::head_scale;  // (fp8 scale arrays: common/fp8.cuh)
 // ==================================================================================================================
 template <typename Q, typename KV, typename O, int D, int G, int T, int kThreads, class V, bool kLse>
 struct CudaCore {
-  using Slot = TileSlot<T>;  // (the pipeline's: Pipeline::Slot)
+  // The pipeline's trimmed tiles (Pipeline's kPairs) for every element size: measured 3-6 % faster on D1-D7 than the
+  // 16-bit offsets' code (2026-12-03).
+  static constexpr bool kPairs = true;
+  using Slot = TileSlot<T, kPairs>;  // (the pipeline's: Pipeline::Slot)
   static constexpr int BDX = D / 8;
   static constexpr int BDZ = kThreads / (BDX * G);
   static_assert(BDX * G * BDZ == kThreads, "kThreads = D/8 x G x BDZ");
@@ -253,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   static_assert(!((V::kKeyTransform || V::kValueTransform) && sizeof(KV) == 1),
                 "key / value transforms of fp8 K / V tiles (in shared memory) are not supported");
   using K = CudaCore<Q, KV, O, D, G, T, kThreads, V, kLse>;
-  using Pipe = Pipeline<KV, D, T, kStages, kThreads, V, G, G>;
+  using Pipe = Pipeline<KV, D, T, kStages, kThreads, V, G, G, K::kPairs>;
 
   extern __shared__ __align__(128) unsigned char smem[];
   float* md = reinterpret_cast<float*>(smem + Pipe::kBytes);  // [BDZ][G][2]: (m, d) per slice and head
@@ -324,7 +327,11 @@ struct TensorCore {
   static constexpr int kThreads = 32 * kWarpsKV * kWarpsD;
   static constexpr int T = kWarpTokens * kWarpsKV;
   static constexpr int DW = D / kWarpsD;  // output dims per warp
-  using Slot = TileSlot<T>;               // (the pipeline's: Pipeline::Slot)
+  // The pipeline's trimmed tiles (Pipeline's kPairs) for fp8 and for a key transform, whose rotation leaves the
+  // kernel short of issue slots (fused RoPE on D6: 292 -> 272 us); plain 16-bit tiles keep the offsets' code (D6
+  // measured 2.1 % slower with the trimmed tiles, D1-D4 1-4 % faster: 2026-12-03).
+  static constexpr bool kPairs = kFp8 || V::kKeyTransform;
+  using Slot = TileSlot<T, kPairs>;       // (the pipeline's: Pipeline::Slot)
   static_assert(DW % 16 == 0, "each warp owns whole 16-dim blocks of the output");
   static_assert(kFp8 ? kWarpTokens % 32 == 0 && DW % 32 == 0 : kWarpTokens == 16,
                 "16-bit KV: 16 tokens per warp; fp8: multiples of 32 tokens and of 32 output dims per warp");
@@ -803,7 +810,7 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
                 "key / value transforms of fp8 K / V tiles (in shared memory) are not supported");
   using K = TensorCore<Q, KV, O, D, G, kWarpsKV, kWarpsD, kWarpTokens, V, kLse>;
   constexpr int T = K::T;
-  using Pipe = Pipeline<KV, D, T, kStages, K::kThreads, V, G, 16>;
+  using Pipe = Pipeline<KV, D, T, kStages, K::kThreads, V, G, 16, K::kPairs>;
   static_assert(Pipe::kStageBytes >= 16LL * kWarpsKV * D * 4, "the merge scratch fits in one KV stage");
 
   extern __shared__ __align__(128) unsigned char smem[];

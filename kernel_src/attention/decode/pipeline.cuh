@@ -26,10 +26,11 @@ struct ItemInfo {
 };
 
 // One tile of the CTA's tile stream: where its tokens' K and V rows are (page, slot and head resolved), and the item
-// facts the math needs at the tile: the global addresses of row r's K and V side by side, off[2r] and off[2r + 1], so
-// that Pipeline::issue reads both with one 16-byte load (the slot 16-byte aligned; the host's shared-memory size
-// mirrors it, cuinfer/decode/policy.py).
-template <int T> struct alignas(16) TileSlot {
+// facts the math needs at the tile. Without kPairs: the element offsets in the K and V caches, K's in off[r] and V's
+// in off[T + r]. With kPairs (Pipeline's choice): the global addresses of row r's K and V side by side, off[2r] and
+// off[2r + 1], so that Pipeline::issue reads both with one 16-byte load (the slot 16-byte aligned: 8 bytes more; the
+// host's shared-memory size takes the larger, cuinfer/decode/policy.py).
+template <int T, bool kPairs = false> struct alignas(kPairs ? 16 : 8) TileSlot {
   i64 off[2 * T];
   int req, kv_head, start, n_valid, partial, qo_tile, kv_len, flags;
   int merge, pieces;
@@ -80,16 +81,16 @@ struct PendingToken {
 };
 
 // kG: the GQA group (query heads per KV head); kRows: the query rows of one work item (the tensor-core kernel's 16-row
-// tile, the CUDA-core kernel's whole group); kQRowBytes: a query row's bytes (16-bit q); kElemBytes: a K / V element's.
-// A page size that is a power of two splits a token into page and slot by a shift and a mask found once per CTA
-// (page_shift, page_mask) instead of an integer division (~20 instructions per tile and thread); the addresses are
-// formed from the non-negative page, slot and head as unsigned 32-bit factors (the same 64 bits as the signed
-// products, without their sign extensions); and finish() writes the caches' bases to the rows past n_valid
-// (Pipeline::issue reads every row).
-template <int T, int kThreads, class V, int kG, int kRows, int kQRowBytes, int kElemBytes>
+// tile, the CUDA-core kernel's whole group); kQRowBytes: a query row's bytes (16-bit q); kElemBytes: a K / V
+// element's. kFp8Tiles (the trimmed tiles: Pipeline's kPairs): a page size that is a power of two splits a token into
+// page and slot by a shift and a mask found once per CTA (page_shift, page_mask) instead of an integer division (~20
+// instructions per tile and thread); the addresses are formed from the non-negative page, slot and head as unsigned
+// 32-bit factors (the same 64 bits as the signed products, without their sign extensions); and finish() writes the
+// caches' bases to the rows past n_valid (Pipeline::issue reads every row).
+template <int T, int kThreads, class V, int kG, int kRows, int kQRowBytes, int kElemBytes, bool kFp8Tiles = false>
 struct TileProducer {
   int item, item_end, chunk_base, pos;
-  int page_shift, page_mask;  // a power-of-two page size's log2 and size - 1; else -1, 0
+  int page_shift, page_mask;  // (kFp8Tiles) a power-of-two page size's log2 and size - 1; else -1, 0
   bool fresh;
 
   __device__ __forceinline__ void init(const DecodeParams& p, int begin, int end) {
@@ -106,7 +107,7 @@ struct TileProducer {
   // Describe the next tile of the stream in `slot`. All threads call it with identical state (block-uniform).
   template <class VP>
   __device__ __forceinline__ PendingToken produce(const DecodeParams& p, const VP& v, ItemInfo* items,
-                                                  TileSlot<T>* slot) {
+                                                  TileSlot<T, kFp8Tiles>* slot) {
     PendingToken tok_out;
     tok_out.valid = false;
     if (item >= item_end) {
@@ -147,20 +148,29 @@ struct TileProducer {
       slot->pieces = x.pieces;
       slot->flags = (fresh ? kFirst : 0) | (last ? kLast : 0);
     }
-    // Every thread splits its token (past n_valid too: tok >= 0, nothing is read), so that only the page index load
-    // depends on the thread and takes a predicate rather than a branch.
-    const int tok = pos + threadIdx.x;
-    int pi;
-    if (page_shift >= 0) {
-      pi = tok >> page_shift;
-      tok_out.slot_in_page = tok & page_mask;
-    } else {
-      pi = tok / p.page_size;
+    if constexpr (kFp8Tiles) {
+      // Every thread splits its token (past n_valid too: tok >= 0, nothing is read), so that only the page index
+      // load depends on the thread and takes a predicate rather than a branch.
+      const int tok = pos + threadIdx.x;
+      int pi;
+      if (page_shift >= 0) {
+        pi = tok >> page_shift;
+        tok_out.slot_in_page = tok & page_mask;
+      } else {
+        pi = tok / p.page_size;
+        tok_out.slot_in_page = tok - pi * p.page_size;
+      }
+      tok_out.head = x.kv_head;
+      tok_out.valid = static_cast<int>(threadIdx.x) < n_valid;
+      if (tok_out.valid) tok_out.page = reinterpret_cast<const int*>(p.page_indices)[x.page_begin + pi];
+    } else if (static_cast<int>(threadIdx.x) < n_valid) {
+      const int tok = pos + threadIdx.x;
+      const int pi = tok / p.page_size;
       tok_out.slot_in_page = tok - pi * p.page_size;
+      tok_out.page = reinterpret_cast<const int*>(p.page_indices)[x.page_begin + pi];
+      tok_out.head = x.kv_head;
+      tok_out.valid = true;
     }
-    tok_out.head = x.kv_head;
-    tok_out.valid = static_cast<int>(threadIdx.x) < n_valid;
-    if (tok_out.valid) tok_out.page = reinterpret_cast<const int*>(p.page_indices)[x.page_begin + pi];
     if (last) {
       ++item;
       fresh = true;
@@ -171,31 +181,43 @@ struct TileProducer {
     return tok_out;
   }
 
-  // Store the addresses of a token resolved by produce(): the row's K and V addresses as one 16-byte pair, and the
-  // caches' base addresses for every other row of the tile, so that every row of a slot holds addresses the copies
-  // may use (Pipeline::issue).
-  static __device__ __forceinline__ void finish(const DecodeParams& p, TileSlot<T>* slot, const PendingToken& t) {
-    // (page, slot and head are >= 0: the validated page indices, tok % page_size and a KV head, so their unsigned
-    // products with the strides are the signed ones' 64 bits, whatever the strides' signs; the element offset times
-    // kElemBytes is the byte offset)
-    ulonglong2* pair = reinterpret_cast<ulonglong2*>(&slot->off[2 * threadIdx.x]);
-    if (t.valid) {
-      const u64 page = static_cast<u32>(t.page), sl = static_cast<u32>(t.slot_in_page), h = static_cast<u32>(t.head);
-      const u64 ko = page * static_cast<u64>(p.k_stride_page) + sl * static_cast<u64>(p.k_stride_slot) +
-                     h * static_cast<u64>(p.k_stride_head);
-      const u64 vo = page * static_cast<u64>(p.v_stride_page) + sl * static_cast<u64>(p.v_stride_slot) +
-                     h * static_cast<u64>(p.v_stride_head);
-      *pair = make_ulonglong2(reinterpret_cast<u64>(p.k) + ko * kElemBytes,
-                              reinterpret_cast<u64>(p.v) + vo * kElemBytes);
-    } else if (static_cast<int>(threadIdx.x) < T) {
-      *pair = make_ulonglong2(reinterpret_cast<u64>(p.k), reinterpret_cast<u64>(p.v));
+  // Store the offsets of a token resolved by produce(). Trimmed tiles (kFp8Tiles) store the row's K and V addresses
+  // as one 16-byte pair, and the caches' base addresses for every other row of the tile, so that every row of a slot
+  // holds addresses the copies may use (Pipeline::issue).
+  static __device__ __forceinline__ void finish(const DecodeParams& p, TileSlot<T, kFp8Tiles>* slot,
+                                                const PendingToken& t) {
+    if constexpr (kFp8Tiles) {
+      // (page, slot and head are >= 0: the validated page indices, tok % page_size and a KV head, so their unsigned
+      // products with the strides are the signed ones' 64 bits, whatever the strides' signs; the element offsets
+      // times kElemBytes are byte offsets)
+      ulonglong2* pair = reinterpret_cast<ulonglong2*>(&slot->off[2 * threadIdx.x]);
+      if (t.valid) {
+        const u64 page = static_cast<u32>(t.page), sl = static_cast<u32>(t.slot_in_page), h = static_cast<u32>(t.head);
+        const u64 ko = page * static_cast<u64>(p.k_stride_page) + sl * static_cast<u64>(p.k_stride_slot) +
+                       h * static_cast<u64>(p.k_stride_head);
+        const u64 vo = page * static_cast<u64>(p.v_stride_page) + sl * static_cast<u64>(p.v_stride_slot) +
+                       h * static_cast<u64>(p.v_stride_head);
+        *pair = make_ulonglong2(reinterpret_cast<u64>(p.k) + ko * kElemBytes,
+                                reinterpret_cast<u64>(p.v) + vo * kElemBytes);
+      } else if (static_cast<int>(threadIdx.x) < T) {
+        *pair = make_ulonglong2(reinterpret_cast<u64>(p.k), reinterpret_cast<u64>(p.v));
+      }
+    } else if (t.valid) {
+      slot->off[threadIdx.x] = i64(t.page) * p.k_stride_page + i64(t.slot_in_page) * p.k_stride_slot +
+                               i64(t.head) * p.k_stride_head;
+      slot->off[T + threadIdx.x] = i64(t.page) * p.v_stride_page + i64(t.slot_in_page) * p.v_stride_slot +
+                                   i64(t.head) * p.v_stride_head;
     }
   }
 };
 
 // ---- the pipeline: KV stages, tile ring and item chunk in dynamic shared memory -----------------------------------
 
-template <typename KV, int D, int T, int kStages, int kThreads, class V, int kG, int kRows> struct Pipeline {
+// kPairs: the trimmed tiles (TileSlot's address pairs, TileProducer's kFp8Tiles): fp8 K / V, and the kernels whose
+// per-tile work is short of issue slots (kernels.cuh chooses); the other 16-bit tiles keep the offsets' code, which
+// measured faster on the memory-bound D6 (docs/performance.md).
+template <typename KV, int D, int T, int kStages, int kThreads, class V, int kG, int kRows, bool kPairs>
+struct Pipeline {
   static_assert(kStages >= 2, "the pipeline needs at least two stages");
   static_assert(T <= kThreads, "one thread resolves each token of a tile");
   static constexpr int kVec = 16 / sizeof(KV);
@@ -203,8 +225,9 @@ template <typename KV, int D, int T, int kStages, int kThreads, class V, int kG,
   static constexpr int kRing = kStages + 1;
   static constexpr i64 kStageBytes = 2LL * T * D * sizeof(KV);
   static constexpr i64 kRingOffset = kStages * kStageBytes;
-  using Slot = TileSlot<T>;
-  static_assert(sizeof(Slot) == 16 * T + 48, "cuinfer/decode/policy.py smem_bytes mirrors it");
+  static constexpr bool kFp8Tiles = kPairs || sizeof(KV) == 1;
+  using Slot = TileSlot<T, kFp8Tiles>;
+  static_assert(sizeof(Slot) == 16 * T + (kFp8Tiles ? 48 : 40), "cuinfer/decode/policy.py smem_bytes mirrors it");
   static constexpr i64 kItemsOffset = kRingOffset + kRing * sizeof(Slot);
   // The kernel's own area (query tile, merge scratch) starts here.
   static constexpr i64 kBytes = (kItemsOffset + kItemChunk * sizeof(ItemInfo) + 127) / 128 * 128;
@@ -213,11 +236,11 @@ template <typename KV, int D, int T, int kStages, int kThreads, class V, int kG,
 
   unsigned char* smem;
   u64 l2_policy;  // of the K/V copies: evict-first or normal, as the host chose (cuinfer/decode/policy.py kv_evict_first)
-  TileProducer<T, kThreads, V, kG, kRows, D * 2, sizeof(KV)> prod;
+  TileProducer<T, kThreads, V, kG, kRows, D * 2, sizeof(KV), kFp8Tiles> prod;
   PendingToken pending;  // the token of tile n+S resolved by advance(n), stored by finish(n)
-  // Every K and V row starts on a multiple of kRowAlign bytes (a power of two at least a row's bytes) when the
-  // caches' bases and byte strides are, so chunk c of a row is at its address | 16c: one logic op per copy where the
-  // 64-bit add takes two (Pipeline::issue).
+  // (trimmed tiles) Every K and V row starts on a multiple of kRowAlign bytes (a power of two at least a row's bytes)
+  // when the caches' bases and byte strides are, so chunk c of a row is at its address | 16c: one logic op per copy
+  // where the 64-bit add takes two (Pipeline::issue).
   static constexpr int kRowAlign =
       kChunks * 16 <= 64 ? 64 : kChunks * 16 <= 128 ? 128 : kChunks * 16 <= 256 ? 256 : 512;
   bool rows_aligned;
@@ -242,47 +265,64 @@ template <typename KV, int D, int T, int kStages, int kThreads, class V, int kG,
     const int c = threadIdx.x % kChunks;
     KV* ks = k_stage(n);
     KV* vs = v_stage(n);
-    // every row of the slot holds a K and a V address (TileProducer::finish: the caches' bases past n_valid, where the
-    // copy reads nothing and zero-fills)
-    const u64 cb = c * 16;
-    if constexpr (T % kRowsPerPass == 0 && kRowsPerPass % 8 == 0) {
-      // All of the thread's address pairs are read first (one 16-byte load per row), unconditionally, and then all of
-      // its copies issued: an LDGSTS right after an LDS takes ptxas's 3 dummy LDS (a hazard guard) per pass, this
-      // order once per tile. The thread's rows are kRowsPerPass apart, a multiple of 8, so they share the swizzle:
-      // the thread's first slot plus an immediate per pass.
-      constexpr int kPasses = T / kRowsPerPass;
-      const int r0 = threadIdx.x / kChunks;
-      ulonglong2 a[kPasses];
-#pragma unroll
-      for (int i = 0; i < kPasses; ++i) {
-        a[i] = *reinterpret_cast<const ulonglong2*>(&s->off[2 * (r0 + i * kRowsPerPass)]);
-      }
-      const int dst = Swizzle<kChunks>::slot(r0, c) * kVec;
-      const int left = n_valid - r0;  // (each pass compares it with an immediate)
-      auto copies = [&](bool aligned) {  // (inlined: one loop per value)
+    if constexpr (kFp8Tiles) {
+      // every row of the slot holds a K and a V address (TileProducer::finish: the caches' bases past n_valid, where
+      // the copy reads nothing and zero-fills)
+      const u64 cb = c * 16;
+      if constexpr (T % kRowsPerPass == 0 && kRowsPerPass % 8 == 0) {
+        // All of the thread's address pairs are read first (one 16-byte load per row), unconditionally, and then all
+        // of its copies issued: an LDGSTS right after an LDS takes ptxas's 3 dummy LDS (a hazard guard) per pass,
+        // this order once per tile. The thread's rows are kRowsPerPass apart, a multiple of 8, so they share the
+        // swizzle: the thread's first slot plus an immediate per pass.
+        constexpr int kPasses = T / kRowsPerPass;
+        const int r0 = threadIdx.x / kChunks;
+        ulonglong2 a[kPasses];
 #pragma unroll
         for (int i = 0; i < kPasses; ++i) {
-          const bool ok = i * kRowsPerPass < left;
-          const u64 ka = aligned ? a[i].x | cb : a[i].x + cb, va = aligned ? a[i].y | cb : a[i].y + cb;
-          cp_async_16(ks + dst + i * kRowsPerPass * D, reinterpret_cast<const KV*>(ka), ok, l2_policy);
-          cp_async_16(vs + dst + i * kRowsPerPass * D, reinterpret_cast<const KV*>(va), ok, l2_policy);
+          a[i] = *reinterpret_cast<const ulonglong2*>(&s->off[2 * (r0 + i * kRowsPerPass)]);
         }
-      };
-      if (rows_aligned) {
-        copies(true);
-      } else {
-        copies(false);
+        const int dst = Swizzle<kChunks>::slot(r0, c) * kVec;
+        const int left = n_valid - r0;  // (each pass compares it with an immediate)
+        auto copies = [&](bool aligned) {  // (inlined: one loop per value)
+#pragma unroll
+          for (int i = 0; i < kPasses; ++i) {
+            const bool ok = i * kRowsPerPass < left;
+            const u64 ka = aligned ? a[i].x | cb : a[i].x + cb, va = aligned ? a[i].y | cb : a[i].y + cb;
+            cp_async_16(ks + dst + i * kRowsPerPass * D, reinterpret_cast<const KV*>(ka), ok, l2_policy);
+            cp_async_16(vs + dst + i * kRowsPerPass * D, reinterpret_cast<const KV*>(va), ok, l2_policy);
+          }
+        };
+        if (rows_aligned) {
+          copies(true);
+        } else {
+          copies(false);
+        }
+        return;
+      }
+#pragma unroll
+      for (int r0 = 0; r0 < T; r0 += kRowsPerPass) {
+        const int r = r0 + threadIdx.x / kChunks;
+        if (T % kRowsPerPass == 0 || r < T) {  // a block whose rows per pass do not divide T guards the last pass
+          const ulonglong2 a = *reinterpret_cast<const ulonglong2*>(&s->off[2 * r]);
+          const int dst = Swizzle<kChunks>::slot(r, c) * kVec;
+          cp_async_16(ks + dst, reinterpret_cast<const KV*>(a.x + cb), r < n_valid, l2_policy);
+          cp_async_16(vs + dst, reinterpret_cast<const KV*>(a.y + cb), r < n_valid, l2_policy);
+        }
       }
       return;
     }
+    const KV* kb = reinterpret_cast<const KV*>(p.k);
+    const KV* vb = reinterpret_cast<const KV*>(p.v);
 #pragma unroll
     for (int r0 = 0; r0 < T; r0 += kRowsPerPass) {
       const int r = r0 + threadIdx.x / kChunks;
       if (T % kRowsPerPass == 0 || r < T) {  // a block whose rows per pass do not divide T guards the last pass
-        const ulonglong2 a = *reinterpret_cast<const ulonglong2*>(&s->off[2 * r]);
+        const bool ok = r < n_valid;
+        const i64 ko = ok ? s->off[r] : 0;
+        const i64 vo = ok ? s->off[T + r] : 0;
         const int dst = Swizzle<kChunks>::slot(r, c) * kVec;
-        cp_async_16(ks + dst, reinterpret_cast<const KV*>(a.x + cb), r < n_valid, l2_policy);
-        cp_async_16(vs + dst, reinterpret_cast<const KV*>(a.y + cb), r < n_valid, l2_policy);
+        cp_async_16(ks + dst, kb + ko + c * kVec, ok, l2_policy);
+        cp_async_16(vs + dst, vb + vo + c * kVec, ok, l2_policy);
       }
     }
   }
@@ -298,12 +338,14 @@ template <typename KV, int D, int T, int kStages, int kThreads, class V, int kG,
     for (int l = blockIdx.x + threadIdx.x * gridDim.x; l < lines; l += kThreads * gridDim.x)
       prefetch_l2(reinterpret_cast<const unsigned char*>(p.plan_words) + i64(l) * 128);
     l2_policy = p.kv_evict_first ? l2_evict_first_policy() : l2_evict_normal_policy();
-    // (the strides in bytes: element strides times sizeof(KV))
-    const u64 strides = static_cast<u64>(p.k_stride_page) | static_cast<u64>(p.k_stride_slot) |
-                        static_cast<u64>(p.k_stride_head) | static_cast<u64>(p.v_stride_page) |
-                        static_cast<u64>(p.v_stride_slot) | static_cast<u64>(p.v_stride_head);
-    const u64 bits = reinterpret_cast<u64>(p.k) | reinterpret_cast<u64>(p.v) | strides * sizeof(KV);
-    rows_aligned = (bits & (kRowAlign - 1)) == 0;
+    if constexpr (kFp8Tiles) {
+      // (the strides in bytes: element strides times sizeof(KV))
+      const u64 strides = static_cast<u64>(p.k_stride_page) | static_cast<u64>(p.k_stride_slot) |
+                          static_cast<u64>(p.k_stride_head) | static_cast<u64>(p.v_stride_page) |
+                          static_cast<u64>(p.v_stride_slot) | static_cast<u64>(p.v_stride_head);
+      const u64 bits = reinterpret_cast<u64>(p.k) | reinterpret_cast<u64>(p.v) | strides * sizeof(KV);
+      rows_aligned = (bits & (kRowAlign - 1)) == 0;
+    }
     prod.init(p, plan::range_begin(p, blockIdx.x), plan::range_end(p, blockIdx.x));
     if (prod.item_end != -12345) CUINFER_DECODE_STAMP(8);  // (a branch on the loaded value: stamped once it landed)
     load_items<kThreads, V>(p, v, items(), prod.chunk_base, prod.item_end);
