@@ -82,15 +82,15 @@ struct PendingToken {
 
 // kG: the GQA group (query heads per KV head); kRows: the query rows of one work item (the tensor-core kernel's 16-row
 // tile, the CUDA-core kernel's whole group); kQRowBytes: a query row's bytes (16-bit q); kElemBytes: a K / V
-// element's. kFp8Tiles (the trimmed tiles: Pipeline's kPairs): a page size that is a power of two splits a token into
-// page and slot by a shift and a mask found once per CTA (page_shift, page_mask) instead of an integer division (~20
-// instructions per tile and thread); the addresses are formed from the non-negative page, slot and head as unsigned
-// 32-bit factors (the same 64 bits as the signed products, without their sign extensions); and finish() writes the
-// caches' bases to the rows past n_valid (Pipeline::issue reads every row).
-template <int T, int kThreads, class V, int kG, int kRows, int kQRowBytes, int kElemBytes, bool kFp8Tiles = false>
+// element's. kPairs (the trimmed tiles, TileSlot's address pairs): a page size that is a power of two splits a token
+// into page and slot by a shift and a mask found once per CTA (page_shift, page_mask) instead of an integer division
+// (~20 instructions per tile and thread); the addresses are formed from the non-negative page, slot and head as
+// unsigned 32-bit factors (the same 64 bits as the signed products, without their sign extensions); and finish()
+// writes the caches' bases to the rows past n_valid (Pipeline::issue reads every row).
+template <int T, int kThreads, class V, int kG, int kRows, int kQRowBytes, int kElemBytes, bool kPairs>
 struct TileProducer {
   int item, item_end, chunk_base, pos;
-  int page_shift, page_mask;  // (kFp8Tiles) a power-of-two page size's log2 and size - 1; else -1, 0
+  int page_shift, page_mask;  // (kPairs) a power-of-two page size's log2 and size - 1; else -1, 0
   bool fresh;
 
   __device__ __forceinline__ void init(const DecodeParams& p, int begin, int end) {
@@ -107,7 +107,7 @@ struct TileProducer {
   // Describe the next tile of the stream in `slot`. All threads call it with identical state (block-uniform).
   template <class VP>
   __device__ __forceinline__ PendingToken produce(const DecodeParams& p, const VP& v, ItemInfo* items,
-                                                  TileSlot<T, kFp8Tiles>* slot) {
+                                                  TileSlot<T, kPairs>* slot) {
     PendingToken tok_out;
     tok_out.valid = false;
     if (item >= item_end) {
@@ -148,7 +148,7 @@ struct TileProducer {
       slot->pieces = x.pieces;
       slot->flags = (fresh ? kFirst : 0) | (last ? kLast : 0);
     }
-    if constexpr (kFp8Tiles) {
+    if constexpr (kPairs) {
       // Every thread splits its token (past n_valid too: tok >= 0, nothing is read), so that only the page index
       // load depends on the thread and takes a predicate rather than a branch.
       const int tok = pos + threadIdx.x;
@@ -181,12 +181,12 @@ struct TileProducer {
     return tok_out;
   }
 
-  // Store the offsets of a token resolved by produce(). Trimmed tiles (kFp8Tiles) store the row's K and V addresses
+  // Store the offsets of a token resolved by produce(). Trimmed tiles (kPairs) store the row's K and V addresses
   // as one 16-byte pair, and the caches' base addresses for every other row of the tile, so that every row of a slot
   // holds addresses the copies may use (Pipeline::issue).
-  static __device__ __forceinline__ void finish(const DecodeParams& p, TileSlot<T, kFp8Tiles>* slot,
+  static __device__ __forceinline__ void finish(const DecodeParams& p, TileSlot<T, kPairs>* slot,
                                                 const PendingToken& t) {
-    if constexpr (kFp8Tiles) {
+    if constexpr (kPairs) {
       // (page, slot and head are >= 0: the validated page indices, tok % page_size and a KV head, so their unsigned
       // products with the strides are the signed ones' 64 bits, whatever the strides' signs; the element offsets
       // times kElemBytes are byte offsets)
@@ -213,7 +213,7 @@ struct TileProducer {
 
 // ---- the pipeline: KV stages, tile ring and item chunk in dynamic shared memory -----------------------------------
 
-// kPairs: the trimmed tiles (TileSlot's address pairs, TileProducer's kFp8Tiles): fp8 K / V, and the kernels whose
+// kPairs: the trimmed tiles (TileSlot's address pairs, TileProducer's kPairs): fp8 K / V, and the kernels whose
 // per-tile work is short of issue slots (kernels.cuh chooses); the other 16-bit tiles keep the offsets' code, which
 // measured faster on the memory-bound D6 (docs/performance.md).
 template <typename KV, int D, int T, int kStages, int kThreads, class V, int kG, int kRows, bool kPairs>
@@ -225,9 +225,9 @@ struct Pipeline {
   static constexpr int kRing = kStages + 1;
   static constexpr i64 kStageBytes = 2LL * T * D * sizeof(KV);
   static constexpr i64 kRingOffset = kStages * kStageBytes;
-  static constexpr bool kFp8Tiles = kPairs || sizeof(KV) == 1;
-  using Slot = TileSlot<T, kFp8Tiles>;
-  static_assert(sizeof(Slot) == 16 * T + (kFp8Tiles ? 48 : 40), "cuinfer/decode/policy.py smem_bytes mirrors it");
+  static_assert(kPairs || sizeof(KV) == 2, "fp8 tiles take the trimmed producer (kPairs)");
+  using Slot = TileSlot<T, kPairs>;
+  static_assert(sizeof(Slot) == 16 * T + (kPairs ? 48 : 40), "cuinfer/decode/policy.py smem_bytes mirrors it");
   static constexpr i64 kItemsOffset = kRingOffset + kRing * sizeof(Slot);
   // The kernel's own area (query tile, merge scratch) starts here.
   static constexpr i64 kBytes = (kItemsOffset + kItemChunk * sizeof(ItemInfo) + 127) / 128 * 128;
@@ -236,7 +236,7 @@ struct Pipeline {
 
   unsigned char* smem;
   u64 l2_policy;  // of the K/V copies: evict-first or normal, as the host chose (cuinfer/decode/policy.py kv_evict_first)
-  TileProducer<T, kThreads, V, kG, kRows, D * 2, sizeof(KV), kFp8Tiles> prod;
+  TileProducer<T, kThreads, V, kG, kRows, D * 2, sizeof(KV), kPairs> prod;
   PendingToken pending;  // the token of tile n+S resolved by advance(n), stored by finish(n)
   // (trimmed tiles) Every K and V row starts on a multiple of kRowAlign bytes (a power of two at least a row's bytes)
   // when the caches' bases and byte strides are, so chunk c of a row is at its address | 16c: one logic op per copy
@@ -265,7 +265,7 @@ struct Pipeline {
     const int c = threadIdx.x % kChunks;
     KV* ks = k_stage(n);
     KV* vs = v_stage(n);
-    if constexpr (kFp8Tiles) {
+    if constexpr (kPairs) {
       // every row of the slot holds a K and a V address (TileProducer::finish: the caches' bases past n_valid, where
       // the copy reads nothing and zero-fills)
       const u64 cb = c * 16;
@@ -338,7 +338,7 @@ struct Pipeline {
     for (int l = blockIdx.x + threadIdx.x * gridDim.x; l < lines; l += kThreads * gridDim.x)
       prefetch_l2(reinterpret_cast<const unsigned char*>(p.plan_words) + i64(l) * 128);
     l2_policy = p.kv_evict_first ? l2_evict_first_policy() : l2_evict_normal_policy();
-    if constexpr (kFp8Tiles) {
+    if constexpr (kPairs) {
       // (the strides in bytes: element strides times sizeof(KV))
       const u64 strides = static_cast<u64>(p.k_stride_page) | static_cast<u64>(p.k_stride_slot) |
                           static_cast<u64>(p.k_stride_head) | static_cast<u64>(p.v_stride_page) |
