@@ -45,9 +45,7 @@ SPEC = SuiteSpec(
 # ------------------------------------------------------------------------------------------------ implementations
 
 
-def prepare_cuinfer(
-    inp: inputs.DecodeInputs, use_tensor_cores: bool | None, pos_encoding: str | None = None
-) -> Prepared:
+def prepare_cuinfer(inp: inputs.DecodeInputs, use_tensor_cores: bool | None, pos_encoding: str = "none") -> Prepared:
     cuinfer = peers.cuinfer()
     s, kv = inp.case.shape, inp.kv
     w = cuinfer.BatchDecode(kv_layout=s.kv_layout, use_tensor_cores=use_tensor_cores)
@@ -63,7 +61,7 @@ def prepare_cuinfer(
             page_size=s.page_size,
             q_dtype=s.dtype,
             kv_dtype=inp.case.kv_dtype,
-            **({"pos_encoding": pos_encoding} if pos_encoding else {}),
+            pos_encoding=pos_encoding,
         )
 
     plan()

@@ -1,12 +1,7 @@
 #!/usr/bin/env bash
 # Lab: the closing GPU call of 2026-12-03d: the GPU suite (-n 12), a same-machine A/B against .ab/base on the fp8
 # prefill cases, then the bf16 prefill cases (cuinfer rows) for the fp8 / bf16 ratios. Logs under $OUT.
-set -uo pipefail
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false CUINFER_CACHE_DIR=/tmp/cc
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-t0=$(date +%s); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-at() { echo "$(( $(date +%s) - t0 )) s"; }
-python3 -m pip install -q --no-build-isolation --no-deps -e . > /tmp/install.log 2>&1 || { tail /tmp/install.log; exit 1; }
+. bench/lab/call_start.sh
 timeout 200 python3 -m pytest tests/gpu --ignore tests/gpu/test_compat_parity.py -q -p no:cacheprovider -rfE -n 12 \
   -o faulthandler_timeout=150 --durations=5 > "$OUT/gpu_suite.txt" 2>&1
 echo "suite exit $? at $(at)"; grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu_suite.txt" | tail -12

@@ -3,12 +3,8 @@
 # 280): the decode-side GPU tests (decode, fp8, variants, interop), the RoPE-decode A/B (3 rounds) and the decode
 # suite's A/B (2 rounds) against .ab/base (the tree before; carry .ab), then time left the rest of the GPU suite and
 # the examples in torch, JAX and CuPy. Logs under $OUT.
-set -uo pipefail
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-t0=$(date +%s); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-at() { echo "$(( $(date +%s) - t0 )) s"; }
+. bench/lab/call_start.sh
 left() { echo $(( ${DEADLINE_S:-280} - ($(date +%s) - t0) )); }
-python3 -m pip install -q --no-build-isolation --no-deps -e . > /tmp/install.log 2>&1 || { tail /tmp/install.log; exit 1; }
 python3 -m pip install -q --target /tmp/site-a --no-build-isolation --no-deps .ab/base > /tmp/install_a.log 2>&1 ||
   { tail /tmp/install_a.log; exit 1; }
 DEC="tests/gpu/test_decode.py tests/gpu/test_fp8_gpu.py tests/gpu/test_variant_builtins_gpu.py tests/gpu/test_variants_gpu.py

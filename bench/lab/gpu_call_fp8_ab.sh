@@ -1,13 +1,8 @@
 #!/usr/bin/env bash
 # Lab: one GPU call for a change to the fp8 Hopper prefill path: the fp8 test file (-n 8), then a same-machine A/B
 # against .ab/base (the commit before; bench/lab/gpu_ab.sh) on $CASES, $ROUNDS rounds. Logs under $OUT.
-set -uo pipefail
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false CUINFER_CACHE_DIR=/tmp/cc
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-t0=$(date +%s); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+. bench/lab/call_start.sh
 CASES=${CASES:-P4-e4m3,P5-e4m3,P6-e4m3}
-at() { echo "$(( $(date +%s) - t0 )) s"; }
-python3 -m pip install -q --no-build-isolation --no-deps -e . > /tmp/install.log 2>&1 || { tail /tmp/install.log; exit 1; }
 timeout 150 python3 -m pytest tests/gpu/test_fp8_gpu.py -q -p no:cacheprovider -rfE -n 8 -o faulthandler_timeout=120 \
   > "$OUT/fp8_all.txt" 2>&1
 rc=$?; echo "fp8 file exit $rc at $(at)"; grep -E "passed|failed|FAILED|ERROR" "$OUT/fp8_all.txt" | tail -15

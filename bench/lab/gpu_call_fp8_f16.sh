@@ -3,13 +3,8 @@
 # the first fp8 sm90 tests alone (a hang stops the call early), the fp8 test file, the prefill suite on $CASES
 # (cuinfer rows: auto = sm90, fa2, sm90), then the GPU suite (-n 12). Logs under $OUT.
 #   env: CASES (P4,P5,P6,P4-e4m3,P5-e4m3,P6-e4m3), SKIP_SUITE=1
-set -uo pipefail
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false CUINFER_CACHE_DIR=/tmp/cc
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-t0=$(date +%s); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+. bench/lab/call_start.sh
 CASES=${CASES:-P4,P5,P6,P4-e4m3,P5-e4m3,P6-e4m3}
-at() { echo "$(( $(date +%s) - t0 )) s"; }
-python3 -m pip install -q --no-build-isolation --no-deps -e . > /tmp/install.log 2>&1 || { tail /tmp/install.log; exit 1; }
 timeout 120 python3 -m pytest tests/gpu/test_fp8_gpu.py -q -p no:cacheprovider -rfE -x -o faulthandler_timeout=100 \
   -k "sm90-paged-p16-e4m3 or sm90-ragged-e5m2" > "$OUT/fp8_first.txt" 2>&1
 rc=$?; echo "first fp8 sm90 tests exit $rc at $(at)"; tail -15 "$OUT/fp8_first.txt" | grep -v "^$"

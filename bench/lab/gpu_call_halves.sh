@@ -3,11 +3,7 @@
 # a same-run A/B of the decode cases and of the fused-RoPE decode (variant_bench, decode rows) against .ab/base (the
 # tree before; its bench/lab/variant_bench.py must know --no-prefill), then the fp8 prefill bound probes (sm90_probe) on this tree and, time left, the GPU suite. Logs under
 # $OUT. Before the call: `rm -rf .ab && mkdir -p .ab/base && git archive <base> | tar -x -C .ab/base`; carry .ab.
-set -uo pipefail
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-t0=$(date +%s); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-at() { echo "$(( $(date +%s) - t0 )) s"; }
-python3 -m pip install -q --no-build-isolation --no-deps -e . > /tmp/install.log 2>&1 || { tail /tmp/install.log; exit 1; }
+. bench/lab/call_start.sh
 CUINFER_CACHE_DIR=/tmp/cc-b timeout 150 python3 -m pytest tests/gpu/test_decode.py tests/gpu/test_fp8_gpu.py \
   tests/gpu/test_variant_builtins_gpu.py tests/gpu/test_variants_gpu.py -q -p no:cacheprovider -rfE -n 12 \
   -o faulthandler_timeout=120 > "$OUT/decode_tests.txt" 2>&1

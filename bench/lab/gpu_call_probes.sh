@@ -2,12 +2,7 @@
 # Lab: one GPU call of probes after the Hopper kernel became "auto"'s choice: the row-order probe (bench.lab.order_probe,
 # P3 and P6), the soft cap on the sm90 kernel beside plain causal and a probe of one MUFU op per logit
 # (bench.lab.variant_bench --lab, P1-P3), and examples/prefill_sm90.py in torch, JAX and CuPy. Logs under $OUT.
-set -uo pipefail
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false CUINFER_CACHE_DIR=/tmp/cc
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-t0=$(date +%s); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-at() { echo "$(( $(date +%s) - t0 )) s"; }
-python3 -m pip install -q --no-build-isolation --no-deps -e . > /tmp/install.log 2>&1 || { tail /tmp/install.log; exit 1; }
+. bench/lab/call_start.sh
 timeout 200 python3 -m bench.lab.order_probe --cases P3,P6 --rounds 4 > "$OUT/order_probe.txt" 2>&1
 echo "order probe exit $? at $(at)"; grep median "$OUT/order_probe.txt"
 timeout 200 python3 -m bench.lab.variant_bench --lab --no-decode --backends sm90 --cases P1,P2,P3 \

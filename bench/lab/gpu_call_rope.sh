@@ -3,11 +3,7 @@
 # variant_bench's decode rows against .ab/base (ROUNDS, default 2), then with NCU=1 Nsight Compute (--set full,
 # per-SASS-line source counters) on D6 plain and D6 with RoPE. Logs under $OUT. Before the call: .ab/base holds the tree before (with this checkout's
 # bench/lab/variant_bench.py for --no-prefill); carry .ab.
-set -uo pipefail
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-t0=$(date +%s); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-at() { echo "$(( $(date +%s) - t0 )) s"; }
-python3 -m pip install -q --no-build-isolation --no-deps -e . > /tmp/install.log 2>&1 || { tail /tmp/install.log; exit 1; }
+. bench/lab/call_start.sh
 python3 -m pip install -q --target /tmp/site-a --no-build-isolation --no-deps .ab/base > /tmp/install_a.log 2>&1 ||
   { tail /tmp/install_a.log; exit 1; }
 CUINFER_CACHE_DIR=/tmp/cc-b timeout 150 python3 -m pytest tests/gpu/test_decode.py tests/gpu/test_fp8_gpu.py \

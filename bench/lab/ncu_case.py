@@ -31,7 +31,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ.get("CUINFER_NCU_GROUPS")
     ap.add_argument("--groups", type=int, choices=(1, 2), default=int(env) if env else None,
                     help="cuinfer prefill: CTAs per block ($CUINFER_NCU_GROUPS; default: the policy's)")  # fmt: skip
-    ap.add_argument("--pos-encoding", default=None, choices=("rope_llama",),
+    ap.add_argument("--pos-encoding", default="none", choices=("none", "rope_llama"),
                     help="cuinfer decode: plan with this pos_encoding (fused RoPE)")  # fmt: skip
     ap.add_argument("--backend", choices=("auto", "fa2", "sm90"), default=None,
                     help="cuinfer prefill: the prefill suite's plan on this backend")  # fmt: skip
