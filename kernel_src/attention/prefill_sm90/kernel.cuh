@@ -3,8 +3,8 @@
 // two consumer warpgroups (consumer.cuh), through the attention-variant contract (variants/contract.cuh; softmax
 // variants of logits, key ranges and masks) and the plan format (plan/work.cuh).
 //
-// Persistent CTAs of 384 threads, one per SM: the producer (56 registers after setmaxnreg; 64 with fp8 K / V, which it
-// converts) and two consumers (224; 216), which together fill the block's 384 x 168 (unit.cuh).
+// Persistent CTAs of 384 threads, one per SM: the producer (56 registers after setmaxnreg; 88 with fp8 K / V, which it
+// converts) and two consumers (224; 208), which together fill the block's 384 x 168 (unit.cuh).
 // The producer runs ahead across items: it loads the next item's Q once the consumers release Q (q_empty, after
 // their last Q·K^T of the item) and keeps the K / V ring's stage count running across items.
 #pragma once

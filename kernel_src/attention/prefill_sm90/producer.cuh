@@ -166,10 +166,12 @@ __device__ __forceinline__ void stage_fp8_tile(u32 dst8, const unsigned char* he
 
 // Converts this thread's chunks of the staged fp8 tile at `src8` into the float16 stage at `dst`: pairs of bytes as
 // float16 values (fp8::k_pairs: one cvt.rn.f16x2.e4m3x2 per pair on sm_90, F2FP; e5m2, a float16's upper byte: one
-// byte permute), reading kBatch chunks before converting them (the loads' latency overlaps; 4 spills the producer's
-// 64 registers). V converts like K: e4m3 V through fp8.cuh's integer bit path (three integer ops per pair, leaving the
-// conversion pipe to the consumers' P packing) measured 2-2.5 % slower (docs/results/h200-2026-12-03d).
-template <class F8, int kBatch = 2>
+// byte permute), reading kBatch chunks before converting them: all 8 of its chunks of the tile, so the shared loads'
+// latency is paid once per tile (the producer's 88 registers hold them; 2 chunks at a time, as the 64 registers
+// allowed, measured 4-5 % slower on P4-P6 over e4m3, docs/results/h200-2026-12-03f). V converts like K: e4m3 V
+// through fp8.cuh's integer bit path (three integer ops per pair, leaving the conversion pipe to the consumers' P
+// packing) measured 2-2.5 % slower (docs/results/h200-2026-12-03d).
+template <class F8, int kBatch = 8>
 __device__ __forceinline__ void convert_fp8_tile(u32 dst, u32 src8, int tid) {
   const int c = tid % 8, r0 = fp8_row(tid);
   // rows r0 + 16 i share the swizzle (r % 8): row 0's addresses plus i * 2048, in the staging tile and in the stage
