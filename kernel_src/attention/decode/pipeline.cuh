@@ -99,9 +99,11 @@ struct TileProducer {
     chunk_base = begin;
     pos = 0;
     fresh = true;
-    const int ps = p.page_size;
-    page_shift = (ps & (ps - 1)) == 0 ? __ffs(ps) - 1 : -1;
-    page_mask = page_shift >= 0 ? ps - 1 : 0;
+    if constexpr (kPairs) {
+      const int ps = p.page_size;
+      page_shift = (ps & (ps - 1)) == 0 ? __ffs(ps) - 1 : -1;
+      page_mask = page_shift >= 0 ? ps - 1 : 0;
+    }
   }
 
   // Describe the next tile of the stream in `slot`. All threads call it with identical state (block-uniform).
