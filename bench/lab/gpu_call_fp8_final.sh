@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Lab: gpu_call_fp8_tma8.sh in deadline order: the GPU test files on this checkout first (fp8 and $CHECKOUT_TESTS),
-# then bench/lab/gpu_abn.sh over base=.ab/base and $TREES on $CASES ($ROUNDS rounds, default 1), then the fp8 test
-# file of each tree in $TEST_TREES (name=dir, run with its gpu_abn install). Logs under $OUT.
+# Lab: one GPU call for fp8 Hopper prefill builds, most needed first: the GPU test files on this checkout (fp8 and
+# $CHECKOUT_TESTS), then bench/lab/gpu_abn.sh over base=.ab/base and $TREES on $CASES ($ROUNDS rounds, default 1),
+# then the fp8 test file of each tree in $TEST_TREES (name=dir, run with its gpu_abn install). Logs under $OUT.
 . bench/lab/call_start.sh
 CASES=${CASES:-P4-e4m3,P5-e4m3,P6-e4m3,P4,P5,P6}
 timeout 150 python3 -m pytest tests/gpu/test_fp8_gpu.py $CHECKOUT_TESTS -q -p no:cacheprovider -rfE -n 8 \
@@ -12,7 +12,6 @@ AB_WORK=/tmp/abn timeout ${AB_TIMEOUT:-150} bash bench/lab/gpu_abn.sh prefill "$
 echo "A/B exit $? at $(at)"; grep -v "^round" "$OUT/abn.txt" | grep -v " fa2 " | tail -40
 for d in /tmp/abn/*/; do n=$(basename "$d");
   for f in "$d"prefill-r*.json; do [ -f "$f" ] && cp "$f" "$OUT/${n}_$(basename "$f")"; done; done
-python3 -m pip install -q --no-build-isolation --no-deps -e . > /tmp/install.log 2>&1
 for t in ${TEST_TREES:-}; do
   name=${t%%=*}; dir=$(cd "${t#*=}" && pwd)
   (cd "/tmp/run-$name" && PYTHONPATH=/tmp/site-$name python3 -c \
