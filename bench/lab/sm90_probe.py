@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-PRODUCER = ("total", "K stage", "V stage", "cp.async waits", "fp8 K copies", "q_empty wait", "fp8 V copies", "-")
+PRODUCER = ("total", "K stage", "V stage", "cp.async waits", "fp8 K copies", "q_empty wait", "fp8 V copies", "fp8 empty waits (TMA staging)")
 CONSUMER = ("total", "k_full wait", "v_full wait", "turn waits", "q_full wait", "softmax", "QK retire", "PV retire")
 
 

@@ -42,6 +42,7 @@ THREADS = 384  # producer warpgroup + two consumer warpgroups
 SMEM_BYTES = 1024 + TILE_Q * HEAD_DIM * 2 + 2 * STAGES * TILE_KV * HEAD_DIM * 2 + 8 * (2 + 4 * STAGES) + 64 + 16
 FP8_STAGING_BYTES = 2 * STAGES * TILE_KV * HEAD_DIM
 FP8_KV = ("float8_e4m3fn", "float8_e5m2")
+STAGE_TMA_EXTRA = 8 * 2 * STAGES + 32  # fp8 staged by TMA: the staging slots' barriers, the issuing lanes' pages
 ARCH = "sm_90a"
 #: Share of the cost left to the plan's shared tail (taken one item at a time, largest first, by the CTAs that finish
 #: their lists first); the FA2-class plans leave 4 % (cuinfer.planner.assign.POOL_SHARE). Items are always dealt
@@ -66,6 +67,7 @@ class Sm90KernelKey:
     paged: bool = False
     head_dim: int = HEAD_DIM
     kv_dtype: str | None = None  # fp8 K / V (FP8_KV); None: dtype
+    stage_tma: bool = False  # fp8: staging copies by TMA boxes (ragged, or page sizes that are multiples of 16)
 
     @property
     def kv(self) -> str:
@@ -73,16 +75,18 @@ class Sm90KernelKey:
 
     def name_expr(self) -> str:
         t = CTYPES[self.dtype]
-        return f"cuinfer::batch_prefill_sm90<{t}, {self.head_dim}, {str(self.paged).lower()}, {CTYPES[self.kv]}>"
+        tma = ", true" if self.stage_tma else ""
+        return f"cuinfer::batch_prefill_sm90<{t}, {self.head_dim}, {str(self.paged).lower()}, {CTYPES[self.kv]}{tma}>"
 
     def short_name(self) -> str:
         kv = "paged" if self.paged else "ragged"
-        fp8 = f"/kv-{self.kv}" if self.kv != self.dtype else ""
+        fp8 = f"/kv-{self.kv}{'-tma' if self.stage_tma else ''}" if self.kv != self.dtype else ""
         return f"prefill_sm90/{kv}/{self.dtype}{fp8}/d{self.head_dim}/{self.variant.name}"
 
     @property
     def smem_bytes(self) -> int:
-        return SMEM_BYTES + (FP8_STAGING_BYTES if self.kv != self.dtype else 0)
+        fp8 = FP8_STAGING_BYTES if self.kv != self.dtype else 0
+        return SMEM_BYTES + fp8 + (STAGE_TMA_EXTRA if self.stage_tma else 0)
 
 
 @functools.cache
@@ -92,9 +96,9 @@ def sm90_spec(key: Sm90KernelKey) -> KernelSpec:
         source="attention/prefill_sm90.cu",
         name_exprs=(key.name_expr(),),
         preamble=PrefillParams.c_decl() + key.variant.preamble(),
-        # wgmma, TMA boxes (q; ragged k / v) and cp.async (paged tiles, a ragged tile that crosses the last key, fp8
-        # tiles), the register split of the warpgroups
-        sass_expect=(r"HGMMA", r"UTMALDG", r"LDGSTS", r"USETMAXREG"),
+        # wgmma, TMA boxes (q; ragged k / v; fp8 staging with stage_tma) and cp.async (paged tiles, a ragged tile that
+        # crosses the last key, fp8 tiles without stage_tma), the register split of the warpgroups
+        sass_expect=(r"HGMMA", r"UTMALDG", r"USETMAXREG") + (() if key.stage_tma else (r"LDGSTS",)),
         archs=(ARCH,),
         smem_bytes=key.smem_bytes,
     )
@@ -104,8 +108,10 @@ def default_specs() -> list[KernelSpec]:
     """The specialisations CI compiles (sm_90a only): plain and causal in both 16-bit types, the built-in variants of
     logits and key ranges, a custom mask, and fp8 K / V (both formats, ragged and paged, with a logits variant)."""
 
-    def key(dtype: str, *names: str, paged: bool = False, kv: str | None = None) -> KernelSpec:
-        return sm90_spec(Sm90KernelKey(dtype, render(tuple(lookup(n) for n in names)), paged, kv_dtype=kv))
+    def key(dtype: str, *names: str, paged: bool = False, kv: str | None = None, tma: bool = False) -> KernelSpec:
+        return sm90_spec(
+            Sm90KernelKey(dtype, render(tuple(lookup(n) for n in names)), paged, kv_dtype=kv, stage_tma=tma)
+        )
 
     return [
         key("bfloat16", "causal"),
@@ -120,6 +126,8 @@ def default_specs() -> list[KernelSpec]:
         key("float16", "causal", kv="float8_e5m2"),
         key("bfloat16", "causal", "soft_cap", kv="float8_e4m3fn"),
         key("bfloat16", "causal", "alibi", paged=True, kv="float8_e5m2"),
+        key("bfloat16", "causal", paged=True, kv="float8_e4m3fn", tma=True),
+        key("float16", "causal", "soft_cap", kv="float8_e5m2", tma=True),
     ]
 
 
@@ -218,6 +226,44 @@ def tensor_map(ptr: int, dtype: str, rows: int, heads: int, stride_n: int, strid
     return out[()]
 
 
+STAGE_TMA_ROWS = 16  # rows of a paged fp8 TMA box: page sizes that are multiples of it stage by TMA
+
+
+def fp8_map(ptr: int, strides: tuple[int, int, int], kv: KV, paged: bool, nk: int) -> np.void:
+    """TMA map of fp8 K or V as bytes, for the staging copies: ragged ``[rows, heads, 128]`` in boxes of 128 rows, or
+    a paged cache ``[pages, page_size, heads, 128]`` (any layout: element strides page, slot, head) in boxes of 16
+    slots of one page; no swizzle (the staging ring is row-major)."""
+    from cuda.bindings import driver as cu
+
+    s_page, s_slot, s_head = strides
+    if paged:
+        dims = (HEAD_DIM, kv.num_kv_heads, kv.page_size, kv.num_pages)
+        byte_strides = (s_head, s_slot, s_page)
+        box = (HEAD_DIM, 1, STAGE_TMA_ROWS, 1)
+    else:  # (ragged K / V: rows n, heads h as KV's slot and head strides)
+        dims = (HEAD_DIM, kv.num_kv_heads, max(1, nk))
+        byte_strides = (s_head, s_slot)
+        box = (HEAD_DIM, 1, TILE_KV)
+    err, tmap = cu.cuTensorMapEncodeTiled(
+        cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        cu.cuuint32_t(len(dims)),
+        int(ptr),
+        [cu.cuuint64_t(max(1, n)) for n in dims],
+        [cu.cuuint64_t(n) for n in byte_strides],
+        [cu.cuuint32_t(n) for n in box],
+        [cu.cuuint32_t(1)] * len(dims),
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+    )
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed ({err}) for fp8 K / V dims {dims} strides {byte_strides}")
+    out = np.zeros((), TMA_DESC)
+    out["opaque"] = np.frombuffer(ctypes.string_at(tmap.getPtr(), 128), dtype="<u8")
+    return out[()]
+
+
 class Sm90Launch(PrefillLaunch):
     """What run() launches for one plan on the Hopper kernel: the FA2-class launch state (parameter struct, variant
     parameters, merge of split plans) with the sm90 kernel, one CTA per planned CTA, and the TMA maps of q, k and v
@@ -225,16 +271,22 @@ class Sm90Launch(PrefillLaunch):
 
     def _configure(self, plan: Any, paged: bool, device_id: int) -> None:
         kv = plan.kv_dtype.value
-        key = Sm90KernelKey(plan.q_dtype.value, plan.variant, paged, kv_dtype=None if kv == plan.q_dtype.value else kv)
+        fp8 = kv != plan.q_dtype.value
+        stage_tma = fp8 and (not paged or plan.page_size % STAGE_TMA_ROWS == 0)
+        key = Sm90KernelKey(plan.q_dtype.value, plan.variant, paged, kv_dtype=kv if fp8 else None, stage_tma=stage_tma)
         self.kernel = get_kernel(sm90_spec(key), key.name_expr(), device_id)
         self.num_ctas, self.threads, self.smem_bytes = plan.work.num_ctas, THREADS, key.smem_bytes
         self.paged = paged
         self.tma_kv = not paged and key.kv == key.dtype  # (paged or fp8 K / V: rows copied by the producer threads)
+        self.stage_tma = stage_tma
 
     def _extra_args(self, tq: Tensor, kv: KV) -> tuple:
         plan = self.plan
         dtype = plan.q_dtype.value
         q_map = tensor_map(tq.ptr, dtype, plan.nnz_qo, tq.shape[1], tq.strides[0], tq.strides[1])
+        if self.stage_tma:  # (fp8 K / V staged by TMA: byte maps)
+            return q_map, *(fp8_map(ptr, strides, kv, self.paged, nk=int(plan.kv_indptr[-1])) for ptr, strides in
+                            ((kv.k_ptr, kv.k_strides), (kv.v_ptr, kv.v_strides)))  # fmt: skip
         if not self.tma_kv:  # (K / V rows gathered by page table or staged as fp8: their maps are not read)
             unused = np.zeros((), TMA_DESC)[()]
             return q_map, unused, unused

@@ -53,6 +53,15 @@ __device__ __forceinline__ void tma_load_3d(u32 dst, const TmaDesc* map, u32 bar
       : "memory");
 }
 
+// The same with a 4-D map (a paged cache: dim, head, slot, page).
+__device__ __forceinline__ void tma_load_4d(u32 dst, const TmaDesc* map, u32 bar, int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}],"
+      " [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
 // Blocks until the phase of parity `parity` of `bar` has completed.
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
   asm volatile(

@@ -3,7 +3,7 @@
 // the SM clock cycles of its phases into 8 slots (shared memory), and writes them at its exit to the module's global
 // cuinfer_sm90_probe[cta][warpgroup][8]. Producer slots: 0 total, 1 K stage (its empty wait and copies or
 // conversion), 2 V stage, 3 cp.async waits (fp8), 4 fp8 K staging copies, 5 q_empty wait, 6 fp8 V staging copies,
-// 7 unused.
+// 7 fp8 TMA staging: the empty waits (slot 3 then holds the staging barriers' waits; 4 / 6 the barrier and box issue).
 // Consumer slots: 0 total, 1 k_full wait, 2 v_full wait, 3 turn waits, 4 q_full wait, 5 softmax, 6 Q·K^T retire
 // wait, 7 P·V retire wait.
 //

@@ -148,6 +148,7 @@ def install(monkeypatch: pytest.MonkeyPatch) -> tuple[list, list]:
         monkeypatch.setattr(mod, "get_kernel", kernel)
     # (the Hopper kernel's TMA maps: encoded by the driver, which this machine may not have)
     monkeypatch.setattr(prefill_sm90, "tensor_map", lambda ptr, *a: np.full((), ptr, prefill_sm90.TMA_DESC)[()])
+    monkeypatch.setattr(prefill_sm90, "fp8_map", lambda ptr, *a, **kw: np.full((), ptr, prefill_sm90.TMA_DESC)[()])
     monkeypatch.setattr(wrapper, "Buffers", lambda *a: FakeBuffers(log, *a))
     real_begin = calls.begin
 

@@ -21,7 +21,9 @@ namespace cuinfer {
 // fp8 K / V: their maps unused too).
 // KVT: K / V's element type, T or fp8 (__nv_fp8_e4m3, __nv_fp8_e5m2: staged and converted to float16 by the
 // producer; the MMAs then run in float16, bfloat16 q converted per row by the consumers: consumer.cuh).
-template <class T, int HEAD_DIM, bool PAGED, class KVT>
+// STAGE_TMA (fp8 only): the staging copies are TMA boxes (tm_k / tm_v: byte maps of K / V; producer.cuh
+// stage_fp8_tma), their slots' barriers after the item broadcast.
+template <class T, int HEAD_DIM, bool PAGED, class KVT, bool STAGE_TMA = false>
 __global__ void __launch_bounds__(prefill_sm90::kThreads, 1)
     batch_prefill_sm90(const __grid_constant__ PrefillParams p, const __grid_constant__ VariantParams v,
                        const __grid_constant__ sm90::TmaDesc tm_q, const __grid_constant__ sm90::TmaDesc tm_k,
@@ -40,10 +42,12 @@ __global__ void __launch_bounds__(prefill_sm90::kThreads, 1)
   const u32 sv = sk + kStages * S::kTileBytes;     // stage s: sv + s * kTileBytes
   constexpr bool kFp8 = fp8::IsFp8<KVT>::value;
   using TM = typename Select<kFp8, half, T>::type;  // the MMAs' operand type
+  static_assert(!STAGE_TMA || kFp8, "TMA staging is the fp8 kernels'");
   const u32 s8 = sv + kStages * S::kTileBytes;     // fp8: the staging ring (K stages, then V stages)
   const Bars bars{s8 + (kFp8 ? 2 * kStages * kFp8TileBytes : 0)};
   Unit* slot = reinterpret_cast<Unit*>(smem_raw + (bars.end() - raw));
   int* bcast = reinterpret_cast<int*>(smem_raw + (bars.end() + 64 - raw));
+  const u32 staged = bars.end() + 80;  // (STAGE_TMA: 2 kStages barriers)
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
     sm90::mbar_init(bars.q_full(), 1);
@@ -54,6 +58,10 @@ __global__ void __launch_bounds__(prefill_sm90::kThreads, 1)
       sm90::mbar_init(bars.v_full(s), PAGED || kFp8 ? 128 : 1);
       sm90::mbar_init(bars.k_empty(s), 256);
       sm90::mbar_init(bars.v_empty(s), 256);
+      if constexpr (STAGE_TMA) {
+        sm90::mbar_init(staged + 8 * s, 1);
+        sm90::mbar_init(staged + 8 * (kStages + s), 1);
+      }
     }
   }
   SM90_PROBE_INIT();
@@ -61,7 +69,7 @@ __global__ void __launch_bounds__(prefill_sm90::kThreads, 1)
   SM90_PROBE_START(probe_t0);
   if (wg == 0) {
     sm90::setmaxnreg_dec<kFp8 ? kProducerRegsFp8 : kProducerRegs>();
-    produce<T, TM, KVT, V, KV>(p, v, bars, sq, sk, sv, s8, slot, bcast, &tm_q, &tm_k, &tm_v, tid);
+    produce<T, TM, KVT, STAGE_TMA, V, KV>(p, v, bars, sq, sk, sv, s8, staged, slot, bcast, &tm_q, &tm_k, &tm_v, tid);
     SM90_PROBE_STOP(probe_t0, 0);
     SM90_PROBE_FLUSH();
     return;

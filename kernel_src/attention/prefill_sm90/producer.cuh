@@ -171,8 +171,10 @@ __device__ __forceinline__ void stage_fp8_tile(u32 dst8, const unsigned char* he
 // allowed, measured 4-5 % slower on P4-P6 over e4m3, docs/results/h200-2026-12-03f). V converts like K: e4m3 V
 // through fp8.cuh's integer bit path (three integer ops per pair, leaving the conversion pipe to the consumers' P
 // packing) measured 2-2.5 % slower (docs/results/h200-2026-12-03d).
-template <class F8, int kBatch = 8>
-__device__ __forceinline__ void convert_fp8_tile(u32 dst, u32 src8, int tid) {
+// kMask (a TMA-staged tile with rows past `valid`: another request's keys, or a page's stale slots): those rows
+// become zeros.
+template <class F8, bool kMask = false, int kBatch = 8>
+__device__ __forceinline__ void convert_fp8_tile(u32 dst, u32 src8, int tid, int valid = kBlockN) {
   const int c = tid % 8, r0 = fp8_row(tid);
   // rows r0 + 16 i share the swizzle (r % 8): row 0's addresses plus i * 2048, in the staging tile and in the stage
   const u32 src = src8 + r0 * 128 + c * 16;
@@ -194,6 +196,12 @@ __device__ __forceinline__ void convert_fp8_tile(u32 dst, u32 src8, int tid) {
       fp8::k_pairs<F8>(x[j].y, o[2], o[3]);
       fp8::k_pairs<F8>(x[j].z, o[4], o[5]);
       fp8::k_pairs<F8>(x[j].w, o[6], o[7]);
+      if constexpr (kMask) {
+        if (r0 + 16 * (i0 + j) >= valid) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) o[e] = 0u;
+        }
+      }
       asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(first + off), "r"(o[0]), "r"(o[1]), "r"(o[2]),
                    "r"(o[3]) : "memory");
       asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(second + off), "r"(o[4]), "r"(o[5]), "r"(o[6]),
@@ -295,12 +303,140 @@ __device__ __forceinline__ int produce_fp8_unit(const P& p, const Bars& bars, co
   return t0 + n_tiles;
 }
 
+// ---- fp8 K / V staged by TMA (STAGE_TMA: ragged K / V, or a paged cache whose page size is a multiple of 16) --------
+// Warp 0 of the producer copies a tile into its staging slot with TMA and the other threads issue nothing: ragged, lane
+// 0 one box of 128 rows (rows past the tensor read as zeros); paged, lanes 0-7 one box of 16 rows each (keys key0 +
+// 16 j .. + 15 lie in one page), each lane's page read a tile ahead. The slot's staging barrier (one arrival with the
+// expected bytes) completes when the boxes have landed; every producer thread waits on it and converts its chunks,
+// rows at and past `valid` as zeros (convert_fp8_tile kMask). A slot is refilled only after a producer barrier that
+// follows every thread's conversion of its previous tile.
+template <class KV, class P>
+__device__ __forceinline__ void stage_fp8_tma(const P& p, u32 dst8, u32 bar, const sm90::TmaDesc* map, int kvh,
+                                              int row0, int key0, int valid, int page, int lane) {
+  if constexpr (KV::kPaged) {
+    const int boxes = min(kBlockN / 16, (valid + 15) / 16);
+    if (lane == 0) sm90::mbar_arrive_expect_tx(bar, boxes * 16 * 128);
+    __syncwarp();
+    if (lane < boxes) {
+      const int key = key0 + 16 * lane;
+      const int slot = key - static_cast<int>(fast_div(static_cast<u32>(key), p.page_mul, p.page_shift)) * p.page_size;
+      sm90::tma_load_4d(dst8 + lane * 16 * 128, map, bar, 0, kvh, slot, page);
+    }
+  } else {
+    if (lane == 0) {
+      sm90::mbar_arrive_expect_tx(bar, kFp8TileBytes);
+      sm90::tma_load_3d(dst8, map, bar, 0, kvh, row0 + key0);
+    }
+  }
+}
+
+// Waits for tile `tile`'s staging slot (its staging barrier's fill tile / kStages), then converts it as
+// convert_fp8_stage does, rows at and past `valid` as zeros.
+template <class F8>
+__device__ __forceinline__ void convert_fp8_staged(u32 dst, u32 src8, u32 staged, u32 full, u32 empty, int tile,
+                                                   int valid, int tid) {
+  const int n = tile / kStages;
+  SM90_PROBE_START(probe_a);
+  sm90::mbar_wait(staged, n & 1);
+  SM90_PROBE_STOP(probe_a, 3);
+  SM90_PROBE_START(probe_e);
+  if (n > 0) sm90::mbar_wait(empty, (n - 1) & 1);
+  SM90_PROBE_STOP(probe_e, 7);
+  if (valid >= kBlockN) {
+    convert_fp8_tile<F8>(dst, src8, tid);
+  } else {
+    convert_fp8_tile<F8, true>(dst, src8, tid, valid);
+  }
+  sm90::mbar_arrive(full);
+}
+
+// produce_fp8_unit with the staging copies by TMA (stage_fp8_tma): tm_k / tm_v the byte maps of K / V, `staged` the
+// staging slots' barriers (K slot s at staged + 8 s, V slot s at staged + 8 (kStages + s)), then 8 ints: the pages of
+// the tile being staged (K's issuing lanes leave them there for V's, so no register holds them across the
+// conversions).
+template <class KVT, class KV, class P>
+__device__ __forceinline__ int produce_fp8_unit_tma(const P& p, const Bars& bars, const Unit& w, u32 sk, u32 sv, u32 s8,
+                                                    u32 staged, const sm90::TmaDesc* tm_k, const sm90::TmaDesc* tm_v,
+                                                    int kvh, int tile, int tid) {
+  constexpr int D = 128;
+  // As the cp.async loop below (K a tile ahead of V), the copies by warp 0's TMA boxes; a producer barrier before
+  // each refill of a staging slot (every thread has converted what the slot held).
+  const int t0 = tile, n_tiles = w.n_tiles, lane = tid % 32;
+  const bool issuer = tid < 32;
+  const u32 page_at = staged + 8 * 2 * kStages + 4 * (lane % 8);  // (lane j < 8: its box's page, for V)
+  int page_next = -1;  // (paged: lane j < 8 of warp 0, the page of keys key0 + 16 j of the next tile)
+  if constexpr (KV::kPaged) {
+    const int key = w.t_first * kBlockN + 16 * lane;
+    if (issuer && lane < kBlockN / 16 && n_tiles > 0) page_next = kv::Paged::page(p, w.k0, key, key < w.key_hi);
+  }
+  for (int i = 0; i <= n_tiles; ++i) {
+    const int g = t0 + i;
+    int key0 = 0, valid = 0;
+    if (i < n_tiles) {
+      key0 = (w.t_first + i) * kBlockN;
+      valid = w.key_hi - key0;
+      int page = 0;
+      if constexpr (KV::kPaged) {
+        page = page_next;
+        if (issuer && lane < kBlockN / 16) {
+          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(page_at), "r"(page) : "memory");
+        }
+        const int key = key0 + kBlockN + 16 * lane;
+        if (issuer && lane < kBlockN / 16 && i + 1 < n_tiles) page_next = kv::Paged::page(p, w.k0, key, key < w.key_hi);
+      }
+      SM90_PROBE_START(probe_s);
+      sm90::named_barrier_sync(kProducerBarrier, 128);
+      if (issuer) {
+        stage_fp8_tma<KV>(p, s8 + (g % kStages) * kFp8TileBytes, staged + 8 * (g % kStages), tm_k, kvh, w.k0, key0,
+                          valid, page, lane);
+      }
+      SM90_PROBE_STOP(probe_s, 4);
+    }
+    if (i >= 1) {
+      const int tk = g - 1, s = tk % kStages;
+      SM90_PROBE_START(probe_k);
+      convert_fp8_staged<KVT>(sk + s * Shape<D>::kTileBytes, s8 + s * kFp8TileBytes, staged + 8 * s, bars.k_full(s),
+                              bars.k_empty(s), tk, w.key_hi - (w.t_first + i - 1) * kBlockN, tid);
+      SM90_PROBE_STOP(probe_k, 1);
+    }
+    if (i >= 2) {
+      const int tv = g - 2, s = tv % kStages;
+      SM90_PROBE_START(probe_v);
+      convert_fp8_staged<KVT>(sv + s * Shape<D>::kTileBytes, s8 + (kStages + s) * kFp8TileBytes,
+                              staged + 8 * (kStages + s), bars.v_full(s), bars.v_empty(s), tv,
+                              w.key_hi - (w.t_first + i - 2) * kBlockN, tid);
+      SM90_PROBE_STOP(probe_v, 2);
+    }
+    if (i < n_tiles) {
+      SM90_PROBE_START(probe_sv);
+      sm90::named_barrier_sync(kProducerBarrier, 128);
+      if (issuer) {
+        int page = 0;
+        if (KV::kPaged && lane < kBlockN / 16) {
+          asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(page) : "r"(page_at) : "memory");
+        }
+        stage_fp8_tma<KV>(p, s8 + (kStages + g % kStages) * kFp8TileBytes, staged + 8 * (kStages + g % kStages),
+                          tm_v, kvh, w.k0, key0, valid, page, lane);
+      }
+      SM90_PROBE_STOP(probe_sv, 6);
+    }
+  }
+  if (n_tiles > 0) {
+    const int tv = t0 + n_tiles - 1, s = tv % kStages;
+    convert_fp8_staged<KVT>(sv + s * Shape<D>::kTileBytes, s8 + (kStages + s) * kFp8TileBytes,
+                            staged + 8 * (kStages + s), bars.v_full(s), bars.v_empty(s), tv,
+                            w.key_hi - (w.t_first + n_tiles - 1) * kBlockN, tid);
+  }
+  return t0 + n_tiles;
+}
+
 // KVT: the element type of K / V (T, or an fp8 type staged and converted to TM, the math's type); s8: the fp8
 // staging ring (fp8 only).
-template <class T, class TM, class KVT, class V, class KV, class P, class VP>
+// kStageTma: fp8 tiles staged by TMA (produce_fp8_unit_tma; `staged`: its barriers and pages).
+template <class T, class TM, class KVT, bool kStageTma, class V, class KV, class P, class VP>
 __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& bars, u32 sq, u32 sk, u32 sv, u32 s8,
-                                        Unit* slot, int* bcast, const sm90::TmaDesc* tm_q, const sm90::TmaDesc* tm_k,
-                                        const sm90::TmaDesc* tm_v, int tid) {
+                                        u32 staged, Unit* slot, int* bcast, const sm90::TmaDesc* tm_q,
+                                        const sm90::TmaDesc* tm_k, const sm90::TmaDesc* tm_v, int tid) {
   constexpr int D = 128;
   constexpr bool kFp8 = fp8::IsFp8<KVT>::value;
   const int num_ctas = static_cast<int>(gridDim.x);
@@ -354,7 +490,9 @@ __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& ba
     // tiles: keys of the request, each row's address from the page table and the cache's base (k / v)
     const T* kh = k + kvh * p.k_stride_h;
     const T* vh = v + kvh * p.v_stride_h;
-    if constexpr (kFp8) {
+    if constexpr (kFp8 && kStageTma) {
+      tile = produce_fp8_unit_tma<KVT, KV>(p, bars, w, sk, sv, s8, staged, tm_k, tm_v, kvh, tile, tid);
+    } else if constexpr (kFp8) {
       tile = produce_fp8_unit<KVT, KV>(p, bars, w, sk, sv, s8, kvh, tile, tid);
     } else {
       for (int i = 0; i < w.n_tiles; ++i, ++tile) {
