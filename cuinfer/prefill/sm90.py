@@ -42,7 +42,7 @@ THREADS = 384  # producer warpgroup + two consumer warpgroups
 SMEM_BYTES = 1024 + TILE_Q * HEAD_DIM * 2 + 2 * STAGES * TILE_KV * HEAD_DIM * 2 + 8 * (2 + 4 * STAGES) + 64 + 16
 FP8_STAGING_BYTES = 2 * STAGES * TILE_KV * HEAD_DIM
 FP8_KV = ("float8_e4m3fn", "float8_e5m2")
-STAGE_TMA_EXTRA = 8 * 2 * STAGES + 32  # fp8 staged by TMA: the staging slots' barriers, the issuing lanes' pages
+STAGE_TMA_EXTRA = 8 * 4 * STAGES  # fp8 staged by TMA: the staging slots' full and empty barriers
 ARCH = "sm_90a"
 #: Share of the cost left to the plan's shared tail (taken one item at a time, largest first, by the CTAs that finish
 #: their lists first); the FA2-class plans leave 4 % (cuinfer.planner.assign.POOL_SHARE). Items are always dealt

@@ -3,7 +3,8 @@
 // the SM clock cycles of its phases into 8 slots (shared memory), and writes them at its exit to the module's global
 // cuinfer_sm90_probe[cta][warpgroup][8]. Producer slots: 0 total, 1 K stage (its empty wait and copies or
 // conversion), 2 V stage, 3 cp.async waits (fp8), 4 fp8 K staging copies, 5 q_empty wait, 6 fp8 V staging copies,
-// 7 fp8 TMA staging: the empty waits (slot 3 then holds the staging barriers' waits; 4 / 6 the barrier and box issue).
+// 7 fp8 TMA staging: the float16 stages' empty waits (then slots 1-3 and 7 are thread 32's, a converter: 3 the staging
+// slots' full waits; 4 / 6 thread 0's K / V box issue with its slot's empty wait).
 // Consumer slots: 0 total, 1 k_full wait, 2 v_full wait, 3 turn waits, 4 q_full wait, 5 softmax, 6 Q·K^T retire
 // wait, 7 P·V retire wait.
 //
@@ -43,6 +44,12 @@ __device__ __forceinline__ unsigned long long* sm90_probe_slots() {
     if (threadIdx.x % 128 == 0)                                                                  \
       cuinfer::debug::sm90_probe_slots()[8 * (threadIdx.x / 128) + (k)] += clock64() - (name);    \
   } while (0)
+// (the same, recorded by thread t of the warpgroup: the fp8 TMA staging's converters, whose thread 0 only issues)
+#define SM90_PROBE_STOP_BY(name, k, t)                                                           \
+  do {                                                                                           \
+    if (threadIdx.x % 128 == (t))                                                                \
+      cuinfer::debug::sm90_probe_slots()[8 * (threadIdx.x / 128) + (k)] += clock64() - (name);    \
+  } while (0)
 #define SM90_PROBE_FLUSH()                                                                          \
   do {                                                                                              \
     if (threadIdx.x % 128 == 0) {                                                                   \
@@ -60,6 +67,9 @@ __device__ __forceinline__ unsigned long long* sm90_probe_slots() {
   } while (0)
 #define SM90_PROBE_STOP(name, k) \
   do {                           \
+  } while (0)
+#define SM90_PROBE_STOP_BY(name, k, t) \
+  do {                                 \
   } while (0)
 #define SM90_PROBE_FLUSH() \
   do {                     \

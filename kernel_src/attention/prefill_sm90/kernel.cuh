@@ -47,20 +47,24 @@ __global__ void __launch_bounds__(prefill_sm90::kThreads, 1)
   const Bars bars{s8 + (kFp8 ? 2 * kStages * kFp8TileBytes : 0)};
   Unit* slot = reinterpret_cast<Unit*>(smem_raw + (bars.end() - raw));
   int* bcast = reinterpret_cast<int*>(smem_raw + (bars.end() + 64 - raw));
-  const u32 staged = bars.end() + 80;  // (STAGE_TMA: 2 kStages barriers)
+  const u32 staged = bars.end() + 80;  // (STAGE_TMA: the staging slots' barriers, StagedBars)
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
     sm90::mbar_init(bars.q_full(), 1);
     sm90::mbar_init(bars.q_empty(), 256);
     for (int s = 0; s < kStages; ++s) {
       // (paged or fp8: every producer thread arrives, on its cp.async copies or after its conversion)
-      sm90::mbar_init(bars.k_full(s), PAGED || kFp8 ? 128 : 1);
-      sm90::mbar_init(bars.v_full(s), PAGED || kFp8 ? 128 : 1);
+      // (fp8 staged by TMA: the 96 converters, producer.cuh)
+      sm90::mbar_init(bars.k_full(s), STAGE_TMA ? kConverters : PAGED || kFp8 ? 128 : 1);
+      sm90::mbar_init(bars.v_full(s), STAGE_TMA ? kConverters : PAGED || kFp8 ? 128 : 1);
       sm90::mbar_init(bars.k_empty(s), 256);
       sm90::mbar_init(bars.v_empty(s), 256);
       if constexpr (STAGE_TMA) {
-        sm90::mbar_init(staged + 8 * s, 1);
-        sm90::mbar_init(staged + 8 * (kStages + s), 1);
+        const StagedBars st{staged};
+        sm90::mbar_init(st.k_full(s), 1);
+        sm90::mbar_init(st.v_full(s), 1);
+        sm90::mbar_init(st.k_empty(s), kConverters);
+        sm90::mbar_init(st.v_empty(s), kConverters);
       }
     }
   }

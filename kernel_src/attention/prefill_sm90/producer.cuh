@@ -304,12 +304,24 @@ __device__ __forceinline__ int produce_fp8_unit(const P& p, const Bars& bars, co
 }
 
 // ---- fp8 K / V staged by TMA (STAGE_TMA: ragged K / V, or a paged cache whose page size is a multiple of 16) --------
-// Warp 0 of the producer copies a tile into its staging slot with TMA and the other threads issue nothing: ragged, lane
-// 0 one box of 128 rows (rows past the tensor read as zeros); paged, lanes 0-7 one box of 16 rows each (keys key0 +
-// 16 j .. + 15 lie in one page), each lane's page read a tile ahead. The slot's staging barrier (one arrival with the
-// expected bytes) completes when the boxes have landed; every producer thread waits on it and converts its chunks,
-// rows at and past `valid` as zeros (convert_fp8_tile kMask). A slot is refilled only after a producer barrier that
-// follows every thread's conversion of its previous tile.
+// Warp 0 of the producer only issues: the staging copies as TMA boxes, and the unit's Q. Warps 1-3 (96 threads) only
+// convert. A TMA issue stalls its warp while the memory system is busy (about as long as the copies' cp.async issue
+// took, docs/results/h200-2026-12-03g), so the issuing warp runs ahead of the converters on barriers alone: a staging
+// slot's full barrier (one arrival with the expected bytes) and its empty barrier (the 96 converters arrive after
+// converting it). Boxes: ragged, lane 0 one box of 128 rows (rows past the tensor read as zeros); paged, lanes 0-7 one
+// box of 16 rows each (keys key0 + 16 j .. + 15 lie in one page), each lane's page read a tile ahead. Rows at and past
+// `valid` (another request's keys, or a page's stale slots) are converted as zeros.
+constexpr int kConverters = 96;
+
+// The staging slots' barriers after the unit slot: full then empty, K slots then V slots.
+struct StagedBars {
+  u32 base;
+  __device__ u32 k_full(int s) const { return base + 8 * s; }
+  __device__ u32 v_full(int s) const { return base + 8 * (kStages + s); }
+  __device__ u32 k_empty(int s) const { return base + 8 * (2 * kStages + s); }
+  __device__ u32 v_empty(int s) const { return base + 8 * (3 * kStages + s); }
+};
+
 template <class KV, class P>
 __device__ __forceinline__ void stage_fp8_tma(const P& p, u32 dst8, u32 bar, const sm90::TmaDesc* map, int kvh,
                                               int row0, int key0, int valid, int page, int lane) {
@@ -330,102 +342,159 @@ __device__ __forceinline__ void stage_fp8_tma(const P& p, u32 dst8, u32 bar, con
   }
 }
 
-// Waits for tile `tile`'s staging slot (its staging barrier's fill tile / kStages), then converts it as
-// convert_fp8_stage does, rows at and past `valid` as zeros.
-template <class F8>
-__device__ __forceinline__ void convert_fp8_staged(u32 dst, u32 src8, u32 staged, u32 full, u32 empty, int tile,
-                                                   int valid, int tid) {
-  const int n = tile / kStages;
-  SM90_PROBE_START(probe_a);
-  sm90::mbar_wait(staged, n & 1);
-  SM90_PROBE_STOP(probe_a, 3);
-  SM90_PROBE_START(probe_e);
-  if (n > 0) sm90::mbar_wait(empty, (n - 1) & 1);
-  SM90_PROBE_STOP(probe_e, 7);
-  if (valid >= kBlockN) {
-    convert_fp8_tile<F8>(dst, src8, tid);
-  } else {
-    convert_fp8_tile<F8, true>(dst, src8, tid, valid);
+// convert_fp8_tile by the 96 converters (cid = tid - 32): the tile's 32 warp-wide jobs, job j = 4 a + b taking the
+// chunks lane l of warp a takes in convert_fp8_tile for rows r0 + 16 b (so each store instruction hits the same bank
+// groups), converter warp W doing jobs W + 3 k (11, 11 and 10 jobs), all its chunks read before any is converted.
+// Lane l's row of job j is fp8_row(l) + 4 a + 16 b, whose swizzle (r % 8) depends on a's parity only: two base
+// addresses per destination chunk, the rest immediates. kMask: rows at and past `valid` as zeros.
+template <class F8, bool kMask, int W, int kBatch = 11>
+__device__ __forceinline__ void convert_fp8_tile_w(u32 dst, u32 src8, int lane, int valid) {
+  constexpr int kJobs = (32 - W + 2) / 3;
+  using Tile = sm90::Sw128Tile<kBlockN>;
+  const int c = lane % 8, rl = fp8_row(lane);  // (rl < 4)
+  const u32 src = src8 + rl * 128 + c * 16;
+  const int left = valid - rl;
+  const u32 first[2] = {dst + Tile::chunk_offset(rl, 2 * c), dst + Tile::chunk_offset(rl + 4, 2 * c) - 4 * 128};
+  const u32 second[2] = {dst + Tile::chunk_offset(rl, 2 * c + 1),
+                         dst + Tile::chunk_offset(rl + 4, 2 * c + 1) - 4 * 128};
+#pragma unroll
+  for (int k0 = 0; k0 < kJobs; k0 += kBatch) {
+    uint4 x[kBatch];
+#pragma unroll
+    for (int k = k0; k < k0 + kBatch && k < kJobs; ++k) {
+      const int j = W + 3 * k, a = j % 4, b = j / 4;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(x[k - k0].x), "=r"(x[k - k0].y), "=r"(x[k - k0].z), "=r"(x[k - k0].w)
+                   : "r"(src + (4 * a + 16 * b) * 128));
+    }
+#pragma unroll
+    for (int k = k0; k < k0 + kBatch && k < kJobs; ++k) {
+      const int j = W + 3 * k, a = j % 4, b = j / 4;
+      u32 o[8];
+      fp8::k_pairs<F8>(x[k - k0].x, o[0], o[1]);
+      fp8::k_pairs<F8>(x[k - k0].y, o[2], o[3]);
+      fp8::k_pairs<F8>(x[k - k0].z, o[4], o[5]);
+      fp8::k_pairs<F8>(x[k - k0].w, o[6], o[7]);
+      if constexpr (kMask) {
+        if (4 * a + 16 * b >= left) {  // (row rl + 4 a + 16 b at or past `valid`)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) o[e] = 0u;
+        }
+      }
+      const u32 off = (4 * a + 16 * b) * 128;
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(first[a & 1] + off), "r"(o[0]), "r"(o[1]),
+                   "r"(o[2]), "r"(o[3]) : "memory");
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(second[a & 1] + off), "r"(o[4]), "r"(o[5]),
+                   "r"(o[6]), "r"(o[7]) : "memory");
+    }
   }
-  sm90::mbar_arrive(full);
 }
 
-// produce_fp8_unit with the staging copies by TMA (stage_fp8_tma): tm_k / tm_v the byte maps of K / V, `staged` the
-// staging slots' barriers (K slot s at staged + 8 s, V slot s at staged + 8 (kStages + s)), then 8 ints: the pages of
-// the tile being staged (K's issuing lanes leave them there for V's, so no register holds them across the
-// conversions).
-template <class KVT, class KV, class P>
-__device__ __forceinline__ int produce_fp8_unit_tma(const P& p, const Bars& bars, const Unit& w, u32 sk, u32 sv, u32 s8,
-                                                    u32 staged, const sm90::TmaDesc* tm_k, const sm90::TmaDesc* tm_v,
-                                                    int kvh, int tile, int tid) {
-  constexpr int D = 128;
-  // As the cp.async loop below (K a tile ahead of V), the copies by warp 0's TMA boxes; a producer barrier before
-  // each refill of a staging slot (every thread has converted what the slot held).
-  const int t0 = tile, n_tiles = w.n_tiles, lane = tid % 32;
-  const bool issuer = tid < 32;
-  const u32 page_at = staged + 8 * 2 * kStages + 4 * (lane % 8);  // (lane j < 8: its box's page, for V)
-  int page_next = -1;  // (paged: lane j < 8 of warp 0, the page of keys key0 + 16 j of the next tile)
-  if constexpr (KV::kPaged) {
-    const int key = w.t_first * kBlockN + 16 * lane;
-    if (issuer && lane < kBlockN / 16 && n_tiles > 0) page_next = kv::Paged::page(p, w.k0, key, key < w.key_hi);
+template <class F8, bool kMask>
+__device__ __forceinline__ void convert_fp8_tile_by3(u32 dst, u32 src8, int cid, int valid) {
+  const int w = cid / 32, lane = cid % 32;
+  if (w == 0) {
+    convert_fp8_tile_w<F8, kMask, 0>(dst, src8, lane, valid);
+  } else if (w == 1) {
+    convert_fp8_tile_w<F8, kMask, 1>(dst, src8, lane, valid);
+  } else {
+    convert_fp8_tile_w<F8, kMask, 2>(dst, src8, lane, valid);
   }
-  for (int i = 0; i <= n_tiles; ++i) {
-    const int g = t0 + i;
-    int key0 = 0, valid = 0;
-    if (i < n_tiles) {
-      key0 = (w.t_first + i) * kBlockN;
-      valid = w.key_hi - key0;
-      int page = 0;
+}
+
+// A converter's part of tile `tile`: wait for its staging slot's boxes (`full`, fill tile / kStages) and the float16
+// stage (`empty`), convert, arrive on the stage's full barrier and the slot's empty one.
+template <class F8>
+__device__ __forceinline__ void convert_fp8_staged(u32 dst, u32 src8, u32 staged_full, u32 staged_empty, u32 full,
+                                                   u32 empty, int tile, int valid, int cid) {
+  const int n = tile / kStages;
+  SM90_PROBE_START(probe_a);
+  sm90::mbar_wait(staged_full, n & 1);
+  SM90_PROBE_STOP_BY(probe_a, 3, 32);
+  SM90_PROBE_START(probe_e);
+  if (n > 0) sm90::mbar_wait(empty, (n - 1) & 1);
+  SM90_PROBE_STOP_BY(probe_e, 7, 32);
+  if (valid >= kBlockN) {
+    convert_fp8_tile_by3<F8, false>(dst, src8, cid, valid);
+  } else {
+    convert_fp8_tile_by3<F8, true>(dst, src8, cid, valid);
+  }
+  sm90::mbar_arrive(full);
+  sm90::mbar_arrive(staged_empty);
+}
+
+// Q of unit `w` (the n_q-th) once the consumers are done with the previous one: thread 0 writes the unit slot and
+// loads Q's two boxes.
+__device__ __forceinline__ void load_unit_q(const Bars& bars, const Unit& w, Unit* slot, u32 sq,
+                                            const sm90::TmaDesc* tm_q, int n_q) {
+  SM90_PROBE_START(probe_q);
+  if (n_q > 0) sm90::mbar_wait(bars.q_empty(), (n_q - 1) & 1);
+  SM90_PROBE_STOP(probe_q, 5);
+  *slot = w;  // (read by the consumers after q_full)
+  sm90::mbar_arrive_expect_tx(bars.q_full(), Shape<128>::kQBytes);
+  sm90::tma_load_3d(sq, tm_q, bars.q_full(), 0, w.head, w.q0 + w.row0);
+  sm90::tma_load_3d(sq + sm90::Sw128Tile<kBlockM>::kBlockBytes, tm_q, bars.q_full(), 64, w.head, w.q0 + w.row0);
+}
+
+// The fp8 K / V tiles of unit `w` staged by TMA (tm_k / tm_v: byte maps of K / V) and converted; the issuing warp
+// also loads the unit's Q (load_unit_q), after the unit's first K and V boxes so the wait for the consumers to leave
+// the previous Q does not hold them back. Returns the ring's tile count after the unit.
+template <class KVT, class KV, class P>
+__device__ __forceinline__ int produce_fp8_unit_tma(const P& p, const Bars& bars, const StagedBars& st, const Unit& w,
+                                                    Unit* slot, u32 sq, u32 sk, u32 sv, u32 s8,
+                                                    const sm90::TmaDesc* tm_q, const sm90::TmaDesc* tm_k,
+                                                    const sm90::TmaDesc* tm_v, int kvh, int n_q, int tile, int tid) {
+  constexpr int D = 128;
+  const int t0 = tile, n_tiles = w.n_tiles;
+  if (tid < 32) {
+    const int lane = tid;
+    if (n_tiles == 0 && lane == 0) load_unit_q(bars, w, slot, sq, tm_q, n_q);
+    int page = -1;  // (paged: lane j < 8, the page of keys key0 + 16 j of the tile being issued)
+    if constexpr (KV::kPaged) {
+      const int key = w.t_first * kBlockN + 16 * lane;
+      if (lane < kBlockN / 16 && n_tiles > 0) page = kv::Paged::page(p, w.k0, key, key < w.key_hi);
+    }
+    for (int i = 0; i < n_tiles; ++i) {
+      const int g = t0 + i, s = g % kStages, n = g / kStages;
+      const int key0 = (w.t_first + i) * kBlockN, valid = w.key_hi - key0;
+      int page_next = -1;
       if constexpr (KV::kPaged) {
-        page = page_next;
-        if (issuer && lane < kBlockN / 16) {
-          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(page_at), "r"(page) : "memory");
-        }
         const int key = key0 + kBlockN + 16 * lane;
-        if (issuer && lane < kBlockN / 16 && i + 1 < n_tiles) page_next = kv::Paged::page(p, w.k0, key, key < w.key_hi);
+        if (lane < kBlockN / 16 && i + 1 < n_tiles) page_next = kv::Paged::page(p, w.k0, key, key < w.key_hi);
       }
       SM90_PROBE_START(probe_s);
-      sm90::named_barrier_sync(kProducerBarrier, 128);
-      if (issuer) {
-        stage_fp8_tma<KV>(p, s8 + (g % kStages) * kFp8TileBytes, staged + 8 * (g % kStages), tm_k, kvh, w.k0, key0,
-                          valid, page, lane);
-      }
+      if (n > 0) sm90::mbar_wait(st.k_empty(s), (n - 1) & 1);
+      stage_fp8_tma<KV>(p, s8 + s * kFp8TileBytes, st.k_full(s), tm_k, kvh, w.k0, key0, valid, page, lane);
       SM90_PROBE_STOP(probe_s, 4);
-    }
-    if (i >= 1) {
-      const int tk = g - 1, s = tk % kStages;
-      SM90_PROBE_START(probe_k);
-      convert_fp8_staged<KVT>(sk + s * Shape<D>::kTileBytes, s8 + s * kFp8TileBytes, staged + 8 * s, bars.k_full(s),
-                              bars.k_empty(s), tk, w.key_hi - (w.t_first + i - 1) * kBlockN, tid);
-      SM90_PROBE_STOP(probe_k, 1);
-    }
-    if (i >= 2) {
-      const int tv = g - 2, s = tv % kStages;
-      SM90_PROBE_START(probe_v);
-      convert_fp8_staged<KVT>(sv + s * Shape<D>::kTileBytes, s8 + (kStages + s) * kFp8TileBytes,
-                              staged + 8 * (kStages + s), bars.v_full(s), bars.v_empty(s), tv,
-                              w.key_hi - (w.t_first + i - 2) * kBlockN, tid);
-      SM90_PROBE_STOP(probe_v, 2);
-    }
-    if (i < n_tiles) {
       SM90_PROBE_START(probe_sv);
-      sm90::named_barrier_sync(kProducerBarrier, 128);
-      if (issuer) {
-        int page = 0;
-        if (KV::kPaged && lane < kBlockN / 16) {
-          asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(page) : "r"(page_at) : "memory");
-        }
-        stage_fp8_tma<KV>(p, s8 + (kStages + g % kStages) * kFp8TileBytes, staged + 8 * (kStages + g % kStages),
-                          tm_v, kvh, w.k0, key0, valid, page, lane);
-      }
+      if (n > 0) sm90::mbar_wait(st.v_empty(s), (n - 1) & 1);
+      stage_fp8_tma<KV>(p, s8 + (kStages + s) * kFp8TileBytes, st.v_full(s), tm_v, kvh, w.k0, key0, valid, page,
+                        lane);
       SM90_PROBE_STOP(probe_sv, 6);
+      if (i == 0 && lane == 0) load_unit_q(bars, w, slot, sq, tm_q, n_q);
+      __syncwarp();
+      page = page_next;
     }
-  }
-  if (n_tiles > 0) {
-    const int tv = t0 + n_tiles - 1, s = tv % kStages;
-    convert_fp8_staged<KVT>(sv + s * Shape<D>::kTileBytes, s8 + (kStages + s) * kFp8TileBytes,
-                            staged + 8 * (kStages + s), bars.v_full(s), bars.v_empty(s), tv,
-                            w.key_hi - (w.t_first + n_tiles - 1) * kBlockN, tid);
+  } else {
+    // per tile i: convert K(i - 1), then V(i - 2): K runs a tile ahead of V, as the consumers need them
+    const int cid = tid - 32;
+    for (int i = 1; i <= n_tiles + 1; ++i) {
+      if (i <= n_tiles) {
+        const int tk = t0 + i - 1, s = tk % kStages;
+        SM90_PROBE_START(probe_k);
+        convert_fp8_staged<KVT>(sk + s * Shape<D>::kTileBytes, s8 + s * kFp8TileBytes, st.k_full(s), st.k_empty(s),
+                                bars.k_full(s), bars.k_empty(s), tk, w.key_hi - (w.t_first + i - 1) * kBlockN, cid);
+        SM90_PROBE_STOP_BY(probe_k, 1, 32);
+      }
+      if (i >= 2) {
+        const int tv = t0 + i - 2, s = tv % kStages;
+        SM90_PROBE_START(probe_v);
+        convert_fp8_staged<KVT>(sv + s * Shape<D>::kTileBytes, s8 + (kStages + s) * kFp8TileBytes, st.v_full(s),
+                                st.v_empty(s), bars.v_full(s), bars.v_empty(s), tv,
+                                w.key_hi - (w.t_first + i - 2) * kBlockN, cid);
+        SM90_PROBE_STOP_BY(probe_v, 2, 32);
+      }
+    }
   }
   return t0 + n_tiles;
 }
@@ -463,8 +532,11 @@ __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& ba
     }
     sm90::named_barrier_sync(kProducerBarrier, 128);
     const int it = bcast[n_q & 1];
+    constexpr bool kLateQ = kFp8 && kStageTma;  // (produce_fp8_unit_tma loads Q after the unit's first boxes)
     SM90_PROBE_START(probe_q);
-    if (tid == 0 && n_q > 0) sm90::mbar_wait(bars.q_empty(), (n_q - 1) & 1);  // the consumers are done with Q
+    if (tid == 0 && n_q > 0 && (!kLateQ || it < 0)) {
+      sm90::mbar_wait(bars.q_empty(), (n_q - 1) & 1);  // the consumers are done with Q
+    }
     SM90_PROBE_STOP(probe_q, 5);
     if (it < 0) {
       if (tid == 0) {
@@ -479,7 +551,7 @@ __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& ba
       break;
     }
     const Unit w = resolve_unit<V, KV>(p, vp, it, D);
-    if (tid == 0) {
+    if (!kLateQ && tid == 0) {
       *slot = w;  // (read by the consumers after q_full)
       sm90::mbar_arrive_expect_tx(bars.q_full(), Shape<D>::kQBytes);
       sm90::tma_load_3d(sq, tm_q, bars.q_full(), 0, w.head, w.q0 + w.row0);
@@ -491,7 +563,8 @@ __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& ba
     const T* kh = k + kvh * p.k_stride_h;
     const T* vh = v + kvh * p.v_stride_h;
     if constexpr (kFp8 && kStageTma) {
-      tile = produce_fp8_unit_tma<KVT, KV>(p, bars, w, sk, sv, s8, staged, tm_k, tm_v, kvh, tile, tid);
+      tile = produce_fp8_unit_tma<KVT, KV>(p, bars, StagedBars{staged}, w, slot, sq, sk, sv, s8, tm_q, tm_k, tm_v, kvh,
+                                           n_q, tile, tid);
     } else if constexpr (kFp8) {
       tile = produce_fp8_unit<KVT, KV>(p, bars, w, sk, sv, s8, kvh, tile, tid);
     } else {
