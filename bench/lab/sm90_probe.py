@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 
-PRODUCER = ("total", "K stage", "V stage", "cp.async waits", "fp8 K copies", "q_empty wait", "fp8 V copies", "fp8 empty waits (TMA staging)")
+# (fp8 TMA staging: slots 1-3 and 7 are a converter's, 3 its staging waits, 7 its float16 stage waits; 4 / 6 the
+# issuing warp's K / V boxes with their slots' empty waits)
+PRODUCER = ("total", "K stage", "V stage", "staging waits", "fp8 K copies", "q_empty wait", "fp8 V copies", "fp8 empty")
 CONSUMER = ("total", "k_full wait", "v_full wait", "turn waits", "q_full wait", "softmax", "QK retire", "PV retire")
 
 

@@ -67,7 +67,16 @@ class Sm90KernelKey:
     paged: bool = False
     head_dim: int = HEAD_DIM
     kv_dtype: str | None = None  # fp8 K / V (FP8_KV); None: dtype
-    stage_tma: bool = False  # fp8: staging copies by TMA boxes (ragged, or page sizes that are multiples of 16)
+    # fp8: the staging copies are TMA boxes issued by one warp while three convert (always for ragged K / V; paged,
+    # when the page size is a multiple of 16); else cp.async by all four, each converting its own copies
+    stage_tma: bool = False
+
+    def __post_init__(self) -> None:
+        fp8 = self.kv_dtype not in (None, self.dtype)
+        if self.stage_tma and not fp8:
+            raise ValueError("stage_tma is for fp8 K / V: 16-bit K / V go to the stages without staging")
+        if fp8 and not self.paged and not self.stage_tma:
+            raise ValueError("ragged fp8 K / V is staged by TMA: pass stage_tma=True")
 
     @property
     def kv(self) -> str:
@@ -123,11 +132,10 @@ def default_specs() -> list[KernelSpec]:
         key("bfloat16", "causal", paged=True),
         key("float16", "causal", "custom_mask", paged=True),
         key("bfloat16", "causal", paged=True, kv="float8_e4m3fn"),
-        key("float16", "causal", kv="float8_e5m2"),
-        key("bfloat16", "causal", "soft_cap", kv="float8_e4m3fn"),
-        key("bfloat16", "causal", "alibi", paged=True, kv="float8_e5m2"),
+        key("float16", "causal", kv="float8_e5m2", tma=True),
+        key("bfloat16", "causal", "soft_cap", kv="float8_e4m3fn", tma=True),
         key("bfloat16", "causal", paged=True, kv="float8_e4m3fn", tma=True),
-        key("float16", "causal", "soft_cap", kv="float8_e5m2", tma=True),
+        key("bfloat16", "causal", "alibi", paged=True, kv="float8_e5m2"),  # (page sizes not a multiple of 16)
     ]
 
 

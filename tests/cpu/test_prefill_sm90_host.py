@@ -51,11 +51,26 @@ def test_fp8_kv_plans_its_own_kernel(kv, paged):
     else:
         _plan(w, kv_dtype=kv)
     assert w.plan_backend == "sm90" and w._plan.work.n_items == (3 + 6) * 8
-    key = sm90.Sm90KernelKey("bfloat16", w._plan.variant, paged, kv_dtype=kv)
     ctype = {"float8_e4m3fn": "__nv_fp8_e4m3", "float8_e5m2": "__nv_fp8_e5m2"}[kv]
-    assert key.name_expr() == f"cuinfer::batch_prefill_sm90<__nv_bfloat16, 128, {str(paged).lower()}, {ctype}>"
-    assert key.smem_bytes == sm90.SMEM_BYTES + 2 * sm90.STAGES * 128 * 128
+    staging = 2 * sm90.STAGES * 128 * 128
+    if paged:  # (page sizes that are not a multiple of 16: cp.async staging)
+        key = sm90.Sm90KernelKey("bfloat16", w._plan.variant, paged, kv_dtype=kv)
+        assert key.name_expr() == f"cuinfer::batch_prefill_sm90<__nv_bfloat16, 128, true, {ctype}>"
+        assert key.smem_bytes == sm90.SMEM_BYTES + staging
+    key = sm90.Sm90KernelKey("bfloat16", w._plan.variant, paged, kv_dtype=kv, stage_tma=True)
+    assert key.name_expr() == f"cuinfer::batch_prefill_sm90<__nv_bfloat16, 128, {str(paged).lower()}, {ctype}, true>"
+    # (the staging slots' full and empty barriers: 8 bytes each, K and V, per stage)
+    assert key.smem_bytes == sm90.SMEM_BYTES + staging + 8 * 4 * sm90.STAGES
     assert sm90.Sm90KernelKey("bfloat16", w._plan.variant, paged).smem_bytes == sm90.SMEM_BYTES
+
+
+def test_fp8_staging_keys_refuse_what_no_kernel_runs():
+    """TMA staging is for fp8 K / V only, and ragged fp8 K / V has no cp.async staging kernel."""
+    variant = _plan(BatchPrefill(paged=False, backend="sm90")).variant
+    with pytest.raises(ValueError, match="stage_tma is for fp8"):
+        sm90.Sm90KernelKey("bfloat16", variant, stage_tma=True)
+    with pytest.raises(ValueError, match="ragged fp8 K / V is staged by TMA"):
+        sm90.Sm90KernelKey("bfloat16", variant, kv_dtype="float8_e4m3fn")
 
 
 def _plan(w: BatchPrefill, qo=(0, 300, 1000), **kw):

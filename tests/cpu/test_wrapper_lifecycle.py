@@ -141,20 +141,22 @@ def test_prefill_auto_on_hopper_runs_the_sm90_kernel_where_it_fits(gpu, rng):
         ), (qo, fixed, names)
 
 
-@pytest.mark.parametrize("paged", [False, True], ids=["ragged", "paged"])
-def test_prefill_sm90_fp8_launch(gpu, paged):
+@pytest.mark.parametrize("page", [None, 16, 8], ids=["ragged", "paged16", "paged8"])
+def test_prefill_sm90_fp8_launch(gpu, page):
     """fp8 K / V on the Hopper kernel ("auto" on the sm_90 device): its own specialisation with the staging ring's
-    shared memory, K / V pointers as given (no TMA maps: the producer copies the rows), k_scale folded into sm_scale,
-    v_scale passed."""
+    shared memory, K / V pointers as given, k_scale folded into sm_scale, v_scale passed; the staging copies are TMA
+    boxes (byte maps of K / V, the slots' barriers) for ragged K / V and page sizes that are multiples of 16, cp.async
+    otherwise."""
     from cuinfer.prefill import sm90
 
     log, _ = gpu
     qo = np.array([0, 1024, 2048])
-    w = BatchPrefill(paged=paged)
-    if paged:
-        w.plan(qo, np.array([0, 64, 128]), np.arange(128), np.array([16, 16]), **HEADS, page_size=16,
+    w = BatchPrefill(paged=page is not None)
+    if page is not None:
+        n = 2048 // page
+        w.plan(qo, np.array([0, n // 2, n]), np.arange(n), np.array([page, page]), **HEADS, page_size=page,
                q_dtype="bfloat16", kv_dtype="float8_e4m3fn", causal=True)  # fmt: skip
-        kv = (_cuda((128, 2, 16, 8, 128), DType.FLOAT8_E4M3FN),)
+        kv = (_cuda((n, 2, page, 8, 128), DType.FLOAT8_E4M3FN),)
     else:
         w.plan(qo, qo, **HEADS, q_dtype="bfloat16", kv_dtype="float8_e4m3fn", causal=True)
         kv = (_cuda((2048, 8, 128), DType.FLOAT8_E4M3FN), _cuda((2048, 8, 128), DType.FLOAT8_E4M3FN))
@@ -165,8 +167,10 @@ def test_prefill_sm90_fp8_launch(gpu, paged):
     assert p["sm_scale"] == pytest.approx(0.5 / 128**0.5) and p["v_scale"] == 2.0
     assert p["k"] == kv[0].ptr and p["k_scales"] == 0
     state = w._launch_state
-    # (page size 16 and ragged K / V: the staging copies are TMA boxes, their barriers and pages 64 bytes more)
-    assert state.smem_bytes == sm90.SMEM_BYTES + sm90.FP8_STAGING_BYTES + 64 and not state.tma_kv and state.stage_tma
+    tma = page != 8
+    assert state.stage_tma == tma and not state.tma_kv
+    # (TMA staging: the staging slots' full and empty barriers, 64 bytes more)
+    assert state.smem_bytes == sm90.SMEM_BYTES + sm90.FP8_STAGING_BYTES + (64 if tma else 0)
 
 
 @pytest.mark.parametrize("first", ["sm90", "fa2"])

@@ -376,6 +376,9 @@ PCASES = [
         PCase((640, 129), (2000, 700), 16, (32, 8), 128, causal=False, backend="sm90", opts={"pos_encoding": "alibi"}),
         id="sm90-paged-alibi-noncausal",
     ),
+    # pages of 48 slots: TMA boxes of 16 slots at three offsets in a page; of 24: the cp.async staging
+    pytest.param(PCase((300, 1000), (2000, 1001), 48, (32, 8), 128, "e5m2", backend="sm90"), id="sm90-paged-p48-e5m2"),
+    pytest.param(PCase((300, 1000), (1500, 1001), 24, (16, 4), 128, backend="sm90"), id="sm90-paged-p24-e4m3"),
     pytest.param(PCase((577, 17, 1), (4097, 54, 130), 16, (32, 8), 128), id="paged-p16-e4m3-bf16-g4-d128-causal"),
     # float16 Q·K^T (bf16 q, the CTA converting, sm_90: PrefillTraits::kHalfQK): each warp scales its Q rows by the
     # power of two of their largest |q|; rows of very different size, zero rows and q beyond float16's range, with

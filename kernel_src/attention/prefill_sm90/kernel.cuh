@@ -18,11 +18,12 @@ namespace cuinfer {
 // p: the plan's arrays, the tensors and the shapes (PrefillParams, cuinfer/prefill/specs.py); v: the variant's
 // parameters; tm_q, tm_k, tm_v: TMA maps of q, k and v as [tokens, heads, 128] with 64 x 1 x 128 boxes and the
 // 128-byte swizzle (cuinfer/prefill/sm90.py; PAGED: k and v are a paged cache, read by page table, their maps unused;
-// fp8 K / V: their maps unused too).
+// fp8 K / V: byte maps of K / V with STAGE_TMA, unused without).
 // KVT: K / V's element type, T or fp8 (__nv_fp8_e4m3, __nv_fp8_e5m2: staged and converted to float16 by the
 // producer; the MMAs then run in float16, bfloat16 q converted per row by the consumers: consumer.cuh).
-// STAGE_TMA (fp8 only): the staging copies are TMA boxes (tm_k / tm_v: byte maps of K / V; producer.cuh
-// stage_fp8_tma), their slots' barriers after the item broadcast.
+// STAGE_TMA (fp8 only; every ragged fp8 kernel, and a paged cache whose page size is a multiple of 16): the staging
+// copies are TMA boxes issued by the producer's warp 0 and converted by its warps 1-3 (producer.cuh
+// produce_fp8_unit_tma), the staging slots' barriers after the item broadcast.
 template <class T, int HEAD_DIM, bool PAGED, class KVT, bool STAGE_TMA = false>
 __global__ void __launch_bounds__(prefill_sm90::kThreads, 1)
     batch_prefill_sm90(const __grid_constant__ PrefillParams p, const __grid_constant__ VariantParams v,
@@ -43,6 +44,7 @@ __global__ void __launch_bounds__(prefill_sm90::kThreads, 1)
   constexpr bool kFp8 = fp8::IsFp8<KVT>::value;
   using TM = typename Select<kFp8, half, T>::type;  // the MMAs' operand type
   static_assert(!STAGE_TMA || kFp8, "TMA staging is the fp8 kernels'");
+  static_assert(!kFp8 || PAGED || STAGE_TMA, "ragged fp8 K / V is staged by TMA");
   const u32 s8 = sv + kStages * S::kTileBytes;     // fp8: the staging ring (K stages, then V stages)
   const Bars bars{s8 + (kFp8 ? 2 * kStages * kFp8TileBytes : 0)};
   Unit* slot = reinterpret_cast<Unit*>(smem_raw + (bars.end() - raw));

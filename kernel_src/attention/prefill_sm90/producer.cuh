@@ -8,9 +8,11 @@
 //     producer waits for these copies (one tile at a unit's end);
 //   * a paged cache's tiles (rows gathered by page table): the same zero-filled cp.async, but not waited for: each
 //     producer thread's copies arrive on the stage's barrier as they land, so tiles stream like TMA ones;
-//   * fp8 K / V (ragged or paged): each tile's rows (128 bytes each) are copied with cp.async into a staging ring of
-//     fp8 tiles, then converted by the same threads into the float16 stage the consumers read (the fp8 section
-//     below); the consumers fence the proxies after their wait.
+//   * fp8 K / V: each tile's rows (128 bytes each) land in a staging ring of fp8 tiles and are converted into the
+//     float16 stage the consumers read; the consumers fence the proxies after their wait. Ragged K / V and a paged
+//     cache whose page size is a multiple of 16 (STAGE_TMA): TMA boxes issued by warp 0, converted by warps 1-3
+//     (produce_fp8_unit_tma). Other page sizes: cp.async by all 128 threads, which then convert their own chunks
+//     (produce_fp8_unit): 1.13-1.18x the time of the TMA staging on P4-P6 (docs/results/h200-2026-12-03g).
 // Q rows past a request's end are read from the next rows (or zero-filled past the tensor): they only feed rows that
 // are never stored.
 // K and V of a stage are released apart by the consumers (k_empty / v_empty), so the next K load starts while a P·V
@@ -125,7 +127,8 @@ __device__ __forceinline__ void load_tile(u32 dst, u32 full, u32 empty, int n, b
 
 // ---- fp8 K / V ---------------------------------------------------------------------------------------------------
 // A tile of fp8 K or V is 128 rows of 128 bytes, staged row-major (chunk c of row r at r * 128 + c * 16) in a ring of
-// kStages K and kStages V tiles after the 16-bit rings. Thread t stages chunk c = t % 8 of rows r0 + 16 i (i < 8,
+// kStages K and kStages V tiles after the 16-bit rings. A paged cache whose page size is not a multiple of 16 (the
+// TMA staging's boxes below need 16 slots of one page) stages with cp.async: thread t stages chunk c = t % 8 of rows r0 + 16 i (i < 8,
 // fp8_row) with cp.async (rows at and past `valid` zero-filled), and later converts exactly those chunks: 16 fp8
 // elements into 16-bit chunks 2c and 2c + 1 of the row in the swizzled stage, so it waits for its own copies only.
 // The eight threads of a quarter-warp take chunks 0-3 of one row and 4-7 of the next (or the other way round): their
@@ -139,28 +142,16 @@ __device__ __forceinline__ int fp8_row(int tid) {
   return (q & ~1) | (((tid % 8) >> 2) ^ (q & 1));
 }
 
-// Ragged: rows row0 + r of the head at `head` (a byte pointer); paged: row offsets from paged_row_at, shuffled.
-template <bool PAGED>
-__device__ __forceinline__ void stage_fp8_tile(u32 dst8, const unsigned char* head, i64 row0, i64 stride_n,
-                                               i64 paged_row, int valid, int tid) {
+// The rows of a paged tile: this warp's row offsets (paged_row_at), shuffled to the row's copiers.
+__device__ __forceinline__ void stage_fp8_tile(u32 dst8, const unsigned char* base, i64 paged_row, int valid, int tid) {
   const int c = tid % 8, r0 = fp8_row(tid), left = valid - r0;
   const u32 s0 = dst8 + r0 * 128 + c * 16;
-  if constexpr (PAGED) {
-    int lane = r0 % 4;  // (the offset of row r0 + 16 i was read by lane r0 % 4 + 4 i of this warp: paged_row)
+  int lane = r0 % 4;  // (the offset of row r0 + 16 i was read by lane r0 % 4 + 4 i of this warp: paged_row)
 #pragma unroll 4
-    for (int i = 0; i < kPagedRows; ++i, lane += 4) {
-      const i64 off = __shfl_sync(0xffffffffu, paged_row, lane);
-      const bool ok = 16 * i < left;
-      cp_async_16(s0 + i * 2048, head + (ok ? off + c * 16 : 0), ok);
-    }
-  } else {
-    const unsigned char* g = head + (row0 + r0) * stride_n + c * 16;
-    const i64 step = 16 * stride_n;
-#pragma unroll 4
-    for (int i = 0; i < kPagedRows; ++i, g += step) {
-      const bool ok = 16 * i < left;
-      cp_async_16(s0 + i * 2048, ok ? g : head, ok);
-    }
+  for (int i = 0; i < kPagedRows; ++i, lane += 4) {
+    const i64 off = __shfl_sync(0xffffffffu, paged_row, lane);
+    const bool ok = 16 * i < left;
+    cp_async_16(s0 + i * 2048, base + (ok ? off + c * 16 : 0), ok);
   }
 }
 
@@ -171,10 +162,8 @@ __device__ __forceinline__ void stage_fp8_tile(u32 dst8, const unsigned char* he
 // allowed, measured 4-5 % slower on P4-P6 over e4m3, docs/results/h200-2026-12-03f). V converts like K: e4m3 V
 // through fp8.cuh's integer bit path (three integer ops per pair, leaving the conversion pipe to the consumers' P
 // packing) measured 2-2.5 % slower (docs/results/h200-2026-12-03d).
-// kMask (a TMA-staged tile with rows past `valid`: another request's keys, or a page's stale slots): those rows
-// become zeros.
-template <class F8, bool kMask = false, int kBatch = 8>
-__device__ __forceinline__ void convert_fp8_tile(u32 dst, u32 src8, int tid, int valid = kBlockN) {
+template <class F8, int kBatch = 8>
+__device__ __forceinline__ void convert_fp8_tile(u32 dst, u32 src8, int tid) {
   const int c = tid % 8, r0 = fp8_row(tid);
   // rows r0 + 16 i share the swizzle (r % 8): row 0's addresses plus i * 2048, in the staging tile and in the stage
   const u32 src = src8 + r0 * 128 + c * 16;
@@ -196,12 +185,6 @@ __device__ __forceinline__ void convert_fp8_tile(u32 dst, u32 src8, int tid, int
       fp8::k_pairs<F8>(x[j].y, o[2], o[3]);
       fp8::k_pairs<F8>(x[j].z, o[4], o[5]);
       fp8::k_pairs<F8>(x[j].w, o[6], o[7]);
-      if constexpr (kMask) {
-        if (r0 + 16 * (i0 + j) >= valid) {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) o[e] = 0u;
-        }
-      }
       asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(first + off), "r"(o[0]), "r"(o[1]), "r"(o[2]),
                    "r"(o[3]) : "memory");
       asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(second + off), "r"(o[4]), "r"(o[5]), "r"(o[6]),
@@ -234,11 +217,12 @@ __device__ __forceinline__ int produce_fp8_unit(const P& p, const Bars& bars, co
   // Copy groups per thread, oldest first: K(i - 1), V(i - 1), K(i): two newer than K(i - 1).
   const unsigned char* k8 = static_cast<const unsigned char*>(p.k);
   const unsigned char* v8 = static_cast<const unsigned char*>(p.v);
-  // Paged: each tile's page-table entry is read a tile ahead (page_next), so its latency passes under the
-  // conversions instead of stalling the copies that need it.
+  // Each tile's page-table entry is read a tile ahead (page_next), so its latency passes under the conversions
+  // instead of stalling the copies that need it.
+  static_assert(KV::kPaged, "ragged fp8 K / V is staged by TMA (produce_fp8_unit_tma)");
   const int t0 = tile, n_tiles = w.n_tiles;
   int page_next = -1;
-  if constexpr (KV::kPaged) {
+  {
     const int key_first = w.t_first * kBlockN;
     if (n_tiles > 0) page_next = paged_row_page(p, w.k0, key_first, w.key_hi - key_first, tid);
   }
@@ -248,16 +232,11 @@ __device__ __forceinline__ int produce_fp8_unit(const P& p, const Bars& bars, co
     if (i < n_tiles) {
       key0 = (w.t_first + i) * kBlockN;
       valid = w.key_hi - key0;
-      if constexpr (KV::kPaged) {
-        row = paged_row_at(p, page_next, key0, kvh, tid);
-        if (i + 1 < n_tiles) page_next = paged_row_page(p, w.k0, key0 + kBlockN, valid - kBlockN, tid);
-      }
-      // (paged: offsets from the cache's base; ragged: rows of the KV head's column)
+      row = paged_row_at(p, page_next, key0, kvh, tid);  // (offsets from the cache's base)
+      if (i + 1 < n_tiles) page_next = paged_row_page(p, w.k0, key0 + kBlockN, valid - kBlockN, tid);
       SM90_PROBE_START(probe_s);
       if (SM90_PROBE_STAGE) {  // (0 only in a lab bound probe: sm90_probe.cuh)
-        stage_fp8_tile<KV::kPaged>(s8 + ((t0 + i) % kStages) * kFp8TileBytes,
-                                   KV::kPaged ? k8 : k8 + kvh * p.k_stride_h, w.k0 + key0, p.k_stride_n, row,
-                                   valid, tid);
+        stage_fp8_tile(s8 + ((t0 + i) % kStages) * kFp8TileBytes, k8, row, valid, tid);
       }
       cp_async_commit();
       SM90_PROBE_STOP(probe_s, 4);
@@ -286,9 +265,7 @@ __device__ __forceinline__ int produce_fp8_unit(const P& p, const Bars& bars, co
     if (i < n_tiles) {
       SM90_PROBE_START(probe_sv);
       if (SM90_PROBE_STAGE) {
-        stage_fp8_tile<KV::kPaged>(s8 + (kStages + (t0 + i) % kStages) * kFp8TileBytes,
-                                   KV::kPaged ? v8 : v8 + kvh * p.v_stride_h, w.k0 + key0, p.v_stride_n, row,
-                                   valid, tid);
+        stage_fp8_tile(s8 + (kStages + (t0 + i) % kStages) * kFp8TileBytes, v8, row, valid, tid);
       }
       cp_async_commit();
       SM90_PROBE_STOP(probe_sv, 6);
@@ -305,10 +282,12 @@ __device__ __forceinline__ int produce_fp8_unit(const P& p, const Bars& bars, co
 
 // ---- fp8 K / V staged by TMA (STAGE_TMA: ragged K / V, or a paged cache whose page size is a multiple of 16) --------
 // Warp 0 of the producer only issues: the staging copies as TMA boxes, and the unit's Q. Warps 1-3 (96 threads) only
-// convert. A TMA issue stalls its warp while the memory system is busy (about as long as the copies' cp.async issue
-// took, docs/results/h200-2026-12-03g), so the issuing warp runs ahead of the converters on barriers alone: a staging
-// slot's full barrier (one arrival with the expected bytes) and its empty barrier (the 96 converters arrive after
-// converting it). Boxes: ragged, lane 0 one box of 128 rows (rows past the tensor read as zeros); paged, lanes 0-7 one
+// convert. Issuing the copies stalls the issuing warp about as long as their bytes take to arrive (~16-20 bytes per
+// cycle and SM; cp.async and TMA boxes alike, docs/results/h200-2026-12-03g), so the issuing warp does nothing else
+// and runs ahead of the converters on barriers alone: a staging slot's full barrier (one arrival with the expected
+// bytes) and its empty barrier (the 96 converters arrive after converting it). With all 128 threads both issuing and
+// converting, each thread's conversions waited behind its copies: 1.13-1.18x the time on P4-P6 (cp.async), and TMA
+// boxes issued by warp 0 between producer barriers were no faster. Boxes: ragged, lane 0 one box of 128 rows (rows past the tensor read as zeros); paged, lanes 0-7 one
 // box of 16 rows each (keys key0 + 16 j .. + 15 lie in one page), each lane's page read a tile ahead. Rows at and past
 // `valid` (another request's keys, or a page's stale slots) are converted as zeros.
 constexpr int kConverters = 96;
@@ -347,7 +326,7 @@ __device__ __forceinline__ void stage_fp8_tma(const P& p, u32 dst8, u32 bar, con
 // groups), converter warp W doing jobs W + 3 k (11, 11 and 10 jobs), all its chunks read before any is converted.
 // Lane l's row of job j is fp8_row(l) + 4 a + 16 b, whose swizzle (r % 8) depends on a's parity only: two base
 // addresses per destination chunk, the rest immediates. kMask: rows at and past `valid` as zeros.
-template <class F8, bool kMask, int W, int kBatch = 11>
+template <class F8, bool kMask, int W>
 __device__ __forceinline__ void convert_fp8_tile_w(u32 dst, u32 src8, int lane, int valid) {
   constexpr int kJobs = (32 - W + 2) / 3;
   using Tile = sm90::Sw128Tile<kBlockN>;
@@ -357,36 +336,32 @@ __device__ __forceinline__ void convert_fp8_tile_w(u32 dst, u32 src8, int lane, 
   const u32 first[2] = {dst + Tile::chunk_offset(rl, 2 * c), dst + Tile::chunk_offset(rl + 4, 2 * c) - 4 * 128};
   const u32 second[2] = {dst + Tile::chunk_offset(rl, 2 * c + 1),
                          dst + Tile::chunk_offset(rl + 4, 2 * c + 1) - 4 * 128};
+  uint4 x[kJobs];
 #pragma unroll
-  for (int k0 = 0; k0 < kJobs; k0 += kBatch) {
-    uint4 x[kBatch];
+  for (int k = 0; k < kJobs; ++k) {
+    const int j = W + 3 * k, a = j % 4, b = j / 4;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(x[k].x), "=r"(x[k].y), "=r"(x[k].z), "=r"(x[k].w) : "r"(src + (4 * a + 16 * b) * 128));
+  }
 #pragma unroll
-    for (int k = k0; k < k0 + kBatch && k < kJobs; ++k) {
-      const int j = W + 3 * k, a = j % 4, b = j / 4;
-      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(x[k - k0].x), "=r"(x[k - k0].y), "=r"(x[k - k0].z), "=r"(x[k - k0].w)
-                   : "r"(src + (4 * a + 16 * b) * 128));
-    }
+  for (int k = 0; k < kJobs; ++k) {
+    const int j = W + 3 * k, a = j % 4, b = j / 4;
+    u32 o[8];
+    fp8::k_pairs<F8>(x[k].x, o[0], o[1]);
+    fp8::k_pairs<F8>(x[k].y, o[2], o[3]);
+    fp8::k_pairs<F8>(x[k].z, o[4], o[5]);
+    fp8::k_pairs<F8>(x[k].w, o[6], o[7]);
+    if constexpr (kMask) {
+      if (4 * a + 16 * b >= left) {  // (row rl + 4 a + 16 b at or past `valid`)
 #pragma unroll
-    for (int k = k0; k < k0 + kBatch && k < kJobs; ++k) {
-      const int j = W + 3 * k, a = j % 4, b = j / 4;
-      u32 o[8];
-      fp8::k_pairs<F8>(x[k - k0].x, o[0], o[1]);
-      fp8::k_pairs<F8>(x[k - k0].y, o[2], o[3]);
-      fp8::k_pairs<F8>(x[k - k0].z, o[4], o[5]);
-      fp8::k_pairs<F8>(x[k - k0].w, o[6], o[7]);
-      if constexpr (kMask) {
-        if (4 * a + 16 * b >= left) {  // (row rl + 4 a + 16 b at or past `valid`)
-#pragma unroll
-          for (int e = 0; e < 8; ++e) o[e] = 0u;
-        }
+        for (int e = 0; e < 8; ++e) o[e] = 0u;
       }
-      const u32 off = (4 * a + 16 * b) * 128;
-      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(first[a & 1] + off), "r"(o[0]), "r"(o[1]),
-                   "r"(o[2]), "r"(o[3]) : "memory");
-      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(second[a & 1] + off), "r"(o[4]), "r"(o[5]),
-                   "r"(o[6]), "r"(o[7]) : "memory");
     }
+    const u32 off = (4 * a + 16 * b) * 128;
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(first[a & 1] + off), "r"(o[0]), "r"(o[1]),
+                 "r"(o[2]), "r"(o[3]) : "memory");
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(second[a & 1] + off), "r"(o[4]), "r"(o[5]),
+                 "r"(o[6]), "r"(o[7]) : "memory");
   }
 }
 
