@@ -5,7 +5,7 @@
 # Each dir is a `git archive` tree (e.g. .ab/v1), installed with `pip --target` into /tmp/site-<name>; "." is this
 # checkout, installed editable. Round r runs the trees starting at tree (r - 1) mod n, so every tree is measured
 # early and late. Results under $AB_WORK (default /tmp/abn); each tree is compared with the first
-# (python -m bench.lab.ab_compare) at the end.
+# (python -m bench.lab.ab_compare) at the end. AB_BENCH: the module run instead of bench (e.g. bench.lab.page_cases).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 W=${AB_WORK:-/tmp/abn}; mkdir -p "$W"
@@ -31,7 +31,7 @@ for r in $(seq 1 "$n"); do
   for j in $(seq 0 $((k - 1))); do
     i=$(( (j + r - 1) % k )); name=${names[$i]}
     for s in $suites; do
-      (cd "/tmp/run-$name" && PYTHONPATH=${paths[$i]} CUINFER_CACHE_DIR=/tmp/cc-$name python3 -m bench "$s" \
+      (cd "/tmp/run-$name" && PYTHONPATH=${paths[$i]} CUINFER_CACHE_DIR=/tmp/cc-$name python3 -m ${AB_BENCH:-bench} "$s" \
         --cases "$cases" --no-peers --no-plot --out "$W/raw-$name" > "$W/$name/log-$s-r$r.txt" 2>&1) &&
         cp "$W/raw-$name/$s-latest.json" "$W/$name/$s-r$r.json"
       echo "round $r $name $s: $(tail -1 "$W/$name/log-$s-r$r.txt")"
