@@ -128,7 +128,8 @@ __device__ __forceinline__ void load_tile(u32 dst, u32 full, u32 empty, int n, b
 // ---- fp8 K / V ---------------------------------------------------------------------------------------------------
 // A tile of fp8 K or V is 128 rows of 128 bytes, staged row-major (chunk c of row r at r * 128 + c * 16) in a ring of
 // kStages K and kStages V tiles after the 16-bit rings. A paged cache whose page size is not a multiple of 16 (the
-// TMA staging's boxes below need 16 slots of one page) stages with cp.async: thread t stages chunk c = t % 8 of rows r0 + 16 i (i < 8,
+// TMA staging's boxes below need 16 slots of one page; shorter boxes, and one warp issuing all the cp.async copies,
+// measured slower: docs/results/h200-2026-12-03g) stages with cp.async: thread t stages chunk c = t % 8 of rows r0 + 16 i (i < 8,
 // fp8_row) with cp.async (rows at and past `valid` zero-filled), and later converts exactly those chunks: 16 fp8
 // elements into 16-bit chunks 2c and 2c + 1 of the row in the swizzled stage, so it waits for its own copies only.
 // The eight threads of a quarter-warp take chunks 0-3 of one row and 4-7 of the next (or the other way round): their
