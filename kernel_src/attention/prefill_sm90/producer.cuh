@@ -129,8 +129,8 @@ __device__ __forceinline__ void load_tile(u32 dst, u32 full, u32 empty, int n, b
 // A tile of fp8 K or V is 128 rows of 128 bytes, staged row-major (chunk c of row r at r * 128 + c * 16) in a ring of
 // kStages K and kStages V tiles after the 16-bit rings. A paged cache whose page size is not a multiple of 16 (the
 // TMA staging's boxes below need 16 slots of one page; shorter boxes, and one warp issuing all the cp.async copies,
-// measured slower: docs/results/h200-2026-12-03g) stages with cp.async: thread t stages chunk c = t % 8 of rows r0 + 16 i (i < 8,
-// fp8_row) with cp.async (rows at and past `valid` zero-filled), and later converts exactly those chunks: 16 fp8
+// measured slower: docs/results/h200-2026-12-03g) stages with cp.async: thread t stages chunk c = t % 8 of rows
+// r0 + 16 i (i < 8, fp8_row; rows at and past `valid` zero-filled), and later converts exactly those chunks: 16 fp8
 // elements into 16-bit chunks 2c and 2c + 1 of the row in the swizzled stage, so it waits for its own copies only.
 // The eight threads of a quarter-warp take chunks 0-3 of one row and 4-7 of the next (or the other way round): their
 // 16-bit chunks 2c (then 2c + 1) are 4 in each 128-byte column block, at in-block indices of both parities (the
@@ -283,14 +283,14 @@ __device__ __forceinline__ int produce_fp8_unit(const P& p, const Bars& bars, co
 
 // ---- fp8 K / V staged by TMA (STAGE_TMA: ragged K / V, or a paged cache whose page size is a multiple of 16) --------
 // Warp 0 of the producer only issues: the staging copies as TMA boxes, and the unit's Q. Warps 1-3 (96 threads) only
-// convert. Issuing the copies stalls the issuing warp about as long as their bytes take to arrive (~16-20 bytes per
-// cycle and SM; cp.async and TMA boxes alike, docs/results/h200-2026-12-03g), so the issuing warp does nothing else
-// and runs ahead of the converters on barriers alone: a staging slot's full barrier (one arrival with the expected
-// bytes) and its empty barrier (the 96 converters arrive after converting it). With all 128 threads both issuing and
-// converting, each thread's conversions waited behind its copies: 1.13-1.18x the time on P4-P6 (cp.async), and TMA
-// boxes issued by warp 0 between producer barriers were no faster. Boxes: ragged, lane 0 one box of 128 rows (rows past the tensor read as zeros); paged, lanes 0-7 one
-// box of 16 rows each (keys key0 + 16 j .. + 15 lie in one page), each lane's page read a tile ahead. Rows at and past
-// `valid` (another request's keys, or a page's stale slots) are converted as zeros.
+// convert. Issuing a copy stalls the issuing warp (~100 cycles per cp.async instruction here, and TMA boxes alike:
+// docs/results/h200-2026-12-03g), so the issuing warp does nothing else and runs ahead of the converters on barriers
+// alone: a staging slot's full barrier (one arrival with the expected bytes) and its empty barrier (the 96 converters
+// arrive after converting it). With all 128 threads both issuing and converting, each thread's conversions waited
+// behind its copies: 1.13-1.18x the time on P4-P6 (cp.async); TMA boxes issued by warp 0 between producer barriers
+// were no faster. Boxes: ragged, lane 0 one box of 128 rows (rows past the tensor read as zeros); paged, lanes 0-7
+// one box of 16 rows each (keys key0 + 16 j .. + 15 lie in one page), each lane's page read a tile ahead. Rows at and
+// past `valid` (another request's keys, or a page's stale slots) are converted as zeros.
 constexpr int kConverters = 96;
 
 // The staging slots' barriers after the unit slot: full then empty, K slots then V slots.
