@@ -200,6 +200,33 @@ def check_device(device_id: int | None) -> None:
         )
 
 
+def _encode_map(
+    ptr: int, kind: Any, dims: tuple, byte_strides: tuple, box: tuple, swizzle: str, promotion: str, what: str
+) -> np.void:
+    """cuTensorMapEncodeTiled of ``dims`` (innermost first; ``byte_strides`` between the outer ones) in boxes of
+    ``box`` elements, as the kernel's by-value TmaDesc argument; out-of-range elements of a box read as zero."""
+    from cuda.bindings import driver as cu
+
+    err, tmap = cu.cuTensorMapEncodeTiled(
+        kind,
+        cu.cuuint32_t(len(dims)),
+        int(ptr),
+        [cu.cuuint64_t(max(1, n)) for n in dims],
+        [cu.cuuint64_t(n) for n in byte_strides],
+        [cu.cuuint32_t(n) for n in box],
+        [cu.cuuint32_t(1)] * len(dims),
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        getattr(cu.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swizzle}"),
+        getattr(cu.CUtensorMapL2promotion, f"CU_TENSOR_MAP_L2_PROMOTION_{promotion}"),
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+    )
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed ({err}) for {what}")
+    out = np.zeros((), TMA_DESC)
+    out["opaque"] = np.frombuffer(ctypes.string_at(tmap.getPtr(), 128), dtype="<u8")
+    return out[()]
+
+
 def tensor_map(ptr: int, dtype: str, rows: int, heads: int, stride_n: int, stride_h: int) -> np.void:
     """TMA map of a 16-bit ``[rows, heads, 128]`` tensor with element strides ``stride_n`` (rows) and ``stride_h``
     (heads): boxes of 128 rows x 1 head x 64 columns in the 128-byte swizzle (the wgmma layout), as the kernel's
@@ -211,27 +238,11 @@ def tensor_map(ptr: int, dtype: str, rows: int, heads: int, stride_n: int, strid
         if dtype == "bfloat16"
         else cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16
     )
-    err, tmap = cu.cuTensorMapEncodeTiled(
-        kind,
-        cu.cuuint32_t(3),
-        int(ptr),
-        [cu.cuuint64_t(n) for n in (HEAD_DIM, max(1, heads), max(1, rows))],
-        [cu.cuuint64_t(2 * n) for n in (stride_h, stride_n)],  # bytes between heads, between rows
-        [cu.cuuint32_t(n) for n in (64, 1, TILE_KV)],
-        [cu.cuuint32_t(1)] * 3,
-        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-    )
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(
-            f"cuTensorMapEncodeTiled failed ({err}) for a [{rows}, {heads}, {HEAD_DIM}] {dtype} tensor with strides "
-            f"({stride_n}, {stride_h}, 1) at 0x{int(ptr):x}"
-        )
-    out = np.zeros((), TMA_DESC)
-    out["opaque"] = np.frombuffer(ctypes.string_at(tmap.getPtr(), 128), dtype="<u8")
-    return out[()]
+    return _encode_map(
+        ptr, kind, (HEAD_DIM, heads, rows), (2 * stride_h, 2 * stride_n),  # bytes between heads, between rows
+        (64, 1, TILE_KV), "128B", "L2_256B",
+        f"a [{rows}, {heads}, {HEAD_DIM}] {dtype} tensor with strides ({stride_n}, {stride_h}, 1) at 0x{int(ptr):x}",
+    )  # fmt: skip
 
 
 STAGE_TMA_ROWS = 16  # rows of a paged fp8 TMA box: page sizes that are multiples of it stage by TMA
@@ -249,27 +260,13 @@ def fp8_map(ptr: int, strides: tuple[int, int, int], kv: KV, paged: bool, nk: in
         byte_strides = (s_head, s_slot, s_page)
         box = (HEAD_DIM, 1, STAGE_TMA_ROWS, 1)
     else:  # (ragged K / V: rows n, heads h as KV's slot and head strides)
-        dims = (HEAD_DIM, kv.num_kv_heads, max(1, nk))
+        dims = (HEAD_DIM, kv.num_kv_heads, nk)
         byte_strides = (s_head, s_slot)
         box = (HEAD_DIM, 1, TILE_KV)
-    err, tmap = cu.cuTensorMapEncodeTiled(
-        cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8,
-        cu.cuuint32_t(len(dims)),
-        int(ptr),
-        [cu.cuuint64_t(max(1, n)) for n in dims],
-        [cu.cuuint64_t(n) for n in byte_strides],
-        [cu.cuuint32_t(n) for n in box],
-        [cu.cuuint32_t(1)] * len(dims),
-        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
-        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-    )
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed ({err}) for fp8 K / V dims {dims} strides {byte_strides}")
-    out = np.zeros((), TMA_DESC)
-    out["opaque"] = np.frombuffer(ctypes.string_at(tmap.getPtr(), 128), dtype="<u8")
-    return out[()]
+    return _encode_map(
+        ptr, cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, dims, byte_strides, box, "NONE", "L2_128B",
+        f"fp8 K / V dims {dims} strides {byte_strides}",
+    )  # fmt: skip
 
 
 class Sm90Launch(PrefillLaunch):

@@ -39,12 +39,8 @@ __device__ __forceinline__ unsigned long long* sm90_probe_slots() {
     if (threadIdx.x < 24) cuinfer::debug::sm90_probe_slots()[threadIdx.x] = 0; \
   } while (0)
 #define SM90_PROBE_START(name) const long long name = clock64()
-#define SM90_PROBE_STOP(name, k)                                                                 \
-  do {                                                                                           \
-    if (threadIdx.x % 128 == 0)                                                                  \
-      cuinfer::debug::sm90_probe_slots()[8 * (threadIdx.x / 128) + (k)] += clock64() - (name);    \
-  } while (0)
-// (the same, recorded by thread t of the warpgroup: the fp8 TMA staging's converters, whose thread 0 only issues)
+// Adds the cycles since SM90_PROBE_START(name) to slot k of thread t's warpgroup; SM90_PROBE_STOP records thread 0's
+// (SM90_PROBE_STOP_BY: the fp8 TMA staging's converters, whose warpgroup's thread 0 only issues)
 #define SM90_PROBE_STOP_BY(name, k, t)                                                           \
   do {                                                                                           \
     if (threadIdx.x % 128 == (t))                                                                \
@@ -65,9 +61,6 @@ __device__ __forceinline__ unsigned long long* sm90_probe_slots() {
 #define SM90_PROBE_START(name) \
   do {                         \
   } while (0)
-#define SM90_PROBE_STOP(name, k) \
-  do {                           \
-  } while (0)
 #define SM90_PROBE_STOP_BY(name, k, t) \
   do {                                 \
   } while (0)
@@ -75,3 +68,4 @@ __device__ __forceinline__ unsigned long long* sm90_probe_slots() {
   do {                     \
   } while (0)
 #endif
+#define SM90_PROBE_STOP(name, k) SM90_PROBE_STOP_BY(name, k, 0)

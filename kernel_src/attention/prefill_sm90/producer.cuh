@@ -399,12 +399,12 @@ __device__ __forceinline__ void convert_fp8_staged(u32 dst, u32 src8, u32 staged
   sm90::mbar_arrive(staged_empty);
 }
 
-// Q of unit `w` (the n_q-th) once the consumers are done with the previous one: thread 0 writes the unit slot and
-// loads Q's two boxes.
+// The n_q-th unit's Q, by thread 0: waiting for the consumers to be done with the previous one (wait_q: the caller
+// may have waited already), then the unit slot and Q's two boxes.
 __device__ __forceinline__ void load_unit_q(const Bars& bars, const Unit& w, Unit* slot, u32 sq,
-                                            const sm90::TmaDesc* tm_q, int n_q) {
+                                            const sm90::TmaDesc* tm_q, int n_q, bool wait_q) {
   SM90_PROBE_START(probe_q);
-  if (n_q > 0) sm90::mbar_wait(bars.q_empty(), (n_q - 1) & 1);
+  if (wait_q && n_q > 0) sm90::mbar_wait(bars.q_empty(), (n_q - 1) & 1);
   SM90_PROBE_STOP(probe_q, 5);
   *slot = w;  // (read by the consumers after q_full)
   sm90::mbar_arrive_expect_tx(bars.q_full(), Shape<128>::kQBytes);
@@ -424,7 +424,7 @@ __device__ __forceinline__ int produce_fp8_unit_tma(const P& p, const Bars& bars
   const int t0 = tile, n_tiles = w.n_tiles;
   if (tid < 32) {
     const int lane = tid;
-    if (n_tiles == 0 && lane == 0) load_unit_q(bars, w, slot, sq, tm_q, n_q);
+    if (n_tiles == 0 && lane == 0) load_unit_q(bars, w, slot, sq, tm_q, n_q, true);
     int page = -1;  // (paged: lane j < 8, the page of keys key0 + 16 j of the tile being issued)
     if constexpr (KV::kPaged) {
       const int key = w.t_first * kBlockN + 16 * lane;
@@ -447,7 +447,7 @@ __device__ __forceinline__ int produce_fp8_unit_tma(const P& p, const Bars& bars
       stage_fp8_tma<KV>(p, s8 + (kStages + s) * kFp8TileBytes, st.v_full(s), tm_v, kvh, w.k0, key0, valid, page,
                         lane);
       SM90_PROBE_STOP(probe_sv, 6);
-      if (i == 0 && lane == 0) load_unit_q(bars, w, slot, sq, tm_q, n_q);
+      if (i == 0 && lane == 0) load_unit_q(bars, w, slot, sq, tm_q, n_q, true);
       __syncwarp();
       page = page_next;
     }
@@ -508,7 +508,7 @@ __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& ba
     }
     sm90::named_barrier_sync(kProducerBarrier, 128);
     const int it = bcast[n_q & 1];
-    constexpr bool kLateQ = kFp8 && kStageTma;  // (produce_fp8_unit_tma loads Q after the unit's first boxes)
+    constexpr bool kLateQ = kStageTma;  // (produce_fp8_unit_tma loads Q after the unit's first boxes)
     SM90_PROBE_START(probe_q);
     if (tid == 0 && n_q > 0 && (!kLateQ || it < 0)) {
       sm90::mbar_wait(bars.q_empty(), (n_q - 1) & 1);  // the consumers are done with Q
@@ -527,18 +527,13 @@ __device__ __forceinline__ void produce(const P& p, const VP& vp, const Bars& ba
       break;
     }
     const Unit w = resolve_unit<V, KV>(p, vp, it, D);
-    if (!kLateQ && tid == 0) {
-      *slot = w;  // (read by the consumers after q_full)
-      sm90::mbar_arrive_expect_tx(bars.q_full(), Shape<D>::kQBytes);
-      sm90::tma_load_3d(sq, tm_q, bars.q_full(), 0, w.head, w.q0 + w.row0);
-      sm90::tma_load_3d(sq + sm90::Sw128Tile<kBlockM>::kBlockBytes, tm_q, bars.q_full(), 64, w.head, w.q0 + w.row0);
-    }
+    if (!kLateQ && tid == 0) load_unit_q(bars, w, slot, sq, tm_q, n_q, false);  // (q_empty waited above)
     const int kvh = w.head / p.group_size;
     // ragged tiles: rows are global token indices (as the TMA coordinates) from the KV head's base, kh / vh; paged
     // tiles: keys of the request, each row's address from the page table and the cache's base (k / v)
     const T* kh = k + kvh * p.k_stride_h;
     const T* vh = v + kvh * p.v_stride_h;
-    if constexpr (kFp8 && kStageTma) {
+    if constexpr (kStageTma) {
       tile = produce_fp8_unit_tma<KVT, KV>(p, bars, StagedBars{staged}, w, slot, sq, sk, sv, s8, tm_q, tm_k, tm_v, kvh,
                                            n_q, tile, tid);
     } else if constexpr (kFp8) {
