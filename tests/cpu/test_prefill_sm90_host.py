@@ -238,3 +238,61 @@ def test_plans_cover_every_row_and_key_once(lens, heads, causal, window, split, 
     for b, t, h in want - set(pieces):
         last = min((t + 1) * 128, int(qo[b])) - 1
         assert causal and last + int(kv[b]) - int(qo[b]) < 0 or kv[b] == 0, (b, t, h)
+
+
+class _Encoder:
+    """cuTensorMapEncodeTiled stand-in: records the arguments (this machine may have no driver) and returns a map."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, kind, rank, ptr, dims, strides, box, elem_strides, interleave, swizzle, promotion, oob):
+        import ctypes
+
+        from cuda.bindings import driver as cu
+
+        self.calls.append(dict(kind=kind, rank=int(rank), ptr=ptr, dims=[int(d) for d in dims],
+                               strides=[int(s) for s in strides], box=[int(b) for b in box], swizzle=swizzle,
+                               promotion=promotion))  # fmt: skip
+        self.buf = ctypes.create_string_buffer(bytes(range(128)))
+
+        class Map:
+            def getPtr(_):  # noqa: N802 - the bindings' name
+                return ctypes.addressof(self.buf)
+
+        return cu.CUresult.CUDA_SUCCESS, Map()
+
+
+def test_tma_maps_encode_the_q_tensor_and_the_fp8_byte_views(monkeypatch):
+    """The maps handed to the kernel: q as [rows, heads, 128] 16-bit in 64-column boxes with the 128-byte swizzle;
+    fp8 K / V as bytes, ragged in 128-row boxes, paged in boxes of 16 slots of one page, unswizzled (written out here
+    as literals, not from the encoder's own code)."""
+    from cuda.bindings import driver as cu
+
+    from cuinfer.formats.kv import KV
+
+    enc = _Encoder()
+    monkeypatch.setattr(cu, "cuTensorMapEncodeTiled", enc)
+    desc = sm90.tensor_map(4096, "bfloat16", 300, 32, 32 * 128, 128)
+    assert bytes(desc["opaque"].tobytes()) == bytes(range(128))
+    q = enc.calls[-1]
+    assert q["kind"] == cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 and q["rank"] == 3
+    assert (q["dims"], q["strides"], q["box"]) == ([128, 32, 300], [256, 8192], [64, 1, 128])
+    assert q["swizzle"] == cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B
+    assert q["promotion"] == cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+
+    kv = KV(k=None, v=None, k_ptr=8192, v_ptr=8192, k_strides=(0, 0, 0), v_strides=(0, 0, 0), num_pages=50,
+            page_size=32, num_kv_heads=8, head_dim=128)  # fmt: skip
+    sm90.fp8_map(8192, (32 * 8 * 128, 8 * 128, 128), kv, paged=True, nk=0)
+    paged = enc.calls[-1]
+    assert paged["kind"] == cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8 and paged["rank"] == 4
+    assert (paged["dims"], paged["strides"], paged["box"]) == ([128, 8, 32, 50], [128, 1024, 32768], [128, 1, 16, 1])
+    assert paged["swizzle"] == cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE
+    assert paged["promotion"] == cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+    sm90.fp8_map(8192, (0, 8 * 128, 128), kv, paged=False, nk=0)  # (no rows: one, as the driver needs dims >= 1)
+    ragged = enc.calls[-1]
+    assert (ragged["dims"], ragged["strides"], ragged["box"]) == ([128, 8, 1], [128, 1024], [128, 1, 128])
+
+    monkeypatch.setattr(cu, "cuTensorMapEncodeTiled", lambda *a: (cu.CUresult.CUDA_ERROR_INVALID_VALUE, None))
+    with pytest.raises(RuntimeError, match=r"for a \[300, 32, 128\] bfloat16 tensor with strides \(4096, 128, 1\)"):
+        sm90.tensor_map(4096, "bfloat16", 300, 32, 32 * 128, 128)
