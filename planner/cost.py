@@ -37,6 +37,12 @@ class CostModel:
     gamma: float = 64.0
     partial_row: float = 2.0
     split_fixed: float = 128.0
+    # Decode lane cuts (planner/decode_plan.py) only: the fixed cost of a piece a cut makes inside a request (its q
+    # load, epilogue and partial state's merge; None: gamma, which also holds the padding of a request's last tile),
+    # and the split policy's thresholds (None: split_kv.BALANCED_EFFICIENCY and MIN_GAIN).
+    piece_gamma: float | None = None
+    balanced_efficiency: float | None = None
+    min_gain: float | None = None
     integral: bool = field(default=False, init=False, compare=False, repr=False)  # set from the terms
     # (int(alpha), int(beta), int(gamma)) when integral, else None: the plan path reads them as ints every call
     int_terms: tuple | None = field(default=None, init=False, compare=False, repr=False)
@@ -58,6 +64,16 @@ class CostModel:
                     f"CostModel.{name} must be finite and {need}, got {value!r}; use the default "
                     f"{getattr(CostModel, name)!r} unless you have calibrated the kernels"
                 )
+        for name, value, lo, hi in (
+            ("piece_gamma", self.piece_gamma, 0.0, np.inf),
+            ("balanced_efficiency", self.balanced_efficiency, 0.0, 1.0),
+            ("min_gain", self.min_gain, 0.0, 1.0),
+        ):
+            if value is not None and not (lo <= float(value) <= hi and np.isfinite(float(value))):
+                raise ValueError(
+                    f"CostModel.{name} must be None or a finite number in [{lo}, {hi}], got {value!r}; leave it None "
+                    "unless you have calibrated the decode kernels"
+                )
         # alpha, beta, gamma whole numbers: the costs of whole tiles can be int64 (faster prefix sums)
         integral = all(float(v).is_integer() for v in (self.alpha, self.beta, self.gamma))
         object.__setattr__(self, "integral", integral)
@@ -77,12 +93,19 @@ DEFAULT_COST = CostModel()
 
 
 #: The cost model of decode plans over fp8 K/V (1-byte elements), in the same unit (one KV token streamed through a
-#: CTA): such a token streams in half a bf16 token's time, so a query row's traffic, a partial state and the split's
-#: fixed price count twice the tokens (alpha 2, partial_row 4, split_fixed 256), and an item's fixed latency four
-#: times (gamma 256: calibrated on the H200, where 128 (twice bf16's) left D9's zipf batch over an e4m3 cache 13 %
-#: slower and the other decode shapes within 2 %; docs/results/lab-findings.md). Prefill, compute bound, keeps
-#: DEFAULT_COST.
-FP8_COST = CostModel(alpha=2.0, gamma=256.0, partial_row=4.0, split_fixed=256.0)
+#: CTA): such a token streams in half a bf16 token's time, so a query row's traffic and a partial state count twice
+#: the tokens (alpha 2, partial_row 4), and a request's fixed cost four times (gamma 256: calibrated on the H200,
+#: where 128 (twice bf16's) left D9's zipf batch over an e4m3 cache 13 % slower and the other decode shapes within
+#: 2 %; docs/results/lab-findings.md). The fp8 kernel's CTAs are latency bound, not starved of bandwidth, so a CTA
+#: that runs out of work early leaves its share of the step unused where a 16-bit CTA's bandwidth goes to the others:
+#: the lane cut pays off on batches that whole requests balance to 97 % (D10: 146.0 against 149.9 µs, D5 over e4m3
+#: 144.2 against 147.4, 2026-12-04 on the H200; 16-bit D6 1.00x), so fp8 plans cut unless the whole plan is within 1 %
+#: of balanced, and a cut must gain 1 %. A piece a cut makes costs 64 (its tiles are whole; D10's two plans fit ~36
+#: per piece, merge included), and the split has no fixed price (the kernel merges a request's pieces itself; the
+#: 16-bit split_fixed is the older merge phase's wait). Prefill, compute bound, keeps DEFAULT_COST.
+FP8_COST = CostModel(
+    alpha=2.0, gamma=256.0, partial_row=4.0, split_fixed=0.0, piece_gamma=64.0, balanced_efficiency=0.99, min_gain=0.01
+)
 
 
 def kv_itemsize_cost(kv_itemsize: int) -> CostModel:

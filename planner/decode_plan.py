@@ -6,7 +6,8 @@ of ``H`` CTAs that run all heads of the same requests), so every array it touche
 NumPy calls on such small arrays cost ~1 us each whatever their size, so the count of calls is the cost.
 
 **No split** when the batch already balances (the mean CTA load is at least ``BALANCED_EFFICIENCY`` of the estimated
-makespan ``split_kv.estimate_makespan``, e.g. D5-D7), or splitting would not gain ``MIN_GAIN``: equal requests take
+makespan ``split_kv.estimate_makespan``, e.g. D5-D7; the cost model may set its own threshold and gain, as fp8's
+does, ``cost.FP8_COST``), or splitting would not gain ``MIN_GAIN``: equal requests take
 the exact ``floor/ceil(n/P)`` cut (cached per size), others ``assign.assign_items``.
 
 **Small batches** (no more requests than lanes, D1-D4): when every request is longer than the mean lane load,
@@ -21,7 +22,9 @@ between its two cuts, so a request that straddles a cut is split there into two 
 merged after). The balance no longer depends on the request lengths and no sort is needed.
 
 - Loads: a lane holds its stretch of the line plus ``o + xp`` for a cut piece it starts with and ``xp`` for one it
-  ends with (``xp = partial_row * g / beta``, a partial state), so ``T = (line + (lanes - 1) * (o + 2 xp)) / width``
+  ends with (``xp = partial_row * g / beta``, a partial state; a piece's fixed cost is ``o`` too unless the cost
+  model gives ``piece_gamma``: then ``op``, used for ``o`` in what follows), so
+  ``T = (line + (lanes - 1) * (o + 2 xp)) / width``
   (``width``: full lanes plus the partial lane's weight) and cut ``l`` sits at ``l * (T - o - 2 xp) + o + xp``.
   ``T >= 2 (o + xp) + min_chunk + granule``: pieces inside a long request are at least ``min_chunk`` and two cuts
   never meet (small batches use fewer lanes).
@@ -97,11 +100,15 @@ class DecodePlanner:
         self.lanes = lanes = lanes_of(p, h)
         self.n_lanes, self.width = lanes.count, lanes.width
         # The line is in whole KV tokens: a request's fixed cost o and a partial state xp rounded to tokens.
-        self.o, self.xp = o, xp = round(self.fixed / cost.beta), round(cost.partial_row * g / cost.beta)
-        # A lane's load: its stretch of the line, plus o + xp for a cut piece it starts with and xp for one it ends
+        self.o, self.xp = round(self.fixed / cost.beta), round(cost.partial_row * g / cost.beta)
+        xp = self.xp
+        # The fixed cost of a piece a lane cut makes inside a request (CostModel.piece_gamma; o without it).
+        piece = cost.gamma if cost.piece_gamma is None else cost.piece_gamma
+        self.op = op = round((cost.alpha * g + piece) / cost.beta)
+        # A lane's load: its stretch of the line, plus op + xp for a cut piece it starts with and xp for one it ends
         # with (every inner lane has both when the cuts fall inside requests); at least min_chunk + granule of KV.
-        self.extra = (lanes.count - 1) * (o + 2 * xp)
-        self.min_lane = 2 * (o + xp) + min_chunk + gr
+        self.extra = (lanes.count - 1) * (op + 2 * xp)
+        self.min_lane = 2 * (op + xp) + min_chunk + gr
         self.half = half = max(min_chunk // 2, 1)
         # 0-d constants of the cut rounding for an int64 and an int32 line: (gr // 2, gr or -gr, half)
         self.c64, self.c32 = _consts(gr, half, np.int64), _consts(gr, half, np.int32)
@@ -116,7 +123,19 @@ class DecodePlanner:
         self._aligned_cuts: dict = {}  # _aligned's memo of the cut structures
         # Graham's bound test: a lane is off its share by at most two moved cuts and two cut pieces' fixed costs,
         # times the heads a CTA of the partial lane runs.
-        self.slack = (2 * half + gr + 2 * (o + 2 * xp)) * (-(-h // lanes.rest) if lanes.rest else 1)
+        self.slack = (2 * half + gr + 2 * (op + 2 * xp)) * (-(-h // lanes.rest) if lanes.rest else 1)
+
+    @property
+    def balanced(self) -> float:
+        """The split policy's balance threshold: the cost model's (fp8), else split_kv's (read at call time)."""
+        b = self.cost.balanced_efficiency
+        return BALANCED_EFFICIENCY if b is None else b
+
+    @property
+    def min_gain(self) -> float:
+        """The gain a split must make: the cost model's (fp8), else split_kv's (read at call time)."""
+        g = self.cost.min_gain
+        return MIN_GAIN if g is None else g
 
     def plan(self, kv: np.ndarray, kv_min: int | None = None, kv_max: int | None = None):
         """The ``WorkPlan`` of KV lengths ``kv`` (1-D non-negative integers, at least one request), or None when the
@@ -138,7 +157,7 @@ class DecodePlanner:
         total = beta * n_sum + b * fixed  # one head's work
         x_max = beta * hi + fixed
         e0 = max(x_max, min(-(-h * b // p) * x_max, h * total / p + beta * lo + fixed))  # split_kv.estimate_makespan
-        if self.split and h * total < BALANCED_EFFICIENCY * e0 * p:
+        if self.split and h * total < self.balanced * e0 * p:
             if b <= self.n_lanes:
                 if not SMALL_BATCH_ALIGNED:
                     return None  # (A/B builds: the tile pipeline's equal pieces, bench/lab/tune_sched.py dtrace)
@@ -149,7 +168,7 @@ class DecodePlanner:
                 return self._whole(kv, s, n, b, prefix, total, x_max, beta * lo + fixed)
             length = n_sum + b * self.o
             lane_len = max((length + self.extra) / self.width, self.min_lane)
-            if beta * lane_len + self.split_fixed < (1.0 - MIN_GAIN) * e0:
+            if beta * lane_len + self.split_fixed < (1.0 - self.min_gain) * e0:
                 if prefix is None:
                     prefix = self._prefix(n, b, top)
                 plan = self._cut(kv, s, prefix, lane_len, length, hi)
@@ -224,7 +243,7 @@ class DecodePlanner:
             k, mt = self._water(n, extra, s)
             worst = mt * gr + o + 2 * xp
             key = (b, k.tobytes())
-        if self.beta * worst + self.split_fixed >= (1.0 - MIN_GAIN) * e0:
+        if self.beta * worst + self.split_fixed >= (1.0 - self.min_gain) * e0:
             return _NO_SPLIT
         cuts = self._aligned_cuts.get(key)
         if cuts is None:
@@ -311,7 +330,7 @@ class DecodePlanner:
         worst = max(mt * gr + o + 2 * xp, float(np.maximum.reduce(loads)))
         if worst > MIXED_BALANCE * (t + 2 * xp + gr):  # (a cut piece's partial states, the granule of its cuts)
             return None
-        if self.beta * worst + self.split_fixed >= (1.0 - MIN_GAIN) * e0 or int(np.add.reduce(k)) == m:
+        if self.beta * worst + self.split_fixed >= (1.0 - self.min_gain) * e0 or int(np.add.reduce(k)) == m:
             return _NO_SPLIT
         order = np.concatenate((longs, shorts))
         k_line = np.ones(b, dtype=np.int64)
@@ -390,24 +409,24 @@ class DecodePlanner:
 
     def _cut(self, kv, s, prefix, lane_len: float, length: int, n_max: int):
         """The lane cut (module docstring), or None when it would not cut anything."""
-        b, o, xp, gr, h = kv.shape[0], self.o, self.xp, self.gr, self.h
-        # Cut l (l = 1..m) at l * step + o + xp on the line: lane 0 holds lane_len - xp of it, the inner lanes
-        # lane_len less the fixed costs of their two cut pieces, the last lane the rest.
-        step = int(lane_len) - (o + 2 * xp)
+        b, o, op, xp, gr, h = kv.shape[0], self.o, self.op, self.xp, self.gr, self.h
+        # Cut l (l = 1..m) at l * step + op + xp on the line: lane 0 holds lane_len - xp of it, the inner lanes
+        # lane_len less the fixed costs of their two cut pieces (op: a piece's), the last lane the rest.
+        step = int(lane_len) - (op + 2 * xp)
         fold = self.fold
         # (a cut within granule/2 of the line's end would only leave the last lane empty: not made)
-        m = min(self.n_lanes - 1, -(-(length - o - xp - fold) // step) - 1)
+        m = min(self.n_lanes - 1, -(-(length - op - xp - fold) // step) - 1)
         if m < 1:
             return None
         # Request b ends at prefix[b] + (b + 1) * o on the line (its o fixed tokens, then its KV tokens); kept
-        # shifted by -(o + xp) so that the cuts are plain multiples of step.
+        # shifted by -(op + xp) so that the cuts are plain multiples of step.
         # The line is also shifted by -granule/2, which rounds the positions below to the nearest multiple instead
         # of down: a cut then lands in the next request when it is within granule/2 of a request's end, which
         # moves it to that request's start instead of the end before, the same lane boundary (half >= granule/2).
         dt = prefix.dtype  # int32 or int64 (see _prefix); the ramp, the cuts and the constants follow it
         ramp = self._last_ramp  # (b, dtype, ramp): batches keep their size over the steps of a serving loop
         if ramp[0] != b or ramp[1] is not dt:
-            ramp = self._last_ramp = (b, dt, _ramp(b, o, o + xp + fold, dt))
+            ramp = self._last_ramp = (b, dt, _ramp(b, o, op + xp + fold, dt))
         line_end = prefix + ramp[2]
         cuts = np.arange(step, step * (m + 1), step, dtype=dt)  # step * [1..m] in one call
         req = line_end.searchsorted(cuts, "right")  # the request each cut falls in
@@ -444,10 +463,10 @@ class DecodePlanner:
         ranges = st.ranges
         # Graham's bound, max load <= mean + largest item: the largest item is at least step - granule when the
         # longest request spans two cuts (the piece between them), else take it; the loads when the test fails.
-        mean = (length + st.n_cut * (o + 2 * xp)) * h / self.p
+        mean = (length + st.n_cut * (op + 2 * xp)) * h / self.p
         g_start = g_end = None  # built from (kv, starts, pos) when asked: pack writes the item ranges directly
         if n_max >= 2 * (step + o) + gr:
-            x_big = step - gr + o
+            x_big = step - gr + op
         else:
             g_start, g_end = ranges.group_ranges(kv, s, pos)
             x_big = float(np.maximum.reduce(g_end - g_start)) + o

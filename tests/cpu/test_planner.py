@@ -281,6 +281,19 @@ def test_random_decode_plans_are_valid(batch):
 
 
 @_SETTINGS
+@given(batches(decode=True))
+def test_random_fp8_decode_plans_are_valid(batch):
+    """The fp8 cost model's lane cuts (a piece's own fixed cost, its thresholds) keep every plan invariant."""
+    from cuinfer.planner import FP8_COST
+
+    qo, kv, cfg = batch
+    plan = plan_work(None, np.asarray(kv, dtype=np.int32), cost=FP8_COST, **cfg)
+    stats = check_plan(plan, None, kv, cost=FP8_COST, **cfg)
+    event(f"mode={plan.assign_mode}")
+    event(f"split={'yes' if stats['split_units'] else 'no'}")
+
+
+@_SETTINGS
 @given(batches(decode=False), st.integers(1, 4))
 def test_query_length_one_is_decode(batch, _):
     """Prefill lengths that are all 1 plan exactly as decode (qo_lens=None)."""

@@ -38,6 +38,9 @@ ATOL, RTOL, LSE_TOL = 1e-2, 2e-1, 1e-3
 MIX6 = (1, 17, 513, 2049, 0, 77)
 MIX40 = tuple((1, 17, 130, 513)[i % 4] if i != 9 else 4097 for i in range(40))
 LONG1 = (9001,)
+# 2400 short requests x 8 KV heads: more work items per CTA than its shared-memory item chunk holds (64), so the
+# producers reload the chunk mid-stream (a block barrier the warp-local fp8 tiles must reach in step)
+MANY = tuple((i * 37) % 97 + 1 for i in range(2400))
 
 
 def _framework(name: str):
@@ -218,6 +221,7 @@ CASES = [
         id="b40-e5m2-p1-g1-cc-split512-head-scales",
     ),
     pytest.param(Case(LONG1, 16, (32, 8), 128, scales="none"), id="b1long-e4m3-tc-no-scales"),
+    pytest.param(Case(MANY, 16, (32, 8), 128, scales="heads"), id="b2400-e4m3-tc-item-chunk-reload"),
     pytest.param(Case(MIX6, 16, (32, 8), 128, opts={"logits_soft_cap": 30.0, "window_left": 300}), id="softcap-window"),
     pytest.param(Case(MIX6, 16, (32, 8), 128, tensor_cores=False, opts={"pos_encoding": "alibi"}), id="alibi-cc"),
     # logits rising along the keys (the max climbs by far more than the lazy softmax's slack of 2^8 over the tiles:
@@ -284,6 +288,8 @@ def test_batch_decode_fp8(rng, c: Case):
     )  # fmt: skip
     if c.split is not None:
         assert w._plan.work.num_partial_rows > 0, "the fixed split size must split something"
+    if c.lens is MANY:
+        assert np.diff(np.asarray(w._plan.work.work_indptr)).max() > 64, "a CTA must hold more items than a chunk"
     kv = (fw.asarray(cache[:, 0]), fw.asarray(cache[:, 1])) if c.cache == "tuple" else fw.asarray(cache)
     if c.cache == "offset":
         flat = fw.module.empty(kv.numel() + 16, dtype=kv.dtype, device=kv.device)
