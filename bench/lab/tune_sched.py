@@ -17,7 +17,8 @@ dcfg     --cases (D1-D10): decode configurations --dcfg ("default;wkv,wd,stages[
          CTAs per SM; "fp8:wkv,wd,stages[,cap]" for the fp8 cases), "lanecut" (the lane cut on every batch), "ctacut"
          (equal stretches of KV tiles per CTA), "bf16cost" / "costx<f>" (planned under the cost model with every term
          but beta times f = 1 (bf16's), 2, 3, 4, 6), "gammax<f>" (those times 2, gamma times f = 3, 4 (fp8's), 6,
-         8); a case id with "-e4m3" added runs that case over an e4m3 cache.
+         8), "fp8gamma<g>" / "fp8piece<g>" (FP8_COST with gamma or piece_gamma g: 128, 192, 320, 384 / 32, 128, 192);
+         a case id with "-e4m3" added runs that case over an e4m3 cache.
 pool     --cases (P1-P6): each shared-tail share of --shares beside FlashInfer fa2 when importable, alternating rounds.
 prefill  --cases (P1-P6): the planner's assignment against list schedules of its items (--assign: default, list,
          lpt, lptfit), and P2/P5 with half the heads.
@@ -182,10 +183,29 @@ def cta_cut_work(plan, num_ctas: int, default):
     return cta_cut_plan(np.asarray(plan.kv_lens, np.int64), plan.num_kv_heads, g, num_ctas, plan.config.tile_kv)
 
 
+def fp8_cost_work(**fields):
+    """A ``WorkFn``: the decode planner under ``FP8_COST`` with ``fields`` replaced (e.g. gamma, piece_gamma)."""
+
+    def work(plan, num_ctas: int, default):
+        from cuinfer.planner import FP8_COST, decode_planner
+
+        cost = dataclasses.replace(FP8_COST, **fields)
+        g = plan.num_qo_heads // plan.num_kv_heads
+        c = plan.config
+        planner = decode_planner(plan.num_kv_heads, g, c.rows_per_tile, num_ctas, c.tile_kv, -1, cost=cost)
+        work = planner.plan(plan.kv_lens) if plan.batch else None
+        return default() if work is None else work
+
+    return work
+
+
 # dcfg's plan variants: name -> WorkFn
 WORK_VARIANTS = {"lanecut": lane_cut_work, "ctacut": cta_cut_work, "bf16cost": cost_work(1.0)}
 WORK_VARIANTS.update({f"costx{f}": cost_work(float(f)) for f in (1, 2, 3, 4, 6)})
 WORK_VARIANTS.update({f"gammax{f}": cost_work(2.0, float(f)) for f in (3, 4, 6, 8)})  # fp8's model, gamma times f
+# FP8_COST with its gamma or piece_gamma replaced: fp8gamma<g>, fp8piece<g>
+WORK_VARIANTS.update({f"fp8gamma{g}": fp8_cost_work(gamma=float(g)) for g in (128, 192, 320, 384)})
+WORK_VARIANTS.update({f"fp8piece{g}": fp8_cost_work(piece_gamma=float(g)) for g in (32, 128, 192)})
 
 
 def cta_cut_plan(kv: np.ndarray, h: int, g: int, p: int, gr: int):
