@@ -17,7 +17,8 @@ dcfg     --cases (D1-D10): decode configurations --dcfg ("default;wkv,wd,stages[
          CTAs per SM; "fp8:wkv,wd,stages[,cap]" for the fp8 cases), "lanecut" (the lane cut on every batch), "ctacut"
          (equal stretches of KV tiles per CTA), "bf16cost" / "costx<f>" (planned under the cost model with every term
          but beta times f = 1 (bf16's), 2, 3, 4, 6), "gammax<f>" (those times 2, gamma times f = 3, 4 (fp8's), 6,
-         8), "fp8gamma<g>" / "fp8piece<g>" (FP8_COST with gamma or piece_gamma g: 128, 192, 320, 384 / 32, 128, 192);
+         8), "fp8gamma<g>" / "fp8piece<g>" (FP8_COST with gamma or piece_gamma g: 128, 192, 320, 384 / 32, 128, 192),
+         "fp8prev" (FP8_COST before 2026-12-04);
          a case id with "-e4m3" added runs that case over an e4m3 cache.
 pool     --cases (P1-P6): each shared-tail share of --shares beside FlashInfer fa2 when importable, alternating rounds.
 prefill  --cases (P1-P6): the planner's assignment against list schedules of its items (--assign: default, list,
@@ -206,6 +207,8 @@ WORK_VARIANTS.update({f"gammax{f}": cost_work(2.0, float(f)) for f in (3, 4, 6, 
 # FP8_COST with its gamma or piece_gamma replaced: fp8gamma<g>, fp8piece<g>
 WORK_VARIANTS.update({f"fp8gamma{g}": fp8_cost_work(gamma=float(g)) for g in (128, 192, 320, 384)})
 WORK_VARIANTS.update({f"fp8piece{g}": fp8_cost_work(piece_gamma=float(g)) for g in (32, 128, 192)})
+# FP8_COST before 2026-12-04 (no piece cost of its own, the split policy's constants, split_fixed 256)
+WORK_VARIANTS["fp8prev"] = fp8_cost_work(split_fixed=256.0, piece_gamma=None, balanced_efficiency=None, min_gain=None)
 
 
 def cta_cut_plan(kv: np.ndarray, h: int, g: int, p: int, gr: int):
