@@ -93,17 +93,17 @@ DEFAULT_COST = CostModel()
 
 
 #: The cost model of decode plans over fp8 K/V (1-byte elements), in the same unit (one KV token streamed through a
-#: CTA): such a token streams in half a bf16 token's time, so a query row's traffic and a partial state count twice
-#: the tokens (alpha 2, partial_row 4), and a request's fixed cost four times (gamma 256: calibrated on the H200,
-#: where 128 (twice bf16's) left D9's zipf batch over an e4m3 cache 13 % slower and the other decode shapes within
-#: 2 %; docs/results/lab-findings.md). The fp8 kernel's CTAs are latency bound, not starved of bandwidth, so a CTA
-#: that runs out of work early leaves its share of the step unused where a 16-bit CTA's bandwidth goes to the others:
-#: the lane cut pays off on batches that whole requests balance to 97 % (D10: 146.0 against 149.9 µs, D5 over e4m3
-#: 144.2 against 147.4, 2026-12-04 on the H200; 16-bit D6 1.00x), so fp8 plans cut unless the whole plan is within 1 %
-#: of balanced, and a cut must gain 1 %. A piece a cut makes costs 64 (its tiles are whole, without the padding of a
-#: request's last tile that gamma holds; 32 and 128 planned D10 and D9-e4m3 within 0.1 %), and the split has no fixed
-#: price (the kernel merges a request's pieces itself; the 16-bit split_fixed is the older merge phase's wait). D7 and
-#: S2's shapes over e4m3 gained 3.9 % with it too. Prefill, compute bound, keeps DEFAULT_COST.
+#: CTA): such a token streams in half a bf16 token's time, so a query row's traffic and a partial state count twice the
+#: tokens (alpha 2, partial_row 4), and a request's fixed cost four times (gamma 256: calibrated on the H200, where 128
+#: (twice bf16's) left D9's zipf batch over an e4m3 cache 13 % slower and the other decode shapes within 2 %;
+#: docs/results/lab-findings.md). An fp8 CTA computes longer per byte than a 16-bit one (2.1 against 1.9 µs per 32 KB
+#: tile in D10's and D6's loops), and a step whose fp8 CTAs run out of work unevenly loses part of the SMs' share where
+#: a 16-bit step loses nothing (D6 with the cut: 1.00x). The lane cut pays off on batches that whole requests balance to
+#: 97 % (D10: 146.0 against 149.9 µs, D5 over e4m3 144.2 against 147.4, 2026-12-04 on the H200), so fp8 plans cut unless
+#: the whole plan is within 1 % of balanced, and a cut must gain 1 %. A piece a cut makes costs 64 (its tiles are whole,
+#: without the padding of a request's last tile that gamma holds; 32 and 128 planned D10 and D9-e4m3 within 0.1 %), and
+#: the split has no fixed price (the kernel merges a request's pieces itself; the 16-bit split_fixed is the older merge
+#: phase's wait). D7 and S2's shapes over e4m3 gained 3.9 % with it too. Prefill, compute bound, keeps DEFAULT_COST.
 FP8_COST = CostModel(
     alpha=2.0, gamma=256.0, partial_row=4.0, split_fixed=0.0, piece_gamma=64.0, balanced_efficiency=0.99, min_gain=0.01
 )
