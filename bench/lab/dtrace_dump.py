@@ -2,8 +2,9 @@
 with the plan's per-CTA work, saved for offline analysis (which CTAs exit early, on which SMs, with what work).
 
 python -m bench.lab.dtrace_dump OUT.npz [CASE ...]   (GPU machine; default D10)
-python -m bench.lab.dtrace_dump --analyse IN.npz       (anywhere: end times by tiles and items per CTA, per-tile
-                                                        loop time, whether a CTA's SM or speed repeats across runs)
+python -m bench.lab.dtrace_dump --analyse IN.npz [T]   (anywhere: end times by KV tiles of T tokens (default 128, the
+                                                        fp8 tiles; 64 for 16-bit) and items per CTA, the loop time
+                                                        per tile, whether a CTA's SM repeats across runs)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 def main(out: str, case_ids: list[str]) -> None:
     from bench import inputs
     from bench.lab.harness import TraceBuffer, planned_decode
-    from bench.lab.tune_sched import _decode_input, dtrace_variant
+    from bench.lab.tune_sched import _decode_input, dtrace_variant, trace_stamps
     from bench.timing import CudaTimer, cuda_torch
 
     torch = cuda_torch()
@@ -30,15 +31,7 @@ def main(out: str, case_ids: list[str]) -> None:
         fn()
         work = w._plan.work
         n = work.num_ctas
-        runs = []
-        for _ in range(8):
-            tbuf.zero_()
-            timer.flush_l2()
-            timer.head_start()
-            fn()
-            torch.cuda.synchronize()
-            runs.append(tbuf[: 16 * n].view(n, 16).cpu().numpy().copy())
-        saved[f"{cid}_stamps"] = np.stack(runs)
+        saved[f"{cid}_stamps"] = np.stack(trace_stamps(fn, tbuf, timer, n, 8))
         saved[f"{cid}_work_indptr"] = np.asarray(work.work_indptr)
         for f in ("item_kv_start", "item_kv_end", "item_req", "item_kv_head", "item_partial", "item_merge"):
             saved[f"{cid}_{f}"] = np.asarray(getattr(work, f))
@@ -74,6 +67,6 @@ def analyse(path: str, tile: int = 128) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "--analyse":
-        analyse(sys.argv[2])
+        analyse(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 128)
     else:
         main(sys.argv[1], sys.argv[2:] or ["D10"])

@@ -157,25 +157,36 @@ def lane_cut_work(plan, num_ctas: int, default):
     return default() if work is None else work
 
 
-def cost_work(factor: float, gamma_factor: float | None = None):
-    """A ``WorkFn``: the decode planner under ``DEFAULT_COST`` with every term but beta times ``factor`` (1: the bf16
-    model, which the policy uses for 16-bit K/V), gamma times ``gamma_factor`` when given (2 and 4: ``FP8_COST``, the
-    policy's for fp8); the default plan where the planner gives none."""
-    gf = factor if gamma_factor is None else gamma_factor
+def planner_work(make_cost):
+    """A ``WorkFn``: the decode planner under the cost model ``make_cost()`` builds; the default plan where the planner
+    gives none."""
 
     def work(plan, num_ctas: int, default):
-        from cuinfer.planner import DEFAULT_COST, CostModel, decode_planner
+        from cuinfer.planner import decode_planner
 
-        d = DEFAULT_COST
-        cost = CostModel(alpha=d.alpha * factor, beta=d.beta, gamma=d.gamma * gf,
-                         partial_row=d.partial_row * factor, split_fixed=d.split_fixed * factor)  # fmt: skip
         g = plan.num_qo_heads // plan.num_kv_heads
         c = plan.config
-        planner = decode_planner(plan.num_kv_heads, g, c.rows_per_tile, num_ctas, c.tile_kv, -1, cost=cost)
+        planner = decode_planner(plan.num_kv_heads, g, c.rows_per_tile, num_ctas, c.tile_kv, -1, cost=make_cost())
         work = planner.plan(plan.kv_lens) if plan.batch else None
         return default() if work is None else work
 
     return work
+
+
+def cost_work(factor: float, gamma_factor: float | None = None):
+    """A ``WorkFn``: the decode planner under ``DEFAULT_COST`` with every term but beta times ``factor`` (1: the bf16
+    model, which the policy uses for 16-bit K/V), gamma times ``gamma_factor`` when given (2 and 4: ``FP8_COST``'s
+    terms before 2026-12-04)."""
+    gf = factor if gamma_factor is None else gamma_factor
+
+    def make_cost():
+        from cuinfer.planner import DEFAULT_COST, CostModel
+
+        d = DEFAULT_COST
+        return CostModel(alpha=d.alpha * factor, beta=d.beta, gamma=d.gamma * gf,
+                         partial_row=d.partial_row * factor, split_fixed=d.split_fixed * factor)  # fmt: skip
+
+    return planner_work(make_cost)
 
 
 def cta_cut_work(plan, num_ctas: int, default):
@@ -187,17 +198,12 @@ def cta_cut_work(plan, num_ctas: int, default):
 def fp8_cost_work(**fields):
     """A ``WorkFn``: the decode planner under ``FP8_COST`` with ``fields`` replaced (e.g. gamma, piece_gamma)."""
 
-    def work(plan, num_ctas: int, default):
-        from cuinfer.planner import FP8_COST, decode_planner
+    def make_cost():
+        from cuinfer.planner import FP8_COST
 
-        cost = dataclasses.replace(FP8_COST, **fields)
-        g = plan.num_qo_heads // plan.num_kv_heads
-        c = plan.config
-        planner = decode_planner(plan.num_kv_heads, g, c.rows_per_tile, num_ctas, c.tile_kv, -1, cost=cost)
-        work = planner.plan(plan.kv_lens) if plan.batch else None
-        return default() if work is None else work
+        return dataclasses.replace(FP8_COST, **fields)
 
-    return work
+    return planner_work(make_cost)
 
 
 # dcfg's plan variants: name -> WorkFn
@@ -603,23 +609,30 @@ def decode_trace(case_ids: list[str], variants: list[str], rounds: int = 2, defi
         inputs.free()
 
 
+def trace_stamps(fn, tbuf, timer, n: int, runs: int) -> list:
+    """The per-CTA stamps of ``runs`` runs of the trace build ``fn`` (``n`` CTAs, 16 words each in ``tbuf``), each
+    after ``timer``'s L2 flush."""
+    torch = timer._torch
+    stamps = []
+    for _ in range(runs):
+        tbuf.zero_()
+        timer.flush_l2()
+        timer.head_start()
+        fn()
+        torch.cuda.synchronize()
+        stamps.append(tbuf[: 16 * n].view(n, 16).cpu().numpy().copy())
+    return stamps
+
+
 def _dtrace_rounds(cid, runs, rounds, timer, clean, tbuf, nbytes) -> None:
     """``rounds`` rounds of every variant of ``runs``: timing by the benchmark method (``timer``), then phase stamps of
     five runs after the benchmark flush and five after ``clean``'s write-then-read flush."""
-    torch = timer._torch
     for r in range(rounds):
         for name, (w, fn) in runs.items():
             tm = timer.time(fn, iters=30, warmup=3)
             n = w._plan.work.num_ctas
             for flush, tmr in (("dirty", timer), ("clean", clean)):
-                stamps = []
-                for _ in range(5):
-                    tbuf.zero_()
-                    tmr.flush_l2()
-                    tmr.head_start()
-                    fn()
-                    torch.cuda.synchronize()
-                    stamps.append(tbuf[: 16 * n].view(n, 16).cpu().numpy().copy())
+                stamps = trace_stamps(fn, tbuf, tmr, n, 5)
                 head = f"{tm.us:6.1f} us {nbytes / tm.median_s / 1e12:.3f} TB/s" if flush == "dirty" else " " * 22
                 print(f"{cid} r{r} {name:8s} {head} | {flush} {_dphases(stamps)}", flush=True)
                 print(f"{cid} r{r} {name:8s} {' ' * 22} | {flush} {_dends(stamps)}", flush=True)
