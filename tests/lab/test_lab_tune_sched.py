@@ -129,6 +129,21 @@ def test_lab_plans_reproduce_the_reference(work, mode, rng):
         np.testing.assert_allclose(lse[b], rl[0], rtol=1e-9, atol=1e-9)
 
 
+def test_fp8_cost_variants_plan_with_their_fields():
+    """``fp8prev`` (FP8_COST before 2026-12-04) plans D10's equal requests whole, the current FP8_COST and its
+    ``fp8piece`` / ``fp8gamma`` variants cut them; the WorkFns plan the wrapper's configuration and grid."""
+    from types import SimpleNamespace
+
+    from cuinfer.decode.policy import decode_config
+
+    plan = SimpleNamespace(num_qo_heads=32, num_kv_heads=8, config=decode_config(4, 128, kv_itemsize=1),
+                           kv_lens=np.full(128, 2048, np.int32), batch=128)  # fmt: skip
+    modes = {
+        k: ts.WORK_VARIANTS[k](plan, 264, lambda: None).assign_mode for k in ("fp8prev", "fp8piece128", "fp8gamma192")
+    }
+    assert modes == {"fp8prev": "linear", "fp8piece128": "lanes", "fp8gamma192": "lanes"}
+
+
 def test_cta_cut_plan_balances_tiles():
     """D2's lengths: every CTA gets 5 or 6 KV tiles (the lane plan gives some 8)."""
     from bench.cases import DECODE_CASES
