@@ -100,8 +100,8 @@ class DecodePlanner:
         self.lanes = lanes = lanes_of(p, h)
         self.n_lanes, self.width = lanes.count, lanes.width
         # The line is in whole KV tokens: a request's fixed cost o and a partial state xp rounded to tokens.
-        self.o, self.xp = round(self.fixed / cost.beta), round(cost.partial_row * g / cost.beta)
-        xp = self.xp
+        self.o = round(self.fixed / cost.beta)
+        self.xp = xp = round(cost.partial_row * g / cost.beta)
         # The fixed cost of a piece a lane cut makes inside a request (CostModel.piece_gamma; o without it).
         piece = cost.gamma if cost.piece_gamma is None else cost.piece_gamma
         self.op = op = round((cost.alpha * g + piece) / cost.beta)
