@@ -31,6 +31,7 @@ def _pairs_causal(lens: np.ndarray, window: int = -1) -> int:
 VARIANTS = {
     "causal": {},
     "soft cap 30": {"logits_soft_cap": 30.0},
+    "soft cap 30 (accurate)": {"variant": "soft_cap_accurate", "variant_params": {"soft_cap_accurate": {"cap": 30.0}}},
     "alibi": {"pos_encoding": "alibi"},
     "window 1024": {"window_left": 1024},
     "rope (in kernel)": {"pos_encoding": "rope_llama"},

@@ -43,6 +43,12 @@ class PrefillLaunch:
         off, opts = plan.offsets, plan.options
         self.buffers, self.stamp = buf, _stamp(buf)
         self.chain = plan.variant
+        # the variant's parameters (fixed by the plan; a custom mask's bits are in the plan buffer): the second argument
+        # (before _configure: a backend may pick its kernel by them)
+        self.vvalues = chain_values(
+            self.chain, opts, num_qo_heads=plan.num_qo_heads, user_values=plan.variant_values,
+            mask_ptrs=(buf.ptr(off["mask"]), buf.ptr(off["mask_indptr"])), raw=True,
+        )  # fmt: skip
         self._configure(plan, paged, device_id)
         dvo = plan.head_dim_vo
         partial_o, partial_lse = buf.partial_pointers(dvo)
@@ -57,11 +63,6 @@ class PrefillLaunch:
             group_mul=g_mul, group_shift=g_shift, page_mul=p_mul, page_shift=p_shift,
         )  # fmt: skip
         self.sm_scale = opts.sm_scale
-        # the variant's parameters (fixed by the plan; a custom mask's bits are in the plan buffer): the second argument
-        self.vvalues = chain_values(
-            self.chain, opts, num_qo_heads=plan.num_qo_heads, user_values=plan.variant_values,
-            mask_ptrs=(buf.ptr(off["mask"]), buf.ptr(off["mask_indptr"])), raw=True,
-        )  # fmt: skip
         self.vparams = self.chain.pack(self.vvalues)
         # array parameters given at run() (variant_arrays): their slots, and the addresses vparams holds
         self.array_slots = tuple((v, q.name) for v, q in self.chain.array_params)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ from cuinfer.jit import KernelSpec, get_kernel
 from cuinfer.prefill.launch import PrefillLaunch
 from cuinfer.prefill.specs import CTYPES, PrefillParams
 from cuinfer.variants import Rendered, lookup, render
+from cuinfer.variants.render import logits_scale_value
 
 HEAD_DIM = 128
 TILE_Q = 128  # query rows of an item (64 per consumer warpgroup)
@@ -55,6 +57,12 @@ SORTED_DEAL = True
 #: keys, bench/lab/sm90_auto_crossover.py): the FA2-class kernel is 1.23x faster at a fill of 0.5, this one 1.17-1.18x
 #: faster at 0.75. In CUDA-graph mode the first plan decides for every later one (the captured kernel is fixed).
 AUTO_MIN_ROW_FILL = 0.75
+#: The max-free softmax (consumer.cuh softmax_tile) takes a chain's scaled logits (its only logits piece has
+#: logits_scale c: |logit| <= c) against the fixed reference c log2(e) - 32 instead of a running max; every p then lies
+#: in [2^(32 - 2 c log2 e), 2^32], normal floats for c log2(e) <= MAX_FREE_BOUND. bfloat16 P only: float16's range is
+#: too narrow. Measured on the soft cap (H200, P1-P3, bench/lab/softcap_poly_trees.py): 0.84-0.86x of causal with the
+#: running max, 0.90-0.92x without.
+MAX_FREE_BOUND = 79.0
 TMA_DESC = np.dtype([("opaque", "<u8", (16,))], align=True)  # CUtensorMap: 128 opaque bytes (the kernel's TmaDesc)
 
 
@@ -70,11 +78,15 @@ class Sm90KernelKey:
     # fp8: the staging copies are TMA boxes issued by one warp while three convert (always for ragged K / V; paged,
     # when the page size is a multiple of 16); else cp.async by all four, each converting its own copies
     stage_tma: bool = False
+    # the max-free softmax of scaled logits (MAX_FREE_BOUND; max_free_ok says when a plan may take it)
+    max_free: bool = False
 
     def __post_init__(self) -> None:
         fp8 = self.kv_dtype not in (None, self.dtype)
         if self.stage_tma and not fp8:
             raise ValueError("stage_tma is for fp8 K / V: 16-bit K / V go to the stages without staging")
+        if self.max_free and (fp8 or self.dtype != "bfloat16" or self.variant.scaled_logits is None):
+            raise ValueError("max_free is for bfloat16 q / k / v and a chain whose only logits piece has logits_scale")
         if fp8 and not self.paged and not self.stage_tma:
             raise ValueError("ragged fp8 K / V is staged by TMA: pass stage_tma=True")
 
@@ -84,13 +96,18 @@ class Sm90KernelKey:
 
     def name_expr(self) -> str:
         t = CTYPES[self.dtype]
-        tma = ", true" if self.stage_tma else ""
-        return f"cuinfer::batch_prefill_sm90<{t}, {self.head_dim}, {str(self.paged).lower()}, {CTYPES[self.kv]}{tma}>"
+        tail = ""  # (trailing defaults left out: the plain kernels keep their names)
+        if self.stage_tma or self.max_free:
+            tail = f", {str(self.stage_tma).lower()}"
+        if self.max_free:
+            tail += ", true"
+        return f"cuinfer::batch_prefill_sm90<{t}, {self.head_dim}, {str(self.paged).lower()}, {CTYPES[self.kv]}{tail}>"
 
     def short_name(self) -> str:
         kv = "paged" if self.paged else "ragged"
         fp8 = f"/kv-{self.kv}{'-tma' if self.stage_tma else ''}" if self.kv != self.dtype else ""
-        return f"prefill_sm90/{kv}/{self.dtype}{fp8}/d{self.head_dim}/{self.variant.name}"
+        free = "/max-free" if self.max_free else ""
+        return f"prefill_sm90/{kv}/{self.dtype}{fp8}/d{self.head_dim}/{self.variant.name}{free}"
 
     @property
     def smem_bytes(self) -> int:
@@ -113,18 +130,28 @@ def sm90_spec(key: Sm90KernelKey) -> KernelSpec:
     )
 
 
+def max_free_ok(dtype: str, kv_dtype: str, chain: Rendered, values: dict) -> bool:
+    """Whether a plan takes the max-free softmax: bfloat16 q and K / V, a chain whose only logits piece has
+    logits_scale c (its packed ``values``: {variant: {param: value}}) with c log2(e) <= MAX_FREE_BOUND."""
+    piece = chain.scaled_logits
+    if dtype != "bfloat16" or kv_dtype != dtype or piece is None:
+        return False
+    return logits_scale_value(piece, values.get(piece.name, {})) * math.log2(math.e) <= MAX_FREE_BOUND
+
+
 def default_specs() -> list[KernelSpec]:
     """The specialisations CI compiles (sm_90a only): plain and causal in both 16-bit types, the built-in variants of
     logits and key ranges, a custom mask, and fp8 K / V (both formats, ragged and paged, with a logits variant)."""
 
-    def key(dtype: str, *names: str, paged: bool = False, kv: str | None = None, tma: bool = False) -> KernelSpec:
-        return sm90_spec(
-            Sm90KernelKey(dtype, render(tuple(lookup(n) for n in names)), paged, kv_dtype=kv, stage_tma=tma)
-        )
+    def key(dtype: str, *names: str, paged: bool = False, kv: str | None = None, tma: bool = False,
+            free: bool = False) -> KernelSpec:  # fmt: skip
+        chain = render(tuple(lookup(n) for n in names))
+        return sm90_spec(Sm90KernelKey(dtype, chain, paged, kv_dtype=kv, stage_tma=tma, max_free=free))
 
     return [
         key("bfloat16", "causal"),
         key("float16"),
+        key("bfloat16", "causal", "soft_cap", free=True),
         key("bfloat16", "causal", "soft_cap"),
         key("bfloat16", "causal", "alibi"),
         key("bfloat16", "causal", "window"),
@@ -278,10 +305,12 @@ class Sm90Launch(PrefillLaunch):
         kv = plan.kv_dtype.value
         fp8 = kv != plan.q_dtype.value
         stage_tma = fp8 and (not paged or plan.page_size % STAGE_TMA_ROWS == 0)
-        key = Sm90KernelKey(plan.q_dtype.value, plan.variant, paged, kv_dtype=kv if fp8 else None, stage_tma=stage_tma)
+        free = max_free_ok(plan.q_dtype.value, kv, plan.variant, self.vvalues)
+        key = Sm90KernelKey(plan.q_dtype.value, plan.variant, paged, kv_dtype=kv if fp8 else None,
+                            stage_tma=stage_tma, max_free=free)  # fmt: skip
         self.kernel = get_kernel(sm90_spec(key), key.name_expr(), device_id)
         self.num_ctas, self.threads, self.smem_bytes = plan.work.num_ctas, THREADS, key.smem_bytes
-        self.paged = paged
+        self.paged, self.max_free = paged, free
         self.tma_kv = not paged and key.kv == key.dtype  # (paged or fp8 K / V: rows copied by the producer threads)
         self.stage_tma = stage_tma
 

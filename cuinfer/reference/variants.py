@@ -175,7 +175,18 @@ def user(variant: Any, params: dict[str, Any]) -> Step:
     fns = dict(variant.numpy or {})
     if "slope" in fns:  # a linear key bias: logits x + slope * kv_dist
         fns["logits"] = _slope_logits(fns.pop("slope"))
+    if variant.logits_scale and "logits" in fns:  # logit = c * logits(x / c)
+        fns["logits"] = _scaled_logits(fns["logits"], float(params[variant.logits_scale]))
     return Step(variant.name, softmax=variant.softmax, params=SimpleNamespace(**params), **fns)
+
+
+def _scaled_logits(logits: Callable[..., Any], c: float) -> Callable[..., Any]:
+    """The logits of a variant with ``logits_scale``: ``c * logits(x / c, ...)`` (the other names passed through)."""
+
+    def scaled(**names):
+        return c * call(logits, dict(names, x=names["x"] / c))
+
+    return scaled
 
 
 def _slope_logits(slope: Callable[..., Any]) -> Callable[..., Any]:

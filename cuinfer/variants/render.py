@@ -9,10 +9,11 @@ Snippets are placed between ``#line`` markers, so an NVRTC error names the varia
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 from cuinfer.jit.params import ParamStruct
-from cuinfer.variants.spec import Param, Variant
+from cuinfer.variants.spec import LOGITS_INV_SCALE, Param, Variant
 
 _INDEX_NAMES = ("batch", "qo_idx", "qpos", "qo_head", "kv_head", "qo_len", "kv_len", "head_dim")
 # Built-in logits variants whose chains (alone, or after causal) keep the plain prefill tiles: Rendered.wide_logits
@@ -69,6 +70,13 @@ class Rendered:
         )
 
     @property
+    def scaled_logits(self) -> Variant | None:
+        """The chain's only logits piece when it has ``logits_scale`` (its logits are ``c * r`` with ``|r| <= 1``):
+        the kernels may fold ``c`` into their scales and bound the logits by it (contract.cuh, kScaledLogits)."""
+        logits = [p for p in self.pieces if p.has_logits]
+        return logits[0] if len(logits) == 1 and logits[0].logits_scale else None
+
+    @property
     def row_state(self) -> bool:
         """Whether a piece has a row state (kept in the prefill kernel's shared memory: tiles.ROW_STATE_BYTES)."""
         return any(p.row_state for p in self.pieces)
@@ -107,14 +115,30 @@ class Rendered:
                 for q in piece.params:
                     if q.is_array:
                         vals[q.name] = int((arrays or {}).get((piece.name, q.name), 0))
+                if piece.logits_scale:
+                    vals[LOGITS_INV_SCALE] = 1.0 / logits_scale_value(piece, vals)
                 fields[piece.name] = vals
         if not fields:
             fields["unused_"] = 0
         return self.params.pack(**fields)
 
 
+def logits_scale_value(v: Variant, values: dict) -> float:
+    """The value of ``v``'s logits_scale parameter among its ``values``, checked: a finite number > 0."""
+    c = values.get(v.logits_scale)
+    if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c <= 0:
+        raise ValueError(
+            f"variant {v.name!r}: its logits_scale parameter {v.logits_scale!r} must be a finite number > 0 "
+            f"(the logits are c * r, |r| <= 1) but is {c!r}"
+        )
+    return float(c)
+
+
 def _piece_struct(v: Variant) -> ParamStruct:
-    return ParamStruct(f"{v.name}_params", tuple((p.name, f"{p.kind}*" if p.is_array else p.kind) for p in v.params))
+    fields = tuple((p.name, f"{p.kind}*" if p.is_array else p.kind) for p in v.params)
+    if v.logits_scale:  # (1 / c, packed beside c: a constant-bank operand, no division in the kernels)
+        fields += ((LOGITS_INV_SCALE, "f32"),)
+    return ParamStruct(f"{v.name}_params", fields)
 
 
 def _body(snippet: str, where: str, *, statements: bool = False) -> list[str]:
@@ -155,6 +179,7 @@ def _piece(v: Variant) -> list[str]:
         "kPosState": bool(v.pos_state),
         "kPosAdvance": bool(v.pos_advance),
         "kRisingLogits": bool(v.rising_logits),
+        "kScaled": bool(v.logits_scale),
     }
     out = [f"struct piece_{v.name} : Identity {{"]
     out += [f"  static constexpr bool {k} = true;" for k, on in flags.items() if on]
@@ -165,7 +190,17 @@ def _piece(v: Variant) -> list[str]:
         out += _functor(v, "row_state", "RowState row_state(const VP& v_, const Index& ix_)", v.row_state, "ix_",
                         statements=True, prologue=("RowState row;",), epilogue=("return row;",))  # fmt: skip
     sig = "float logits(const VP& v_, const Index& ix_, const RowState& row, int kv_idx, float kv_dist, float x)"
-    if v.logits:
+    if v.logits and v.logits_scale:  # logits_core is the snippet (of x / c); logits() the whole c * core(x / c)
+        core = sig.replace("float logits(", "float logits_core(")
+        out += _functor(v, "logits", core, v.logits, "ix_")
+        c = f"v_.{v.name}.{v.logits_scale}"
+        out += ["  template <class VP>", f"  __device__ __forceinline__ static {sig} {{",
+                f"    return {c} * logits_core(v_, ix_, row, kv_idx, kv_dist, x * v_.{v.name}.{LOGITS_INV_SCALE});",
+                "  }", "  template <class VP> __device__ __forceinline__ static float logits_scale(const VP& v_) {",
+                f"    return {c};", "  }",
+                "  template <class VP> __device__ __forceinline__ static float logits_inv_scale(const VP& v_) {",
+                f"    return v_.{v.name}.{LOGITS_INV_SCALE};", "  }"]  # fmt: skip
+    elif v.logits:
         out += _functor(v, "logits", sig, v.logits, "ix_")
     if v.slope:  # (and its logits: x + slope * kv_dist, wherever the kernel does not fold the bias into Q·K^T)
         out += _functor(v, "slope", "float slope(const VP& v_, const Index& ix_, const RowState& row)", v.slope, "ix_")

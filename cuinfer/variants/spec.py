@@ -74,6 +74,16 @@ on the exact path when they climb too far) would fail on almost every tile, so w
 KV tiles in descending key order (the largest logits first) and a warp that still fails keeps the exact path for the
 rest of the item. Explicit, never inferred; results are the same either way.
 
+``logits_scale="c"`` names a scalar f32 parameter ``c > 0`` of a variant whose logits saturate at ``±c`` (the soft
+cap): its ``logits`` snippet gets ``x / c`` and returns ``r`` with ``|r| <= 1``, and the logit is ``c * r``
+(``logits="fmath::tanh_approx(x)", logits_scale="cap"`` is ``cap * tanh(x / cap)``). Written so, the kernels fold
+``c`` and ``1 / c`` into the scales they already apply (the Hopper prefill kernel: one multiply per logit before the
+snippet, none after it), and where a chain's only logits piece is such a variant, the bound ``|logit| <= c`` lets
+that kernel take its softmax against a fixed reference instead of a running max (bfloat16, ``c <= 54``: every
+exponential stays within float's range; no per-tile max, no rescaling of the output). ``|r| <= 1`` is the snippet's
+promise, never checked: a snippet that breaks it may overflow. The NumPy ``logits`` function of such a variant takes
+``x / c`` and returns ``r`` too.
+
 Parameters (``Param``) are scalars given at plan() (``variant_params={variant: {param: value}}``) or, with ``per=``,
 arrays given at run() (``variant_arrays={param: array}``): one element per query head (``"qo_head"``), KV head
 (``"kv_head"``) or request (``"request"``), any framework's array on the call's device (NumPy on the CPU path),
@@ -116,6 +126,8 @@ NUMPY_NAMES: dict[str, tuple[str, ...]] = {
     "value_transform": ("x", "kv_idx", "dim", *_INDEX),
     "output_transform": ("x", "lse", "dim", *_INDEX),
 }
+# The parameter the renderer adds to a variant with logits_scale: 1 / c, computed when the parameters are packed.
+LOGITS_INV_SCALE = "logits_inv_scale_"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -180,6 +192,7 @@ class Variant:
     output_transform: str | None = None
     softmax: bool = True  # False: weights from `logits`, summed without normalisation (sigmoid attention)
     rising_logits: bool = False  # True: `logits` climb along the keys (ALiBi): prefill runs the KV tiles backwards
+    logits_scale: str | None = None  # a scalar f32 parameter c: logits gets x / c, returns r (|r| <= 1); logit c * r
     params: tuple[Param, ...] = ()
     # NumPy functions for the CPU reference backend (name -> callable; see cuinfer.reference); not part of identity
     numpy: dict[str, Callable[..., Any]] | None = field(default=None, compare=False, hash=False)
@@ -224,6 +237,22 @@ class Variant:
             raise ValueError(
                 f"variant {self.name!r} has rising_logits=True but no logits or slope snippet: the flag describes "
                 "what they do to x along the keys"
+            )
+        if self.logits_scale is not None:
+            scalar_f32 = [p.name for p in self.params if p.kind == "f32" and not p.is_array]
+            if self.logits_scale not in scalar_f32:
+                raise ValueError(
+                    f"variant {self.name!r}: logits_scale={self.logits_scale!r} must name one of its scalar f32 "
+                    f"parameters (it has {scalar_f32}); e.g. params=(Param('cap', 'f32'),), logits_scale='cap'"
+                )
+            if not self.logits:
+                raise ValueError(
+                    f"variant {self.name!r} has logits_scale but no logits snippet: the scale is of what logits "
+                    "returns (logit = c * logits(x / c))"
+                )
+        if any(p.name == LOGITS_INV_SCALE for p in self.params):
+            raise ValueError(
+                f"variant {self.name!r}: the parameter name {LOGITS_INV_SCALE!r} is reserved (1 / c of logits_scale)"
             )
         if not self.softmax and self.sink:
             raise ValueError(f"variant {self.name!r}: a sink joins a softmax denominator; softmax=False has none")

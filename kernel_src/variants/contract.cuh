@@ -36,6 +36,11 @@
 //                                   (kSink), folded once per row where the row is finalised (see below)
 //   output_transform(v, ix, dim, x, lse)              o[dim] of the finished row (normalised, v_scale applied), lse
 //                                   its base-2 lse (kOutputTransform); applied only where a row is final
+//   kScaled: logits_core(v, ix, row, kv, x), logits_scale(v), logits_inv_scale(v)
+//                                   a piece with Variant.logits_scale (the soft cap): logits() is
+//                                   c · logits_core(x / c) with |logits_core| <= 1, c = logits_scale(v) > 0 and
+//                                   logits_inv_scale(v) = 1 / c; a chain whose only logits piece is such a piece is
+//                                   kScaledLogits, and a kernel may fold c into its scales and bound the logits by c
 //   kSoftmax = false                no softmax: logits() returns each key's weight w, o = Σ w v (not normalised), lse
 //                                   = log2 Σ w; partial states merge by adding (decode's in-kernel merge; prefill
 //                                   plans of such chains are never split)
@@ -87,6 +92,9 @@ struct Identity {
   static constexpr bool kSlope = false;           // logits() is x + slope() · kv_dist (a piece's; also kLogits)
   static constexpr bool kLeadSlope = false;       // (chains) slope pieces before any other logits: slope_lead()
   static constexpr bool kLogitsRest = false;      // (chains) logits beyond the leading slopes: logits_rest()
+  static constexpr bool kScaled = false;          // logits() is c · logits_core(x / c), |logits_core| <= 1
+  static constexpr int kLogitsPieces = 0;         // (chains) pieces with logits
+  static constexpr bool kScaledLogits = false;    // (chains) the only logits piece is kScaled
   struct DimState {};
   struct RowState {};
   struct PosState {};
@@ -102,6 +110,12 @@ struct Identity {
   __device__ __forceinline__ static float logits(const VP&, const Index&, const RowState&, int, float, float x) {
     return x;
   }
+  template <class VP>
+  __device__ __forceinline__ static float logits_core(const VP&, const Index&, const RowState&, int, float, float x) {
+    return x;
+  }
+  template <class VP> __device__ __forceinline__ static float logits_scale(const VP&) { return 1.f; }
+  template <class VP> __device__ __forceinline__ static float logits_inv_scale(const VP&) { return 1.f; }
   template <class VP> __device__ __forceinline__ static float slope(const VP&, const Index&, const RowState&) {
     return 0.f;
   }
@@ -166,6 +180,9 @@ template <class A, class... Rest> struct Chain<A, Rest...> {
   static constexpr bool kSkipsA = A::kSlope || !A::kLogits;  // A adds nothing to logits_rest
   static constexpr bool kLeadSlope = A::kSlope || (!A::kLogits && Tail::kLeadSlope);
   static constexpr bool kLogitsRest = kSkipsA ? Tail::kLogitsRest : true;
+  // Scaled logits: the chain's only logits piece is kScaled, so the chain's logits are c · logits_core(x / c).
+  static constexpr int kLogitsPieces = (A::kLogits ? 1 : 0) + Tail::kLogitsPieces;
+  static constexpr bool kScaledLogits = kLogitsPieces == 1 && (A::kLogits ? A::kScaled : Tail::kScaledLogits);
   // At most one piece of a chain transforms (the renderer refuses two: rotations do not compose element by element),
   // so the chain's DimState and PosState are that piece's.
   static constexpr bool kHeadTransforms = A::kQueryTransform || A::kKeyTransform;
@@ -214,6 +231,30 @@ template <class A, class... Rest> struct Chain<A, Rest...> {
     if constexpr (A::kLogits) x = A::logits(v, ix, row.a, kv, dist, x);
     if constexpr (Tail::kLogits) x = Tail::logits(v, ix, row.tail, kv, dist, x);
     return x;
+  }
+  template <class VP>
+  __device__ __forceinline__ static float logits_core(const VP& v, const Index& ix, const RowState& row, int kv,
+                                                     float dist, float x) {
+    static_assert(kScaledLogits, "logits_core is a chain's with scaled logits (kScaledLogits)");
+    if constexpr (A::kLogits) {
+      return A::logits_core(v, ix, row.a, kv, dist, x);
+    } else {
+      return Tail::logits_core(v, ix, row.tail, kv, dist, x);
+    }
+  }
+  template <class VP> __device__ __forceinline__ static float logits_scale(const VP& v) {
+    if constexpr (A::kLogits) {
+      return A::logits_scale(v);
+    } else {
+      return Tail::logits_scale(v);
+    }
+  }
+  template <class VP> __device__ __forceinline__ static float logits_inv_scale(const VP& v) {
+    if constexpr (A::kLogits) {
+      return A::logits_inv_scale(v);
+    } else {
+      return Tail::logits_inv_scale(v);
+    }
   }
   template <class VP>
   __device__ __forceinline__ static float slope_lead(const VP& v, const Index& ix, const RowState& row) {

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from cuinfer.jit import get_compiled
 from cuinfer.jit.sass import disassemble_instructions
 from cuinfer.prefill import BatchPrefill, sm90
+from cuinfer.variants import lookup, render
 
 SPECS = sm90.default_specs()
 
@@ -296,3 +297,62 @@ def test_tma_maps_encode_the_q_tensor_and_the_fp8_byte_views(monkeypatch):
     monkeypatch.setattr(cu, "cuTensorMapEncodeTiled", lambda *a: (cu.CUresult.CUDA_ERROR_INVALID_VALUE, None))
     with pytest.raises(RuntimeError, match=r"for a \[300, 32, 128\] bfloat16 tensor with strides \(4096, 128, 1\)"):
         sm90.tensor_map(4096, "bfloat16", 300, 32, 32 * 128, 128)
+
+
+# ---- the max-free softmax of scaled logits -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dtype, kv, names, cap, free",
+    [
+        ("bfloat16", "bfloat16", ("causal", "soft_cap"), 30.0, True),
+        ("bfloat16", "bfloat16", ("soft_cap",), 54.7, True),  # (54.7 log2 e = 78.9 <= 79)
+        ("bfloat16", "bfloat16", ("causal", "soft_cap"), 54.8, False),  # (79.06: 2^(32 - 2 c log2 e) < 2^-126)
+        ("float16", "float16", ("causal", "soft_cap"), 30.0, False),  # (float16 P holds no 2^32)
+        ("bfloat16", "float8_e4m3fn", ("causal", "soft_cap"), 30.0, False),  # (float16 MMAs)
+        ("bfloat16", "bfloat16", ("causal", "alibi", "soft_cap"), 30.0, False),  # (two logits pieces)
+        ("bfloat16", "bfloat16", ("causal", "soft_cap_accurate"), 30.0, True),
+        ("bfloat16", "bfloat16", ("causal",), None, False),
+    ],
+)
+def test_max_free_softmax_only_where_every_exponential_stays_a_normal_float(dtype, kv, names, cap, free):
+    chain = render(tuple(lookup(n) for n in names))
+    values = {n: {"cap": cap} for n in names if n.startswith("soft_cap")}
+    assert sm90.max_free_ok(dtype, kv, chain, values) is free
+    if free:  # the bound: p = 2^(s - (c log2 e - 32)) within [2^-126, 2^32] for s in [-c log2 e, c log2 e]
+        c2 = cap * np.log2(np.e)
+        assert 32 - 2 * c2 >= -126 and c2 <= sm90.MAX_FREE_BOUND
+
+
+def test_max_free_keys_name_their_kernel_and_refuse_what_it_cannot_run():
+    chain = render((lookup("causal"), lookup("soft_cap")))
+    key = sm90.Sm90KernelKey("bfloat16", chain, max_free=True)
+    assert key.name_expr() == "cuinfer::batch_prefill_sm90<__nv_bfloat16, 128, false, __nv_bfloat16, false, true>"
+    assert key.short_name().endswith("/causal+soft_cap/max-free")
+    assert sm90.Sm90KernelKey("bfloat16", chain).name_expr().endswith("__nv_bfloat16>")  # (plain names unchanged)
+    with pytest.raises(ValueError, match="max_free is for bfloat16"):
+        sm90.Sm90KernelKey("float16", chain, max_free=True)
+    with pytest.raises(ValueError, match="max_free is for bfloat16"):
+        sm90.Sm90KernelKey("bfloat16", render((lookup("causal"),)), max_free=True)
+    with pytest.raises(ValueError, match="max_free is for bfloat16"):
+        sm90.Sm90KernelKey("bfloat16", chain, kv_dtype="float8_e4m3fn", stage_tma=True, max_free=True)
+
+
+def test_max_free_kernel_has_no_running_max():
+    """The max-free soft cap kernel: no max reduction (FMNMX) nor quad shuffles of it, MUFU ops for the tanh and the
+    exp2 of every logit (2 per logit site, beside the plain kernel's 1), no spills."""
+    chain = render((lookup("causal"), lookup("soft_cap")))
+    counts = {}
+    for free in (False, True):
+        spec = sm90.sm90_spec(sm90.Sm90KernelKey("bfloat16", chain, max_free=free))
+        mod = get_compiled(spec, sm90.ARCH)
+        sym = mod.lowered[spec.name_exprs[0]]
+        ops = [
+            re.sub(r"^@!?U?P\w+\s+", "", i).split()[0].split(".")[0] for i in disassemble_instructions(mod.cubin)[sym]
+        ]
+        counts[free] = {op: ops.count(op) for op in ("FMNMX", "MUFU", "SHFL")}
+        usage = mod.resources[sym]
+        assert usage.spill_stores == 0 and usage.spill_loads == 0
+    assert counts[True]["FMNMX"] == 0 and counts[False]["FMNMX"] >= 128
+    assert counts[True]["SHFL"] < counts[False]["SHFL"]
+    assert counts[True]["MUFU"] >= 256

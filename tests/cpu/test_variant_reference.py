@@ -480,3 +480,32 @@ def test_the_streaming_llm_example_of_the_docs_runs_on_numpy_inputs(rng):
     inv = 5e5 ** (-np.arange(D // 2) * 2.0 / D)
     keep = lambda h, qpos, j: (j < 4) | (j >= qpos - 20)  # noqa: E731
     _check(o, lse, *_decode_ref(q, kv, rope=inv, keep=keep))
+
+
+# ---- scaled logits (logits_scale): the NumPy logits function takes x / c and returns r; the logit is c * r ----------
+
+SCALED = Variant(
+    name="test_host_scaled",
+    logits="fmath::tanh_approx(x)",
+    logits_scale="c",
+    params=(Param("c", "f32"),),
+    numpy={"logits": lambda x: np.tanh(x)},
+)
+
+
+@pytest.mark.parametrize(
+    "variant, values",
+    [(SCALED, {"test_host_scaled": {"c": 2.0}}), ("soft_cap_accurate", {"soft_cap_accurate": {"cap": 2.0}})],
+    ids=["user", "soft_cap_accurate"],
+)
+@pytest.mark.parametrize("paged", [False, True], ids=["ragged", "paged"])
+def test_scaled_logits_run_as_c_times_the_function_of_x_over_c(rng, paged, variant, values):
+    w, q, args, kv, qo_indptr = _prefill(rng, paged, causal=True, variant=variant, variant_params=values)
+    o, lse = w.run(q, *args, return_lse=True)
+    _check(o, lse, *_prefill_ref(q, kv, qo_indptr, causal=True, logit=lambda s, h, qpos, j: 2.0 * np.tanh(s / 2.0)))
+
+
+def test_scaled_logits_in_decode(rng):
+    w, q, cache, kv = _decode(rng, variant=SCALED, variant_params={"test_host_scaled": {"c": 1.5}})
+    o, lse = w.run(q, cache, return_lse=True)
+    _check(o, lse, *_decode_ref(q, kv, logit=lambda s, h, qpos, j: 1.5 * np.tanh(s / 1.5)))

@@ -6,12 +6,24 @@ test_variant_kernels.py.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from cuinfer.variants import Param, Variant, lookup, register, registered, render
 from cuinfer.variants.builtins import soft_cap
 
-BUILTINS = ("alibi", "causal", "custom_mask", "rope", "rope_llama31", "sigmoid", "sinks", "soft_cap", "window")
+BUILTINS = (
+    "alibi",
+    "causal",
+    "custom_mask",
+    "rope",
+    "rope_llama31",
+    "sigmoid",
+    "sinks",
+    "soft_cap",
+    "soft_cap_accurate",
+    "window",
+)
 
 
 def test_every_builtin_is_registered_and_written_as_a_variant():
@@ -89,7 +101,10 @@ def test_rendering_a_chain_of_builtins():
                    "variant alibi.row_state", "variant alibi.slope", "variant soft_cap.logits"):  # fmt: skip
         assert f'#line 1 "{marker}"' in src
     # expression snippets become a return, bounds an intersection; a row state is filled once per row
-    assert "return (fmath::soft_cap(x, params.cap, params.neg_two_cap, params.ex2_scale));" in src
+    assert "return (fmath::tanh_approx(x));" in src  # (the scaled core: logits_scale="cap")
+    assert (
+        "return v_.soft_cap.cap * logits_core(v_, ix_, row, kv_idx, kv_dist, x * v_.soft_cap.logits_inv_scale_);" in src
+    )
     assert "RowState row;" in src and "row.slope = fmath::alibi_slope(qo_head, params.num_qo_heads);" in src
     assert "hi = min(hi, static_cast<int>(qpos + 1));" in src
     assert "lo = max(lo, static_cast<int>(qpos - params.window_left));" in src
@@ -256,3 +271,40 @@ def test_a_slope_renders_its_logits_and_the_chain_folds_leading_slopes():
     lin = Variant(name="lin", slope="params.a", params=(Param("a"),))
     assert lin.has_logits and render((lin,)).has_logits and render((lin,)).register_heavy
     assert Variant(name="lin", slope="params.a", row_state="row.b = 1.f;", row_fields="float b;").row_state
+
+
+# ---- scaled logits (logits_scale): the soft cap's c * r(x / c) ------------------------------------------------------
+
+
+def test_logits_scale_names_a_scalar_f32_parameter_of_a_logits_variant():
+    ok = Variant(name="t_cap", logits="fmath::tanh_approx(x)", logits_scale="c", params=(Param("c", "f32"),))
+    assert ok.logits_scale == "c"
+    with pytest.raises(
+        ValueError, match=r"logits_scale='d' must name one of its scalar f32 parameters \(it has \['c'\]\)"
+    ):
+        Variant(name="t_cap", logits="x", logits_scale="d", params=(Param("c", "f32"),))
+    with pytest.raises(ValueError, match="must name one of its scalar f32 parameters"):
+        Variant(name="t_cap", logits="x", logits_scale="c", params=(Param("c", "i32"),))
+    with pytest.raises(ValueError, match="must name one of its scalar f32 parameters"):
+        Variant(name="t_cap", logits="x", logits_scale="c", params=(Param("c", "f32", per="qo_head"),))
+    with pytest.raises(ValueError, match="has logits_scale but no logits snippet"):
+        Variant(name="t_cap", mask="kv_idx > 0", logits_scale="c", params=(Param("c", "f32"),))
+    with pytest.raises(ValueError, match="'logits_inv_scale_' is reserved"):
+        Variant(name="t_cap", logits="x", params=(Param("logits_inv_scale_", "f32"),))
+
+
+def test_scaled_logits_pack_one_over_c_and_refuse_a_bad_c():
+    r = render((lookup("causal"), lookup("soft_cap")))
+    assert r.scaled_logits is lookup("soft_cap")
+    packed = r.pack({"soft_cap": {"cap": 30.0}})
+    assert packed["soft_cap"]["cap"] == 30.0
+    assert packed["soft_cap"]["logits_inv_scale_"] == np.float32(1 / 30.0)
+    for bad in (0.0, -2.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="its logits_scale parameter 'cap' must be a finite number > 0"):
+            r.pack({"soft_cap": {"cap": bad}})
+    # the chain's only logits piece must be the scaled one: ALiBi before it makes two
+    assert render((lookup("alibi"), lookup("soft_cap"))).scaled_logits is None
+    assert render((lookup("soft_cap_accurate"),)).scaled_logits is lookup("soft_cap_accurate")
+    assert render((lookup("causal"),)).scaled_logits is None
+    src = r.preamble()
+    assert "static constexpr bool kScaled = true;" in src

@@ -178,3 +178,70 @@ def test_sm90_auto_picks_the_hopper_kernel(rng):
         assert w.plan_backend == expect
         ref_o, ref_lse = _reference(c, h)
         _check(o, lse, ref_o, ref_lse, c.dtype, c.loose)
+
+
+@pytest.mark.parametrize(
+    "cap, dtype, free",
+    [(30.0, "bf16", True), (50.0, "bf16", True), (54.7, "bf16", True), (60.0, "bf16", False), (50.0, "fp16", False)],
+)
+def test_sm90_soft_cap_rows_saturated_at_both_ends(rng, cap, dtype, free):
+    """The soft cap at the ends of its range: every key of a row aligned with its query (logits saturated at +cap)
+    or against it (at -cap; with the max-free softmax, p = 2^(32 - 2 cap log2 e) there: 2^-125.8 at cap 54.7), and
+    rows of mixed keys, against the float64 reference. The max-free kernel runs where the bound allows (bfloat16,
+    cap log2 e <= 79), the running max elsewhere."""
+    if not _hopper():
+        pytest.skip("backend='sm90' needs an sm_90 GPU")
+    from test_prefill import DTYPES
+
+    from cuinfer.prefill import BatchPrefill
+
+    fw = _framework("cupy")
+    dt = DTYPES[dtype][0]
+    hq, hkv, d, n = 8, 2, 128, 700
+    u = rng.standard_normal(d)
+    u /= np.linalg.norm(u)
+    # keys: u plus small noise; queries: +-200 u, so with sm_scale 1 the logits are ~ +-200: capped to ~ +-cap
+    k = (u + 0.05 * rng.standard_normal((n, hkv, d))).astype(dt)
+    sign = np.where(np.arange(n) % 3 == 0, 1.0, -1.0)[:, None, None]
+    q = sign * 200.0 * u + 0.05 * rng.standard_normal((n, hq, d))
+    q[n // 2 :: 7] = 3.0 * rng.standard_normal((len(q[n // 2 :: 7]), hq, d))  # (mixed rows)
+    q = q.astype(dt)
+    v = rng.standard_normal((n, hkv, d)).astype(dt)
+    indptr = np.array([0, 300, n], np.int32)
+    w = BatchPrefill(paged=False, backend="sm90")
+    w.plan(indptr, indptr, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, causal=True, q_dtype=dt,
+           logits_soft_cap=cap, sm_scale=1.0)  # fmt: skip
+    out = fw.asarray(np.full((n, hq, d), np.nan, dt))
+    o, lse = w.run(fw.asarray(q), fw.asarray(k), fw.asarray(v), out=out, return_lse=True)
+    assert w._launch_state.max_free is free
+    from cuinfer import reference
+
+    ref_o, ref_lse = reference.batch_attention_ragged(q, k, v, indptr, indptr, causal=True, logits_soft_cap=cap,
+                                                      sm_scale=1.0)  # fmt: skip
+    assert np.abs(ref_lse).max() > cap * np.log2(np.e) * 0.99, "rows saturate at the cap"
+    # tanh.approx: a saturated logit within cap * 2^-11 of the cap (lse within ~0.04 base 2 at cap 54.7)
+    _check(fw.to_numpy(o), fw.to_numpy(lse), ref_o, ref_lse, dtype, loose=2.0 * cap / 30.0)
+
+
+@pytest.mark.parametrize("backend", ["sm90", "fa2"])
+def test_soft_cap_accurate_variant(rng, backend):
+    """``variant="soft_cap_accurate"`` (the tanh to ~2e-7) against the float64 reference at the default tolerance,
+    on the max-free Hopper kernel and the FA2-class kernel."""
+    if backend == "sm90" and not _hopper():
+        pytest.skip("backend='sm90' needs an sm_90 GPU")
+    from cuinfer import reference
+    from cuinfer.prefill import BatchPrefill
+
+    fw = _framework("cupy")
+    c = sm90(B12)
+    h = _build(rng, c)
+    w = BatchPrefill(paged=False, backend=backend)
+    w.plan(h["qo_indptr"], h["kv_indptr"], num_qo_heads=32, num_kv_heads=8, head_dim=128, causal=True,
+           q_dtype=h["q"].dtype, variant="soft_cap_accurate",
+           variant_params={"soft_cap_accurate": {"cap": 30.0}})  # fmt: skip
+    o, lse = w.run(fw.asarray(h["q"]), fw.asarray(h["k"]), fw.asarray(h["v"]), return_lse=True)
+    if backend == "sm90":
+        assert w._launch_state.max_free
+    ref_o, ref_lse = reference.batch_attention_ragged(h["q"], h["k"], h["v"], h["qo_indptr"], h["kv_indptr"],
+                                                      causal=True, logits_soft_cap=30.0)  # fmt: skip
+    _check(fw.to_numpy(o), fw.to_numpy(lse), ref_o, ref_lse, c.dtype)

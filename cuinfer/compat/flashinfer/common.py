@@ -135,7 +135,7 @@ FLASHINFER_ALIBI = dataclasses.replace(
 FLASHINFER_SOFT_CAP = dataclasses.replace(
     soft_cap.SOFT_CAP,
     name="flashinfer_soft_cap",
-    numpy={"logits": lambda x, params: params.cap * np.tanh(x / params.cap)},
+    numpy={"logits": lambda x: np.tanh(x)},  # (of x / cap: logits_scale)
     doc="The soft cap after FlashInfer's ALiBi (cuinfer's built-in soft cap, applied after the variants given).",
 )
 

@@ -106,18 +106,30 @@ template <bool kRowScale, class V> __device__ __forceinline__ float row_sl2(floa
   return kRowScale && !variant::kTileLogits<V> ? sl2 * r.q_inv[h] : sl2;
 }
 
+// Scaled logits (variant::kScaledLogits: the soft cap's c · r(x / c), |r| <= 1): the scores become r, the variant's
+// core of x / c (1 / c folded into the one multiply by sm_scale), and c into sl2, the exponent per score unit.
+template <class V> constexpr bool kScaledTiles = variant::kTileLogits<V> && V::kScaledLogits && !variant::kFoldSlope<V>;
+
+// The max-free softmax of bounded logits (kMaxFree, the host's choice: scaled logits, bfloat16 P, c log2(e) <=
+// kMaxFreeBound): every tile's exponentials are taken against the fixed reference c log2(e) - kMaxFreeHeadroom, so
+// p = 2^(s - ref) lies in [2^(kMaxFreeHeadroom - 2 c log2 e), 2^kMaxFreeHeadroom]: a normal float (and bfloat16)
+// for c log2(e) <= 79, and a row sum of 2^31 keys' p stays below float's largest. No running max, no quad shuffles,
+// no rescaling of the output accumulators; the lse is ref + log2(l) as before (r.m holds ref in score units).
+constexpr float kMaxFreeHeadroom = 32.f;
+
 // Masks the scores of the tile at key0, moves the running max, turns the scores into P in place and gives the factor
-// the output accumulators take for the new max (per row half). Element (j, e) of sc is the logit of row h = e / 2
-// and key key0 + 8 j + 2 t + e % 2. `sl2`: the base-2 exponent per score unit (kRowScale: per unit of q·k, the
-// rows' q_inv applied here).
-template <bool kRowScale, class V, class VP>
+// the output accumulators take for the new max (per row half; 1 with kMaxFree). Element (j, e) of sc is the logit of
+// row h = e / 2 and key key0 + 8 j + 2 t + e % 2. `sl2`: the base-2 exponent per score unit (kRowScale: per unit of
+// q·k, the rows' q_inv applied here).
+template <bool kRowScale, bool kMaxFree, class V, class VP>
 __device__ __forceinline__ void softmax_tile(float (&sc)[64], Rows<V>& r, const VP& vp, const Unit& w, int key0, int t,
                                              float sm_scale, float sl2, float (&corr)[2]) {
   constexpr bool kFold = variant::kFoldSlope<V>;
+  constexpr bool kScaled = kScaledTiles<V>;
   const bool need_mask = V::kMask || key0 + kBlockN > w.mask_hi || key0 < w.mask_lo;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float sms = kRowScale ? sm_scale * r.q_inv[h] : sm_scale;
+    const float sms = (kRowScale ? sm_scale * r.q_inv[h] : sm_scale) * (kScaled ? V::logits_inv_scale(vp) : 1.f);
     const float dist0 = static_cast<float>(key0 + 2 * t - r.ix[h].qpos);  // kv_dist of the row's first key here
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
@@ -127,7 +139,9 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[64], Rows<V>& r, const 
         float x = sc[4 * j + e];
         if constexpr (variant::kTileLogits<V>) {
           const float dist = dist0 + static_cast<float>(8 * j + (e & 1));
-          if constexpr (kFold) {
+          if constexpr (kScaled) {
+            x = V::logits_core(vp, r.ix[h], r.rs[h], key, dist, x * sms);
+          } else if constexpr (kFold) {
             x = V::logits_rest(vp, r.ix[h], r.rs[h], key, dist, x * sms);
           } else {
             x = V::logits(vp, r.ix[h], r.rs[h], key, dist, x * sms);
@@ -148,13 +162,19 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[64], Rows<V>& r, const 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float s2 = row_sl2<kRowScale>(sl2, r, h);
-    float mx = r.m[h];
+    float ms;
+    if constexpr (kMaxFree) {
+      ms = r.m[h] * s2;
+      corr[h] = 1.f;
+    } else {
+      float mx = r.m[h];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * h], sc[4 * j + 2 * h + 1]));
-    mx = mma::quad_max(mx);
-    const float ms = mx == neg_inf() ? 0.f : mx * s2;
-    corr[h] = fmath::ex2(r.m[h] * s2 - ms);  // m = -inf: 0
-    r.m[h] = mx;
+      for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * h], sc[4 * j + 2 * h + 1]));
+      mx = mma::quad_max(mx);
+      ms = mx == neg_inf() ? 0.f : mx * s2;
+      corr[h] = fmath::ex2(r.m[h] * s2 - ms);  // m = -inf: 0
+      r.m[h] = mx;
+    }
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
@@ -162,7 +182,7 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[64], Rows<V>& r, const 
       sc[4 * j + 2 * h + 1] = fmath::ex2(fmaf(sc[4 * j + 2 * h + 1], s2, -ms));
       sum += sc[4 * j + 2 * h] + sc[4 * j + 2 * h + 1];
     }
-    r.l[h] = r.l[h] * corr[h] + sum;
+    r.l[h] = kMaxFree ? r.l[h] + sum : r.l[h] * corr[h] + sum;
   }
 }
 
@@ -175,7 +195,8 @@ template <class T> __device__ __forceinline__ void pack_p(const float (&sc)[64],
   }
 }
 
-__device__ __forceinline__ void rescale(float (&o_acc)[64], const float (&corr)[2]) {
+template <bool kMaxFree> __device__ __forceinline__ void rescale(float (&o_acc)[64], const float (&corr)[2]) {
+  if constexpr (kMaxFree) return;  // (corr is 1)
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
     o_acc[4 * j + 0] *= corr[0];
@@ -263,8 +284,8 @@ __device__ __forceinline__ float convert_q_rows(u32 q_base, int cw, int tid) {
 // T: q's and o's type; TM: the MMAs' operand type (T, or float16 for fp8 K / V); KVT: K / V's element type (fp8: the
 // k_scale, the number folded into sm_scale times the KV head's from k_scales, scales the logits, v_scale the output).
 // kFenceStages: the stages were written through the generic proxy and nobody fenced the proxies (paged K / V:
-// cp.async; fp8: the producer's conversion; mbarrier.cuh).
-template <class T, class TM, class KVT, class V, bool kFenceStages, class P, class VP>
+// cp.async; fp8: the producer's conversion; mbarrier.cuh). kMaxFree: the max-free softmax (softmax_tile).
+template <class T, class TM, class KVT, class V, bool kFenceStages, bool kMaxFree, class P, class VP>
 __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& bars, u32 sq, u32 sk, u32 sv,
                                         const Unit* slot, int cw, int tid) {
   using namespace sm90;
@@ -274,6 +295,8 @@ __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& ba
   const u32 q_base = sq + cw * 64 * 128;
   constexpr bool kFp8 = fp8::IsFp8<KVT>::value;
   constexpr bool kRowScale = !is_same<T, TM>::value;  // bfloat16 q, float16 MMAs: Q scaled per row (convert_q_rows)
+  static_assert(!kMaxFree || (kScaledTiles<V> && is_same<TM, __nv_bfloat16>::value),
+                "the max-free softmax is for scaled logits with bfloat16 P (its p reach 2^32)");
   auto my_turn = [&]() {
     SM90_PROBE_START(probe_t);
     named_barrier_sync(1 + cw, 256);
@@ -294,7 +317,10 @@ __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& ba
     const float sm_scale = kFp8 ? p.sm_scale * k_scale : p.sm_scale;
     // the softmax's base-2 exponent per score unit: per-logit pieces return natural logits (sm_scale applied);
     // otherwise the scores are in accumulator units and sm_scale folds in here
-    const float sl2 = variant::kTileLogits<V> ? kLog2e : kFp8 ? p.sm_scale_log2 * k_scale : p.sm_scale_log2;
+    // (scaled logits: the scores are the variant's core r, the logit c r)
+    const float sl2 = variant::kTileLogits<V> ? kLog2e * (kScaledTiles<V> ? V::logits_scale(vp) : 1.f)
+                      : kFp8                  ? p.sm_scale_log2 * k_scale
+                                              : p.sm_scale_log2;
     const int n_tiles = w.n_tiles;
     const int my_row = w.row0 + cw * 64 + warp * 16 + g;  // rows my_row and my_row + 8 of the request
     float q_inv[2] = {1.f, 1.f};
@@ -307,6 +333,9 @@ __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& ba
     }
     Rows<V> r;
     init_rows(r, p, vp, w, my_row, sm_scale, q_inv);
+    if constexpr (kMaxFree) {  // the reference in score units: (c log2(e) - headroom) / (c log2(e))
+      r.m[0] = r.m[1] = 1.f - kMaxFreeHeadroom * (1.f / kLog2e) * V::logits_inv_scale(vp);
+    }
     float o_acc[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) o_acc[i] = 0.f;
@@ -340,14 +369,14 @@ __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& ba
       wgmma_wait<0>();
       fence_regs(sc);
       mbar_arrive(bars.k_empty(tile0 % kStages));
-      softmax_tile<kRowScale>(sc, r, vp, w, key0(0), t, sm_scale, sl2, corr);
+      softmax_tile<kRowScale, kMaxFree>(sc, r, vp, w, key0(0), t, sm_scale, sl2, corr);
       pack_p<TM>(sc, pa);
     }
     for (int i = 1; i < n_tiles; ++i) {
       float sc[64];
       my_turn();
       issue_qk<TM, V>(sc, q_base, k_tile(i), r, key0(i), t);
-      rescale(o_acc, corr);
+      rescale<kMaxFree>(o_acc, corr);
       issue_pv<TM>(o_acc, pa, v_tile(i - 1));
       their_turn();
       SM90_PROBE_START(probe_w1);
@@ -356,7 +385,7 @@ __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& ba
       fence_regs(sc);
       mbar_arrive(bars.k_empty((tile0 + i) % kStages));
       SM90_PROBE_START(probe_s);
-      softmax_tile<kRowScale>(sc, r, vp, w, key0(i), t, sm_scale, sl2, corr);
+      softmax_tile<kRowScale, kMaxFree>(sc, r, vp, w, key0(i), t, sm_scale, sl2, corr);
       SM90_PROBE_STOP(probe_s, 5);
       SM90_PROBE_START(probe_w0);
       wgmma_wait<0>();
@@ -367,7 +396,7 @@ __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& ba
     }
     mbar_arrive(bars.q_empty());  // every Q K^T of the unit has retired
     if (n_tiles > 0) {
-      rescale(o_acc, corr);
+      rescale<kMaxFree>(o_acc, corr);
       my_turn();
       issue_pv<TM>(o_acc, pa, v_tile(n_tiles - 1));
       their_turn();

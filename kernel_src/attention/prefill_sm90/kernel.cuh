@@ -24,7 +24,9 @@ namespace cuinfer {
 // STAGE_TMA (fp8 only; every ragged fp8 kernel, and a paged cache whose page size is a multiple of 16): the staging
 // copies are TMA boxes issued by the producer's warp 0 and converted by its warps 1-3 (producer.cuh
 // produce_fp8_unit_tma), the staging slots' barriers after the item broadcast.
-template <class T, int HEAD_DIM, bool PAGED, class KVT, bool STAGE_TMA = false>
+// MAX_FREE: the consumers' max-free softmax of scaled logits (consumer.cuh softmax_tile; the host picks it for a
+// chain whose only logits piece has logits_scale c with c log2(e) <= 79, bfloat16 q and K / V).
+template <class T, int HEAD_DIM, bool PAGED, class KVT, bool STAGE_TMA = false, bool MAX_FREE = false>
 __global__ void __launch_bounds__(prefill_sm90::kThreads, 1)
     batch_prefill_sm90(const __grid_constant__ PrefillParams p, const __grid_constant__ VariantParams v,
                        const __grid_constant__ sm90::TmaDesc tm_q, const __grid_constant__ sm90::TmaDesc tm_k,
@@ -81,7 +83,7 @@ __global__ void __launch_bounds__(prefill_sm90::kThreads, 1)
     return;
   }
   sm90::setmaxnreg_inc<kFp8 ? kConsumerRegsFp8 : kConsumerRegs>();
-  consume<T, TM, KVT, V, PAGED || kFp8>(p, v, bars, sq, sk, sv, slot, wg - 1, tid);
+  consume<T, TM, KVT, V, PAGED || kFp8, MAX_FREE>(p, v, bars, sq, sk, sv, slot, wg - 1, tid);
   SM90_PROBE_STOP(probe_t0, 0);
   SM90_PROBE_FLUSH();
 }
