@@ -39,21 +39,22 @@ VARIANTS = {
 
 
 def _lab_variants() -> dict:
-    """Lab-only variants (--lab): the soft cap through MUFU.TANH (FlashInfer's formula: ``cap * tanh.approx(x /
-    cap)``, relative error ~2^-11) and through MUFU.RCP (``cap - 2 cap * rcp(1 + ex2(x * 2 log2 e / cap))``: two MUFU
-    ops, no Newton steps) against the accurate built-in (one MUFU op and five FFMAs); both on the built-in's tiles.
-    And a probe of the least any soft cap through MUFU costs: the plain logits plus 0 x one MUFU.TANH each (``x +
-    0.f * tanh.approx(x)``: the product is kept, as 0 x inf is NaN; the results are the plain ones)."""
+    """Lab-only variants (--lab), each against the built-in soft cap (``cap * tanh.approx(x / cap)`` with
+    ``logits_scale``): the same formula unscaled (its multiplies by 1 / cap and cap per logit in the snippet); the
+    scaled tanh from MUFU.EX2 with the reciprocal by two Newton steps on the FMA pipe (``1 - 2 r``, ``r ~ 1 / (1 +
+    2^(2 x log2 e))``, ~2e-4 relative: two EX2 per logit with the softmax's, no MUFU.TANH) or by MUFU.RCP (three MUFU
+    ops); and a probe of the least any soft cap through MUFU costs: the plain logits plus 0 x one MUFU.TANH each
+    (``x + 0.f * tanh.approx(x)``: the product is kept, as 0 x inf is NaN; the results are the plain ones)."""
     import importlib
 
     import cuinfer
-    from cuinfer.variants.builtins import soft_cap
 
     # registered and counted with the built-in soft cap among the chains that keep the plain 128 x 64 tiles (a user
     # variant's policy tiles are narrower): this compares the logits code alone
     render = importlib.import_module("cuinfer.variants.render")
-    render.WIDE_LOGITS = (*render.WIDE_LOGITS, "lab_soft_cap_rcp", "lab_soft_cap_approx", "lab_one_mufu")
-
+    names = ("lab_soft_cap_approx", "lab_cap_ex2_newton", "lab_cap_ex2_rcp", "lab_one_mufu")
+    render.WIDE_LOGITS = (*render.WIDE_LOGITS, *names)
+    cap = (cuinfer.Param("cap", "f32"),)
     approx = cuinfer.register_variant(
         cuinfer.Variant(
             name="lab_soft_cap_approx",
@@ -61,11 +62,24 @@ def _lab_variants() -> dict:
             params=(cuinfer.Param("cap", "f32"), cuinfer.Param("inv_cap", "f32")),
         )
     )
+    newton = cuinfer.register_variant(
+        cuinfer.Variant(
+            name="lab_cap_ex2_newton",
+            logits="""const float d = fminf(1.f + fmath::ex2(x * 2.8853900817779268f), 67108864.f);
+float r = __int_as_float(0x7EF311C3 - __float_as_int(d));
+r = r * fmaf(-d, r, 2.f);
+r = r * fmaf(-d, r, 2.f);
+return fmaf(-2.f, r, 1.f);""",
+            logits_scale="cap",
+            params=cap,
+        )
+    )
     rcp = cuinfer.register_variant(
         cuinfer.Variant(
-            name="lab_soft_cap_rcp",
-            logits="fmaf(params.neg_two_cap, fmath::rcp(1.f + fmath::ex2(x * params.ex2_scale)), params.cap)",
-            params=soft_cap.SOFT_CAP.params,
+            name="lab_cap_ex2_rcp",
+            logits="fmaf(-2.f, fmath::rcp(1.f + fmath::ex2(x * 2.8853900817779268f)), 1.f)",
+            logits_scale="cap",
+            params=cap,
         )
     )
     one_mufu = cuinfer.register_variant(
@@ -73,14 +87,12 @@ def _lab_variants() -> dict:
     )
     return {
         "one MUFU per logit (probe)": {"variant": one_mufu},
-        "soft cap 30 (rcp)": {
-            "variant": rcp,
-            "variant_params": {"lab_soft_cap_rcp": soft_cap.values(30.0)},
-        },
-        "soft cap 30 (tanh.approx)": {
+        "soft cap 30 (tanh.approx unscaled)": {
             "variant": approx,
             "variant_params": {"lab_soft_cap_approx": {"cap": 30.0, "inv_cap": 1 / 30.0}},
         },
+        "soft cap 30 (ex2 + Newton)": {"variant": newton, "variant_params": {"lab_cap_ex2_newton": {"cap": 30.0}}},
+        "soft cap 30 (ex2 + rcp)": {"variant": rcp, "variant_params": {"lab_cap_ex2_rcp": {"cap": 30.0}}},
     }
 
 

@@ -1,0 +1,73 @@
+"""Lab: MUFU throughput per SM of tanh.approx.f32, ex2.approx.f32 and rcp.approx.f32 (and FFMA for scale) on the GPU.
+
+    python -m bench.lab.mufu_probe
+
+Each thread runs 8 independent chains of N dependent ops (x = op(x) * 0.5 + 0.25 keeps the values finite; the
+FFMA is counted in the op's row and measured alone in the "ffma" row), 8 warps per SMSP, enough blocks to fill every
+SM; CUDA events, the median of 5 launches. Prints warp-instructions per clock per SM (clock: the SM clock while
+running, from nvidia-smi when it can be read, else the GPU's max).
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+OPS = {
+    "tanh": 'asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x[c]));',
+    "ex2": 'asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x[c]));',
+    "rcp": 'asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x[c]));',
+    "ffma": "y = x[c];",
+}
+N = 4096
+
+
+def _src(body: str) -> str:
+    return f"""
+extern "C" __global__ void k(float* out, float seed) {{
+  float x[8];
+  #pragma unroll
+  for (int c = 0; c < 8; ++c) x[c] = seed + 0.01f * c + 1e-6f * threadIdx.x;
+  for (int i = 0; i < {N}; ++i) {{
+    #pragma unroll
+    for (int c = 0; c < 8; ++c) {{ float y; {body} x[c] = fmaf(y, 0.5f, 0.25f); }}
+  }}
+  float s = 0.f;
+  #pragma unroll
+  for (int c = 0; c < 8; ++c) s += x[c];
+  if (s == 12345.f) out[threadIdx.x] = s;
+}}
+"""
+
+
+def main() -> int:
+    import cupy as cp
+
+    dev = cp.cuda.Device()
+    sms = dev.attributes["MultiProcessorCount"]
+    try:
+        clk = float(subprocess.run(["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits"],
+                                   capture_output=True, text=True).stdout.split()[0])  # fmt: skip
+    except Exception:  # noqa: BLE001
+        clk = float("nan")
+    out = cp.zeros(1024, cp.float32)
+    threads, blocks = 1024, sms * 2  # 64 warps per SM
+    for name, body in OPS.items():
+        k = cp.RawKernel(_src(body), "k", options=("-arch=sm_90a",) if dev.compute_capability == "90" else ())
+        k((blocks,), (threads,), (out, cp.float32(0.3)))
+        times = []
+        for _ in range(5):
+            a, b = cp.cuda.Event(), cp.cuda.Event()
+            a.record()
+            k((blocks,), (threads,), (out, cp.float32(0.3)))
+            b.record()
+            b.synchronize()
+            times.append(cp.cuda.get_elapsed_time(a, b) * 1e-3)
+        t = sorted(times)[2]
+        warp_ops = blocks * threads / 32 * N * 8
+        per_clk_sm = warp_ops / (t * clk * 1e6 * sms)
+        print(f"{name:5s} {t * 1e3:8.3f} ms  {per_clk_sm:6.3f} warp-instr (op + FFMA) / clock / SM at {clk:.0f} MHz")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
