@@ -46,9 +46,9 @@ __device__ __forceinline__ float tanh(float x) { return fmaf(-2.f, rcp_one_plus_
 
 // The logits soft cap cap · tanh(x / cap) as cap - 2 cap / (1 + 2^(x · 2 log2 e / cap)): one multiply, one MUFU op
 // and the Newton steps per logit; ~7e-6 absolute at cap 30. neg_two_cap = -2 cap and ex2_scale = 2 log2(e) / cap are
-// given precomputed (the soft_cap variant's parameters): read from the constant bank by the FMUL / FFMA that use
-// them, they hold no registers (computed here, the two constants took two registers across the prefill KV loop, which
-// spilled its 128 x 64 tile).
+// given precomputed (best as a variant's parameters: read from the constant bank by the FMUL / FFMA that use them,
+// they hold no registers; computed here, the two constants took two registers across the FA2-class prefill's KV loop,
+// which spilled its 128 x 64 tile). The built-in soft caps are written with logits_scale instead (builtins/soft_cap.py).
 __device__ __forceinline__ float soft_cap(float x, float cap, float neg_two_cap, float ex2_scale) {
   return fmaf(neg_two_cap, rcp_one_plus_ex2(x * ex2_scale), cap);
 }

@@ -3,8 +3,8 @@
 the logits saturate). Written with ``logits_scale="cap"``: the kernels fold ``cap`` and ``1 / cap`` into the scales
 they apply anyway, and the Hopper prefill kernel, knowing ``|logit| <= cap``, runs its softmax without a running max
 (bfloat16, cap <= 54). ``soft_cap_accurate`` (``variant="soft_cap_accurate"``) is the same cap with a tanh accurate to
-~2e-7 (one MUFU op and a Newton reciprocal on the FMA pipe: ``fmath::tanh``), for ~15-20 % more time on Hopper
-prefill."""
+~2e-7 (one MUFU op and a Newton reciprocal on the FMA pipe: ``fmath::tanh``), for ~28 % more time on Hopper prefill
+(H200, 2026-12-04: 0.71-0.74x causal against the built-in's 0.91-0.92x)."""
 
 import numpy as np
 
