@@ -2,18 +2,19 @@
 
     python -m bench.lab.softcap_poly_trees OUT_DIR NAME:MAXFREE:POLYMASK[:FOLD[:NOPP]] [...]
 
-Each tree is `git archive HEAD` with kernel_src/attention/prefill_sm90/consumer.cuh patched: for variants with
-per-logit pieces (kTileLogits: the soft cap), MAXFREE=1 takes every tile's exponentials against a fixed reference
-(cap 30 hard-coded: 30 log2 e - 32, so p lies in [2^-54, 2^32]; no running max, no rescale), and POLYMASK (16 bits)
-picks the accumulator columns j whose exp2 runs on the FMA pipe (a degree-3 minimax polynomial after rounding the
-argument with the 1.5 * 2^23 trick; relative error 7.5e-5) instead of MUFU.EX2. Plain causal is unchanged (control).
-FOLD=1 replaces a logits variant's functor by the soft cap 30 through MUFU.TANH with its scales folded
-(tanh.approx(acc * sm_scale / 30), then one FFMA into the exp2 argument): the least the tanh.approx form costs.
-NOPP=1 drops the consumers' ping-pong (named barriers 1 and 2) for logits variants: both issue their MMAs as soon
-as they are ready and their softmaxes run at the same time.
-Probe only: the reference max is only right for cap 30, and masked keys get 2^-126, not 0.
-"""
+Each tree is `git archive BASE` (63454c5, the kernel these probes patched: its consumer.cuh holds the text the patches
+replace; BASE=<rev> in the environment for another) with kernel_src/attention/prefill_sm90/consumer.cuh patched: for
+variants with per-logit pieces (kTileLogits: the soft cap), MAXFREE=1 takes every tile's exponentials against a fixed
+reference (cap 30 hard-coded: 30 log2 e - 32, so p lies in [2^-54, 2^32]; no running max, no rescale), and POLYMASK
+(16 bits) picks the accumulator columns j whose exp2 runs on the FMA pipe (a degree-3 minimax polynomial after
+rounding the argument with the 1.5 * 2^23 trick; relative error 7.5e-5) instead of MUFU.EX2. Plain causal is unchanged
+(control). FOLD=1 replaces a logits variant's functor by the soft cap 30 through MUFU.TANH with its scales folded
+(tanh.approx(acc * sm_scale / 30), then one FFMA into the exp2 argument): the least the tanh.approx form costs. NOPP=1
+drops the consumers' ping-pong (named barriers 1 and 2) for logits variants: both issue their MMAs as soon as they are
+ready and their softmaxes run at the same time. Probe only: the reference max is only right for cap 30, and masked
+keys get 2^-126, not 0."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -109,7 +110,8 @@ NEW_TURNS = """    constexpr bool kPP = !(LAB_NOPP && variant::kTileLogits<V>);
 def build(out: Path, name: str, maxfree: int, mask: int, fold: int, nopp: int) -> None:
     d = out / name
     d.mkdir(parents=True, exist_ok=True)
-    tar = subprocess.run(["git", "archive", "HEAD"], check=True, capture_output=True).stdout
+    base = os.environ.get("BASE", "63454c5")
+    tar = subprocess.run(["git", "archive", base], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(d)], input=tar, check=True)
     f = d / "kernel_src/attention/prefill_sm90/consumer.cuh"
     s = f.read_text()

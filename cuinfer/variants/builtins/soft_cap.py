@@ -6,6 +6,8 @@ they apply anyway, and the Hopper prefill kernel, knowing ``|logit| <= cap``, ru
 ~2e-7 (one MUFU op and a Newton reciprocal on the FMA pipe: ``fmath::tanh``), for ~28 % more time on Hopper prefill
 (H200, 2026-12-04: 0.71-0.74x causal against the built-in's 0.91-0.92x)."""
 
+import dataclasses
+
 import numpy as np
 
 from cuinfer.variants.registry import register
@@ -22,11 +24,10 @@ SOFT_CAP = register(
 )
 
 SOFT_CAP_ACCURATE = register(
-    Variant(
+    dataclasses.replace(
+        SOFT_CAP,
         name="soft_cap_accurate",
         logits="fmath::tanh(x)",
-        logits_scale="cap",
-        params=(Param("cap", "f32"),),
         numpy={"logits": lambda x: np.tanh(x)},  # (of x / cap: logits_scale)
         doc="The logits soft cap cap * tanh(x / cap) with a tanh accurate to ~2e-7 absolute (fmath::tanh: "
         "1 - 2 / (1 + 2^(2 x log2 e)), one MUFU op and the reciprocal by Newton steps); "
