@@ -32,7 +32,7 @@ from cuinfer.planner.cost import kv_itemsize_cost
 from cuinfer.planner.decode_plan import decode_planner
 from cuinfer.planner.work import WorkPlan, plan_work
 from cuinfer.reference import variants as ref_variants
-from cuinfer.runtime.buffers import FixedLayout
+from cuinfer.runtime.buffers import FixedLayout, check_fixed_values
 from cuinfer.runtime.calls import Call
 from cuinfer.runtime.fp8 import (
     KVScales,
@@ -233,7 +233,9 @@ class BatchDecode(PlanRunWrapper):
                 )  # fmt: skip
                 # Page indices (and mask bytes): room for twice the first plan's (at least 64 Ki pages), fixed then.
                 lay = plan_layout.PlanLayout.for_capacity(**cap.__dict__)
-                holder.fixed_layout = FixedLayout(lay, heads, max(2 * nnz, 1 << 16), 2 * max(n_mask, 4))
+                holder.fixed_layout = FixedLayout(
+                    lay, heads, max(2 * nnz, 1 << 16), 2 * max(n_mask, 4), values=(plan.options, plan.variant_values)
+                )
             fixed = holder.fixed_layout
             lay, page_cap, mask_cap = fixed.layout, fixed.page_cap, fixed.mask_cap
             if n_mask > mask_cap:
@@ -246,6 +248,7 @@ class BatchDecode(PlanRunWrapper):
                     "with use_cuda_graph=True every plan() must keep the head configuration and kernel of the first "
                     f"(num_kv_heads, group, kernel) = {fixed.signature[:2]}, but this plan has {heads[:2]}"
                 )
+            check_fixed_values(fixed, plan.options, plan.variant_values)
             if nnz > page_cap:
                 raise ValueError(
                     f"the plan reads {nnz} page indices but the CUDA-graph page table holds {page_cap} (twice the "

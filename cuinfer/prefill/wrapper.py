@@ -40,7 +40,7 @@ from cuinfer.prefill.policy import DeviceLimits, ctas_per_sm
 from cuinfer.prefill.specs import prefill_spec
 from cuinfer.prefill.tiles import block_smem_bytes
 from cuinfer.reference import variants as ref_variants
-from cuinfer.runtime.buffers import FixedLayout
+from cuinfer.runtime.buffers import FixedLayout, check_fixed_values
 from cuinfer.runtime.calls import Call
 from cuinfer.runtime.fp8 import (
     as_kv_dtype,
@@ -348,7 +348,8 @@ class BatchPrefill(PlanRunWrapper):
                 )  # fmt: skip
                 lay = plan_layout.PlanLayout.for_capacity(cap.max_items, cap.max_ctas, cap.max_merge, cap.max_merge_src)
                 self._fixed = FixedLayout(
-                    lay, heads, 2 * max(n_pages, 1), 2 * max(n_mask, 4), plan.config, backend=plan.backend
+                    lay, heads, 2 * max(n_pages, 1), 2 * max(n_mask, 4), plan.config, backend=plan.backend,
+                    values=(plan.options, plan.variant_values),
                 )  # fmt: skip
             fixed = self._fixed
             lay, fixed_heads, page_cap, mask_cap = fixed.layout, fixed.signature, fixed.page_cap, fixed.mask_cap
@@ -358,6 +359,7 @@ class BatchPrefill(PlanRunWrapper):
                     f"captured kernel is fixed): first {fixed_heads[:2]} {fixed_heads[2].short_name()}, now "
                     f"{heads[:2]} {heads[2].short_name()}"
                 )
+            check_fixed_values(fixed, plan.options, plan.variant_values)
             if n_pages > page_cap or n_mask > mask_cap:
                 raise ValueError(
                     f"the plan reads {n_pages} page indices and {n_mask} mask bytes but the CUDA-graph buffers hold "

@@ -4,6 +4,7 @@ workspace rules they follow."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -194,6 +195,29 @@ class FixedLayout:
     mask_cap: int = 0  # custom-mask bytes the buffer holds (prefill)
     config: Any = None  # the tile configuration later plans keep instead of choosing their own (prefill)
     backend: str = ""  # the kernel later plans keep ("fa2" / "sm90": BatchPrefill's "auto" resolved by the first plan)
+    values: Any = None  # the option and variant-parameter values later plans keep (the captured launch holds them)
+
+
+def check_fixed_values(fixed: FixedLayout, options: Any, variant_values: dict | None) -> None:
+    """CUDA-graph mode: a later plan's option values (sm_scale, the soft cap, the window, ...) and the scalar
+    parameters of its variants (``variant_params``) must be the first plan's. The kernel's parameters are its launch
+    arguments, which a captured graph holds by value: a replay after a plan with other values would run the first
+    plan's values (and kernel) without a word. Raises ValueError naming what changed."""
+    first_options, first_variants = fixed.values
+    if options == first_options and variant_values == first_variants:
+        return
+    changed = [
+        f"{f.name}: {getattr(first_options, f.name)!r} -> {getattr(options, f.name)!r}"
+        for f in dataclasses.fields(options)
+        if getattr(first_options, f.name) != getattr(options, f.name)
+    ]
+    if variant_values != first_variants:
+        changed.append(f"variant_params: {first_variants!r} -> {variant_values!r}")
+    raise ValueError(
+        "with use_cuda_graph=True every plan() must keep the option values of the first (a captured launch holds "
+        f"them by value; a replay would run the first plan's): {'; '.join(changed)}. Build a wrapper per set of "
+        "options"
+    )
 
 
 class HostLayoutHolder:

@@ -242,3 +242,35 @@ def test_single_decode_passes_variant_arrays(gpu):
     q, k, sinks = _cuda((32, 128)), _cuda((700, 8, 128)), _cuda((32,), DType.FLOAT32)
     single_decode(q, k, _cuda((700, 8, 128)), variant="sinks", variant_arrays={"sinks": sinks})
     assert [e[0] for e in log] == ["upload", "launch"] and int(log[1][4]["sinks"]["sinks"]) == sinks.ptr
+
+
+@pytest.mark.parametrize("kind", ["decode", "prefill"])
+def test_graph_mode_plans_keep_the_first_plans_option_values(gpu, rng, kind):
+    """CUDA-graph mode: a captured launch holds the kernel's parameters (sm_scale, the soft cap, variant parameters)
+    by value, so a later plan with other values raises (naming them) instead of replaying the first plan's."""
+    if kind == "decode":
+        w = BatchDecode(use_cuda_graph=True, max_batch_size=16)
+
+        def plan(**kw):
+            w.plan(*_page_table(rng, [40, 50]), **HEADS, page_size=16, q_dtype="bfloat16", **kw)
+    else:
+        w = BatchPrefill(paged=False, use_cuda_graph=True, max_batch_size=4)
+
+        def plan(**kw):
+            w.plan(np.array([0, 16, 32]), np.array([0, 64, 128]), **HEADS, q_dtype="bfloat16", causal=True, **kw)
+
+    plan(logits_soft_cap=30.0)
+    plan(logits_soft_cap=30.0)  # (the same values: fine)
+    with pytest.raises(ValueError, match=r"keep the option values of the first .*logits_soft_cap: 30.0 -> 40.0"):
+        plan(logits_soft_cap=40.0)
+    with pytest.raises(ValueError, match=r"sm_scale: 0.088388\d* -> 0.5"):
+        plan(logits_soft_cap=30.0, sm_scale=0.5)
+    v = BatchDecode(use_cuda_graph=True, max_batch_size=16) if kind == "decode" else None
+    if v is not None:  # a variant's scalar parameters too
+        v.plan(*_page_table(rng, [40]), **HEADS, page_size=16, q_dtype="bfloat16", variant="sigmoid",
+               variant_params={"sigmoid": {"bias": 1.0}})  # fmt: skip
+        with pytest.raises(
+            ValueError, match=r"variant_params: \{'sigmoid': \{'bias': 1.0\}\} -> \{'sigmoid': \{'bias': 2.0\}\}"
+        ):
+            v.plan(*_page_table(rng, [40]), **HEADS, page_size=16, q_dtype="bfloat16", variant="sigmoid",
+                   variant_params={"sigmoid": {"bias": 2.0}})  # fmt: skip
