@@ -14,7 +14,7 @@ import pytest
 from cuinfer.planner import CostModel, WorkPlan, plan_work
 from cuinfer.planner.assign import POOL_SHARE
 from cuinfer.planner.cost import DEFAULT_COST
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 
@@ -196,6 +196,10 @@ def batches(draw, decode=None):
     if qo is not None and draw(st.booleans()):
         kv = [max(k, q) for k, q in zip(kv, qo, strict=True)]  # prefill onto a cache holding the new tokens
     cfg["pool_share"] = draw(st.sampled_from([0.0, 0.0, POOL_SHARE, 0.3]))
+    if mode == "fixed":  # (a prefill batch split every key: up to 6 x 300 tiles x 40000 pieces x 8 heads, ~24 GB)
+        tiles = [1] * b if qo is None else [-(-q * cfg["group_size"] // cfg["tile_rows"]) for q in qo]
+        pieces = sum(t * -(-max(k, 1) // cfg["fixed_split_size"]) for t, k in zip(tiles, kv, strict=True))
+        assume(pieces * cfg["num_kv_heads"] <= 200_000)
     return qo, kv, cfg
 
 
