@@ -110,8 +110,8 @@ template <bool kRowScale, class V> __device__ __forceinline__ float row_sl2(floa
 // core of x / c (1 / c folded into the one multiply by sm_scale), and c into sl2, the exponent per score unit.
 template <class V> constexpr bool kScaledTiles = variant::kTileLogits<V> && V::kScaledLogits && !variant::kFoldSlope<V>;
 
-// The max-free softmax of bounded logits (kMaxFree, the host's choice: scaled logits, bfloat16 P, c log2(e) <=
-// kMaxFreeBound): every tile's exponentials are taken against the fixed reference c log2(e) - kMaxFreeHeadroom, so
+// The max-free softmax of bounded logits (kMaxFree, the host's choice: scaled logits, bfloat16 P, c log2(e) <= 79,
+// MAX_FREE_BOUND in cuinfer/prefill/sm90.py): every tile's exponentials are taken against the fixed reference c log2(e) - kMaxFreeHeadroom, so
 // p = 2^(s - ref) lies in [2^(kMaxFreeHeadroom - 2 c log2 e), 2^kMaxFreeHeadroom]: a normal float (and bfloat16)
 // for c log2(e) <= 79, and a row sum of 2^31 keys' p stays below float's largest. No running max, no quad shuffles,
 // no rescaling of the output accumulators; the lse is ref + log2(l) as before (r.m holds ref in score units).
