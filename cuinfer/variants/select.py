@@ -12,7 +12,7 @@ from typing import Any
 
 from cuinfer.variants.builtins import alibi, causal, custom_mask, rope, rope_llama31, soft_cap, window
 from cuinfer.variants.registry import lookup
-from cuinfer.variants.render import Rendered, render
+from cuinfer.variants.render import Rendered, logits_scale_value, render
 from cuinfer.variants.spec import Variant
 
 
@@ -107,6 +107,8 @@ def check_user_values(chain: Rendered, user_values: Any) -> dict[str, dict[str, 
         check = next((c for b, c in _VALUE_CHECKS.items() if b is p), None)
         if check is not None:
             check(vals)
+        if p.logits_scale:  # (c > 0 and finite: the kernels divide by it, the max-free softmax is bounded by it)
+            logits_scale_value(p, vals)
         out[p.name] = vals
     return out
 

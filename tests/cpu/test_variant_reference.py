@@ -509,3 +509,12 @@ def test_scaled_logits_in_decode(rng):
     w, q, cache, kv = _decode(rng, variant=SCALED, variant_params={"test_host_scaled": {"c": 1.5}})
     o, lse = w.run(q, cache, return_lse=True)
     _check(o, lse, *_decode_ref(q, kv, logit=lambda s, h, qpos, j: 1.5 * np.tanh(s / 1.5)))
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan")])
+def test_scaled_logits_refuse_a_bad_scale_at_plan_on_the_numpy_path(rng, bad):
+    """c of logits_scale is checked at plan(), before any run: the NumPy path raises as the GPU path does."""
+    with pytest.raises(ValueError, match="its logits_scale parameter 'c' must be a finite number > 0"):
+        _prefill(rng, False, causal=True, variant=SCALED, variant_params={"test_host_scaled": {"c": bad}})
+    with pytest.raises(ValueError, match="its logits_scale parameter 'c' must be a finite number > 0"):
+        _decode(rng, variant=SCALED, variant_params={"test_host_scaled": {"c": bad}})
