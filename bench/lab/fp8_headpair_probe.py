@@ -59,7 +59,7 @@ def main(rounds: int) -> None:
     print(f"pair view against D10: max |o| difference {err:.3e} (o max {o_a.abs().max().item():.3f})")
     for name, w in (("D10", w_a), ("pair", w_b)):
         work = w._plan.work
-        print(f"{name}: {work.num_ctas} CTAs, {work.n_items} items" if hasattr(work, "n_items") else name)
+        print(f"{name}: {work.num_ctas} CTAs, {work.n_items} items")
 
     d6 = decode_inputs(by_id["D6"])
     _, run_6 = decoder(d6.q, d6.kv.cache, hkv, d, None)
