@@ -1,6 +1,7 @@
 """Lab: MUFU throughput per SM of tanh.approx.f32, ex2.approx.f32 and rcp.approx.f32 (and FFMA for scale) on the GPU.
 
     python -m bench.lab.mufu_probe
+    python -m bench.lab.mufu_probe --sass sm_90a   # no GPU: the MUFU opcodes each form (f32, packed 16-bit) becomes
 
 Each thread runs 8 independent chains of N dependent ops (x = op(x) * 0.5 + 0.25 keeps the values finite; the
 FFMA is counted in the op's row and measured alone in the "ffma" row), 8 warps per SMSP, enough blocks to fill every
@@ -20,6 +21,15 @@ OPS = {
 }
 N = 4096
 
+# The packed 16-bit forms (--sass only): a pair of floats packed, the op, one half back to float.
+PACKED = {
+    f"{op}.{t}": f'asm("{{.reg .b32 h, r; .reg .b16 lo, hi; cvt.rn.{t}.f32 h, %1, %1; {op}.approx{ftz}.{t} r, h; '
+    f'mov.b32 {{lo, hi}}, r; cvt.f32.{t[:-2]} %0, lo;}}" : "=f"(y) : "f"(x[c]));'
+    for op in ("tanh", "ex2")
+    for t in ("f16x2", "bf16x2")
+    for ftz in [".ftz" if (op, t) == ("ex2", "bf16x2") else ""]
+}
+
 
 def _src(body: str) -> str:
     return f"""
@@ -37,6 +47,35 @@ extern "C" __global__ void k(float* out, float seed) {{
   if (s == 12345.f) out[threadIdx.x] = s;
 }}
 """
+
+
+def sass(arch: str) -> dict[str, dict[str, int]]:
+    """Print and return the MUFU / conversion opcodes of each op's kernel compiled by NVRTC for ``arch`` (no GPU
+    needed): ``{op: {opcode: count}}``, ops that do not compile left out."""
+    import collections
+
+    from cuinfer.jit.sass import disassemble
+    from cuinfer.jit.toolchain import nvrtc_module
+
+    nv = nvrtc_module()
+    rows: dict[str, dict[str, int]] = {}
+    for name, body in {**OPS, **PACKED}.items():
+        _, prog = nv.nvrtcCreateProgram(_src(body).encode(), b"mufu_probe.cu", 0, [], [])
+        opts = [b"-std=c++17", f"-arch={arch}".encode()]
+        (res,) = nv.nvrtcCompileProgram(prog, len(opts), opts)
+        if res != nv.nvrtcResult.NVRTC_SUCCESS:
+            print(f"{name:12s} does not compile for {arch}")
+            continue
+        _, n = nv.nvrtcGetCUBINSize(prog)
+        cubin = b" " * n
+        nv.nvrtcGetCUBIN(prog, cubin)
+        nv.nvrtcDestroyProgram(prog)
+        kinds = ("MUFU", "F2FP", "HADD2", "PRMT")
+        ops = collections.Counter(op for insns in disassemble(cubin).values() for op in insns if op.startswith(kinds))
+        # (per kernel: the i loop's unroll differs between forms; compare an op's MUFU count with its packs, one each)
+        print(f"{name:12s} {arch}: " + ", ".join(f"{k} {v}" for k, v in sorted(ops.items())), flush=True)
+        rows[name] = dict(ops)
+    return rows
 
 
 def main() -> int:
@@ -70,4 +109,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) == 3 and sys.argv[1] == "--sass":
+        sass(sys.argv[2])
+        raise SystemExit(0)
     raise SystemExit(main())

@@ -184,6 +184,24 @@ def test_tools_import_their_runtime_names():
         importlib.import_module(f"bench.lab.{name}")
 
 
+@pytest.mark.compile
+def test_mufu_probe_sass_packed_forms_are_two_mufu_ops_each():
+    """mufu_probe --sass: the f32 forms are one MUFU op each, and a packed f16x2 / bf16x2 tanh or ex2 becomes two
+    16-bit MUFU ops (one per half) on sm_90a, so packing halves no MUFU work (the soft cap's second MUFU op stays)."""
+    from bench.lab.mufu_probe import sass
+    from cuinfer.jit.sass import find_cuobjdump
+
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump not installed (the test extra brings it)")
+    rows = sass("sm_90a")
+    assert rows["tanh"] == {"MUFU.TANH": 64} and rows["ex2"] == {"MUFU.EX2": 64}
+    for op in ("tanh", "ex2"):
+        for t in ("f16", "bf16"):
+            ops = rows[f"{op}.{t}x2"]
+            packs = ops[f"F2FP.{t.upper()}.F32.PACK_AB"]
+            assert packs > 0 and ops[f"MUFU.{op.upper()}.{t.upper()}"] == 2 * packs, ops
+
+
 # ---- sm90_probe ------------------------------------------------------------------------------------------------------
 
 
