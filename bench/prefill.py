@@ -48,11 +48,12 @@ SPEC = SuiteSpec(
 # ------------------------------------------------------------------------------------------------ implementations
 
 
-def prepare_cuinfer(inp: inputs.PrefillInputs, backend: str) -> Prepared:
+def prepare_cuinfer(inp: inputs.PrefillInputs, backend: str, options: dict | None = None) -> Prepared:
+    """cuinfer's wrapper of the case, planned (``options``: more ``plan`` keywords, e.g. a variant's)."""
     cuinfer = peers.cuinfer()
     case, s = inp.case, inp.case.shape
     heads = dict(num_qo_heads=s.num_qo_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim)
-    dtypes = dict(q_dtype=s.dtype, kv_dtype=case.kv_dtype)
+    dtypes = dict(q_dtype=s.dtype, kv_dtype=case.kv_dtype, **(options or {}))
     if case.layout == "paged":
         kv = inp.kv
         w = cuinfer.BatchPrefill(paged=True, kv_layout=s.kv_layout, backend=backend)

@@ -99,7 +99,7 @@ def take(out: Path, archs: list[str], jobs: int, group: str | None = None, match
         return spec, arch, get_compiled(spec, arch)
 
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-        futs = [pool.submit(one, s, a) for a in archs for s in todo]
+        futs = [pool.submit(one, s, a) for a in archs for s in todo if s.builds_for(a)]  # (sm90 kernels: sm_90a)
         for i, fut in enumerate(concurrent.futures.as_completed(futs), 1):
             spec, arch, mod = fut.result()
             funcs = _sass_by_symbol(mod.cubin)

@@ -6,6 +6,7 @@ the FA2-class kernel only.
 
 python3 -m bench.lab.sm90_probe P4 P4-e4m3
 python3 -m bench.lab.sm90_probe P4-e4m3 --defines=-DCUINFER_SM90_PROBE_NO_CONVERT   # a bound probe (wrong results)
+python3 -m bench.lab.sm90_probe P1 P2 --variants causal "soft cap 30" alibi    # variant_bench's variants, in turn
 """
 
 from __future__ import annotations
@@ -24,7 +25,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--defines", nargs="*", default=[],
                     help="more -D options as --defines=-DX: sm90_probe.cuh's bound probes")  # fmt: skip
-    return ap.parse_args(argv)
+    ap.add_argument("--variants", nargs="*", default=["causal"], metavar="NAME",
+                    help="variant_bench's built-in variants to plan each case with (default: causal only: the case as "
+                         "bench/cases.py states it)")  # fmt: skip
+    args = ap.parse_args(argv)
+    from bench.lab.variant_bench import VARIANTS
+
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variants {unknown}; choose from {sorted(VARIANTS)}")
+    return args
 
 
 def probe_spec(spec, defines=()):
@@ -54,11 +64,13 @@ def main(argv: list[str] | None = None) -> None:
         return spec
 
     sm90.sm90_spec = spec_of  # (lab: Sm90Launch looks the spec up by this name)
+    from bench.lab.variant_bench import VARIANTS
+
     by_id = {c.id: c for c in cases.PREFILL_CASES}
-    for cid in args.cases:
+    for cid, variant in ((c, v) for c in args.cases for v in args.variants):
         probe_specs.clear()
         inp = inputs.prefill_inputs(by_id[cid])
-        prep = prepare_cuinfer(inp, "sm90")
+        prep = prepare_cuinfer(inp, "sm90", VARIANTS[variant])
         for _ in range(args.runs):
             prep.run()
         cupy.cuda.runtime.deviceSynchronize()
@@ -69,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         raw = cupy.ndarray((4096 * 24,), dtype=cupy.uint64, memptr=mem).get().reshape(4096, 3, 8).astype(float)
         raw = raw[raw[:, 0, 0] > 0]  # (the CTAs of the grid)
         n = len(raw)
-        print(f"{cid}: {n} CTAs, mean cycles per CTA (share of the warpgroup's total)")
+        print(f"{cid} {variant}: {n} CTAs, mean cycles per CTA (share of the warpgroup's total)")
         for wg, names in ((0, PRODUCER), (1, CONSUMER), (2, CONSUMER)):
             tot = raw[:, wg, 0].mean()
             cells = [f"{names[k]} {raw[:, wg, k].mean():,.0f} ({raw[:, wg, k].mean() / tot:.1%})" for k in range(8)

@@ -239,13 +239,13 @@ def _piece(v: Variant) -> list[str]:
         if v.query_transform:
             sig = ("float query_transform(const VP& v_, const DimState& state, const Index& ix_, int dim, float x, "
                    "float partner)")  # fmt: skip
-            out += _functor(
-                v, "query_transform", sig, v.query_transform, "ix_", prologue=("const int pos = ix_.qpos;",)
-            )
+            pos = "[[maybe_unused]] const int pos = ix_.qpos;"  # (the snippet's alias of the position it rotates by)
+            out += _functor(v, "query_transform", sig, v.query_transform, "ix_", prologue=(pos,))
         if v.key_transform:
             sig = ("float key_transform(const VP& v_, const DimState& state, [[maybe_unused]] const PosState& kpos, "
                    "const Index& ix_, int kv_idx, int dim, float x, float partner)")  # fmt: skip
-            out += _functor(v, "key_transform", sig, v.key_transform, "ix_", prologue=("const int pos = kv_idx;",))
+            pos = "[[maybe_unused]] const int pos = kv_idx;"
+            out += _functor(v, "key_transform", sig, v.key_transform, "ix_", prologue=(pos,))
     out.append("};")
     return out
 

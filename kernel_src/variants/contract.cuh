@@ -203,10 +203,14 @@ template <class A, class... Rest> struct Chain<A, Rest...> {
     typename Tail::RowState tail;
   };
   template <class VP> __device__ __forceinline__ static RowState row_state(const VP& v, const Index& ix) {
-    RowState r;
-    if constexpr (A::kRowState) r.a = A::row_state(v, ix);
-    if constexpr (Tail::kRowState) r.tail = Tail::row_state(v, ix);
-    return r;
+    if constexpr (A::kRowState || Tail::kRowState) {
+      RowState r;
+      if constexpr (A::kRowState) r.a = A::row_state(v, ix);
+      if constexpr (Tail::kRowState) r.tail = Tail::row_state(v, ix);
+      return r;
+    } else {
+      return RowState{};  // (nothing to set)
+    }
   }
   template <class VP>
   __device__ __forceinline__ static PosState pos_state(const VP& v, const DimState& s, int dim, int pos) {

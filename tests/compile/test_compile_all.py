@@ -1,6 +1,7 @@
 """Every registered kernel specialisation compiles with NVRTC to cubin for sm_80 and sm_90a, without register
-spills, and its SASS contains what the spec says (16-byte loads, HMMA, ...), no local-memory traffic, and no address
-or memory descriptor that reads a uniform register nothing writes (a miscompile ptxas once produced).
+spills or compiler warnings, and its SASS contains what the spec says (16-byte loads, HMMA, ...), no local-memory
+traffic, and no address or memory descriptor that reads a uniform register nothing writes (a miscompile ptxas once
+produced).
 
 Runs on CPU CI: NVRTC needs no GPU. Modules come through the disk cache (an identical key is the identical artefact).
 """
@@ -32,6 +33,8 @@ def test_compiles_without_spills(spec, arch):
     mod = get_compiled(spec, arch)
     assert set(mod.lowered) == set(spec.name_exprs)
     assert mod.cubin, "empty cubin"
+    warnings = [line for line in mod.log.splitlines() if "warning" in line.lower()]
+    assert not warnings, f"{spec.name} compiles with warnings on {arch}: {warnings[:3]}"
     for expr, sym in mod.lowered.items():
         r = mod.resources.get(sym)
         assert r is not None, f"no ptxas report for {expr}"

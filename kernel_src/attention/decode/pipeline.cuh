@@ -299,16 +299,16 @@ struct Pipeline {
         } else {
           copies(false);
         }
-        return;
-      }
+      } else {
 #pragma unroll
-      for (int r0 = 0; r0 < T; r0 += kRowsPerPass) {
-        const int r = r0 + threadIdx.x / kChunks;
-        if (T % kRowsPerPass == 0 || r < T) {  // a block whose rows per pass do not divide T guards the last pass
-          const ulonglong2 a = *reinterpret_cast<const ulonglong2*>(&s->off[2 * r]);
-          const int dst = Swizzle<kChunks>::slot(r, c) * kVec;
-          cp_async_16(ks + dst, reinterpret_cast<const KV*>(a.x + cb), r < n_valid, l2_policy);
-          cp_async_16(vs + dst, reinterpret_cast<const KV*>(a.y + cb), r < n_valid, l2_policy);
+        for (int r0 = 0; r0 < T; r0 += kRowsPerPass) {
+          const int r = r0 + threadIdx.x / kChunks;
+          if (T % kRowsPerPass == 0 || r < T) {  // a block whose rows per pass do not divide T guards the last pass
+            const ulonglong2 a = *reinterpret_cast<const ulonglong2*>(&s->off[2 * r]);
+            const int dst = Swizzle<kChunks>::slot(r, c) * kVec;
+            cp_async_16(ks + dst, reinterpret_cast<const KV*>(a.x + cb), r < n_valid, l2_policy);
+            cp_async_16(vs + dst, reinterpret_cast<const KV*>(a.y + cb), r < n_valid, l2_policy);
+          }
         }
       }
       return;

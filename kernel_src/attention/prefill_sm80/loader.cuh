@@ -82,20 +82,21 @@ template <class C, class P> struct Loader {
 #pragma unroll
         for (int k = 0; k < C::kChunksQK / 8; ++k) cp_async_16(dst + k * 128, src + (k * 8 + qc) * 8, valid);
       }
-      return;
-    }
+    } else {
 #pragma unroll
-    for (int i = 0; i < C::kQRowsPerThread; ++i) {
-      const int r = c.cp_row + i * C::kRowsPerPass;
-      if (C::kTileQ % C::kRowsPerPass == 0 || r < C::kTileQ) {
-        const int pr = row0 + r;
-        const bool valid = r < valid_rows;
-        const int token = static_cast<int>(fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
-        const int head = kvh * g + (pr - token * g);
-        const TQ* src = valid ? q_ptr + static_cast<i64>(qo_base + token) * p.q_stride_n + head * p.q_stride_h : q_ptr;
+      for (int i = 0; i < C::kQRowsPerThread; ++i) {
+        const int r = c.cp_row + i * C::kRowsPerPass;
+        if (C::kTileQ % C::kRowsPerPass == 0 || r < C::kTileQ) {
+          const int pr = row0 + r;
+          const bool valid = r < valid_rows;
+          const int token = static_cast<int>(fast_div(static_cast<u32>(pr), p.group_mul, p.group_shift));
+          const int head = kvh * g + (pr - token * g);
+          const TQ* src =
+              valid ? q_ptr + static_cast<i64>(qo_base + token) * p.q_stride_n + head * p.q_stride_h : q_ptr;
 #pragma unroll
-        for (int k = 0; k < C::kChunksQK / 8; ++k) {
-          cp_async_16(c.q_smem + c.cp_qk_dst + i * kPassQK + k * 128, src + (k * 8 + c.cp_chunk) * 8, valid);
+          for (int k = 0; k < C::kChunksQK / 8; ++k) {
+            cp_async_16(c.q_smem + c.cp_qk_dst + i * kPassQK + k * 128, src + (k * 8 + c.cp_chunk) * 8, valid);
+          }
         }
       }
     }
@@ -134,11 +135,11 @@ template <class C, class P> struct Loader {
       if constexpr (C::kKVPairRows) {  // chunks kv_chunk, kv_chunk + 4: slot ^ 4, i.e. offset ^ 64 (bit 6 of k_dst)
         cp_async_16(dst, src, valid);
         cp_async_16(c.k_smem + stage * C::kKBytes + (k_dst() ^ 64u) + i * kPassK, src + 4 * kEl, valid);
-        continue;
-      }
+      } else {
 #pragma unroll
-      for (int k = 0; k < C::kChunksK / C::kKVThreadsPerRow; ++k) {
-        cp_async_16(dst + k * 128, src + k * kKVChunkStep, valid);
+        for (int k = 0; k < C::kChunksK / C::kKVThreadsPerRow; ++k) {
+          cp_async_16(dst + k * 128, src + k * kKVChunkStep, valid);
+        }
       }
     }
   }
@@ -169,11 +170,11 @@ template <class C, class P> struct Loader {
       if constexpr (C::kKVPairRows) {  // (as load_k)
         cp_async_16(dst, src, valid);
         cp_async_16(c.v_smem + stage * C::kVBytes + (v_dst() ^ 64u) + i * kPassVO, src + 4 * kEl, valid);
-        continue;
-      }
+      } else {
 #pragma unroll
-      for (int k = 0; k < C::kChunksVO / C::kKVThreadsPerRow; ++k) {
-        cp_async_16(dst + k * 128, src + k * kKVChunkStep, valid);
+        for (int k = 0; k < C::kChunksVO / C::kKVThreadsPerRow; ++k) {
+          cp_async_16(dst + k * 128, src + k * kKVChunkStep, valid);
+        }
       }
     }
   }

@@ -196,13 +196,14 @@ template <class T> __device__ __forceinline__ void pack_p(const float (&sc)[64],
 }
 
 template <bool kMaxFree> __device__ __forceinline__ void rescale(float (&o_acc)[64], const float (&corr)[2]) {
-  if constexpr (kMaxFree) return;  // (corr is 1)
+  if constexpr (!kMaxFree) {  // (max-free: corr is 1)
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    o_acc[4 * j + 0] *= corr[0];
-    o_acc[4 * j + 1] *= corr[0];
-    o_acc[4 * j + 2] *= corr[1];
-    o_acc[4 * j + 3] *= corr[1];
+    for (int j = 0; j < 16; ++j) {
+      o_acc[4 * j + 0] *= corr[0];
+      o_acc[4 * j + 1] *= corr[0];
+      o_acc[4 * j + 2] *= corr[1];
+      o_acc[4 * j + 3] *= corr[1];
+    }
   }
 }
 
