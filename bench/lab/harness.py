@@ -19,6 +19,7 @@ from cuinfer.planner.workplan import WorkPlan
 
 from cuinfer.decode import BatchDecode
 from cuinfer.decode.launch import DecodeLaunch
+from cuinfer.decode.specs import decode_spec
 from cuinfer.jit import KernelSpec, get_kernel
 from cuinfer.prefill import BatchPrefill
 from cuinfer.prefill.launch import PrefillLaunch
@@ -41,6 +42,40 @@ def ab_spec(spec: KernelSpec, defines: Sequence[str], tag: str = "ab") -> Kernel
     if not defines:
         return spec
     return dataclasses.replace(spec, name=f"lab-{tag}/{spec.name}", extra_options=(*spec.extra_options, *defines))
+
+
+_SASS_CHECKED: dict[tuple[str, str], list[str]] = {}
+
+
+def miscompiled_reads(spec: KernelSpec, arch: str) -> list[str]:
+    """The instructions of ``spec``'s kernels on ``arch`` whose address or descriptor reads a uniform register that
+    nothing writes (``cuinfer.jit.sass.unwritten_uniform_reads``: the ptxas miscompile that the H200 runs as an illegal
+    instruction, which ends the process's CUDA context and every row a lab call would print after it). Empty where
+    cuobjdump is missing. Registered specs are checked by tests/compile; lab builds and configurations are not."""
+    from cuinfer.jit import get_compiled
+    from cuinfer.jit.sass import disassemble_instructions, find_cuobjdump, unwritten_uniform_reads
+
+    memo = (spec.name, arch)
+    if memo not in _SASS_CHECKED:
+        bad: list[str] = []
+        if find_cuobjdump() is not None:
+            for insns in disassemble_instructions(get_compiled(spec, arch).cubin).values():
+                bad += unwritten_uniform_reads(insns)
+        _SASS_CHECKED[memo] = bad
+    return _SASS_CHECKED[memo]
+
+
+def lab_kernel(spec: KernelSpec, name_expr: str, device_id: int) -> Any:
+    """``get_kernel`` for a lab launch, refused (RuntimeError naming the spec and the first such instruction) when
+    ``miscompiled_reads`` finds the miscompile in it."""
+    from cuinfer.runtime.device import device_info
+
+    bad = miscompiled_reads(spec, device_info(device_id).arch)
+    if bad:
+        raise RuntimeError(
+            f"{spec.name}: not launched, its SASS reads unwritten uniform registers ({len(bad)}: {bad[0]})"
+        )
+    return get_kernel(spec, name_expr, device_id)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,10 +140,12 @@ class LabDecode(BatchDecode):
         st = self._launch_state
         want_lse = tl is not None and self.lab_trace is None
         if st is None or st.plan is not plan or st.device_id != call.device_id or st.want_lse != want_lse:
+            key = plan.key(want_lse)
+            spec = decode_spec(key) if self.lab_spec_of is None else self.lab_spec_of(key)
+            lab_kernel(spec, key.name_expr(), call.device_id)  # (refused before DecodeLaunch loads the shipped one)
             st = self._launch_state = DecodeLaunch(self._buffers, plan, want_lse, call.device_id)
             if self.lab_spec_of is not None:
-                key = plan.key(want_lse)
-                st.kernel = get_kernel(self.lab_spec_of(key), key.name_expr(), call.device_id)
+                st.kernel = lab_kernel(spec, key.name_expr(), call.device_id)
             if self.lab_evict_first is not None:
                 st.static["kv_evict_first"] = int(self.lab_evict_first)
         st.repack(tq, kv, to, tl, self._scales(call, plan, k_scale, v_scale))  # (every call: lab runs skip the memo)
@@ -134,7 +171,7 @@ class LabPrefill(BatchPrefill):
         from cuinfer.runtime.device import device_info
 
         cfg, key = plan.config, plan.key(self.paged)
-        kernel = get_kernel(self.lab_spec_of(key), key.name_expr(), device_id)
+        kernel = lab_kernel(self.lab_spec_of(key), key.name_expr(), device_id)
         smem = block_smem_bytes(cfg, plan.head_dim, plan.head_dim_vo, self.paged, variant=plan.variant)
         per_sm = max(1, kernel.max_active_blocks(cfg.block_threads, smem)) * cfg.groups
         return per_sm * (device_info(device_id).sm_count if num_sms is None else int(num_sms))
@@ -151,7 +188,7 @@ class LabPrefill(BatchPrefill):
             st = self._launch_state = PrefillLaunch(self._buffers, plan, call.device_id, self.paged, plan.work.n_merge)
             if self.lab_spec_of is not None:
                 key = plan.key(self.paged)
-                st.kernel = get_kernel(self.lab_spec_of(key), key.name_expr(), call.device_id)
+                st.kernel = lab_kernel(self.lab_spec_of(key), key.name_expr(), call.device_id)
             if self.lab_trace is not None:
                 st.merge = None  # (the merge would write its lse over the stamps)
         st.launch(call.stream, tq, kv, to, tl)

@@ -25,6 +25,7 @@ def lab_gpu(gpu, monkeypatch):  # noqa: F811 (the fixture imported above)
     """``gpu`` plus the lab's kernel lookup: its launches are logged under the name of the lab spec."""
     log, stream = gpu
     monkeypatch.setattr(harness, "get_kernel", lambda spec, expr, device_id: FakeKernel(log, spec.name))
+    monkeypatch.setattr(harness, "miscompiled_reads", lambda spec, arch: [])  # (its own tests below)
     return log, stream
 
 
@@ -93,3 +94,42 @@ def test_prefill_trace_run_skips_the_merge(lab_gpu, rng, paged):
     ((name, p),) = _launches(log)  # the kernel alone: no merge launch
     assert name.startswith("lab-trace/prefill/") and p["lse"] == tb.ptr
     assert (p["lse_stride_n"], p["lse_stride_h"]) == (-32, -1)
+
+
+def test_lab_kernel_refuses_a_miscompiled_spec_before_loading_it(lab_gpu, monkeypatch):
+    """A lab build or configuration whose SASS reads unwritten uniform registers is refused before it is loaded (on
+    the GPU it would be an illegal instruction ending the call's CUDA context); a clean one is loaded."""
+    from cuinfer.decode.policy import decode_config
+    from cuinfer.decode.specs import DecodeKernelKey, decode_spec
+
+    key = DecodeKernelKey(decode_config(4, 128, use_tensor_cores=True), *["bfloat16"] * 3)
+    spec, loaded = decode_spec(key), []
+    monkeypatch.setattr(harness, "get_kernel", lambda s, e, d: loaded.append(s.name) or "kernel")
+    bad = "LDGSTS.E.128 [R22+UR0], desc[UR1][R2.64], P0 reads UR0, UR1"
+    monkeypatch.setattr(harness, "miscompiled_reads", lambda s, arch: [bad] if arch == "sm_90a" else [])
+    with pytest.raises(RuntimeError, match=r"decode/tc/bfloat16/d128/g4: not launched.*1: LDGSTS"):
+        harness.lab_kernel(spec, key.name_expr(), 0)
+    assert loaded == []
+    monkeypatch.setattr(harness, "miscompiled_reads", lambda s, arch: [])
+    assert harness.lab_kernel(spec, key.name_expr(), 0) == "kernel" and loaded == [spec.name]
+
+
+@pytest.mark.compile
+def test_miscompiled_reads_of_a_shipped_spec_is_empty_and_memoised(monkeypatch):
+    """The check itself on a registered kernel (clean, as tests/compile asserts): nothing found, and a second call
+    answers from the memo without compiling."""
+    from cuinfer.decode.policy import decode_config
+    from cuinfer.decode.specs import DecodeKernelKey, decode_spec
+    from cuinfer.jit.sass import find_cuobjdump
+
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump not installed (the test extra brings it)")
+    key = DecodeKernelKey(decode_config(4, 128, use_tensor_cores=True, kv_itemsize=1), "bfloat16", "float8_e4m3fn",
+                          "bfloat16")  # fmt: skip
+    spec = decode_spec(key)
+    monkeypatch.setattr(harness, "_SASS_CHECKED", {})
+    assert harness.miscompiled_reads(spec, "sm_90a") == []
+    import cuinfer.jit as jit
+
+    monkeypatch.setattr(jit, "get_compiled", lambda *a: pytest.fail("compiled again"))
+    assert harness.miscompiled_reads(spec, "sm_90a") == []
