@@ -3,7 +3,8 @@
 # decode, fp8 and decode-variant GPU tests on the combined kernels, then a same-run A/B/N of four trees ($ROUNDS
 # rotating rounds): base (.ab/base, main), pp (.ab/pp, branch pending-piece: carried split pieces), rt (.ab/rt, branch
 # decode-req-table: the requests' page_indptr / kv_lens in shared memory at the prologue) and both (this checkout).
-# Carry .ab/base, .ab/pp and .ab/rt (git archive of each branch, minus docs and tests). Logs under $OUT.
+# Make the trees first (`bash bench/lab/ab_trees.sh base=main pp=pending-piece rt=decode-req-table`) and carry
+# .ab/base, .ab/pp and .ab/rt. Logs under $OUT.
 . bench/lab/call_start.sh
 CASES=${CASES:-D10,D5-e4m3,D9-e4m3,D6,D2,D9}
 CUINFER_CACHE_DIR=/tmp/cc-tests timeout ${TEST_TIMEOUT:-200} python3 -m pytest tests/gpu/test_decode.py \
