@@ -60,21 +60,14 @@ def sass_ops(arch: str) -> None:
     import subprocess
     import tempfile
 
+    from bench.lab.sass_snapshot import nvrtc_cubin
     from cuinfer.jit.sass import find_cuobjdump
-    from cuinfer.jit.toolchain import nvrtc_module
 
-    nv = nvrtc_module()
     for name, (ptx, _) in TYPES.items():
-        _, prog = nv.nvrtcCreateProgram(source(ptx).encode(), b"mma_probe.cu", 0, [], [])
-        opts = [b"-DWARPS=4", b"-DCHAINS=1", b"-std=c++17", f"-arch={arch}".encode()]
-        (res,) = nv.nvrtcCompileProgram(prog, len(opts), opts)
-        if res != nv.nvrtcResult.NVRTC_SUCCESS:
+        cubin = nvrtc_cubin(source(ptx), arch, ("-DWARPS=4", "-DCHAINS=1"), name="mma_probe.cu")
+        if cubin is None:
             print(f"{name:20s} does not compile for {arch}")
             continue
-        _, n = nv.nvrtcGetCUBINSize(prog)
-        cubin = b" " * n
-        nv.nvrtcGetCUBIN(prog, cubin)
-        nv.nvrtcDestroyProgram(prog)
         with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
             fh.write(cubin)
             fh.flush()

@@ -56,22 +56,15 @@ def sass(arch: str) -> dict[str, dict[str, int]]:
     needed): ``{op: {opcode: count}}``, ops that do not compile left out."""
     import collections
 
+    from bench.lab.sass_snapshot import nvrtc_cubin
     from cuinfer.jit.sass import disassemble
-    from cuinfer.jit.toolchain import nvrtc_module
 
-    nv = nvrtc_module()
     rows: dict[str, dict[str, int]] = {}
     for name, body in {**OPS, **PACKED}.items():
-        _, prog = nv.nvrtcCreateProgram(_src(body).encode(), b"mufu_probe.cu", 0, [], [])
-        opts = [b"-std=c++17", f"-arch={arch}".encode()]
-        (res,) = nv.nvrtcCompileProgram(prog, len(opts), opts)
-        if res != nv.nvrtcResult.NVRTC_SUCCESS:
+        cubin = nvrtc_cubin(_src(body), arch, name="mufu_probe.cu")
+        if cubin is None:
             print(f"{name:12s} does not compile for {arch}")
             continue
-        _, n = nv.nvrtcGetCUBINSize(prog)
-        cubin = b" " * n
-        nv.nvrtcGetCUBIN(prog, cubin)
-        nv.nvrtcDestroyProgram(prog)
         kinds = ("MUFU", "F2FP", "HADD2", "PRMT")
         ops = collections.Counter(op for insns in disassemble(cubin).values() for op in insns if op.startswith(kinds))
         # (per kernel: the i loop's unroll differs between forms; compare an op's MUFU count with its packs, one each)

@@ -24,6 +24,27 @@ import re
 import sys
 from pathlib import Path
 
+
+def nvrtc_cubin(source: str, arch: str, options: tuple[str, ...] = (), name: str = "probe.cu") -> bytes | None:
+    """A lab probe's CUDA source compiled by NVRTC to a cubin for ``arch`` (C++17), or None when it does not compile
+    (no GPU needed; the probes' --sass modes read it with ``cuinfer.jit.sass``)."""
+    from cuinfer.jit.toolchain import nvrtc_module
+
+    nv = nvrtc_module()
+    _, prog = nv.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
+    try:
+        opts = [o.encode() for o in (*options, "-std=c++17", f"-arch={arch}")]
+        (res,) = nv.nvrtcCompileProgram(prog, len(opts), opts)
+        if res != nv.nvrtcResult.NVRTC_SUCCESS:
+            return None
+        _, n = nv.nvrtcGetCUBINSize(prog)
+        cubin = b" " * n
+        nv.nvrtcGetCUBIN(prog, cubin)
+        return cubin
+    finally:
+        nv.nvrtcDestroyProgram(prog)
+
+
 _CBANK = re.compile(r"c\[0x0\]\[0x[0-9a-f]+\]")
 _ADDR = re.compile(r"/\*[0-9a-f]{4,}\*/")
 
