@@ -142,10 +142,10 @@ class LabDecode(BatchDecode):
         if st is None or st.plan is not plan or st.device_id != call.device_id or st.want_lse != want_lse:
             key = plan.key(want_lse)
             spec = decode_spec(key) if self.lab_spec_of is None else self.lab_spec_of(key)
-            lab_kernel(spec, key.name_expr(), call.device_id)  # (refused before DecodeLaunch loads the shipped one)
+            kernel = lab_kernel(spec, key.name_expr(), call.device_id)  # (refused before DecodeLaunch loads one)
             st = self._launch_state = DecodeLaunch(self._buffers, plan, want_lse, call.device_id)
             if self.lab_spec_of is not None:
-                st.kernel = lab_kernel(spec, key.name_expr(), call.device_id)
+                st.kernel = kernel
             if self.lab_evict_first is not None:
                 st.static["kv_evict_first"] = int(self.lab_evict_first)
         st.repack(tq, kv, to, tl, self._scales(call, plan, k_scale, v_scale))  # (every call: lab runs skip the memo)
