@@ -56,27 +56,19 @@ def source(ptx: str) -> str:
 def sass_ops(arch: str) -> None:
     """Opcode counts of each type's kernel (4 warps, one chain) compiled by NVRTC for ``arch``."""
     import collections
-    import re
-    import subprocess
-    import tempfile
 
     from bench.lab.sass_snapshot import nvrtc_cubin
-    from cuinfer.jit.sass import find_cuobjdump
+    from cuinfer.jit.sass import disassemble
 
     for name, (ptx, _) in TYPES.items():
         cubin = nvrtc_cubin(source(ptx), arch, ("-DWARPS=4", "-DCHAINS=1"), name="mma_probe.cu")
         if cubin is None:
             print(f"{name:20s} does not compile for {arch}")
             continue
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
-            fh.write(cubin)
-            fh.flush()
-            out = subprocess.run([find_cuobjdump(), "-sass", fh.name], capture_output=True, text=True).stdout
-        ops = collections.Counter()
-        for line in out.splitlines():
-            m = re.match(r"\s*/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", line)
-            if m and any(k in m.group(1) for k in ("MMA", "F2FP", "FADD", "PRMT")):
-                ops[m.group(1)] += 1
+        ops = collections.Counter(
+            op for insns in disassemble(cubin).values() for op in insns
+            if any(k in op for k in ("MMA", "F2FP", "FADD", "PRMT"))
+        )  # fmt: skip
         print(f"{name:20s} {arch}: " + ", ".join(f"{k} {v}" for k, v in sorted(ops.items())), flush=True)
 
 
