@@ -6,13 +6,14 @@
 # its ratio to the first tree. Logs under $OUT.
 #   TREES="base=.ab/base ovl=.ab/ovl int=." ROUNDS=3 bash bench/lab/gpu_call_variant_abn.sh
 #   env: VARS (variant_bench names), CASES (P1,P2,P3), ITERS (30), TESTS (test files run first; "" for none),
-#        TESTS_K (-k; default: the Hopper kernel's tests and the prefill files), TEST_TIMEOUT (240)
+#        TESTS_K (-k; default "sm90 or prefill": the prefill tests of those files), TEST_TIMEOUT (240; the default set
+#        may need more: TESTS=tests/gpu/test_prefill_sm90.py TESTS_K= for a quick check)
 . bench/lab/call_start.sh
 TREES=${TREES:-"base=.ab/base int=."}; ROUNDS=${ROUNDS:-3}
 VARS=${VARS:-"causal,soft cap 30,alibi,window 1024"}; CASES=${CASES:-P1,P2,P3}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
-TESTS=${TESTS-tests/gpu/test_prefill_sm90.py tests/gpu/test_prefill.py tests/gpu/test_fp8_gpu.py}
-TESTS_K=${TESTS_K-sm90 or test_prefill}
+TESTS=${TESTS-tests/gpu/test_prefill_sm90.py tests/gpu/test_prefill.py tests/gpu/test_fp8_gpu.py tests/gpu/test_variant_builtins_gpu.py tests/gpu/test_variants_gpu.py}
+TESTS_K=${TESTS_K-sm90 or prefill}
 if [ -n "$TESTS" ]; then
   CUINFER_CACHE_DIR=/tmp/cc-tests timeout ${TEST_TIMEOUT:-240} python3 -m pytest $TESTS ${TESTS_K:+-k "$TESTS_K"} -n 8 -q \
     -p no:cacheprovider -rfE > "$OUT/gpu_tests.txt" 2>&1
