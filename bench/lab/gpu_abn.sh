@@ -10,21 +10,12 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 W=${AB_WORK:-/tmp/abn}; mkdir -p "$W"
 suites=$1; cases=$2; n=$3; shift 3
+. bench/lab/ab_install.sh
 names=(); dirs=(); paths=()
 for t in "$@"; do
-  name=${t%%=*}; dir=${t#*=}; names+=("$name"); dirs+=("$dir"); mkdir -p "$W/$name" "/tmp/run-$name"
-  if [ "$dir" = "." ]; then
-    python3 -m pip install -q --no-build-isolation --no-deps -e . > "$W/install_$name.log" 2>&1 ||
-      { tail "$W/install_$name.log"; exit 1; }
-    paths+=("")
-  else
-    rm -rf "/tmp/site-$name"
-    python3 -m pip install -q --target "/tmp/site-$name" --no-build-isolation --no-deps "$dir" \
-      > "$W/install_$name.log" 2>&1 || { tail "$W/install_$name.log"; exit 1; }
-    paths+=("/tmp/site-$name")
-  fi
-  # each tree runs its own bench/ from a directory that holds nothing else, so `import cuinfer` is its build
-  ln -sfn "$(cd "$dir" && pwd)/bench" "/tmp/run-$name/bench"
+  name=${t%%=*}; dir=${t#*=}; names+=("$name"); dirs+=("$dir"); mkdir -p "$W/$name"
+  ab_install "$name" "$dir" "$W/install_$name.log" || exit 1
+  paths+=("$AB_SITE")
 done
 k=${#names[@]}
 for r in $(seq 1 "$n"); do

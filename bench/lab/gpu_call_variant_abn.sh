@@ -19,18 +19,12 @@ if [ -n "$TESTS" ]; then
     -p no:cacheprovider -rfE > "$OUT/gpu_tests.txt" 2>&1
   echo "tests exit $? ($(at))"; grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests.txt" | tail -12
 fi
+. bench/lab/ab_install.sh
 names=(); paths=()
 for t in $TREES; do
-  name=${t%%=*}; dir=${t#*=}; names+=("$name"); mkdir -p "/tmp/run-$name"
-  if [ "$dir" = "." ]; then
-    paths+=("")  # (installed editable by call_start.sh)
-  else
-    rm -rf "/tmp/site-$name"
-    python3 -m pip install -q --target "/tmp/site-$name" --no-build-isolation --no-deps "$dir" \
-      > "$OUT/install_$name.log" 2>&1 || { tail "$OUT/install_$name.log"; exit 1; }
-    paths+=("/tmp/site-$name")
-  fi
-  ln -sfn "$(cd "$dir" && pwd)/bench" "/tmp/run-$name/bench"
+  name=${t%%=*}; names+=("$name")
+  ab_install "$name" "${t#*=}" "$OUT/install_$name.log" || exit 1
+  paths+=("$AB_SITE")
 done
 k=${#names[@]}
 vb() {  # tree index, round, iterations
