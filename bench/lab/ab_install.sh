@@ -6,7 +6,12 @@ ab_install() {
   local name=$1 dir=$2 log=$3
   mkdir -p "/tmp/run-$name"
   if [ "$dir" = "." ]; then
-    python3 -m pip install -q --no-build-isolation --no-deps -e . > "$log" 2>&1 || { tail "$log"; return 1; }
+    # (not again where cuinfer already imports from this checkout outside it: call_start.sh installed it)
+    local here=$PWD
+    if [ "$(cd / && python3 -c 'import cuinfer, os; print(os.path.dirname(os.path.dirname(cuinfer.__file__)))' \
+      2>/dev/null)" != "$here" ]; then
+      python3 -m pip install -q --no-build-isolation --no-deps -e . > "$log" 2>&1 || { tail "$log"; return 1; }
+    fi
     AB_SITE=""
   else
     rm -rf "/tmp/site-$name"
