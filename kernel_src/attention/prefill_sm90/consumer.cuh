@@ -117,16 +117,15 @@ template <class V> constexpr bool kScaledTiles = variant::kTileLogits<V> && V::k
 // no rescaling of the output accumulators; the lse is ref + log2(l) as before (r.m holds ref in score units).
 constexpr float kMaxFreeHeadroom = 32.f;
 
-// Masks the scores of the tile at key0, moves the running max, turns the scores into P in place and gives the factor
-// the output accumulators take for the new max (per row half; 1 with kMaxFree). Element (j, e) of sc is the logit of
-// row h = e / 2 and key key0 + 8 j + 2 t + e % 2. `sl2`: the base-2 exponent per score unit (kRowScale: per unit of
-// q·k, the rows' q_inv applied here).
-template <bool kRowScale, bool kMaxFree, class V, class VP>
-__device__ __forceinline__ void softmax_tile(float (&sc)[64], Rows<V>& r, const VP& vp, const Unit& w, int key0, int t,
-                                             float sm_scale, float sl2, float (&corr)[2]) {
+// Masks the scores of the tile at key0 (kMasked: a boundary tile, tile_masked), moves the running max, turns the
+// scores into P in place and gives the factor the output accumulators take for the new max (per row half; 1 with
+// kMaxFree). Element (j, e) of sc is the logit of row h = e / 2 and key key0 + 8 j + 2 t + e % 2. `sl2`: the base-2
+// exponent per score unit (kRowScale: per unit of q·k, the rows' q_inv applied here).
+template <bool kRowScale, bool kMaxFree, bool kMasked, class V, class VP>
+__device__ __forceinline__ void softmax_tile(float (&sc)[64], Rows<V>& r, const VP& vp, int key0, int t, float sm_scale,
+                                             float sl2, float (&corr)[2]) {
   constexpr bool kFold = variant::kFoldSlope<V>;
   constexpr bool kScaled = kScaledTiles<V>;
-  const bool need_mask = V::kMask || key0 + kBlockN > w.mask_hi || key0 < w.mask_lo;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float sms = (kRowScale ? sm_scale * r.q_inv[h] : sm_scale) * (kScaled ? V::logits_inv_scale(vp) : 1.f);
@@ -147,7 +146,7 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[64], Rows<V>& r, const 
             x = V::logits(vp, r.ix[h], r.rs[h], key, dist, x * sms);
           }
         }
-        if (need_mask) {
+        if constexpr (kMasked) {
           bool keep = key < r.hi[h];
           if constexpr (V::kLowerBound) keep = keep && key >= r.lo[h];
           if constexpr (V::kMask) {
@@ -183,6 +182,23 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[64], Rows<V>& r, const 
       sum += sc[4 * j + 2 * h] + sc[4 * j + 2 * h + 1];
     }
     r.l[h] = kMaxFree ? r.l[h] + sum : r.l[h] * corr[h] + sum;
+  }
+}
+
+// Whether the tile at key0 needs its keys masked: a custom mask, or keys past some row's bounds.
+template <class V> __device__ __forceinline__ bool tile_masked(const Unit& w, int key0) {
+  return V::kMask || key0 + kBlockN > w.mask_hi || key0 < w.mask_lo;
+}
+
+// softmax_tile in two copies, chosen per tile (the choice is uniform): interior tiles run no key compares at all
+// (with one copy and a runtime condition the compiler folds the condition into every key's compare and select).
+template <bool kRowScale, bool kMaxFree, class V, class VP>
+__device__ __forceinline__ void softmax_any_tile(float (&sc)[64], Rows<V>& r, const VP& vp, const Unit& w, int key0,
+                                                 int t, float sm_scale, float sl2, float (&corr)[2]) {
+  if (tile_masked<V>(w, key0)) {
+    softmax_tile<kRowScale, kMaxFree, true>(sc, r, vp, key0, t, sm_scale, sl2, corr);
+  } else if constexpr (!V::kMask) {
+    softmax_tile<kRowScale, kMaxFree, false>(sc, r, vp, key0, t, sm_scale, sl2, corr);
   }
 }
 
@@ -370,7 +386,7 @@ __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& ba
       wgmma_wait<0>();
       fence_regs(sc);
       mbar_arrive(bars.k_empty(tile0 % kStages));
-      softmax_tile<kRowScale, kMaxFree>(sc, r, vp, w, key0(0), t, sm_scale, sl2, corr);
+      softmax_any_tile<kRowScale, kMaxFree>(sc, r, vp, w, key0(0), t, sm_scale, sl2, corr);
       pack_p<TM>(sc, pa);
     }
     for (int i = 1; i < n_tiles; ++i) {
@@ -386,7 +402,7 @@ __device__ __forceinline__ void consume(const P& p, const VP& vp, const Bars& ba
       fence_regs(sc);
       mbar_arrive(bars.k_empty((tile0 + i) % kStages));
       SM90_PROBE_START(probe_s);
-      softmax_tile<kRowScale, kMaxFree>(sc, r, vp, w, key0(i), t, sm_scale, sl2, corr);
+      softmax_any_tile<kRowScale, kMaxFree>(sc, r, vp, w, key0(i), t, sm_scale, sl2, corr);
       SM90_PROBE_STOP(probe_s, 5);
       SM90_PROBE_START(probe_w0);
       wgmma_wait<0>();
