@@ -190,8 +190,11 @@ template <class V> __device__ __forceinline__ bool tile_masked(const Unit& w, in
   return V::kMask || key0 + kBlockN > w.mask_hi || key0 < w.mask_lo;
 }
 
-// softmax_tile in two copies, chosen per tile (the choice is uniform): interior tiles run no key compares at all
-// (with one copy and a runtime condition the compiler folds the condition into every key's compare and select).
+// softmax_tile in two copies, chosen per tile (the choice is uniform): interior tiles run no key compares at all.
+// With one copy and a runtime condition ptxas folded the condition into a compare and select per logit on every tile,
+// and moved the softmax below the P V wait; the two copies keep it between the waits, overlapping P V
+// (tests/compile/test_sm90_schedule.py). A custom mask (every tile) keeps one copy after the wait: before it, with
+// the mask's registers, the kernel spilled 120-160 bytes.
 template <bool kRowScale, bool kMaxFree, class V, class VP>
 __device__ __forceinline__ void softmax_any_tile(float (&sc)[64], Rows<V>& r, const VP& vp, const Unit& w, int key0,
                                                  int t, float sm_scale, float sl2, float (&corr)[2]) {
