@@ -897,6 +897,9 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
 
   // (the RoPE kernels' fragment states hold their registers: the merge's loads one piece at a time there)
   constexpr int kMergeLoads = K::kFrag ? 0 : 2;
+  // Measured on the H200 (docs/results/h200-2026-12-04c): carried pieces made bf16 D9 4-5 % faster but the fp8 cases
+  // D10, D5-e4m3, D9-e4m3 ~1 % slower; fp8 K / V settle each piece where it ends, as before
+  constexpr bool kDeferPieces = !K::kFp8;
   PendingPiece pend;
   for (int n = 0;; ++n) {
     const typename K::Slot* cur = pipe.wait(n);
@@ -957,15 +960,16 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
       }
       K::finish_item(p, v, cur, ks, md, oacc, m, dsum);
       // an item boundary: the waiting split piece is settled (where the item's accumulators are dead), and a piece
-      // that ended here starts waiting
-      pend.template settle<V, O, D, kLse, K::kThreads, kMergeLoads>(p, v, pending_area);
+      // that ended here starts waiting; fp8 K / V settle it at once (kDeferPieces)
+      if constexpr (kDeferPieces) pend.template settle<V, O, D, kLse, K::kThreads, kMergeLoads>(p, v, pending_area);
       if (cur->merge >= 0) {
         const int row0 = cur->qo_tile * 16;
         pend.stored(pending_area, {cur->merge, cur->pieces, min(16, G - row0), cur->req, cur->kv_head * G + row0,
                                    cur->kv_head, cur->kv_len});
       }
+      if constexpr (!kDeferPieces) pend.template settle<V, O, D, kLse, K::kThreads, kMergeLoads>(p, v, pending_area);
     }
-    pend.advance(p, pending_area);
+    if constexpr (kDeferPieces) pend.advance(p, pending_area);
   }
   pend.template settle<V, O, D, kLse, K::kThreads, kMergeLoads>(p, v, pending_area);  // (the CTA's end)
 }
