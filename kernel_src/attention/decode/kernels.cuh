@@ -835,11 +835,12 @@ struct PendingPiece {
   __device__ __forceinline__ void settle(const DecodeParams& p, const VP& v, int* area) {
     if (stage == kNone) return;
     if (stage != kFlagged) {
-      if (stage != kCounted) {
+      if (stage == kCounted) {
+        if (threadIdx.x == 0) area[0] = last_piece(p, unit(area)->unit, unit(area)->pieces, old);
+      } else {
         __syncthreads();  // (the partial stores before the count)
-        if (threadIdx.x == 0) old = count_piece(p, unit(area)->unit);
+        if (threadIdx.x == 0) area[0] = count_last_piece(p, unit(area)->unit, unit(area)->pieces);
       }
-      if (threadIdx.x == 0) area[0] = last_piece(p, unit(area)->unit, unit(area)->pieces, old);
       __syncthreads();
     }  // (a flag and unit written before an earlier iteration's top barrier are visible since)
     stage = kNone;

@@ -144,6 +144,18 @@ __device__ __forceinline__ bool last_piece(const DecodeParams& p, int unit, int 
   return last;
 }
 
+// Thread 0, both at once where the answer is needed now (the synchronous merge): one acq_rel atomic (one MEMBAR
+// before it; count_piece then last_piece take a second MEMBAR for the last piece). Measured with count_piece and
+// last_piece in the CUDA-core kernel: fp8 D10 / D5-e4m3 / D9-e4m3 1.5-2 % slower (h200-2026-12-04c, call 6).
+__device__ __forceinline__ bool count_last_piece(const DecodeParams& p, int unit, int pieces) {
+  int* count = reinterpret_cast<int*>(p.merge_count) + unit;
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(count) : "memory");
+  const bool last = old == pieces - 1;
+  if (last) *count = 0;
+  return last;
+}
+
 // Merge the unit's pieces into o / lse (the last piece's block, after last_piece and a barrier; all threads call it).
 // With softmax and at most kLoadAll pieces every thread issues all its loads (the pieces' lse and rows) before using
 // any: one memory round trip instead of two (0: never; kernels at the register limit, whose 18 more live values
@@ -239,7 +251,7 @@ __device__ __forceinline__ void merge_rows(const DecodeParams& p, const VP& v, c
 template <class V, typename O, int D, bool kLse, int kThreads, class VP>
 __device__ __forceinline__ void merge_split(const DecodeParams& p, const VP& v, const SplitUnit& s, int* flag) {
   __syncthreads();
-  if (threadIdx.x == 0) *flag = last_piece(p, s.unit, s.pieces, count_piece(p, s.unit));
+  if (threadIdx.x == 0) *flag = count_last_piece(p, s.unit, s.pieces);
   __syncthreads();
   if (*flag) merge_rows<V, O, D, kLse, kThreads>(p, v, s);
 }
