@@ -100,7 +100,9 @@ class DecodeConfig:
         pipe = self.stages * self.stage_bytes + ring + ITEM_CHUNK * ITEM_INFO_BYTES
         pipe = -(-pipe // 128) * 128
         if self.tensor_cores:
-            return pipe + 16 * self.head_dim * 2 + 16 * self.warps_kv * 2 * 4
+            # the query tile, the warps' (m, d) per row and the waiting split piece's flag and unit (kernels.cuh
+            # PendingPiece)
+            return pipe + 16 * self.head_dim * 2 + 16 * self.warps_kv * 2 * 4 + 32
         bdz = self.threads // (self.head_dim // 8 * self.group)
         return pipe + bdz * self.group * 2 * 4
 

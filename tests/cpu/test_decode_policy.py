@@ -86,17 +86,18 @@ def test_tensor_core_config_meets_the_template_constraints(group, head_dim):
 
 
 def test_smem_matches_the_kernel_layout():
-    """smem_bytes mirrors Pipeline<> in decode.cuh: S stages + (S+1) tile slots + 64 items, rounded to 128, + own."""
+    """smem_bytes mirrors Pipeline<> in decode.cuh: S stages + (S+1) tile slots + 64 items, rounded to 128, + own
+    (tensor cores: the query tile, the warps' (m, d) rows and 32 bytes of the waiting split piece)."""
     c = decode_config(4, 128)
     pipe = 3 * 32768 + 4 * (16 * 64 + 40) + 64 * 40
-    assert c.smem_bytes == -(-pipe // 128) * 128 + 16 * 128 * 2 + 16 * 4 * 2 * 4
+    assert c.smem_bytes == -(-pipe // 128) * 128 + 16 * 128 * 2 + 16 * 4 * 2 * 4 + 32
     m = decode_config(2, 64)  # CUDA cores: 8 lanes x 2 heads x 8 slices
     pipe = 4 * (2 * 64 * 64 * 2) + 5 * (16 * 64 + 40) + 64 * 40
     assert m.smem_bytes == -(-pipe // 128) * 128 + 8 * 2 * 2 * 4
     # fp8 tiles: each slot 16-byte aligned (its K / V address pairs are read 16 bytes at a time), 48 bytes of facts
     f = decode_config(4, 64, kv_itemsize=1)  # 128-token tiles, 3 stages
     pipe = 3 * (2 * 128 * 64) + 4 * (16 * 128 + 48) + 64 * 40
-    assert f.smem_bytes == -(-pipe // 128) * 128 + 16 * 64 * 2 + 16 * 4 * 2 * 4
+    assert f.smem_bytes == -(-pipe // 128) * 128 + 16 * 64 * 2 + 16 * 4 * 2 * 4 + 32
 
 
 def test_unsupported_head_dim_names_the_choices():

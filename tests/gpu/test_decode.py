@@ -91,6 +91,11 @@ CASES = [
     pytest.param(
         Case(LONG1, 16, (16, 1), 64, tensor_cores=False, split=128), id="b1long-16x1-d64-cc-g16-split128-many-pieces"
     ),
+    # the tensor-core kernel carries a split piece's count and merge over the next tiles (kernels.cuh PendingPiece):
+    # pieces of one tile (the next piece ends before the waiting one is flagged: settled at once) and of three
+    # (flagged just as the next boundary comes)
+    pytest.param(Case(MIX7, 16, (32, 8), 128, split=64), id="b7mix-p16-32x8-tc-split64-one-tile-pieces"),
+    pytest.param(Case(MIX128, 16, (32, 8), 128, split=192), id="b128mix-p16-32x8-tc-split192-three-tile-pieces"),
     pytest.param(Case(MIX7, 16, (32, 8), 128, cache="tuple"), id="b7mix-tuple-cache-tc"),
     pytest.param(Case(MIX7, 5, (32, 8), 128, "HND", cache="tuple", q_slice=True), id="b7mix-tuple-hnd-fused-qkv-slice"),
     pytest.param(Case((1,), 1, (32, 8), 128, framework="cupy"), id="b1-kv1-p1"),

@@ -220,6 +220,9 @@ CASES = [
         Case(MIX40, 1, (16, 16), 128, "e5m2", split=512, scales="heads", framework="cupy"),
         id="b40-e5m2-p1-g1-cc-split512-head-scales",
     ),
+    # split pieces of one and of three 128-token tiles (kernels.cuh PendingPiece: settled at once / just flagged)
+    pytest.param(Case(MIX40, 16, (32, 8), 128, split=128), id="b40-e4m3-tc-split128-one-tile-pieces"),
+    pytest.param(Case(MIX40, 16, (32, 8), 128, split=384, scales="heads"), id="b40-e4m3-tc-split384-three-tile-pieces"),
     pytest.param(Case(LONG1, 16, (32, 8), 128, scales="none"), id="b1long-e4m3-tc-no-scales"),
     pytest.param(Case(MANY, 16, (32, 8), 128, scales="heads"), id="b2400-e4m3-tc-item-chunk-reload"),
     pytest.param(Case(MIX6, 16, (32, 8), 128, opts={"logits_soft_cap": 30.0, "window_left": 300}), id="softcap-window"),

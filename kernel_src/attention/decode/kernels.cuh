@@ -241,9 +241,8 @@ struct CudaCore {
       store_row<V, O, D, kLse>(p, v, ix, cur->req, head, prow, tx * 8, mg.acc, lse, tx == 0);
     }
     if (cur->merge >= 0) {
-      merge_split<V, O, D, kLse, kThreads>(p, v, cur->merge, cur->pieces, G, cur->req, cur->kv_head * G,
-                                           cur->kv_head, cur->kv_len,
-                                           reinterpret_cast<int*>(md));  // (md is free again: see merge_split)
+      const SplitUnit su{cur->merge, cur->pieces, G, cur->req, cur->kv_head * G, cur->kv_head, cur->kv_len};
+      merge_split<V, O, D, kLse, kThreads>(p, v, su, reinterpret_cast<int*>(md));  // (md is free again here)
     }
   }
 };
@@ -737,7 +736,7 @@ struct TensorCore {
   }
 
   // The item's last tile: merge the warps' states through this tile's stage (free once every warp is done reading
-  // it), write o / lse or the partial rows, and run the split merge when this is the unit's last piece.
+  // it), write o / lse or the partial rows (a split piece: its count and merge follow, PendingPiece).
   template <class VP>
   static __device__ __forceinline__ void finish_item(const DecodeParams& p, const VP& v, const Slot* cur,
                                                      KV* ks, float* md, float (&oacc)[DW / 8][4], const float (&m)[2],
@@ -792,11 +791,61 @@ struct TensorCore {
         store_row<V, O, D, kLse>(p, v, ix, cur->req, cur->kv_head * G + row0 + r, prow, c * 8, mg.acc, lse, c == 0);
       }
     }
-    if (cur->merge >= 0) {
-      merge_split<V, O, D, kLse, kThreads>(p, v, cur->merge, cur->pieces, min(16, G - row0), cur->req,
-                                           cur->kv_head * G + row0, cur->kv_head, cur->kv_len,
-                                           reinterpret_cast<int*>(md));
+    // (a split piece's count and merge follow in the kernel's loop: PendingPiece)
+  }
+};
+
+// A split piece of the tensor-core kernel between its partial stores and its merge (math.cuh, merge_split), carried
+// over the next tiles so that no warp waits for a memory round trip where the piece ends: its count is issued at the
+// end of the iteration after its last tile (the partial stores ordered by that iteration's top barrier, and
+// acknowledged while the tile's math ran), the count's answer read at the end of the next iteration (thread 0 writes
+// the flag), and the merge, when the piece was its unit's last, runs at the next item boundary (or the CTA's end),
+// where the item's accumulators are dead. A boundary that comes sooner settles the piece at once. One piece waits at
+// a time. The flag and the piece's unit live in shared memory (`area`: the flag, then the SplitUnit, at a constant
+// offset), so that only the stage and thread 0's count `old` stay in registers across the tiles (the RoPE kernels
+// are at the register limit); block-uniform but `old`. (The tile code stays outside any branch that rejoins the
+// boundary code: a loop whose tiles ran under `if (!null)` took WARPSYNC / ENDCOLLECTIVE around every shuffle.)
+struct PendingPiece {
+  // kEnded: stored this iteration; kStored: an iteration's top barrier has ordered the stores since
+  enum Stage : int { kNone, kEnded, kStored, kCounted, kFlagged };
+  int stage = kNone, old = 0;
+
+  static __device__ __forceinline__ SplitUnit* unit(int* area) { return reinterpret_cast<SplitUnit*>(area + 1); }
+
+  // A piece's partials were stored in this iteration (K::finish_item; no piece is waiting: settle ran).
+  __device__ __forceinline__ void stored(int* area, const SplitUnit& u) {
+    if (threadIdx.x == 0) *unit(area) = u;  // (read by thread 0 alone until a barrier)
+    stage = kEnded;
+  }
+  // End of an iteration: count a piece stored in an earlier one, or flag a counted one.
+  __device__ __forceinline__ void advance(const DecodeParams& p, int* area) {
+    if (stage == kCounted) {
+      if (threadIdx.x == 0) area[0] = last_piece(p, unit(area)->unit, unit(area)->pieces, old);
+      stage = kFlagged;
+    } else if (stage == kStored) {
+      if (threadIdx.x == 0) old = count_piece(p, unit(area)->unit);
+      stage = kCounted;
+    } else if (stage == kEnded) {
+      stage = kStored;
     }
+  }
+  // At an item boundary (all threads): finish the waiting piece, counting it and reading the answer now where the
+  // loop has not yet, and merge its unit if it was the last piece.
+  template <class V, typename O, int D, bool kLse, int kThreads, int kLoadAll, class VP>
+  __device__ __forceinline__ void settle(const DecodeParams& p, const VP& v, int* area) {
+    if (stage == kNone) return;
+    if (stage != kFlagged) {
+      if (stage == kCounted) {
+        if (threadIdx.x == 0) area[0] = last_piece(p, unit(area)->unit, unit(area)->pieces, old);
+      } else {
+        __syncthreads();  // (the partial stores before the count)
+        if (threadIdx.x == 0) area[0] = count_last_piece(p, unit(area)->unit, unit(area)->pieces);
+      }
+      __syncthreads();
+    }  // (a flag and unit written before an earlier iteration's top barrier are visible since)
+    stage = kNone;
+    if (area[0]) merge_rows<V, O, D, kLse, kThreads, kLoadAll>(p, v, *unit(area));
+    __syncthreads();  // (every thread has read the flag and the unit before thread 0 may write them again)
   }
 };
 
@@ -816,6 +865,9 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
   extern __shared__ __align__(128) unsigned char smem[];
   Q* qs = reinterpret_cast<Q*>(smem + Pipe::kBytes);                               // [16][D], swizzled
   float* md = reinterpret_cast<float*>(smem + Pipe::kBytes + 16 * D * sizeof(Q));  // [kWarpsKV * 16][2]
+  // PendingPiece's flag and unit (policy.py: 32 bytes)
+  int* const pending_area = reinterpret_cast<int*>(md + kWarpsKV * 16 * 2);
+  static_assert(sizeof(SplitUnit) + sizeof(int) <= 32, "the pending piece's shared memory");
 
   CUINFER_DECODE_GSTAMP(0);
   CUINFER_DECODE_STAMP(1);
@@ -844,6 +896,12 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
   float m[2] = {neg_inf(), neg_inf()}, dsum[2] = {0.f, 0.f};
   float mb[2] = {0.f, 0.f};  // fp8: the rows' exponent bases, m or 0 while m is -inf (softmax_fp8)
 
+  // (the RoPE kernels' fragment states hold their registers: the merge's loads one piece at a time there)
+  constexpr int kMergeLoads = K::kFrag ? 0 : 2;
+  // Measured on the H200 (docs/results/h200-2026-12-04c): carried pieces made bf16 D9 4-5 % faster but the fp8 cases
+  // D10, D5-e4m3, D9-e4m3 ~1 % slower; fp8 K / V settle each piece where it ends, as before
+  constexpr bool kDeferPieces = !K::kFp8;
+  PendingPiece pend;
   for (int n = 0;; ++n) {
     const typename K::Slot* cur = pipe.wait(n);
     const int flags = cur->flags;
@@ -902,8 +960,19 @@ __global__ void __launch_bounds__(32 * kWarpsKV * kWarpsD, kMinBlocks)
         for (int j = 0; j < K::DW / 8; ++j) oacc[j][0] *= vsc, oacc[j][1] *= vsc, oacc[j][2] *= vsc, oacc[j][3] *= vsc;
       }
       K::finish_item(p, v, cur, ks, md, oacc, m, dsum);
+      // an item boundary: the waiting split piece is settled (where the item's accumulators are dead), and a piece
+      // that ended here starts waiting; fp8 K / V settle it at once (kDeferPieces)
+      if constexpr (kDeferPieces) pend.template settle<V, O, D, kLse, K::kThreads, kMergeLoads>(p, v, pending_area);
+      if (cur->merge >= 0) {
+        const int row0 = cur->qo_tile * 16;
+        pend.stored(pending_area, {cur->merge, cur->pieces, min(16, G - row0), cur->req, cur->kv_head * G + row0,
+                                   cur->kv_head, cur->kv_len});
+      }
+      if constexpr (!kDeferPieces) pend.template settle<V, O, D, kLse, K::kThreads, kMergeLoads>(p, v, pending_area);
     }
+    if constexpr (kDeferPieces) pend.advance(p, pending_area);
   }
+  pend.template settle<V, O, D, kLse, K::kThreads, kMergeLoads>(p, v, pending_area);  // (the CTA's end)
 }
 
 }  // namespace decode

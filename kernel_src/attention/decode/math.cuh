@@ -106,50 +106,116 @@ __device__ __forceinline__ variant::Index row_index(int req, int head, int kv_he
 // pieces into o / lse and resets the counter to 0 for the next launch (so a CUDA graph replays it as is). No second
 // kernel, no launch gap, and the partial rows are read while they are still in L2.
 //   Partial rows: piece j of the unit starting at row U holds its `rows` rows at U + j * rows (planner/merge.py).
-//   Memory order: every thread fences its own partial stores before the barrier that precedes the count (release);
-//   the merging CTA reads the other pieces' rows with ld.global.cg (L2, never a stale L1 line) after the count.
+//   Memory order (the semaphore pattern of CUTLASS's generic barrier, with thread 0 for the block): a barrier after
+//   the block's partial stores, then thread 0's release fence and count (count_piece: the fence is cumulative, so it
+//   orders the stores the barrier ordered before it); the last piece's thread 0 takes an acquire fence
+//   (last_piece) and a barrier follows before the block reads the other pieces' rows, with ld.global.cg (L2, never
+//   a stale L1 line). The count is a relaxed atomic: its answer is needed only by last_piece, which the
+//   tensor-core kernel calls a tile later (its pending piece: kernels.cuh), so no warp waits for the round trip.
 // The merged rows are final: a sink is folded in here (once per row), the output transform applied. Without softmax
 // the pieces' sums add (weights 1, lse log2 of the summed weights).
-// All threads call it (block-uniform arguments); `flag` is one int of shared memory.
-template <class V, typename O, int D, bool kLse, int kThreads, class VP>
-__device__ __forceinline__ void merge_split(const DecodeParams& p, const VP& v, int unit, int pieces, int rows,
-                                            int req, int head0, int kv_head, int kv_len, int* flag) {
-  // One acq_rel atomic of thread 0 after the barrier, instead of a fence in every thread: the release is cumulative
-  // (it orders the block's partial stores that the barrier ordered before it) and the acquire, followed by the next
-  // barrier, orders the block's reads of the other pieces after their stores (the semaphore pattern of CUTLASS's
-  // generic barrier). Measured (dtrace, H200): the last epilogue of D1 2.36 -> 2.24 us.
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* count = reinterpret_cast<int*>(p.merge_count) + unit;
-    int old;
-    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(count) : "memory");
-    const bool last = old == pieces - 1;
-    if (last) *count = 0;  // every piece has counted itself: ready for the next launch
-    *flag = last;
+
+// One split piece's unit, as its merge needs it (block-uniform).
+struct SplitUnit {
+  int unit, pieces, rows, req, head0, kv_head, kv_len;
+};
+
+// Thread 0, after a barrier that follows the block's partial stores: release them and count the piece. Returns the
+// count before it (the caller may read it much later: nothing waits for the atomic until then).
+__device__ __forceinline__ int count_piece(const DecodeParams& p, int unit) {
+  int* count = reinterpret_cast<int*>(p.merge_count) + unit;
+  int old;
+  asm volatile("fence.acq_rel.gpu;\n\tatom.relaxed.gpu.global.add.s32 %0, [%1], 1;\n"
+               : "=r"(old)
+               : "l"(count)
+               : "memory");
+  return old;
+}
+
+// Thread 0, with count_piece's answer: whether the piece was its unit's last; the last one resets the counter for the
+// next launch (every piece has counted itself) and acquires the other pieces' stores (a barrier must follow before
+// the block reads them).
+__device__ __forceinline__ bool last_piece(const DecodeParams& p, int unit, int pieces, int old) {
+  const bool last = old == pieces - 1;
+  if (last) {
+    reinterpret_cast<int*>(p.merge_count)[unit] = 0;
+    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
   }
-  __syncthreads();
-  if (!*flag) return;
-  const float* plse = reinterpret_cast<const float*>(p.partial_lse) + unit;
-  const float* po = reinterpret_cast<const float*>(p.partial_o) + i64(unit) * D;
+  return last;
+}
+
+// Thread 0, both at once where the answer is needed now (the synchronous merge): one acq_rel atomic (one MEMBAR
+// before it; count_piece then last_piece take a second MEMBAR for the last piece). Measured with count_piece and
+// last_piece in the CUDA-core kernel: fp8 D10 / D5-e4m3 / D9-e4m3 1.5-2 % slower (h200-2026-12-04c, call 6).
+__device__ __forceinline__ bool count_last_piece(const DecodeParams& p, int unit, int pieces) {
+  int* count = reinterpret_cast<int*>(p.merge_count) + unit;
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(count) : "memory");
+  const bool last = old == pieces - 1;
+  if (last) *count = 0;
+  return last;
+}
+
+// Merge the unit's pieces into o / lse (the last piece's block, after last_piece and a barrier; all threads call it).
+// With softmax and at most kLoadAll pieces every thread issues all its loads (the pieces' lse and rows) before using
+// any: one memory round trip instead of two (0: never; kernels at the register limit, whose 18 more live values
+// would spill).
+template <class V, typename O, int D, bool kLse, int kThreads, int kLoadAll = 2, class VP>
+__device__ __forceinline__ void merge_rows(const DecodeParams& p, const VP& v, const SplitUnit& s) {
+  constexpr int kN = kLoadAll > 0 ? kLoadAll : 1;
+  const int rows = s.rows, pieces = s.pieces;
+  const float* plse = reinterpret_cast<const float*>(p.partial_lse) + s.unit;
+  const float* po = reinterpret_cast<const float*>(p.partial_o) + i64(s.unit) * D;
   constexpr int kChunks = D / 8;
   for (int u = threadIdx.x; u < rows * kChunks; u += kThreads) {
     const int x = u / kChunks, c = u % kChunks;
     state::Merger<8> mg;
     float lse;
     if constexpr (V::kSoftmax) {
-      float mx = neg_inf();
-      for (int j = 0; j < pieces; ++j) mx = fmaxf(mx, __ldcg(plse + j * rows + x));
-      mg.init(mx);
-      if (mx != neg_inf()) {
-        for (int j = 0; j < pieces; ++j) {
-          const float w = mg.weight(__ldcg(plse + j * rows + x));  // an empty piece (-inf) weighs 0
-          const float4* src = reinterpret_cast<const float4*>(po + i64(j * rows + x) * D + c * 8);
-          const float4 lo = __ldcg(src), hi = __ldcg(src + 1);
-          const float xs[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-          mg.add(w, 1.f, xs);
+      if (kLoadAll > 0 && pieces <= kLoadAll) {
+        float l[kN];
+        float4 lo[kN], hi[kN];
+#pragma unroll
+        for (int j = 0; j < kN; ++j) {
+          if (j < pieces) {
+            const float4* src = reinterpret_cast<const float4*>(po + i64(j * rows + x) * D + c * 8);
+            l[j] = __ldcg(plse + j * rows + x);
+            lo[j] = __ldcg(src);
+            hi[j] = __ldcg(src + 1);
+          }
+        }
+        float mx = neg_inf();
+#pragma unroll
+        for (int j = 0; j < kN; ++j) {
+          if (j < pieces) mx = fmaxf(mx, l[j]);
+        }
+        mg.init(mx);
+        if (mx != neg_inf()) {
+#pragma unroll
+          for (int j = 0; j < kN; ++j) {
+            if (j < pieces) {
+              const float xs[8] = {lo[j].x, lo[j].y, lo[j].z, lo[j].w, hi[j].x, hi[j].y, hi[j].z, hi[j].w};
+              mg.add(mg.weight(l[j]), 1.f, xs);  // an empty piece (-inf) weighs 0
+            }
+          }
+        }
+      } else {
+        float mx = neg_inf();
+        for (int j = 0; j < pieces; ++j) mx = fmaxf(mx, __ldcg(plse + j * rows + x));
+        mg.init(mx);
+        if (mx != neg_inf()) {
+          for (int j = 0; j < pieces; ++j) {
+            const float w = mg.weight(__ldcg(plse + j * rows + x));  // an empty piece (-inf) weighs 0
+            const float4* src = reinterpret_cast<const float4*>(po + i64(j * rows + x) * D + c * 8);
+            const float4 lo = __ldcg(src), hi = __ldcg(src + 1);
+            const float xs[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            mg.add(w, 1.f, xs);
+          }
         }
       }
-      if constexpr (V::kSink) mg.add_sink(variant::sink_log2<V>(v, row_index<D>(req, head0 + x, kv_head, kv_len)));
+      if constexpr (V::kSink) {
+        mg.add_sink(variant::sink_log2<V>(v, row_index<D>(s.req, s.head0 + x, s.kv_head, s.kv_len)));
+      }
       lse = mg.finish();
     } else {
       mg.init(0.f);
@@ -165,19 +231,29 @@ __device__ __forceinline__ void merge_split(const DecodeParams& p, const VP& v, 
       lse = mg.finish_sum();
     }
     if constexpr (V::kOutputTransform) {
-      const variant::Index ix = row_index<D>(req, head0 + x, kv_head, kv_len);
+      const variant::Index ix = row_index<D>(s.req, s.head0 + x, s.kv_head, s.kv_len);
 #pragma unroll
       for (int i = 0; i < 8; ++i) mg.acc[i] = V::output_transform(v, ix, c * 8 + i, mg.acc[i], lse);
     }
     Vec<O, 8> ov;  // (the partials already carry v_scale)
 #pragma unroll
     for (int i = 0; i < 8; ++i) ov[i] = from_float<O>(mg.acc[i]);
-    const int head = head0 + x;
-    ov.store_global(reinterpret_cast<O*>(p.o) + i64(req) * p.o_stride_b + i64(head) * p.o_stride_h + c * 8);
+    const int head = s.head0 + x;
+    ov.store_global(reinterpret_cast<O*>(p.o) + i64(s.req) * p.o_stride_b + i64(head) * p.o_stride_h + c * 8);
     if constexpr (kLse) {
-      if (c == 0) reinterpret_cast<float*>(p.lse)[i64(req) * p.lse_stride_b + i64(head) * p.lse_stride_h] = lse;
+      if (c == 0) reinterpret_cast<float*>(p.lse)[i64(s.req) * p.lse_stride_b + i64(head) * p.lse_stride_h] = lse;
     }
   }
+}
+
+// The whole of it at once, right after the piece's partial stores: count, and merge if this piece was the last. All
+// threads call it; `flag` is one int of shared memory.
+template <class V, typename O, int D, bool kLse, int kThreads, class VP>
+__device__ __forceinline__ void merge_split(const DecodeParams& p, const VP& v, const SplitUnit& s, int* flag) {
+  __syncthreads();
+  if (threadIdx.x == 0) *flag = count_last_piece(p, s.unit, s.pieces);
+  __syncthreads();
+  if (*flag) merge_rows<V, O, D, kLse, kThreads>(p, v, s);
 }
 
 // 8 fp32 values from 16-byte aligned p (shared memory or an L1-cached global row).
