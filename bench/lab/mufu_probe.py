@@ -30,7 +30,7 @@ template <> __device__ __forceinline__ void op<8>(unsigned& v) {  // f32 -> f16,
   asm volatile("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
   asm volatile("tanh.approx.f16 %0, %0;" : "+h"(h));
   asm volatile("cvt.f32.f16 %0, %1;" : "=f"(x) : "h"(h)); v = __float_as_uint(x); }
-template <> __device__ __forceinline__ void op<9>(unsigned& v) {  // two f32 (v, v ^ 1) packed, tanh.approx.f16x2, two f32
+template <> __device__ __forceinline__ void op<9>(unsigned& v) {  // f32 pair (v, v ^ 1) -> tanh.approx.f16x2
   float a = __uint_as_float(v), b = __uint_as_float(v ^ 1u); unsigned p;
   asm volatile("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(p) : "f"(a), "f"(b));
   asm volatile("tanh.approx.f16x2 %0, %0;" : "+r"(p));
@@ -65,7 +65,18 @@ extern "C" __global__ void k7(unsigned* o, long long* c, int n) { run<7>(o, c, n
 extern "C" __global__ void k8(unsigned* o, long long* c, int n) { run<8>(o, c, n); }
 extern "C" __global__ void k9(unsigned* o, long long* c, int n) { run<9>(o, c, n); }
 """
-NAMES = ["ex2.f32", "tanh.f32", "ex2.f16", "tanh.f16", "ex2.f16x2", "tanh.f16x2", "tanh.bf16x2", "ffma.f32", "tanh f32>f16>f32", "tanh 2xf32 via f16x2"]
+NAMES = [
+    "ex2.f32",
+    "tanh.f32",
+    "ex2.f16",
+    "tanh.f16",
+    "ex2.f16x2",
+    "tanh.f16x2",
+    "tanh.bf16x2",
+    "ffma.f32",
+    "tanh f32>f16>f32",
+    "tanh 2xf32 via f16x2",
+]
 LANES = [1, 1, 1, 1, 2, 2, 2, 1, 1, 2]
 
 
@@ -75,7 +86,7 @@ def main() -> None:
     threads, iters = 1024, 4096
     out = cp.zeros(sms * threads, cp.uint32)
     cyc = cp.zeros(sms, cp.int64)
-    for k, (name, lanes) in enumerate(zip(NAMES, LANES)):
+    for k, (name, lanes) in enumerate(zip(NAMES, LANES, strict=True)):
         f = mod.get_function(f"k{k}")
         f((sms,), (threads,), (out, cyc, cp.int32(16)))
         f((sms,), (threads,), (out, cyc, cp.int32(iters)))
