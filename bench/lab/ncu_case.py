@@ -35,6 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="cuinfer decode: plan with this pos_encoding (fused RoPE)")  # fmt: skip
     ap.add_argument("--backend", choices=("auto", "fa2", "sm90"), default=None,
                     help="cuinfer prefill: the prefill suite's plan on this backend")  # fmt: skip
+    ap.add_argument("--soft-cap", type=float, default=0.0,
+                    help="cuinfer prefill with --backend: plan with logits_soft_cap (0: none)")  # fmt: skip
     return ap.parse_args(argv)
 
 
@@ -61,7 +63,8 @@ def main(argv: list[str] | None = None) -> None:
         elif args.backend is not None:
             from bench.prefill import prepare_cuinfer as prepare_prefill
 
-            run = prepare_prefill(inp, args.backend).run
+            options = {"logits_soft_cap": args.soft_cap} if args.soft_cap else None
+            run = prepare_prefill(inp, args.backend, options).run
         else:
             w, run = planned_prefill(inp)
             if args.groups is not None:
