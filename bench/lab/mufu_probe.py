@@ -1,100 +1,112 @@
-"""Lab probe: MUFU throughput per SM and clock for the f32, f16 and bf16 forms of ex2 and tanh (and the f16x2 forms,
-which ptxas splits into two MUFU ops on sm_90). One CTA of 1024 threads per SM, 16 independent chains per thread,
-clock64 around the loop; prints lane-ops per SM per clock. Run on the GPU: `python -m bench.lab.mufu_probe`."""
+"""Lab: MUFU throughput per SM of tanh.approx.f32, ex2.approx.f32 and rcp.approx.f32 (and FFMA for scale) on the GPU.
 
-import cupy as cp
+    python -m bench.lab.mufu_probe
+    python -m bench.lab.mufu_probe --sass sm_90a   # no GPU: the MUFU opcodes each form (f32, packed 16-bit) becomes
 
-SRC = r"""
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-#define OPS 16
-template <int K> __device__ __forceinline__ void op(unsigned& v);
-template <> __device__ __forceinline__ void op<0>(unsigned& v) {  // ex2.approx.ftz.f32
-  float x = __uint_as_float(v); asm volatile("ex2.approx.ftz.f32 %0, %0;" : "+f"(x)); v = __float_as_uint(x); }
-template <> __device__ __forceinline__ void op<1>(unsigned& v) {  // tanh.approx.f32
-  float x = __uint_as_float(v); asm volatile("tanh.approx.f32 %0, %0;" : "+f"(x)); v = __float_as_uint(x); }
-template <> __device__ __forceinline__ void op<2>(unsigned& v) {  // ex2.approx.f16 (scalar half in the low 16 bits)
-  unsigned short h = v; asm volatile("ex2.approx.f16 %0, %0;" : "+h"(h)); v = h; }
-template <> __device__ __forceinline__ void op<3>(unsigned& v) {  // tanh.approx.f16
-  unsigned short h = v; asm volatile("tanh.approx.f16 %0, %0;" : "+h"(h)); v = h; }
-template <> __device__ __forceinline__ void op<4>(unsigned& v) {  // ex2.approx.f16x2 (2 lane-ops)
-  asm volatile("ex2.approx.f16x2 %0, %0;" : "+r"(v)); }
-template <> __device__ __forceinline__ void op<5>(unsigned& v) {  // tanh.approx.f16x2 (2 lane-ops)
-  asm volatile("tanh.approx.f16x2 %0, %0;" : "+r"(v)); }
-template <> __device__ __forceinline__ void op<6>(unsigned& v) {  // tanh.approx.bf16x2 (2 lane-ops)
-  asm volatile("tanh.approx.bf16x2 %0, %0;" : "+r"(v)); }
-template <> __device__ __forceinline__ void op<7>(unsigned& v) {  // ffma (reference pipe)
-  float x = __uint_as_float(v); asm volatile("fma.rn.f32 %0, %0, %0, %0;" : "+f"(x)); v = __float_as_uint(x); }
-template <> __device__ __forceinline__ void op<8>(unsigned& v) {  // f32 -> f16, tanh.approx.f16, -> f32
-  float x = __uint_as_float(v); unsigned short h;
-  asm volatile("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
-  asm volatile("tanh.approx.f16 %0, %0;" : "+h"(h));
-  asm volatile("cvt.f32.f16 %0, %1;" : "=f"(x) : "h"(h)); v = __float_as_uint(x); }
-template <> __device__ __forceinline__ void op<9>(unsigned& v) {  // f32 pair (v, v ^ 1) -> tanh.approx.f16x2
-  float a = __uint_as_float(v), b = __uint_as_float(v ^ 1u); unsigned p;
-  asm volatile("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(p) : "f"(a), "f"(b));
-  asm volatile("tanh.approx.f16x2 %0, %0;" : "+r"(p));
-  unsigned short lo = p, hi = p >> 16;
-  asm volatile("cvt.f32.f16 %0, %1;" : "=f"(a) : "h"(lo));
-  asm volatile("cvt.f32.f16 %0, %1;" : "=f"(b) : "h"(hi)); v = __float_as_uint(a + b); }
-template <int K>
-__device__ void run(unsigned* out, long long* cyc, int iters) {
-  unsigned v[OPS];
-  for (int i = 0; i < OPS; ++i) v[i] = 0x3c003c00u ^ (threadIdx.x * 7 + i);
-  __syncthreads();
-  long long t0 = clock64();
-  for (int it = 0; it < iters; ++it) {
-#pragma unroll
-    for (int i = 0; i < OPS; ++i) op<K>(v[i]);
-  }
-  __syncthreads();
-  long long t1 = clock64();
-  unsigned s = 0;
-  for (int i = 0; i < OPS; ++i) s ^= v[i];
-  out[blockIdx.x * blockDim.x + threadIdx.x] = s;
-  if (threadIdx.x == 0) cyc[blockIdx.x] = t1 - t0;
-}
-extern "C" __global__ void k0(unsigned* o, long long* c, int n) { run<0>(o, c, n); }
-extern "C" __global__ void k1(unsigned* o, long long* c, int n) { run<1>(o, c, n); }
-extern "C" __global__ void k2(unsigned* o, long long* c, int n) { run<2>(o, c, n); }
-extern "C" __global__ void k3(unsigned* o, long long* c, int n) { run<3>(o, c, n); }
-extern "C" __global__ void k4(unsigned* o, long long* c, int n) { run<4>(o, c, n); }
-extern "C" __global__ void k5(unsigned* o, long long* c, int n) { run<5>(o, c, n); }
-extern "C" __global__ void k6(unsigned* o, long long* c, int n) { run<6>(o, c, n); }
-extern "C" __global__ void k7(unsigned* o, long long* c, int n) { run<7>(o, c, n); }
-extern "C" __global__ void k8(unsigned* o, long long* c, int n) { run<8>(o, c, n); }
-extern "C" __global__ void k9(unsigned* o, long long* c, int n) { run<9>(o, c, n); }
+Each thread runs 8 independent chains of N dependent ops (x = op(x) * 0.5 + 0.25 keeps the values finite; the
+FFMA is counted in the op's row and measured alone in the "ffma" row), 8 warps per SMSP, enough blocks to fill every
+SM; CUDA events, the median of 5 launches. Prints warp-instructions per clock per SM (clock: the SM clock while
+running, from nvidia-smi when it can be read, else the GPU's max).
 """
-NAMES = [
-    "ex2.f32",
-    "tanh.f32",
-    "ex2.f16",
-    "tanh.f16",
-    "ex2.f16x2",
-    "tanh.f16x2",
-    "tanh.bf16x2",
-    "ffma.f32",
-    "tanh f32>f16>f32",
-    "tanh 2xf32 via f16x2",
-]
-LANES = [1, 1, 1, 1, 2, 2, 2, 1, 1, 2]
+
+from __future__ import annotations
+
+import subprocess
+
+OPS = {
+    "tanh": 'asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x[c]));',
+    "ex2": 'asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x[c]));',
+    "rcp": 'asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x[c]));',
+    "ffma": "y = x[c];",
+}
+N = 4096
+
+# The packed 16-bit forms (--sass only): a pair of floats packed, the op, both halves back to float and added (so the
+# compiler keeps both halves' results).
+PACKED = {
+    f"{op}.{t}": f'asm("{{.reg .b32 h, r; .reg .b16 lo, hi; .reg .f32 a, b; cvt.rn.{t}.f32 h, %1, %2; '
+    f"{op}.approx{ftz}.{t} r, h; mov.b32 {{lo, hi}}, r; cvt.f32.{t[:-2]} a, lo; cvt.f32.{t[:-2]} b, hi; "
+    f'add.f32 %0, a, b;}}" : "=f"(y) : "f"(x[c]), "f"(x[c] * 0.5f));'
+    for op in ("tanh", "ex2")
+    for t in ("f16x2", "bf16x2")
+    for ftz in [".ftz" if (op, t) == ("ex2", "bf16x2") else ""]
+}
 
 
-def main() -> None:
-    mod = cp.RawModule(code=SRC, options=("--std=c++17", "-arch=sm_90a"))
-    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-    threads, iters = 1024, 4096
-    out = cp.zeros(sms * threads, cp.uint32)
-    cyc = cp.zeros(sms, cp.int64)
-    for k, (name, lanes) in enumerate(zip(NAMES, LANES, strict=True)):
-        f = mod.get_function(f"k{k}")
-        f((sms,), (threads,), (out, cyc, cp.int32(16)))
-        f((sms,), (threads,), (out, cyc, cp.int32(iters)))
-        cp.cuda.Device().synchronize()
-        c = float(cp.median(cyc.astype(cp.float64)))
-        per_clk = threads * iters * 16 * lanes / c
-        print(f"{name:12s} {per_clk:7.1f} lane-results per SM per clock  ({c:.0f} cycles)")
+def _src(body: str) -> str:
+    return f"""
+extern "C" __global__ void k(float* out, float seed) {{
+  float x[8];
+  #pragma unroll
+  for (int c = 0; c < 8; ++c) x[c] = seed + 0.01f * c + 1e-6f * threadIdx.x;
+  for (int i = 0; i < {N}; ++i) {{
+    #pragma unroll
+    for (int c = 0; c < 8; ++c) {{ float y; {body} x[c] = fmaf(y, 0.5f, 0.25f); }}
+  }}
+  float s = 0.f;
+  #pragma unroll
+  for (int c = 0; c < 8; ++c) s += x[c];
+  if (s == 12345.f) out[threadIdx.x] = s;
+}}
+"""
+
+
+def sass(arch: str) -> dict[str, dict[str, int]]:
+    """Print and return the MUFU / conversion opcodes of each op's kernel compiled by NVRTC for ``arch`` (no GPU
+    needed): ``{op: {opcode: count}}``, ops that do not compile left out."""
+    import collections
+
+    from bench.lab.sass_snapshot import nvrtc_cubin
+    from cuinfer.jit.sass import disassemble
+
+    rows: dict[str, dict[str, int]] = {}
+    for name, body in {**OPS, **PACKED}.items():
+        cubin = nvrtc_cubin(_src(body), arch, name="mufu_probe.cu")
+        if cubin is None:
+            print(f"{name:12s} does not compile for {arch}")
+            continue
+        kinds = ("MUFU", "F2FP", "HADD2", "PRMT")
+        ops = collections.Counter(op for insns in disassemble(cubin).values() for op in insns if op.startswith(kinds))
+        # (per kernel: the i loop's unroll differs between forms; compare an op's MUFU count with its packs, one each)
+        print(f"{name:12s} {arch}: " + ", ".join(f"{k} {v}" for k, v in sorted(ops.items())), flush=True)
+        rows[name] = dict(ops)
+    return rows
+
+
+def main() -> int:
+    import cupy as cp
+
+    dev = cp.cuda.Device()
+    sms = dev.attributes["MultiProcessorCount"]
+    try:
+        clk = float(subprocess.run(["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits"],
+                                   capture_output=True, text=True).stdout.split()[0])  # fmt: skip
+    except Exception:  # noqa: BLE001
+        clk = float("nan")
+    out = cp.zeros(1024, cp.float32)
+    threads, blocks = 1024, sms * 2  # 64 warps per SM
+    for name, body in OPS.items():
+        k = cp.RawKernel(_src(body), "k", options=("-arch=sm_90a",) if dev.compute_capability == "90" else ())
+        k((blocks,), (threads,), (out, cp.float32(0.3)))
+        times = []
+        for _ in range(5):
+            a, b = cp.cuda.Event(), cp.cuda.Event()
+            a.record()
+            k((blocks,), (threads,), (out, cp.float32(0.3)))
+            b.record()
+            b.synchronize()
+            times.append(cp.cuda.get_elapsed_time(a, b) * 1e-3)
+        t = sorted(times)[2]
+        warp_ops = blocks * threads / 32 * N * 8
+        per_clk_sm = warp_ops / (t * clk * 1e6 * sms)
+        print(f"{name:5s} {t * 1e3:8.3f} ms  {per_clk_sm:6.3f} warp-instr (op + FFMA) / clock / SM at {clk:.0f} MHz")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if len(sys.argv) == 3 and sys.argv[1] == "--sass":
+        sass(sys.argv[2])
+        raise SystemExit(0)
+    raise SystemExit(main())
