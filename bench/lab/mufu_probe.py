@@ -1,12 +1,14 @@
-"""Lab: MUFU throughput per SM of tanh.approx.f32, ex2.approx.f32 and rcp.approx.f32 (and FFMA for scale) on the GPU.
+"""Lab: MUFU throughput per SM of tanh.approx.f32, ex2.approx.f32 and rcp.approx.f32 (and FFMA for scale), and of the
+16-bit tanh / ex2 forms (scalar f16 with a float32 kernel's conversions; packed f16x2 / bf16x2), on the GPU.
 
     python -m bench.lab.mufu_probe
-    python -m bench.lab.mufu_probe --sass sm_90a   # no GPU: the MUFU opcodes each form (f32, packed 16-bit) becomes
+    python -m bench.lab.mufu_probe --sass sm_90a   # no GPU: the MUFU opcodes each form (f32, 16-bit) becomes
 
 Each thread runs 8 independent chains of N dependent ops (x = op(x) * 0.5 + 0.25 keeps the values finite; the
 FFMA is counted in the op's row and measured alone in the "ffma" row), 8 warps per SMSP, enough blocks to fill every
 SM; CUDA events, the median of 5 launches. Prints warp-instructions per clock per SM (clock: the SM clock while
-running, from nvidia-smi when it can be read, else the GPU's max).
+running, from nvidia-smi when it can be read, else the GPU's max) and the op's results per clock per SM (a packed
+form gives two per step).
 """
 
 from __future__ import annotations
@@ -21,7 +23,14 @@ OPS = {
 }
 N = 4096
 
-# The packed 16-bit forms (--sass only): a pair of floats packed, the op, both halves back to float and added (so the
+# The scalar f16 forms with the conversions a float32 kernel needs around them.
+HALF = {
+    f"{op}.f16": f'asm("{{.reg .b16 h; cvt.rn.f16.f32 h, %1; {op}.approx.f16 h, h; cvt.f32.f16 %0, h;}}" '
+    ': "=f"(y) : "f"(x[c]));'
+    for op in ("tanh", "ex2")
+}
+
+# The packed 16-bit forms: a pair of floats packed, the op, both halves back to float and added (so the
 # compiler keeps both halves' results).
 PACKED = {
     f"{op}.{t}": f'asm("{{.reg .b32 h, r; .reg .b16 lo, hi; .reg .f32 a, b; cvt.rn.{t}.f32 h, %1, %2; '
@@ -60,7 +69,7 @@ def sass(arch: str) -> dict[str, dict[str, int]]:
     from cuinfer.jit.sass import disassemble
 
     rows: dict[str, dict[str, int]] = {}
-    for name, body in {**OPS, **PACKED}.items():
+    for name, body in {**OPS, **HALF, **PACKED}.items():
         cubin = nvrtc_cubin(_src(body), arch, name="mufu_probe.cu")
         if cubin is None:
             print(f"{name:12s} does not compile for {arch}")
@@ -85,7 +94,7 @@ def main() -> int:
         clk = float("nan")
     out = cp.zeros(1024, cp.float32)
     threads, blocks = 1024, sms * 2  # 64 warps per SM
-    for name, body in OPS.items():
+    for name, body in {**OPS, **HALF, **PACKED}.items():
         k = cp.RawKernel(_src(body), "k", options=("-arch=sm_90a",) if dev.compute_capability == "90" else ())
         k((blocks,), (threads,), (out, cp.float32(0.3)))
         times = []
@@ -99,7 +108,9 @@ def main() -> int:
         t = sorted(times)[2]
         warp_ops = blocks * threads / 32 * N * 8
         per_clk_sm = warp_ops / (t * clk * 1e6 * sms)
-        print(f"{name:5s} {t * 1e3:8.3f} ms  {per_clk_sm:6.3f} warp-instr (op + FFMA) / clock / SM at {clk:.0f} MHz")
+        results = per_clk_sm * 32 * (2 if name in PACKED else 1)
+        print(f"{name:11s} {t * 1e3:8.3f} ms  {per_clk_sm:6.3f} warp-instr (op + FFMA) / clock / SM, {results:5.1f} "
+              f"results / clock / SM at {clk:.0f} MHz")  # fmt: skip
     return 0
 
 
