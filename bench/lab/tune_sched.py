@@ -18,7 +18,8 @@ dcfg     --cases (D1-D10): decode configurations --dcfg ("default;wkv,wd,stages[
          (equal stretches of KV tiles per CTA), "bf16cost" / "costx<f>" (planned under the cost model with every term
          but beta times f = 1 (bf16's), 2, 3, 4, 6), "gammax<f>" (those times 2, gamma times f = 3, 4 (fp8's), 6,
          8), "fp8gamma<g>" / "fp8piece<g>" (FP8_COST with gamma or piece_gamma g: 128, 192, 320, 384 / 32, 128, 192),
-         "fp8prev" (FP8_COST before 2026-12-04);
+         "fp8prev" (FP8_COST before 2026-12-04), "ctas<n>" (the planner on n = 240, 248, 256 CTAs instead of the
+         occupancy's grid);
          a case id with "-e4m3" added runs that case over an e4m3 cache.
 pool     --cases (P1-P6): each shared-tail share of --shares beside FlashInfer fa2 when importable, alternating rounds.
 prefill  --cases (P1-P6): the planner's assignment against list schedules of its items (--assign: default, list,
@@ -206,6 +207,23 @@ def fp8_cost_work(**fields):
     return planner_work(make_cost)
 
 
+def ctas_work(n: int):
+    """A ``WorkFn``: the decode planner of the case's cost model on ``n`` CTAs instead of the occupancy's grid (D6 and
+    D10 on 256 CTAs: 32 lanes of 4 whole requests, no split pieces); the default plan where the planner gives none."""
+
+    def work(plan, num_ctas: int, default):
+        from cuinfer.planner import decode_planner, kv_itemsize_cost
+
+        g = plan.num_qo_heads // plan.num_kv_heads
+        c = plan.config
+        planner = decode_planner(plan.num_kv_heads, g, c.rows_per_tile, n, c.tile_kv, -1,
+                                 cost=kv_itemsize_cost(c.kv_itemsize))  # fmt: skip
+        work = planner.plan(plan.kv_lens) if plan.batch else None
+        return default() if work is None else work
+
+    return work
+
+
 # dcfg's plan variants: name -> WorkFn
 WORK_VARIANTS = {"lanecut": lane_cut_work, "ctacut": cta_cut_work, "bf16cost": cost_work(1.0)}
 WORK_VARIANTS.update({f"costx{f}": cost_work(float(f)) for f in (1, 2, 3, 4, 6)})
@@ -213,6 +231,7 @@ WORK_VARIANTS.update({f"gammax{f}": cost_work(2.0, float(f)) for f in (3, 4, 6, 
 # FP8_COST with its gamma or piece_gamma replaced: fp8gamma<g>, fp8piece<g>
 WORK_VARIANTS.update({f"fp8gamma{g}": fp8_cost_work(gamma=float(g)) for g in (128, 192, 320, 384)})
 WORK_VARIANTS.update({f"fp8piece{g}": fp8_cost_work(piece_gamma=float(g)) for g in (32, 128, 192)})
+WORK_VARIANTS.update({f"ctas{n}": ctas_work(n) for n in (240, 248, 256)})  # the planner on n CTAs
 # FP8_COST before 2026-12-04 (no piece cost of its own, the split policy's constants, split_fixed 256)
 WORK_VARIANTS["fp8prev"] = fp8_cost_work(split_fixed=256.0, piece_gamma=None, balanced_efficiency=None, min_gain=None)
 
