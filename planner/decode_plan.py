@@ -183,7 +183,7 @@ class DecodePlanner:
         # --- no split: every request whole, in natural (head-major) order ----------------------------------------
         blocks = None
         if prefix is None:
-            indptr, mode = _equal_indptr(h * b, p), "linear"
+            indptr, mode = _equal_indptr(b, h, p), "linear"
             group, head = None, None
             blocks = _blocks(("equal", b, h, p))
         else:
@@ -576,14 +576,24 @@ def _arange(count: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=64)
-def _equal_indptr(n: int, p: int) -> np.ndarray:
-    """Equal items: CTA ``c`` starts at the first item whose midpoint ``i + 1/2`` reaches ``c * n / P``.
+def _equal_indptr(b: int, h: int, p: int) -> np.ndarray:
+    """The CTA ranges of ``n = h * b`` equal items in natural (head-major) order on at most ``p`` CTAs.
 
-    (Putting them on fewer CTAs with the same most items per CTA, 256 instead of 264 for D5-D7, measured within
-    noise of this on an H200 once the merge moved into the decode kernel: bench/lab/tune_sched.py cut.)
+    With ``m = ceil(n / p)`` items on the fullest CTA: when ``m`` divides ``b`` and the CTAs that ``m`` items each
+    need, ``n / m``, are at least 15/16 of ``p``, CTA ``c`` takes items ``[c m, (c + 1) m)`` and the last CTAs none.
+    Every run then holds ``m`` requests of one head, and CTA ``c`` and ``c + b / m`` read the same requests' other
+    heads (in an NHD page, the neighbouring bytes of the same tokens) at the same point of their runs. Measured on an
+    H200 (2026-12-05, bench/lab/tune_sched.py dcfg ctas256, same plans but the grid): D5 1.033x and D6 1.013x faster
+    than the spread below, which cuts the line at other points in each head. Otherwise CTA ``c`` starts at the first
+    item whose midpoint ``i + 1/2`` reaches ``c * n / p`` (``floor`` or ``ceil(n / p)`` items each).
     """
-    indptr = np.arange(0, 2 * n * (p + 1), 2 * n)
-    indptr += p - 1
-    indptr //= 2 * p
+    n = h * b
+    m = -(-n // p)
+    if b % m == 0 and 16 * (n // m) >= 15 * p:
+        indptr = np.minimum(np.arange(p + 1) * m, n)
+    else:
+        indptr = np.arange(0, 2 * n * (p + 1), 2 * n)
+        indptr += p - 1
+        indptr //= 2 * p
     indptr.flags.writeable = False
     return indptr

@@ -78,6 +78,7 @@ def _emulate(w: BatchDecode, q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_sta
         # 40 requests, 8 KV heads on 54 (81) CTAs: a lane cut with a partial lane of 6 (1) CTAs, and a window
         pytest.param((1, 900, 7, 300, 9000, 64, 700, 33) * 5, (32, 8), None, None, 5000, 27, id="lanes-window"),
         pytest.param((1, 900, 7, 300, 9000, 64, 700, 33) * 5, (24, 8), False, None, -1, 27, id="lanes-cuda-cores"),
+        pytest.param((300,) * 16, (32, 8), True, None, -1, 22, id="equal-head-aligned-runs"),
     ],
 )
 def test_plan_contract_reproduces_the_reference(rng, lens, heads, tc, split, window, sms):
@@ -95,6 +96,8 @@ def test_plan_contract_reproduces_the_reference(rng, lens, heads, tc, split, win
         assert w._plan.work.num_partial_rows > 0
     if len(lens) == 40:
         assert w._plan.work.assign_mode == "lanes" and w._plan.work.num_partial_rows > 0
+    if len(lens) == 16:  # 128 items on 66 CTAs (22 SMs x 3), 2 each: 64 CTAs busy, 2 empty
+        np.testing.assert_array_equal(np.diff(w._plan.work.work_indptr), [2] * 64 + [0] * 2)
     q = rng.standard_normal((lens.shape[0], hq, d))
     k = rng.standard_normal((int(lens.sum()), hkv, d))
     v = rng.standard_normal((int(lens.sum()), hkv, d))
@@ -259,6 +262,37 @@ def test_fp8_plans_cut_batches_that_whole_requests_balance_to_97_percent(batch, 
     tiles = np.array([int(np.sum(-(-(e[ip[c] : ip[c + 1]] - s[ip[c] : ip[c + 1]]) // 128))) for c in range(264)])
     assert tiles.sum() == batch * 8 * kv // 128
     assert tiles.max() - tiles.sum() / 264 <= 2 and tiles.sum() / 264 - tiles.min() <= 2
+
+
+@pytest.mark.parametrize(("batch", "kv"), [(128, 2048), (64, 4096), (256, 1024)])  # D6, D5, D7's shapes
+def test_equal_whole_requests_run_in_head_aligned_runs(batch, kv):
+    """1024 (512, 2048) equal items on 264 CTAs, at most m = 4 (2, 8) a CTA: m divides the batch, so 256 CTAs take m
+    requests of one head each and the last 8 none, and the CTA b / m further on runs the same requests' next head."""
+    from cuinfer.planner import DEFAULT_COST, decode_planner
+
+    lens = np.full(batch, kv, dtype=np.int32)
+    plan = decode_planner(8, 4, 16, 264, 64, cost=DEFAULT_COST).plan(lens)
+    assert plan.num_partial_rows == 0 and plan.n_items == batch * 8 and plan.num_ctas == 264
+    m = -(-batch * 8 // 264)
+    counts = np.diff(np.asarray(plan.work_indptr))
+    np.testing.assert_array_equal(counts, [m] * (batch * 8 // m) + [0] * (264 - batch * 8 // m))
+    req, head = np.asarray(plan.item_req), np.asarray(plan.item_kv_head)
+    runs_req, runs_head = req.reshape(-1, m), head.reshape(-1, m)
+    assert (runs_head == runs_head[:, :1]).all()  # one head a run
+    np.testing.assert_array_equal(runs_req, np.tile(runs_req[: batch // m], (8, 1)))  # the same requests per head
+    np.testing.assert_array_equal(runs_head[:, 0], np.arange(8).repeat(batch // m))
+
+
+@pytest.mark.parametrize(("batch", "ctas"), [(130, 264), (128, 300), (16, 264)])
+def test_equal_whole_requests_spread_when_runs_cannot_align(batch, ctas):
+    """m does not divide the batch (130), the aligned runs would leave over 1/16 of the CTAs idle (300 CTAs: 256 of
+    them busy), or there are fewer items than CTAs: floor or ceil(n / P) items each, as before."""
+    from cuinfer.planner import DEFAULT_COST, decode_planner
+
+    plan = decode_planner(8, 4, 16, ctas, 64, cost=DEFAULT_COST).plan(np.full(batch, 100, dtype=np.int32))
+    counts = np.diff(np.asarray(plan.work_indptr))
+    n = batch * 8
+    assert counts.sum() == n and counts.max() == -(-n // ctas) and counts.min() == n // ctas
 
 
 def test_fp8_decode_plans_balance_in_fp8_tokens():
