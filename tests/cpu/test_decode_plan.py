@@ -247,8 +247,8 @@ def test_cost_model_rejects_bad_split_thresholds(field, value):
 
 @pytest.mark.parametrize(("batch", "kv"), [(128, 2048), (64, 4096)])  # D10, D5's shapes
 def test_fp8_plans_cut_batches_that_whole_requests_balance_to_97_percent(batch, kv):
-    """1024 (512) equal requests x heads on 264 CTAs: whole requests leave 32 (16) CTAs a request short, 97 % of
-    balanced. The bf16 model keeps them whole (a 16-bit step loses nothing by it); the fp8 model takes the lane cut
+    """1024 (512) equal requests x heads on 264 CTAs: whole requests keep 8 CTAs idle (head-aligned runs on 256), 97 %
+    of balanced. The bf16 model keeps them whole (a 16-bit step loses nothing by it); the fp8 model takes the lane cut
     (3.2-3.3 % faster on the H200, 2026-12-04): every CTA within 2 KV tiles of the mean."""
     from cuinfer.planner import DEFAULT_COST, FP8_COST, decode_planner
 
