@@ -7,8 +7,9 @@ NumPy calls on such small arrays cost ~1 us each whatever their size, so the cou
 
 **No split** when the batch already balances (the mean CTA load is at least ``BALANCED_EFFICIENCY`` of the estimated
 makespan ``split_kv.estimate_makespan``, e.g. D5-D7; the cost model may set its own threshold and gain, as fp8's
-does, ``cost.FP8_COST``), or splitting would not gain ``MIN_GAIN``: equal requests take
-the exact ``floor/ceil(n/P)`` cut (cached per size), others ``assign.assign_items``.
+does, ``cost.FP8_COST``), or splitting would not gain ``MIN_GAIN``: equal requests take head-aligned runs of
+``ceil(n/P)`` items where they fit, else the exact ``floor/ceil(n/P)`` cut (``_equal_indptr``, cached per size), others
+``assign.assign_items``.
 
 **Small batches** (no more requests than lanes, D1-D4): when every request is longer than the mean lane load,
 ``_aligned`` gives each request equal pieces, one lane each, by water filling (D1, D2, D4); short requests beside long
