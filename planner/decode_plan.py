@@ -584,9 +584,9 @@ def _equal_indptr(b: int, h: int, p: int) -> np.ndarray:
     need, ``n / m``, are at least 15/16 of ``p``, CTA ``c`` takes items ``[c m, (c + 1) m)`` and the last CTAs none.
     Every run then holds ``m`` requests of one head, and CTA ``c`` and ``c + b / m`` read the same requests' other
     heads (in an NHD page, the neighbouring bytes of the same tokens) at the same point of their runs. Measured on an
-    H200 (2026-12-05, bench/lab/tune_sched.py dcfg ctas256, same plans but the grid): D5 1.033x and D6 1.013x faster
-    than the spread below, which cuts the line at other points in each head. Otherwise CTA ``c`` starts at the first
-    item whose midpoint ``i + 1/2`` reaches ``c * n / p`` (``floor`` or ``ceil(n / p)`` items each).
+    H200 (2026-12-05, same-run A/B, 5 rounds): D5 0.985x, D6 0.995x, D7 0.989x the time of the spread below, which
+    cuts the line at other points in each head. Otherwise CTA ``c`` starts at the first item whose midpoint ``i + 1/2``
+    reaches ``c * n / p`` (``floor`` or ``ceil(n / p)`` items each).
     """
     n = h * b
     m = -(-n // p)

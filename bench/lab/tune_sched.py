@@ -209,7 +209,8 @@ def fp8_cost_work(**fields):
 
 def ctas_work(n: int):
     """A ``WorkFn``: the decode planner of the case's cost model on ``n`` CTAs instead of the occupancy's grid (D6 and
-    D10 on 256 CTAs: 32 lanes of 4 whole requests, no split pieces); the default plan where the planner gives none."""
+    D10 on 256 CTAs: 4 whole requests of one head a CTA, no split pieces); the default plan where the planner gives
+    none."""
 
     def work(plan, num_ctas: int, default):
         from cuinfer.planner import decode_planner, kv_itemsize_cost
