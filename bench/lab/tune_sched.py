@@ -782,7 +782,7 @@ def main(argv: list[str] | None = None) -> None:
     if "dcfg" in run:
         decode_configs(cases("D1,D2,D3,D4,D5,D6,D7,D8,D9"), args.dcfg.split(";"), rounds(3))
     if "evict" in run:
-        decode_evict(["D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9"])
+        decode_evict(cases("D1,D2,D3,D4,D5,D6,D7,D8,D9"), rounds(2))
     if "pool" in run:
         pool(cases("P1,P2,P3,P4,P5,P6"), [float(x) for x in args.shares.split(",")], rounds(3))
     if "prefill" in run:
