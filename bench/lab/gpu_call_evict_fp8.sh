@@ -7,6 +7,6 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
 timeout ${EVICT_TIMEOUT:-240} python3 -m bench.lab.tune_sched evict --cases "${CASES:-D10,D6,D5-e4m3,D5,D9-e4m3}" \
   --rounds "${ROUNDS:-2}" > "$OUT/evict.txt" 2>&1
 echo "evict exit $? ($(at))"; grep -v "^$" "$OUT/evict.txt" | tail -40
-timeout ${FLOOR_TIMEOUT:-200} python3 -m bench.lab.stream_floor --cases "${FLOOR_CASES:-D6,D10}" --quick \
+timeout ${FLOOR_TIMEOUT:-200} python3 -m bench.lab.stream_floor --cases "${FLOOR_CASES:-D6,D10}" \
   > "$OUT/floor.txt" 2>&1
 echo "floor exit $? ($(at))"; tail -20 "$OUT/floor.txt"
