@@ -7,7 +7,7 @@ trace    P1/P2/P3/P6, the prefill kernel built with -DCUINFER_TRACE: per item it
          spread and busy fraction, for the planner's assignment and for LPT; saves $OUT/trace.npz.
 cut      D5-D8 and D1: the default decode plan against the lane cut forced on every batch.
 decode   D1-D4 split / unsplit, the L2 flushed by a write (the docs/benchmarks.md method) and by a write then a read.
-evict    D1-D9: the decode kernel's K/V copies forced L2 evict-first against forced evict-normal.
+evict    --cases (D1-D9): the decode kernel's K/V copies forced L2 evict-first against forced evict-normal.
 dtrace   --cases (D1-D5), the decode kernel built with -DCUINFER_DECODE_TRACE: per-CTA phase medians of five runs
          under a dirty and a clean L2, the CTAs' exit spread, for the variants --dtrace (DTRACE_VARIANTS), timed in
          alternating rounds; plus the floors of the timer (near-empty kernel, torch.sum over the case's bytes).
