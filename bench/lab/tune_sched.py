@@ -158,16 +158,18 @@ def lane_cut_work(plan, num_ctas: int, default):
     return default() if work is None else work
 
 
-def planner_work(make_cost):
-    """A ``WorkFn``: the decode planner under the cost model ``make_cost()`` builds; the default plan where the planner
-    gives none."""
+def planner_work(make_cost=None, ctas: int | None = None):
+    """A ``WorkFn``: the decode planner under the cost model ``make_cost()`` builds (None: the policy's model for the
+    cache's element size), on ``ctas`` CTAs (None: the occupancy's grid); the default plan where the planner gives
+    none."""
 
     def work(plan, num_ctas: int, default):
-        from cuinfer.planner import decode_planner
+        from cuinfer.planner import decode_planner, kv_itemsize_cost
 
         g = plan.num_qo_heads // plan.num_kv_heads
         c = plan.config
-        planner = decode_planner(plan.num_kv_heads, g, c.rows_per_tile, num_ctas, c.tile_kv, -1, cost=make_cost())
+        cost = make_cost() if make_cost is not None else kv_itemsize_cost(c.kv_itemsize)
+        planner = decode_planner(plan.num_kv_heads, g, c.rows_per_tile, ctas or num_ctas, c.tile_kv, -1, cost=cost)
         work = planner.plan(plan.kv_lens) if plan.batch else None
         return default() if work is None else work
 
@@ -207,24 +209,6 @@ def fp8_cost_work(**fields):
     return planner_work(make_cost)
 
 
-def ctas_work(n: int):
-    """A ``WorkFn``: the decode planner of the case's cost model on ``n`` CTAs instead of the occupancy's grid (D6 and
-    D10 on 256 CTAs: 4 whole requests of one head a CTA, no split pieces); the default plan where the planner gives
-    none."""
-
-    def work(plan, num_ctas: int, default):
-        from cuinfer.planner import decode_planner, kv_itemsize_cost
-
-        g = plan.num_qo_heads // plan.num_kv_heads
-        c = plan.config
-        planner = decode_planner(plan.num_kv_heads, g, c.rows_per_tile, n, c.tile_kv, -1,
-                                 cost=kv_itemsize_cost(c.kv_itemsize))  # fmt: skip
-        work = planner.plan(plan.kv_lens) if plan.batch else None
-        return default() if work is None else work
-
-    return work
-
-
 # dcfg's plan variants: name -> WorkFn
 WORK_VARIANTS = {"lanecut": lane_cut_work, "ctacut": cta_cut_work, "bf16cost": cost_work(1.0)}
 WORK_VARIANTS.update({f"costx{f}": cost_work(float(f)) for f in (1, 2, 3, 4, 6)})
@@ -232,7 +216,7 @@ WORK_VARIANTS.update({f"gammax{f}": cost_work(2.0, float(f)) for f in (3, 4, 6, 
 # FP8_COST with its gamma or piece_gamma replaced: fp8gamma<g>, fp8piece<g>
 WORK_VARIANTS.update({f"fp8gamma{g}": fp8_cost_work(gamma=float(g)) for g in (128, 192, 320, 384)})
 WORK_VARIANTS.update({f"fp8piece{g}": fp8_cost_work(piece_gamma=float(g)) for g in (32, 128, 192)})
-WORK_VARIANTS.update({f"ctas{n}": ctas_work(n) for n in (240, 248, 256)})  # the planner on n CTAs
+WORK_VARIANTS.update({f"ctas{n}": planner_work(ctas=n) for n in (240, 248, 256)})  # the planner on n CTAs
 # FP8_COST before 2026-12-04 (no piece cost of its own, the split policy's constants, split_fixed 256)
 WORK_VARIANTS["fp8prev"] = fp8_cost_work(split_fixed=256.0, piece_gamma=None, balanced_efficiency=None, min_gain=None)
 
