@@ -3,6 +3,7 @@
 
     python -m bench.lab.mufu_probe
     python -m bench.lab.mufu_probe --sass sm_90a   # no GPU: the MUFU opcodes each form (f32, 16-bit) becomes
+    python -m bench.lab.mufu_probe --latency       # cycles per op of one dependent chain per warp
 
 Each thread runs 8 independent chains of N dependent ops (x = op(x) * 0.5 + 0.25 keeps the values finite; the
 FFMA is counted in the op's row and measured alone in the "ffma" row), 8 warps per SMSP, enough blocks to fill every
@@ -58,6 +59,53 @@ extern "C" __global__ void k(float* out, float seed) {{
   if (s == 12345.f) out[threadIdx.x] = s;
 }}
 """
+
+
+# --latency: one dependent chain per warp (x = op(x)), W warps on each SMSP; clock64 around 4096 steps gives the
+# cycles per step: the op's latency as the warp sees it (ptxas's schedule of the soft cap assumes ~16 for MUFU, see
+# bench/lab/sass_ctrl.py), or W times the unit's interval once W chains fill it.
+CHAINS = {
+    "tanh": 'asm("tanh.approx.f32 %0, %0;" : "+f"(x));',
+    "ex2": 'asm("ex2.approx.ftz.f32 %0, %0;" : "+f"(x));',
+    "tanh+ffma": 'asm("tanh.approx.f32 %0, %0;" : "+f"(x)); x = fmaf(x, 0.5f, 0.25f);',
+    "tanh+ffma+ex2": 'asm("tanh.approx.f32 %0, %0;" : "+f"(x)); x = fmaf(x, -8.f, -9.f); '
+    'asm("ex2.approx.ftz.f32 %0, %0;" : "+f"(x));',
+    "ffma": "x = fmaf(x, 0.5f, 0.25f);",
+}
+
+
+def _chain_src(body: str) -> str:
+    return f"""
+extern "C" __global__ void lat(float* out, long long* cyc, float seed) {{
+  float x = seed + 1e-6f * threadIdx.x;
+  const long long t0 = clock64();
+  #pragma unroll 16
+  for (int i = 0; i < {N}; ++i) {{ {body} }}
+  const long long t1 = clock64();
+  if (x == 12345.f) out[threadIdx.x] = x;
+  if (threadIdx.x % 32 == 0) cyc[blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32] = t1 - t0;
+}}
+"""
+
+
+def latency() -> int:
+    import cupy as cp
+
+    dev = cp.cuda.Device()
+    sms = dev.attributes["MultiProcessorCount"]
+    opts = ("-arch=sm_90a",) if dev.compute_capability == "90" else ()
+    out = cp.zeros(1024, cp.float32)
+    print("op              warps/SMSP  cycles per step (median over warps; min - max)")
+    for name, body in CHAINS.items():
+        k = cp.RawKernel(_chain_src(body), "lat", options=opts)
+        for w in (1, 2, 4):
+            threads = 128 * w
+            cyc = cp.zeros(sms * threads // 32, cp.int64)
+            k((sms,), (threads,), (out, cyc, cp.float32(0.3)))
+            k((sms,), (threads,), (out, cyc, cp.float32(0.3)))
+            c = cp.asnumpy(cyc) / N
+            print(f"{name:15s} {w:6d}      {float(sorted(c)[len(c) // 2]):7.2f}  ({c.min():.2f} - {c.max():.2f})")
+    return 0
 
 
 def sass(arch: str) -> dict[str, dict[str, int]]:
@@ -120,4 +168,6 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--sass":
         sass(sys.argv[2])
         raise SystemExit(0)
+    if sys.argv[1:] == ["--latency"]:
+        raise SystemExit(latency())
     raise SystemExit(main())

@@ -76,7 +76,8 @@ def _normalise(sass: str) -> list[str]:
     return out
 
 
-def _sass_by_symbol(cubin: bytes) -> dict[str, str]:
+def cuobjdump_text(cubin: bytes) -> str:
+    """``cuobjdump -sass`` of a cubin, encodings included."""
     import os
     import subprocess
     import tempfile
@@ -87,12 +88,15 @@ def _sass_by_symbol(cubin: bytes) -> dict[str, str]:
         fh.write(cubin)
         path = fh.name
     try:
-        out = subprocess.run([find_cuobjdump(), "-sass", path], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([find_cuobjdump(), "-sass", path], capture_output=True, text=True, check=True).stdout
     finally:
         os.unlink(path)
+
+
+def _sass_by_symbol(cubin: bytes) -> dict[str, str]:
     funcs: dict[str, list[str]] = {}
     cur = None
-    for line in out.splitlines():
+    for line in cuobjdump_text(cubin).splitlines():
         m = re.match(r"^\s*Function : (\S+)", line)
         if m:
             cur = funcs.setdefault(m.group(1), [])

@@ -180,7 +180,7 @@ def test_profile_decode_and_stream_floor_command_lines():
 
 def test_tools_import_their_runtime_names():
     """Every lab module imports against the current runtime (names moved in the restructuring fail here)."""
-    for name in (*TOOLS, "harness", "sass_snapshot", "ab_compare", "dump_outputs"):
+    for name in (*TOOLS, "harness", "sass_snapshot", "sass_ctrl", "ab_compare", "dump_outputs", "mufu_probe"):
         importlib.import_module(f"bench.lab.{name}")
 
 
@@ -220,3 +220,48 @@ def test_sm90_probe_builds_compile_without_spills(bound):
         "-DCUINFER_SM90_PROBE", *bound)  # fmt: skip
     mod = get_compiled(probe, "sm_90a")
     assert mod.cubin and "0 bytes spill stores" in mod.log, mod.log
+
+
+# ---- sass_ctrl -------------------------------------------------------------------------------------------------------
+
+
+def _hi_word(stall, yld, wb, rb, wait):
+    c = stall | (yld << 4) | (wb << 5) | (rb << 8) | (sum(1 << s for s in wait) << 11)
+    return c << 41
+
+
+def test_sass_ctrl_decodes_the_control_fields():
+    """Bits 105-125: stall 4, yield 1, write and read scoreboards 3 each (7: none), wait mask 6."""
+    from bench.lab.sass_ctrl import control
+
+    assert control(_hi_word(8, 1, 2, 7, (1, 3))) == {"stall": 8, "yld": True, "wb": 2, "rb": None, "wait": (1, 3)}
+    assert control(_hi_word(1, 0, 7, 4, ())) == {"stall": 1, "yld": False, "wb": None, "rb": 4, "wait": ()}
+    assert control(0x000FE20000000800)["stall"] == 1  # (a cuobjdump high word: LDC's)
+
+
+def test_sass_ctrl_parses_a_listing_and_models_a_waiting_consumer():
+    """A MUFU op's consumer that waits on its scoreboard issues `latency` cycles after it; with the result read
+    sooner (no wait) the window is its stall counts; two warps share the MUFU unit."""
+    from bench.lab.sass_ctrl import issue_model, parse_listing, softmax_window
+
+    def line(addr, text, stall, wb=7, wait=()):
+        hi = _hi_word(stall, 1, wb, 7, wait)
+        return f"   /*{addr:04x}*/   {text} ;   /* 0x0000000000000000 */\n" + f"{' ' * 40}/* 0x{hi:016x} */\n"
+
+    text = "        Function : k\n" + "".join([
+        line(0, "WARPGROUP.DEPBAR.LE gsb0, 0x1", 1),
+        line(0x10, "MUFU.TANH R2, R2", 1, wb=1),
+        line(0x20, "FFMA R2, R7, R2, -UR6", 1, wait=(1,)),
+        line(0x30, "MUFU.EX2 R2, R2", 1, wb=2),
+        line(0x40, "FADD R3, R3, R2", 4, wait=(2,)),
+        line(0x50, "WARPGROUP.DEPBAR.LE gsb0, 0x0", 1),
+    ])  # fmt: skip
+    prog = softmax_window(parse_listing(text)["k"], tile="all")
+    assert [x.opcode for x in prog] == ["MUFU.TANH", "FFMA", "MUFU.EX2", "FADD"]
+    assert (prog[0].wb, prog[1].wait, prog[3].stall) == (1, (1,), 4)
+    # tanh at 0, FFMA at 24, ex2 at 25 (result 49), FADD at 49 (next issue 53)
+    assert issue_model(prog, [0], latency=24, interval=8) == [53]
+    free = [x.__class__(x.text, x.stall, x.yld, x.wb, x.rb, ()) for x in prog]  # (no waits)
+    assert issue_model(free, [0], latency=24, interval=8)[0] == 8 + 24  # ex2 behind the tanh on the unit
+    a, b = issue_model(prog, [0, 0], latency=24, interval=8)
+    assert a == 53 and b == 53 + 8  # the second warp's tanh waits for the unit: it trails by one interval
