@@ -8,7 +8,7 @@ alone; MUFU, shared-memory and global results by scoreboards. Reading them shows
 unit's latency, which no opcode listing does.
 
     python -m bench.lab.sass_ctrl print SPEC [--tile interior|all]
-    python -m bench.lab.sass_ctrl model SPEC [--latency 20,24,28]
+    python -m bench.lab.sass_ctrl model SPEC [--latency 20,24,28] [--slot 1|2]
 
 SPEC is a registered sm90 prefill spec's name (``prefill_sm90/ragged/bfloat16/d128/causal+soft_cap/max-free``);
 the window is the consumer's main loop between ``WARPGROUP.DEPBAR.LE gsb0, 0x1`` and ``... 0x0`` (the softmax), its
@@ -114,19 +114,19 @@ def softmax_window(insns: list[Insn], tile: str = "interior") -> list[Insn]:
 
 
 def issue_model(
-    prog: list[Insn], offsets: list[int], latency: int = 24, interval: int = 8, fixed: int = 4
+    prog: list[Insn], offsets: list[int], latency: int = 24, interval: int = 8, fixed: int = 4, slot: int = 1
 ) -> list[int]:
-    """Cycles each warp (starting at its offset) takes to issue ``prog`` and see its last result on one SMSP."""
+    """Cycles each warp (starting at its offset) takes to issue ``prog`` and see its last result on one SMSP.
+    ``slot``: cycles of the SMSP's issue port each instruction takes (2: the warps beside them take half)."""
     n = len(offsets)
     pc = [0] * n
     nxt = list(offsets)
     sb: list[list[list[int]]] = [[[] for _ in range(6)] for _ in range(n)]
-    unit = 0
-    t = 0
+    unit = port = t = 0
     done: list[int | None] = [None] * n
     while any(d is None for d in done):
-        for k in sorted(range(n), key=lambda k: nxt[k]):  # oldest ready first, one issue per cycle
-            if done[k] is not None or nxt[k] > t:
+        for k in sorted(range(n), key=lambda k: nxt[k]):  # oldest ready first, one issue per `slot` cycles
+            if port > t or done[k] is not None or nxt[k] > t:
                 continue
             x = prog[pc[k]]
             if any(c > t for s in x.wait for c in sb[k][s]):
@@ -143,7 +143,8 @@ def issue_model(
                 sb[k][x.wb].append(t + lat)
             if x.rb is not None:
                 sb[k][x.rb].append(t + 2)
-            nxt[k] = t + max(x.stall, 1)
+            nxt[k] = t + max(x.stall, slot)
+            port = t + slot
             pc[k] += 1
             if pc[k] == len(prog):
                 done[k] = max([nxt[k]] + [c for s in sb[k] for c in s])
@@ -171,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tile", choices=("interior", "all"), default="interior")
     p.add_argument("--latency", default="20,24,28")
     p.add_argument("--interval", type=int, default=8)
+    p.add_argument("--slot", type=int, default=1, help="issue-port cycles per instruction (2: half the issue rate)")
     a = p.parse_args(argv)
     w = spec_window(a.spec, a.tile)
     if a.cmd == "print":
@@ -180,10 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     nm = sum(x.opcode.startswith("MUFU") for x in w)
     print(f"{len(w)} instructions, {nm} MUFU; MUFU-bound floor {nm * a.interval} cycles per warp")
     for lat in (int(v) for v in a.latency.split(",")):
-        alone = issue_model(w, [0], lat, a.interval)[0]
+        alone = issue_model(w, [0], lat, a.interval, slot=a.slot)[0]
         two = []
         for o in range(0, 1001, 100):
-            d0, d1 = issue_model(w, [0, o], lat, a.interval)
+            d0, d1 = issue_model(w, [0, o], lat, a.interval, slot=a.slot)
             two.append(max(d0, d1 + o))
         mean = sum(two) / len(two)
         print(f"latency {lat:3d}: alone {alone:5d} cycles, two warps (mean span over offsets) {mean:7.1f}")

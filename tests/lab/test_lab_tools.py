@@ -261,6 +261,7 @@ def test_sass_ctrl_parses_a_listing_and_models_a_waiting_consumer():
     assert (prog[0].wb, prog[1].wait, prog[3].stall) == (1, (1,), 4)
     # tanh at 0, FFMA at 24, ex2 at 25 (result 49), FADD at 49 (next issue 53)
     assert issue_model(prog, [0], latency=24, interval=8) == [53]
+    assert issue_model(prog, [0], latency=24, interval=8, slot=2) == [54]  # ex2 two cycles behind the FFMA
     free = [x.__class__(x.text, x.stall, x.yld, x.wb, x.rb, ()) for x in prog]  # (no waits)
     assert issue_model(free, [0], latency=24, interval=8)[0] == 8 + 24  # ex2 behind the tanh on the unit
     a, b = issue_model(prog, [0, 0], latency=24, interval=8)
