@@ -19,10 +19,11 @@ put that directory first on ``PYTHONPATH``, with its own ``CUINFER_CACHE_DIR``.
 scoreboard waits as encoded; MUFU ops occupy the SMSP's MUFU unit for ``--interval`` cycles (16 results per SM and
 clock: 8 per warp op) and deliver ``--latency`` cycles after dispatch; fixed-latency results after 4. It prints the
 window's cycles for one warp alone and the mean over offsets 0..1000 of two warps (the two consumers) running it on
-one SMSP. Calibration (docs/results/lab-findings.md, 2026-12-05 (e)): at latency 24 it reproduced the measured
-gains of the soft cap's lab bounds that remove work on or off the tanh -> exp2 chain (nofadd, noffma, bound within
-~1 point) but not those that add fixed-latency work (the quarter-polynomial exp2: +12 % modelled, -2 % measured), so
-it ranks schedules of the same instruction mix, nothing more.
+one SMSP. Calibration (docs/results/lab-findings.md, 2026-12-05 (e)): at latency 24 and one issue per cycle it
+followed the soft cap's lab bounds that shorten the tanh -> exp2 chain (noffma, bound within ~1 point) and nofadd,
+but not qscale or added FMA-pipe work (the quarter-polynomial exp2: +12 % modelled, -2 % measured); with
+``--slot 2`` it misses nofadd and poly instead; and it gives about half the cycles the probe measured for the
+softmax. It ranks schedules of one instruction mix, nothing more.
 """
 
 from __future__ import annotations
