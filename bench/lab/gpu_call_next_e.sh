@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Lab GPU call (prepared 2026-12-05 (e)): the prepared experiments in one machine start, ~600 s: split it (ROUNDS=1, or one script a call) if the call limit is 600 s (the ncu run last:
-# the others' logs are written by then).
-#   bash bench/lab/ab_trees.sh base=main tree=5b1fc6d nopp=sm90-nopp clk=b5f0a00 npclk=sm90-nopp-clk nofin=lab-fp8-nofinish noq=lab-fp8-noq
-# then run with carry .ab/base .ab/tree .ab/nopp .ab/clk .ab/npclk .ab/nofin .ab/noq (~30 MB). Logs under $OUT.
+# Lab GPU calls (prepared 2026-12-05 (e)): the prepared experiments in two calls on one warm machine.
+#   bash bench/lab/ab_trees.sh base=main tree=5b1fc6d nopp=sm90-nopp clk=b5f0a00 npclk=sm90-nopp-clk \
+#     nofin=lab-fp8-nofinish noq=lab-fp8-noq
+# call 1 (~480 s; carry .ab/base .ab/tree .ab/nopp .ab/clk .ab/npclk .ab/nofin .ab/noq, ~30 MB):
+#   bash bench/lab/gpu_call_next_e.sh 1      the soft-cap trees and MUFU latencies, then the fp8 item bounds
+# call 2 (~150 s, no carry):
+#   bash bench/lab/gpu_call_next_e.sh 2      Nsight Compute's per-SASS stall samples of P1 causal and soft cap
+# Logs under $OUT.
 . bench/lab/call_start.sh
-bash bench/lab/gpu_call_softcap_anchor.sh
-bash bench/lab/gpu_call_fp8_item_bounds.sh
-bash bench/lab/gpu_call_softcap_ncu_sass.sh
+case ${1:-1} in
+  1) bash bench/lab/gpu_call_softcap_anchor.sh; bash bench/lab/gpu_call_fp8_item_bounds.sh ;;
+  2) bash bench/lab/gpu_call_softcap_ncu_sass.sh ;;
+esac
 echo "done ($(at))"
