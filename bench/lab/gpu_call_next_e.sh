@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Lab GPU calls (prepared 2026-12-05 (e)): the prepared experiments in two calls on one warm machine.
-#   bash bench/lab/ab_trees.sh base=main tree=5b1fc6d nopp=sm90-nopp clk=b5f0a00 npclk=sm90-nopp-clk \
+#   bash bench/lab/ab_trees.sh base=main tree=5b1fc6d nopp=sm90-nopp clk=b6dec33 npclk=sm90-nopp-clk \
 #     nofin=lab-fp8-nofinish noq=lab-fp8-noq
 # call 1 (~480 s; carry .ab/base .ab/tree .ab/nopp .ab/clk .ab/npclk .ab/nofin .ab/noq, ~30 MB):
 #   bash bench/lab/gpu_call_next_e.sh 1      the soft-cap trees and MUFU latencies, then the fp8 item bounds
