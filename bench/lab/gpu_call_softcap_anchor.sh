@@ -7,8 +7,8 @@
 #    consumers without turns, both softmaxes side by side, each over its own P V; clk (b6dec33, branch
 #    sm90-softcap-clockfold): a clock read between the tanh and exp2 loops, which ptxas does not schedule across
 #    (every tanh before the first multiply-add, as in the fast lab bound), its value kept by adding 0 times it to the
-#    exp2s' reference (the same results; landable as it is if it wins, after the GPU tests); npclk (branch
-#    sm90-nopp-clk): both.
+#    exp2s' reference (the same results; if it wins, a product version needs only its LAB names and a SASS test);
+#    npclk (branch sm90-nopp-clk): both.
 #    The issue model rates tree at +1 % or worse and clk at +5 % alone, ~0 with two warps (lab-findings.md,
 #    2026-12-05 (e)): this checks it. nopp's softmaxes in lockstep lose least in the model; what the MMAs lose without
 #    turns is not modelled.
