@@ -101,16 +101,12 @@ def listing(cubin: bytes) -> dict[str, list[Insn]]:
 def softmax_window(insns: list[Insn], tile: str = "interior") -> list[Insn]:
     """The sm90 consumer's instructions between the Q K^T wait and the P V wait; with tile="interior" the longest
     branch-delimited block without a compare (the interior tiles' softmax_tile copy)."""
-    start = next(i for i, x in enumerate(insns) if x.text.startswith("WARPGROUP.DEPBAR.LE gsb0, 0x1"))
-    end = next(i for i in range(start, len(insns)) if insns[i].text.startswith("WARPGROUP.DEPBAR.LE gsb0, 0x0"))
-    w = insns[start + 1 : end]
+    from cuinfer.jit.sass import WGMMA_WAIT_0, WGMMA_WAIT_1, between, branch_blocks
+
+    w = between(insns, WGMMA_WAIT_1, WGMMA_WAIT_0, text=lambda x: x.text)
     if tile == "all":
         return w
-    blocks: list[list[Insn]] = [[]]
-    for x in w:
-        blocks[-1].append(x)
-        if x.opcode.startswith("BRA"):
-            blocks.append([])
+    blocks = branch_blocks(w, op=lambda x: x.opcode)
     return max(blocks, key=lambda b: (not any(x.opcode.startswith("ISETP") for x in b)) * len(b))
 
 

@@ -17,6 +17,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @functools.lru_cache(maxsize=1)
@@ -65,6 +69,28 @@ def disassemble_instructions(cubin: bytes) -> dict[str, list[str]]:
         elif current is not None and (m := _INSN.search(line)):
             current.append(m.group(1).strip())
     return funcs
+
+
+WGMMA_WAIT_1 = "WARPGROUP.DEPBAR.LE gsb0, 0x1"  # wgmma_wait<1>: all but the last wgmma group retired
+WGMMA_WAIT_0 = "WARPGROUP.DEPBAR.LE gsb0, 0x0"  # wgmma_wait<0>: every wgmma group retired
+
+
+def between(items: Sequence[T], first: str, last: str, text: Callable[[T], str] = str) -> list[T]:
+    """The items after the first whose text starts with ``first``, up to the next whose text starts with ``last``
+    (e.g. an sm90 consumer's softmax: between ``WGMMA_WAIT_1`` and ``WGMMA_WAIT_0``)."""
+    start = next(i for i, x in enumerate(items) if text(x).startswith(first))
+    end = next(i for i in range(start, len(items)) if text(items[i]).startswith(last))
+    return list(items[start + 1 : end])
+
+
+def branch_blocks(items: Sequence[T], op: Callable[[T], str] = opcode) -> list[list[T]]:
+    """``items`` cut after every branch (``op``: an item's opcode)."""
+    out: list[list[T]] = [[]]
+    for x in items:
+        out[-1].append(x)
+        if op(x).startswith("BRA"):
+            out.append([])
+    return out
 
 
 _UR_DEST = re.compile(r"^(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s+UR(\d+)\b")

@@ -12,29 +12,25 @@ from __future__ import annotations
 import pytest
 
 from cuinfer.jit import get_compiled
-from cuinfer.jit.sass import disassemble_instructions, find_cuobjdump, opcode
+from cuinfer.jit.sass import (
+    WGMMA_WAIT_0,
+    WGMMA_WAIT_1,
+    between,
+    branch_blocks,
+    disassemble_instructions,
+    find_cuobjdump,
+    opcode,
+)
 from cuinfer.prefill.sm90 import default_specs
 
 SPECS = default_specs()
-WAIT_QK = "WARPGROUP.DEPBAR.LE gsb0, 0x1"  # wgmma_wait<1>: tile i's Q K^T retired
-WAIT_PV = "WARPGROUP.DEPBAR.LE gsb0, 0x0"  # wgmma_wait<0>: tile i - 1's P V retired
+WAIT_QK = WGMMA_WAIT_1  # wgmma_wait<1>: tile i's Q K^T retired
+WAIT_PV = WGMMA_WAIT_0  # wgmma_wait<0>: tile i - 1's P V retired
 
 
 def softmax_window(instructions: list[str]) -> list[str]:
     """The instructions between the main loop's first wgmma_wait<1> and the wgmma_wait<0> after it."""
-    start = next(i for i, s in enumerate(instructions) if s.startswith(WAIT_QK))
-    end = next(i for i in range(start, len(instructions)) if instructions[i].startswith(WAIT_PV))
-    return instructions[start + 1 : end]
-
-
-def blocks(instructions: list[str]) -> list[list[str]]:
-    """``instructions`` cut after every branch."""
-    out: list[list[str]] = [[]]
-    for s in instructions:
-        out[-1].append(s)
-        if opcode(s).startswith("BRA"):
-            out.append([])
-    return out
+    return between(instructions, WAIT_QK, WAIT_PV)
 
 
 def exps(instructions: list[str]) -> int:
@@ -47,7 +43,7 @@ def test_window_helpers_on_a_made_up_listing():
                WAIT_PV + " ;", "MUFU.EX2 R5, R5"]  # fmt: skip
     window = softmax_window(listing)
     assert exps(window) == 4
-    assert [exps(b) for b in blocks(window)] == [0, 3, 1]
+    assert [exps(b) for b in branch_blocks(window)] == [0, 3, 1]
 
 
 @pytest.mark.compile
@@ -61,5 +57,5 @@ def test_softmax_runs_between_the_waits_and_interior_tiles_compare_no_keys(spec)
     window = softmax_window(disassemble_instructions(mod.cubin)[sym])
     # a tile's softmax: 64 logits per thread, one exp2 each (more with a logits transform on the MUFU unit)
     assert exps(window) >= 64, f"{spec.name}: {exps(window)} exp2 between the waits; the softmax runs after P V"
-    interior = [b for b in blocks(window) if exps(b) >= 64 and not any(opcode(s).startswith("ISETP") for s in b)]
+    interior = [b for b in branch_blocks(window) if exps(b) >= 64 and not any(opcode(s).startswith("ISETP") for s in b)]
     assert interior, f"{spec.name}: no softmax copy without key compares between the waits"
